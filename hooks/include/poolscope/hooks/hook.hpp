@@ -1,0 +1,90 @@
+// Hooks: receivers of allocator events, installed for a scope.
+//
+//   poolscope::hooks::counting_hook counts;
+//   {
+//     poolscope::hooks::scoped_hook guard{counts};            // process-wide, this scope
+//     run_workload();
+//   }                                                          // uninstalled here
+//   std::cout << counts.snapshot().of(event_kind::pool_malloc).calls;
+//
+// Installation: hooks stack. A process-wide hook sees events from every thread; a thread hook
+// (scope::thread) sees only events raised on the installing thread. Thread hooks are called
+// first (innermost first), then process-wide ones (most recent first).
+//
+// Contract for hook authors: on_event is noexcept, must not allocate through a poolscope
+// allocator (a nested event raised from inside a hook is dropped, not delivered), and must not
+// change allocator behaviour. Hooks run synchronously on the allocating thread, often while the
+// allocator holds its lock: keep them short.
+//
+// Cost: with no hook installed, emission is one relaxed atomic load and a predicted branch
+// (hooks::active()); the event is built only on the slow path, out of line.
+//
+// Thread safety: install/uninstall and delivery are thread-safe; a process-wide hook may be
+// called from several threads at once and must be thread-safe itself. A hook must outlive its
+// installation (scoped_hook guarantees that for a stack object).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "poolscope/hooks/event.hpp"
+
+namespace poolscope::hooks {
+
+/// Base of every hook.
+class hook {
+ public:
+  hook() = default;
+  hook(const hook&) = delete;
+  hook& operator=(const hook&) = delete;
+  virtual ~hook() = default;
+
+  /// Called for each event while installed. Must not throw.
+  virtual void on_event(const event& e) noexcept = 0;
+};
+
+/// Where a hook is installed.
+enum class scope : std::uint8_t { process, thread };
+
+namespace detail {
+/// Number of installations (process-wide plus every thread's). Defined once, in the library.
+extern std::atomic<std::uint32_t> g_installed;
+/// Slow path: fills seq/time/thread and delivers to the installed hooks.
+void deliver(event& e) noexcept;
+}  // namespace detail
+
+/// True if any hook is installed anywhere: the one branch on every allocator hot path.
+[[nodiscard]] inline bool active() noexcept {
+  return detail::g_installed.load(std::memory_order_relaxed) != 0;
+}
+
+/// Delivers `e` to the installed hooks, filling seq, time_ns and thread. Call only when
+/// active() is true (emit() does that check). Never throws.
+inline void dispatch(event& e) noexcept {
+  detail::deliver(e);
+}
+
+/// Installs `h` until uninstall(h). Prefer scoped_hook.
+void install(hook& h, scope where = scope::process);
+/// Removes the most recent installation of `h` in `where`; returns false if it was not there.
+bool uninstall(hook& h, scope where = scope::process) noexcept;
+
+/// Installs a hook for the lifetime of this object.
+class scoped_hook {
+ public:
+  explicit scoped_hook(hook& h, scope where = scope::process) : hook_(&h), where_(where) {
+    install(h, where);
+  }
+  scoped_hook(const scoped_hook&) = delete;
+  scoped_hook& operator=(const scoped_hook&) = delete;
+  ~scoped_hook() { uninstall(*hook_, where_); }
+
+ private:
+  hook* hook_;
+  scope where_;
+};
+
+/// Number of events dropped because they were raised from inside a hook.
+[[nodiscard]] std::uint64_t dropped_reentrant_events() noexcept;
+
+}  // namespace poolscope::hooks

@@ -1,0 +1,142 @@
+// The allocator interface every poolscope strategy implements.
+//
+//   poolscope::pool::host_resource host;
+//   poolscope::pool::bfc_allocator pool{host};
+//   void* p = pool.allocate(stream, 1000);        // >= 1000 bytes, 256-byte aligned
+//   pool.deallocate(stream, p, 1000);
+//   auto s = pool.stats();                        // a snapshot by value
+//
+// Contract (DESIGN.md §2):
+// - allocate(stream, bytes, alignment = 256): alignment must be a power of two <= 256
+//   (invalid_argument otherwise). bytes == 0 returns nullptr and does nothing else (no event, no
+//   count); deallocating nullptr with 0 bytes is a no-op. Requests past max_request_bytes throw
+//   out_of_memory (cause "size overflow") without touching upstream. When upstream is
+//   exhausted the allocator releases its cached memory, retries once, then throws
+//   out_of_memory naming the request, reserved, in use, largest free block, bytes cached on
+//   other streams and the limit.
+// - deallocate(stream, ptr, bytes, alignment) is noexcept. An unknown pointer or a double free
+//   is ignored; a wrong size is corrected (the block is freed with its true size). Each is
+//   reported as an invalid_free hook event and a log warning, and counted in stats; the pool
+//   stays consistent and usable.
+// - set_limit(bytes): later requests that would take in-use bytes or reserved bytes past the
+//   limit fail with out_of_memory (cause "limit"); existing allocations are never touched.
+// - release_cached(): returns every wholly free upstream block to the resource.
+// Hooks: pool_malloc pre/post, pool_free pre/post, device_alloc/device_free pre/post, release
+// pre/post, oom, limit_hit, invalid_free, and split/merge where the strategy has them.
+// Thread safety: every allocator is thread-safe; each class says how.
+// Ownership: the allocator holds its resource by reference (it must outlive the allocator) and
+// returns all reserved memory to it on destruction.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "poolscope/hooks/event.hpp"
+#include "poolscope/pool/allocator_stats.hpp"
+#include "poolscope/pool/resource.hpp"
+#include "poolscope/stream_view.hpp"
+
+namespace poolscope::pool {
+
+/// Largest supported alignment; blocks are always at least this aligned.
+inline constexpr std::size_t max_alignment = 256;
+/// Largest request any allocator accepts (1 PiB); larger requests throw out_of_memory.
+inline constexpr std::size_t max_request_bytes = std::size_t{1} << 50;
+
+/// What a strategy hands back: the block and the bytes it took for it.
+struct block {
+  void* ptr = nullptr;
+  std::size_t rounded = 0;
+};
+
+/// What a strategy says of a deallocation.
+struct free_outcome {
+  hooks::free_error error = hooks::free_error::none;
+  std::size_t rounded = 0;    ///< bytes released to the cache (0 if the free was ignored)
+  std::size_t requested = 0;  ///< bytes the block was allocated with (0 if unknown)
+};
+
+/// Abstract allocator. Public non-virtual methods validate, count, enforce the limit, retry on
+/// upstream exhaustion and emit hooks; strategies implement the private do_* virtuals.
+class allocator {
+ public:
+  allocator(resource& upstream, std::string name);
+  allocator(const allocator&) = delete;
+  allocator& operator=(const allocator&) = delete;
+  virtual ~allocator();
+
+  /// At least `bytes` bytes aligned to `alignment`, usable on `stream`. See the contract above.
+  [[nodiscard]] void* allocate(stream_view stream, std::size_t bytes,
+                               std::size_t alignment = max_alignment);
+  /// Returns a block from allocate (same stream, bytes, alignment). Never throws.
+  void deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                  std::size_t alignment = max_alignment) noexcept;
+
+  /// A snapshot of the counters and the cache.
+  [[nodiscard]] allocator_stats stats() const;
+  /// Returns cached memory to the resource; returns the bytes released.
+  std::size_t release_cached();
+  /// Caps in-use and reserved bytes (SIZE_MAX: no limit). Existing allocations are kept.
+  void set_limit(std::size_t bytes) noexcept { limit_.store(bytes, std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t limit() const noexcept {
+    return limit_.load(std::memory_order_relaxed);
+  }
+
+  /// "bfc/host", "best_fit/cuda:0", ...: strategy and resource.
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// Process-unique id, as in hook events.
+  [[nodiscard]] std::uint32_t id() const noexcept { return id_; }
+  /// Device of the resource (-1: host).
+  [[nodiscard]] int device() const noexcept { return device_; }
+  [[nodiscard]] resource& upstream() const noexcept { return *upstream_; }
+
+ protected:
+  /// Strategies get upstream memory only through these: they count, enforce the limit on
+  /// reserved bytes and emit device_alloc/device_free. upstream_allocate returns nullptr when
+  /// the resource is exhausted or the limit would be passed (never throws out_of_memory).
+  [[nodiscard]] void* upstream_allocate(stream_view stream, std::size_t bytes);
+  void upstream_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept;
+  /// Split/merge events for strategies that carve chunks.
+  void emit_split(stream_view stream, void* taken, std::size_t taken_bytes, void* rest,
+                  std::size_t rest_bytes) const noexcept;
+  void emit_merge(stream_view stream, void* result, std::size_t result_bytes, void* absorbed,
+                  std::size_t absorbed_bytes) const noexcept;
+  /// Strategies whose cache is split by stream report the bytes cached for other streams.
+  [[nodiscard]] virtual std::size_t do_cached_bytes_other_streams(stream_view) const { return 0; }
+
+ private:
+  /// Serve `bytes` (> 0, already validated) at `alignment`; {nullptr, 0} if upstream failed.
+  virtual block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) = 0;
+  /// Take back `ptr`; validate it and say what happened. Must not throw.
+  virtual free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                                     std::size_t alignment) noexcept = 0;
+  /// Fill the cache fields of `s` (cached_blocks, cached_bytes, largest_free_block).
+  virtual void do_cache_stats(allocator_stats& s) const = 0;
+  /// Return wholly free upstream blocks; return the bytes released.
+  virtual std::size_t do_release_cached() = 0;
+
+  void emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream, void* ptr,
+            std::size_t requested, std::size_t rounded,
+            hooks::free_error error = hooks::free_error::none) const noexcept;
+  [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
+  void report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
+                           const free_outcome& outcome) noexcept;
+
+  resource* upstream_;
+  std::string name_;
+  std::uint32_t id_;
+  int device_;
+  std::atomic<std::size_t> limit_{SIZE_MAX};
+
+  // Counters: relaxed atomics, so stats() never takes a strategy's lock.
+  std::atomic<std::size_t> in_use_{0}, peak_in_use_{0};
+  std::atomic<std::size_t> requested_in_use_{0}, peak_requested_{0};
+  std::atomic<std::size_t> reserved_{0}, peak_reserved_{0};
+  std::atomic<std::uint64_t> allocations_{0}, deallocations_{0};
+  std::atomic<std::uint64_t> upstream_allocs_{0}, upstream_frees_{0}, upstream_failures_{0};
+  std::atomic<std::uint64_t> oom_count_{0}, limit_hits_{0}, invalid_frees_{0};
+};
+
+}  // namespace poolscope::pool

@@ -1,0 +1,44 @@
+// Plain host memory: page-backed (mmap) for large blocks, aligned heap for small ones.
+//
+//   poolscope::pool::host_resource host{/*capacity=*/64 << 20};  // fails past 64 MiB
+//   auto pool = poolscope::pool::bfc_allocator{host};
+//
+// This is how CI exercises every allocator without a GPU, and how `poolscope replay
+// --capacity` simulates a device of a given size. Useful in its own right for host staging.
+// Thread safety: thread-safe (an atomic byte counter). Cost: one mmap/munmap per block of
+// >= 64 KiB, aligned_alloc below. Stream: ignored.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+#include "poolscope/pool/resource.hpp"
+
+namespace poolscope::pool {
+
+class host_resource final : public resource {
+ public:
+  /// `capacity`: the most bytes live at once; try_allocate returns nullptr beyond it.
+  explicit host_resource(std::size_t capacity = std::numeric_limits<std::size_t>::max()) noexcept
+      : capacity_(capacity) {}
+
+  /// Bytes currently allocated from this resource.
+  [[nodiscard]] std::size_t allocated_bytes() const noexcept {
+    return allocated_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+
+ private:
+  void* do_try_allocate(stream_view stream, std::size_t bytes) override;
+  void do_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept override;
+  [[nodiscard]] int do_device() const noexcept override { return -1; }
+  [[nodiscard]] memory_kind do_kind() const noexcept override { return memory_kind::host; }
+  [[nodiscard]] std::string do_name() const override { return "host"; }
+
+  std::size_t capacity_;
+  std::atomic<std::size_t> allocated_{0};
+};
+
+}  // namespace poolscope::pool

@@ -1,0 +1,317 @@
+#include "poolscope/pool/allocator.hpp"
+
+#include <cinttypes>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+#include "poolscope/log.hpp"
+
+namespace poolscope::pool {
+namespace {
+
+std::atomic<std::uint32_t> g_next_id{1};
+
+void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
+  std::size_t cur = peak.load(std::memory_order_relaxed);
+  while (value > cur && !peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  }
+}
+
+}  // namespace
+
+std::string allocator_stats::to_json() const {
+  nlohmann::json j = {
+      {"in_use", in_use},
+      {"peak_in_use", peak_in_use},
+      {"requested_in_use", requested_in_use},
+      {"peak_requested", peak_requested},
+      {"reserved", reserved},
+      {"peak_reserved", peak_reserved},
+      {"allocations", allocations},
+      {"deallocations", deallocations},
+      {"upstream_allocs", upstream_allocs},
+      {"upstream_frees", upstream_frees},
+      {"upstream_failures", upstream_failures},
+      {"oom_count", oom_count},
+      {"limit_hits", limit_hits},
+      {"invalid_frees", invalid_frees},
+      {"cached_blocks", cached_blocks},
+      {"cached_bytes", cached_bytes},
+      {"largest_free_block", largest_free_block},
+      {"fragmentation", fragmentation},
+      {"limit", limit == SIZE_MAX ? nlohmann::json(nullptr) : nlohmann::json(limit)},
+  };
+  return j.dump();
+}
+
+allocator::allocator(resource& upstream, std::string name)
+    : upstream_(&upstream),
+      name_(std::move(name)),
+      id_(g_next_id.fetch_add(1, std::memory_order_relaxed)),
+      device_(upstream.device()) {}
+
+allocator::~allocator() = default;
+
+void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream,
+                     void* ptr, std::size_t requested, std::size_t rounded,
+                     hooks::free_error error) const noexcept {
+  hooks::event e;
+  e.kind = kind;
+  e.phase = phase;
+  e.error = error;
+  e.device = device_;
+  e.stream = stream.value();
+  e.allocator_id = id_;
+  e.allocator_name = name_.c_str();
+  e.ptr = ptr;
+  e.requested = requested;
+  e.rounded = rounded;
+  e.in_use = in_use_.load(std::memory_order_relaxed);
+  e.reserved = reserved_.load(std::memory_order_relaxed);
+  hooks::dispatch(e);
+}
+
+void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+    throw invalid_argument("poolscope: alignment " + std::to_string(alignment) + " given to " +
+                           name_ + " is not a power of two");
+  }
+  if (alignment > max_alignment) {
+    throw invalid_argument("poolscope: alignment " + std::to_string(alignment) + " given to " +
+                           name_ + " exceeds the largest supported alignment " +
+                           std::to_string(max_alignment));
+  }
+  if (bytes == 0) {
+    return nullptr;
+  }
+  const bool hooked = hooks::active();
+  if (hooked) [[unlikely]] {
+    emit(hooks::event_kind::pool_malloc, hooks::event_phase::pre, stream, nullptr, bytes, 0);
+  }
+  if (bytes > max_request_bytes) {
+    throw_oom(stream, bytes, "size overflow: the request exceeds the largest supported size");
+  }
+  const std::size_t lim = limit_.load(std::memory_order_relaxed);
+  if (lim != SIZE_MAX && in_use_.load(std::memory_order_relaxed) + bytes > lim) {
+    limit_hits_.fetch_add(1, std::memory_order_relaxed);
+    if (hooks::active()) [[unlikely]] {
+      emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
+    }
+    throw_oom(stream, bytes, "limit: in-use bytes would exceed the allocator's limit");
+  }
+  block b = do_allocate(stream, bytes, alignment);
+  if (b.ptr == nullptr) {
+    // Upstream exhausted (or the reserved limit reached): give back the cache, retry once.
+    release_cached();
+    b = do_allocate(stream, bytes, alignment);
+    if (b.ptr == nullptr) {
+      throw_oom(stream, bytes,
+                lim != SIZE_MAX && reserved_.load(std::memory_order_relaxed) + bytes > lim
+                    ? "limit: reserved bytes would exceed the allocator's limit"
+                    : "upstream exhausted: the resource could not supply a new block even after "
+                      "cached blocks were released");
+    }
+  }
+  const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
+  raise_peak(peak_in_use_, used);
+  const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  raise_peak(peak_requested_, req);
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  if (hooked || hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::pool_malloc, hooks::event_phase::post, stream, b.ptr, bytes, b.rounded);
+  }
+  return b.ptr;
+}
+
+void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                           std::size_t alignment) noexcept {
+  if (ptr == nullptr) {
+    if (bytes != 0) {
+      report_invalid_free(stream, ptr, bytes, {hooks::free_error::null_with_size, 0, 0});
+    }
+    return;
+  }
+  const bool hooked = hooks::active();
+  if (hooked) [[unlikely]] {
+    emit(hooks::event_kind::pool_free, hooks::event_phase::pre, stream, ptr, bytes, 0);
+  }
+  const free_outcome out = do_deallocate(stream, ptr, bytes, alignment);
+  if (out.error != hooks::free_error::none) [[unlikely]] {
+    report_invalid_free(stream, ptr, bytes, out);
+    if (out.rounded == 0) {
+      return;  // ignored: nothing was freed
+    }
+  }
+  in_use_.fetch_sub(out.rounded, std::memory_order_relaxed);
+  requested_in_use_.fetch_sub(out.requested, std::memory_order_relaxed);
+  deallocations_.fetch_add(1, std::memory_order_relaxed);
+  if (hooked || hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::pool_free, hooks::event_phase::post, stream, ptr, out.requested,
+         out.rounded);
+  }
+}
+
+void allocator::report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
+                                    const free_outcome& outcome) noexcept {
+  invalid_frees_.fetch_add(1, std::memory_order_relaxed);
+  if (hooks::active()) {
+    emit(hooks::event_kind::invalid_free, hooks::event_phase::instant, stream, ptr, bytes,
+         outcome.rounded, outcome.error);
+  }
+  if (log_enabled(log_level::warn)) {
+    char buf[256];
+    const auto what = hooks::to_string(outcome.error);
+    if (outcome.error == hooks::free_error::size_mismatch) {
+      std::snprintf(buf, sizeof buf,
+                    "%s: deallocate(%p, %zu bytes): %.*s, the block holds %zu bytes; freed with "
+                    "its true size",
+                    name_.c_str(), ptr, bytes, static_cast<int>(what.size()), what.data(),
+                    outcome.requested);
+    } else {
+      std::snprintf(buf, sizeof buf, "%s: deallocate(%p, %zu bytes): %.*s; ignored", name_.c_str(),
+                    ptr, bytes, static_cast<int>(what.size()), what.data());
+    }
+    log(log_level::warn, buf);
+  }
+}
+
+void allocator::throw_oom(stream_view stream, std::size_t bytes, const char* cause) {
+  oom_count_.fetch_add(1, std::memory_order_relaxed);
+  if (hooks::active()) {
+    emit(hooks::event_kind::oom, hooks::event_phase::instant, stream, nullptr, bytes, 0);
+  }
+  oom_context ctx;
+  ctx.requested = bytes;
+  ctx.reserved = reserved_.load(std::memory_order_relaxed);
+  ctx.in_use = in_use_.load(std::memory_order_relaxed);
+  allocator_stats cache;
+  do_cache_stats(cache);
+  ctx.largest_free_block = cache.largest_free_block;
+  ctx.cached_other_streams = do_cached_bytes_other_streams(stream);
+  ctx.limit = limit();
+  ctx.device = device_;
+  throw out_of_memory(name_, ctx, cause);
+}
+
+allocator_stats allocator::stats() const {
+  allocator_stats s;
+  s.in_use = in_use_.load(std::memory_order_relaxed);
+  s.peak_in_use = peak_in_use_.load(std::memory_order_relaxed);
+  s.requested_in_use = requested_in_use_.load(std::memory_order_relaxed);
+  s.peak_requested = peak_requested_.load(std::memory_order_relaxed);
+  s.reserved = reserved_.load(std::memory_order_relaxed);
+  s.peak_reserved = peak_reserved_.load(std::memory_order_relaxed);
+  s.allocations = allocations_.load(std::memory_order_relaxed);
+  s.deallocations = deallocations_.load(std::memory_order_relaxed);
+  s.upstream_allocs = upstream_allocs_.load(std::memory_order_relaxed);
+  s.upstream_frees = upstream_frees_.load(std::memory_order_relaxed);
+  s.upstream_failures = upstream_failures_.load(std::memory_order_relaxed);
+  s.oom_count = oom_count_.load(std::memory_order_relaxed);
+  s.limit_hits = limit_hits_.load(std::memory_order_relaxed);
+  s.invalid_frees = invalid_frees_.load(std::memory_order_relaxed);
+  s.limit = limit();
+  do_cache_stats(s);
+  s.fragmentation = s.cached_bytes == 0 ? 0.0
+                                        : 1.0 - static_cast<double>(s.largest_free_block) /
+                                                    static_cast<double>(s.cached_bytes);
+  return s;
+}
+
+std::size_t allocator::release_cached() {
+  const bool hooked = hooks::active();
+  if (hooked) [[unlikely]] {
+    emit(hooks::event_kind::release, hooks::event_phase::pre, stream_view{}, nullptr, 0, 0);
+  }
+  const std::size_t released = do_release_cached();
+  if (hooked || hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::release, hooks::event_phase::post, stream_view{}, nullptr, released,
+         released);
+  }
+  return released;
+}
+
+void* allocator::upstream_allocate(stream_view stream, std::size_t bytes) {
+  const std::size_t lim = limit_.load(std::memory_order_relaxed);
+  if (lim != SIZE_MAX && reserved_.load(std::memory_order_relaxed) + bytes > lim) {
+    limit_hits_.fetch_add(1, std::memory_order_relaxed);
+    if (hooks::active()) [[unlikely]] {
+      emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
+    }
+    return nullptr;
+  }
+  const bool hooked = hooks::active();
+  if (hooked) [[unlikely]] {
+    emit(hooks::event_kind::device_alloc, hooks::event_phase::pre, stream, nullptr, bytes, 0);
+  }
+  void* p = upstream_->try_allocate(stream, bytes);
+  if (p == nullptr) {
+    upstream_failures_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  }
+  const std::size_t res = reserved_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  raise_peak(peak_reserved_, res);
+  upstream_allocs_.fetch_add(1, std::memory_order_relaxed);
+  if (hooked || hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::device_alloc, hooks::event_phase::post, stream, p, bytes, bytes);
+  }
+  return p;
+}
+
+void allocator::upstream_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept {
+  const bool hooked = hooks::active();
+  if (hooked) [[unlikely]] {
+    emit(hooks::event_kind::device_free, hooks::event_phase::pre, stream, ptr, bytes, bytes);
+  }
+  upstream_->deallocate(stream, ptr, bytes);
+  reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+  upstream_frees_.fetch_add(1, std::memory_order_relaxed);
+  if (hooked || hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::device_free, hooks::event_phase::post, stream, nullptr, bytes, bytes);
+  }
+}
+
+void allocator::emit_split(stream_view stream, void* taken, std::size_t taken_bytes, void* rest,
+                           std::size_t rest_bytes) const noexcept {
+  if (!hooks::active()) {
+    return;
+  }
+  hooks::event e;
+  e.kind = hooks::event_kind::split;
+  e.phase = hooks::event_phase::instant;
+  e.device = device_;
+  e.stream = stream.value();
+  e.allocator_id = id_;
+  e.allocator_name = name_.c_str();
+  e.ptr = taken;
+  e.rounded = taken_bytes;
+  e.aux_ptr = rest;
+  e.aux_bytes = rest_bytes;
+  e.in_use = in_use_.load(std::memory_order_relaxed);
+  e.reserved = reserved_.load(std::memory_order_relaxed);
+  hooks::dispatch(e);
+}
+
+void allocator::emit_merge(stream_view stream, void* result, std::size_t result_bytes,
+                           void* absorbed, std::size_t absorbed_bytes) const noexcept {
+  if (!hooks::active()) {
+    return;
+  }
+  hooks::event e;
+  e.kind = hooks::event_kind::merge;
+  e.phase = hooks::event_phase::instant;
+  e.device = device_;
+  e.stream = stream.value();
+  e.allocator_id = id_;
+  e.allocator_name = name_.c_str();
+  e.ptr = result;
+  e.rounded = result_bytes;
+  e.aux_ptr = absorbed;
+  e.aux_bytes = absorbed_bytes;
+  e.in_use = in_use_.load(std::memory_order_relaxed);
+  e.reserved = reserved_.load(std::memory_order_relaxed);
+  hooks::dispatch(e);
+}
+
+}  // namespace poolscope::pool
