@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The one script for a lent GPU machine: configure, build for sm_90, run every test (GPU tests
+# included), the GPU allocator tests under compute-sanitizer memcheck, the benchmarks and the
+# PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last.
+#   scripts/gpu-check.sh [--quick]      (--quick: shorter benchmarks)
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+out="${OUT:-$root/gpu-out}"
+mkdir -p "$out"
+build="$root/build-gpu"
+quick=""
+[ "${1:-}" = "--quick" ] && quick="--quick"
+# Never use NVLink multicast on the shared machines (KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+declare -a rows
+row() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
+step() {  # name logfile command...
+  local name="$1" log="$2"; shift 2
+  local t0=$SECONDS
+  echo "== $name" | tee -a "$log"
+  "$@" >>"$log" 2>&1
+  local rc=$?
+  row "$name" "$( [ $rc -eq 0 ] && echo ok || echo "FAILED (rc=$rc)") $((SECONDS - t0)) s"
+  return $rc
+}
+
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvcc --version | tail -1; cmake --version | head -1; g++ --version | head -1
+} >"$out/machine.txt" 2>&1
+cat "$out/machine.txt"
+
+# WERROR off here: the GPU image's newer g++ may warn where CI's does not; warnings are in the log.
+step "configure+build (sm_90)" "$out/build.log" bash -c "
+  cmake -S '$root' -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DPOOLSCOPE_WERROR=OFF && cmake --build '$build' -j \$(nproc)" || {
+  tail -50 "$out/build.log"; printf '%s\n' "${rows[@]}"; exit 1; }
+
+step "ctest (all, GPU present)" "$out/tests.log" \
+  ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
+grep -E "tests passed|tests failed|Skipped|SKIPPED" "$out/tests.log" | tail -5
+
+# compute-sanitizer on the GPU allocator tests (device memory paths only: host tests add nothing).
+for exe in "$build"/bin/poolscope_pool_tests; do
+  step "memcheck $(basename "$exe")" "$out/sanitizer.log" \
+    compute-sanitizer --tool memcheck --error-exitcode 99 "$exe" --gtest_filter='*gpu*:*cuda*:*Cuda*:*Gpu*'
+done
+
+bench="$build/bin/poolscope"
+step "bench alloc (cuda)" "$out/bench.log" "$bench" bench alloc --resource cuda $quick \
+  --json "$out/bench_alloc.json"
+for b in "$build"/bin/*_bench*; do
+  [ -x "$b" ] || continue
+  step "$(basename "$b")" "$out/bench.log" "$b" --benchmark_min_time=0.2
+done
+
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  step "PyTorch plug-in workload" "$out/plugin.log" env POOLSCOPE_ALLOCATOR=bfc \
+    python3 "$root/scripts/torch_plugin_check.py" "$build/lib/libpoolscope_alloc.so"
+fi
+if python3 -c "import cupy" 2>/dev/null && [ -f "$root/scripts/cupy_plugin_check.py" ]; then
+  step "CuPy plug-in workload" "$out/plugin.log" \
+    python3 "$root/scripts/cupy_plugin_check.py" "$build/lib/libpoolscope_alloc.so"
+fi
+
+echo
+echo "---- bench (tail) ----"; tail -30 "$out/bench.log"
+echo "---- summary ----"
+printf '%s\n' "${rows[@]}" | tee "$out/summary.txt"
