@@ -57,6 +57,9 @@ allocator::~allocator() = default;
 void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream,
                      void* ptr, std::size_t requested, std::size_t rounded,
                      hooks::free_error error) const noexcept {
+  if (reporter_ != nullptr) {
+    return;  // an adopted inner strategy: the composite reports this operation itself
+  }
   hooks::event e;
   e.kind = kind;
   e.phase = phase;
@@ -277,19 +280,20 @@ void allocator::emit_split(stream_view stream, void* taken, std::size_t taken_by
   if (!hooks::active()) {
     return;
   }
+  const allocator& who = reporter_ != nullptr ? *reporter_ : *this;
   hooks::event e;
   e.kind = hooks::event_kind::split;
   e.phase = hooks::event_phase::instant;
-  e.device = device_;
+  e.device = who.device_;
   e.stream = stream.value();
-  e.allocator_id = id_;
-  e.allocator_name = name_.c_str();
+  e.allocator_id = who.id_;
+  e.allocator_name = who.name_.c_str();
   e.ptr = taken;
   e.rounded = taken_bytes;
   e.aux_ptr = rest;
   e.aux_bytes = rest_bytes;
-  e.in_use = in_use_.load(std::memory_order_relaxed);
-  e.reserved = reserved_.load(std::memory_order_relaxed);
+  e.in_use = who.in_use_.load(std::memory_order_relaxed);
+  e.reserved = who.reserved_.load(std::memory_order_relaxed);
   hooks::dispatch(e);
 }
 
@@ -298,19 +302,20 @@ void allocator::emit_merge(stream_view stream, void* result, std::size_t result_
   if (!hooks::active()) {
     return;
   }
+  const allocator& who = reporter_ != nullptr ? *reporter_ : *this;
   hooks::event e;
   e.kind = hooks::event_kind::merge;
   e.phase = hooks::event_phase::instant;
-  e.device = device_;
+  e.device = who.device_;
   e.stream = stream.value();
-  e.allocator_id = id_;
-  e.allocator_name = name_.c_str();
+  e.allocator_id = who.id_;
+  e.allocator_name = who.name_.c_str();
   e.ptr = result;
   e.rounded = result_bytes;
   e.aux_ptr = absorbed;
   e.aux_bytes = absorbed_bytes;
-  e.in_use = in_use_.load(std::memory_order_relaxed);
-  e.reserved = reserved_.load(std::memory_order_relaxed);
+  e.in_use = who.in_use_.load(std::memory_order_relaxed);
+  e.reserved = who.reserved_.load(std::memory_order_relaxed);
   hooks::dispatch(e);
 }
 

@@ -106,6 +106,26 @@ class allocator {
   /// Strategies whose cache is split by stream report the bytes cached for other streams.
   [[nodiscard]] virtual std::size_t do_cached_bytes_other_streams(stream_view) const { return 0; }
 
+  /// Composite allocators (stream_pool_allocator) build their pools out of inner strategies and
+  /// report for them. After adopt(inner), `inner` emits its split and merge events under this
+  /// allocator's identity and no other hook event (its requests and its upstream, an internal
+  /// one, are this allocator's to report). Call before `inner` is used.
+  void adopt(allocator& inner) const noexcept { inner.reporter_ = this; }
+  /// Run `inner`'s strategy directly, as this allocator's own do_* would: no validation,
+  /// counters, limit, retry or pool_malloc/pool_free events of `inner`'s own.
+  [[nodiscard]] static block strategy_allocate(allocator& inner, stream_view stream,
+                                               std::size_t bytes, std::size_t alignment) {
+    return inner.do_allocate(stream, bytes, alignment);
+  }
+  static free_outcome strategy_deallocate(allocator& inner, stream_view stream, void* ptr,
+                                          std::size_t bytes, std::size_t alignment) noexcept {
+    return inner.do_deallocate(stream, ptr, bytes, alignment);
+  }
+  static void strategy_cache_stats(const allocator& inner, allocator_stats& s) {
+    inner.do_cache_stats(s);
+  }
+  static std::size_t strategy_release_cached(allocator& inner) { return inner.do_release_cached(); }
+
  private:
   /// Serve `bytes` (> 0, already validated) at `alignment`; {nullptr, 0} if upstream failed.
   virtual block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) = 0;
@@ -129,6 +149,7 @@ class allocator {
   std::uint32_t id_;
   int device_;
   std::atomic<std::size_t> limit_{SIZE_MAX};
+  const allocator* reporter_ = nullptr;  // set by adopt(): the composite that reports for us
 
   // Counters: relaxed atomics, so stats() never takes a strategy's lock.
   std::atomic<std::size_t> in_use_{0}, peak_in_use_{0};
