@@ -1,0 +1,461 @@
+#include "poolscope/profiler/line_profiler.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "detail/stack_seam.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+
+namespace poolscope::profiler {
+
+std::string_view to_string(stack_unwinder u) noexcept {
+  switch (u) {
+    case stack_unwinder::automatic:
+      return "automatic";
+    case stack_unwinder::libunwind:
+      return "libunwind";
+    case stack_unwinder::glibc_backtrace:
+      return "glibc_backtrace";
+    case stack_unwinder::frame_pointer:
+      return "frame_pointer";
+  }
+  return "unknown";
+}
+
+namespace {
+
+detail::unwind_backend backend_of(stack_unwinder u) noexcept {
+  switch (u) {
+    case stack_unwinder::libunwind:
+      return detail::unwind_backend::libunwind;
+    case stack_unwinder::glibc_backtrace:
+      return detail::unwind_backend::glibc_backtrace;
+    case stack_unwinder::frame_pointer:
+      return detail::unwind_backend::frame_pointer;
+    case stack_unwinder::automatic:
+      break;
+  }
+  return detail::default_unwind_backend();
+}
+
+stack_unwinder unwinder_of(detail::unwind_backend b) noexcept {
+  switch (b) {
+    case detail::unwind_backend::libunwind:
+      return stack_unwinder::libunwind;
+    case detail::unwind_backend::glibc_backtrace:
+      return stack_unwinder::glibc_backtrace;
+    case detail::unwind_backend::frame_pointer:
+      return stack_unwinder::frame_pointer;
+  }
+  return stack_unwinder::glibc_backtrace;
+}
+
+constexpr std::size_t max_supported_depth = 256;
+// Room for poolscope's own frames (allocate, emit, deliver, on_event, capture) above the user's.
+constexpr std::size_t own_frame_slack = 32;
+constexpr std::uint32_t root_index = 0;
+
+/// One call site. Counters are guarded by the profiler's mutex.
+struct trie_node {
+  std::uintptr_t address = 0;
+  std::uint32_t parent = root_index;
+  std::uint64_t count = 0;
+  std::uint64_t used = 0;
+  std::uint64_t rounded = 0;
+  std::uint64_t freed = 0;
+  std::uint64_t live = 0;
+  // `live` as of the latest peak, saved lazily: valid only while mark_epoch == the current epoch.
+  std::uint64_t live_at_mark = 0;
+  std::uint64_t mark_epoch = 0;
+  std::uint64_t acquire_count = 0;
+  std::uint64_t acquired = 0;
+  std::uint64_t live_acquired = 0;
+};
+
+struct child_key {
+  std::uint32_t parent;
+  std::uintptr_t address;
+  friend bool operator==(const child_key&, const child_key&) = default;
+};
+struct child_key_hash {
+  std::size_t operator()(const child_key& k) const noexcept {
+    return std::hash<std::uintptr_t>{}(k.address * 0x9E3779B97F4A7C15ULL ^ k.parent);
+  }
+};
+
+/// A block allocated under profiling: the node it is attributed to and its size.
+struct live_block {
+  std::uint32_t node;
+  std::uint64_t bytes;
+};
+
+std::uint64_t hash_stack(const std::uintptr_t* frames, std::size_t depth) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL ^ depth;
+  for (std::size_t i = 0; i < depth; ++i) {
+    h ^= frames[i];
+    h *= 0x9E3779B97F4A7C15ULL;
+    h ^= h >> 32;
+  }
+  return h;
+}
+
+}  // namespace
+
+bool unwinder_available(stack_unwinder u) noexcept {
+  return u == stack_unwinder::automatic || detail::unwind_backend_available(backend_of(u));
+}
+
+bool has_libdw() noexcept {
+#if defined(POOLSCOPE_HAVE_LIBDW)
+  return true;
+#else
+  return false;
+#endif
+}
+
+struct line_profiler::state {
+  detail::unwind_backend backend = detail::unwind_backend::glibc_backtrace;
+  detail::own_code_ranges own;
+
+  mutable std::mutex mutex;
+  std::vector<trie_node> nodes;  // [0] is the root
+  std::unordered_map<child_key, std::uint32_t, child_key_hash> children;
+  std::unordered_map<std::uint64_t, std::uint32_t> leaf_by_hash;
+  std::unordered_map<std::uintptr_t, live_block> blocks;    // pool_malloc ptr -> block
+  std::unordered_map<std::uintptr_t, live_block> segments;  // device_alloc ptr -> segment
+  std::uint64_t total_live = 0;
+  std::uint64_t peak_live = 0;
+  std::uint64_t peak_seq = 0;
+  std::uint64_t epoch = 0;  // bumped at every new peak
+  std::uint64_t events = 0;
+  std::uint64_t unmatched_frees = 0;
+  std::uint64_t truncated = 0;
+
+  state() { clear(); }
+
+  void clear() {
+    nodes.clear();
+    nodes.emplace_back();
+    children.clear();
+    leaf_by_hash.clear();
+    blocks.clear();
+    segments.clear();
+    total_live = peak_live = peak_seq = epoch = events = unmatched_frees = truncated = 0;
+  }
+
+  // Saves a node's live bytes as of the latest peak before they first change after it.
+  void touch(trie_node& n) const noexcept {
+    if (n.mark_epoch != epoch) {
+      n.live_at_mark = n.live;
+      n.mark_epoch = epoch;
+    }
+  }
+
+  [[nodiscard]] std::uint64_t live_at_peak(const trie_node& n) const noexcept {
+    return n.mark_epoch == epoch ? n.live_at_mark : n.live;
+  }
+
+  [[nodiscard]] bool matches(std::uint32_t leaf, const std::uintptr_t* frames,
+                             std::size_t depth) const noexcept {
+    std::uint32_t cur = leaf;
+    for (std::size_t i = 0; i < depth; ++i) {
+      if (cur == root_index || nodes[cur].address != frames[i]) {
+        return false;
+      }
+      cur = nodes[cur].parent;
+    }
+    return cur == root_index;
+  }
+
+  // Walks (and extends) the tree from the root along the stack, outermost frame first.
+  std::uint32_t insert_path(const std::uintptr_t* frames, std::size_t depth) {
+    std::uint32_t cur = root_index;
+    for (std::size_t i = depth; i-- > 0;) {
+      const child_key key{cur, frames[i]};
+      auto it = children.find(key);
+      if (it != children.end()) {
+        cur = it->second;
+        continue;
+      }
+      trie_node n;
+      n.address = frames[i];
+      n.parent = cur;
+      n.mark_epoch = epoch;  // it did not exist at the latest peak: live there was 0
+      const auto index = static_cast<std::uint32_t>(nodes.size());
+      nodes.push_back(n);
+      children.emplace(key, index);
+      cur = index;
+    }
+    return cur;
+  }
+
+  std::uint32_t leaf_for(const std::uintptr_t* frames, std::size_t depth) {
+    const std::uint64_t h = hash_stack(frames, depth);
+    auto it = leaf_by_hash.find(h);
+    if (it != leaf_by_hash.end() && matches(it->second, frames, depth)) {
+      return it->second;
+    }
+    const std::uint32_t leaf = insert_path(frames, depth);
+    if (it == leaf_by_hash.end()) {
+      leaf_by_hash.emplace(h, leaf);
+    }
+    return leaf;
+  }
+};
+
+line_profiler::line_profiler(const line_profiler_options& options) : options_(options) {
+  if (options_.max_depth == 0 || options_.max_depth > max_supported_depth) {
+    throw invalid_argument("poolscope: line_profiler max_depth " +
+                           std::to_string(options_.max_depth) + " is outside 1.." +
+                           std::to_string(max_supported_depth));
+  }
+  if (!unwinder_available(options_.unwinder)) {
+    throw invalid_argument("poolscope: line_profiler unwinder '" +
+                           std::string(to_string(options_.unwinder)) +
+                           "' is not available in this build");
+  }
+  state_ = std::make_unique<state>();
+  state_->backend = backend_of(options_.unwinder);
+  detail::warm_up(state_->backend);
+}
+
+line_profiler::~line_profiler() = default;
+
+stack_unwinder line_profiler::unwinder() const noexcept {
+  return unwinder_of(state_->backend);
+}
+
+void line_profiler::disable(const char* what) noexcept {
+  if (!disabled_.exchange(true, std::memory_order_relaxed)) {
+    char message[256];
+    std::snprintf(message, sizeof message, "line_profiler disabled, the report is incomplete: %s",
+                  what);
+    log(log_level::error, message);
+  }
+}
+
+void line_profiler::on_event(const hooks::event& e) noexcept {
+  if (disabled_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  if (options_.only_allocator != 0 && e.allocator_id != options_.only_allocator) {
+    return;
+  }
+  const bool is_alloc =
+      e.phase == hooks::event_phase::post &&
+      (e.kind == hooks::event_kind::pool_malloc || e.kind == hooks::event_kind::device_alloc);
+  const bool is_free =
+      e.phase == hooks::event_phase::pre &&
+      (e.kind == hooks::event_kind::pool_free || e.kind == hooks::event_kind::device_free);
+  if ((!is_alloc && !is_free) || e.ptr == nullptr) {
+    return;
+  }
+  state& s = *state_;
+  const auto ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
+  try {
+    if (is_free) {
+      auto& table = e.kind == hooks::event_kind::pool_free ? s.blocks : s.segments;
+      std::lock_guard lock(s.mutex);
+      ++s.events;
+      auto it = table.find(ptr);
+      if (it == table.end()) {
+        ++s.unmatched_frees;
+        return;
+      }
+      trie_node& n = s.nodes[it->second.node];
+      const std::uint64_t bytes = it->second.bytes;
+      if (e.kind == hooks::event_kind::pool_free) {
+        s.touch(n);
+        n.live -= bytes;
+        n.freed += bytes;
+        s.total_live -= bytes;
+      } else {
+        n.live_acquired -= bytes;
+      }
+      table.erase(it);
+      return;
+    }
+
+    // The stack is captured before taking the lock: it is the expensive part.
+    std::uintptr_t raw[max_supported_depth + own_frame_slack + 64];
+    const std::size_t capacity =
+        std::min(options_.max_depth + options_.skip_frames + own_frame_slack, std::size(raw));
+    const std::size_t n = detail::capture_stack(s.backend, raw, capacity);
+    std::size_t top = 0;
+    if (options_.skip_poolscope_frames) {
+      while (top < n && s.own.contains(raw[top])) {
+        ++top;
+      }
+    }
+    top = std::min(n, top + options_.skip_frames);
+    std::size_t depth = n - top;
+    const bool truncated = depth > options_.max_depth || n == capacity;
+    depth = std::min(depth, options_.max_depth);
+
+    std::lock_guard lock(s.mutex);
+    ++s.events;
+    if (truncated) {
+      ++s.truncated;
+    }
+    const std::uint32_t leaf = s.leaf_for(raw + top, depth);
+    trie_node& node = s.nodes[leaf];
+    if (e.kind == hooks::event_kind::pool_malloc) {
+      const std::uint64_t bytes = e.requested;
+      // Insert first: if it throws, no counter has moved.
+      auto [it, fresh] = s.blocks.try_emplace(ptr, live_block{leaf, bytes});
+      if (!fresh) {
+        // The block's free was never seen (filtered or lost): it is not live any more.
+        trie_node& old = s.nodes[it->second.node];
+        s.touch(old);
+        old.live -= it->second.bytes;
+        s.total_live -= it->second.bytes;
+        it->second = live_block{leaf, bytes};
+      }
+      s.touch(node);
+      node.count += 1;
+      node.used += bytes;
+      node.rounded += e.rounded;
+      node.live += bytes;
+      s.total_live += bytes;
+      if (s.total_live > s.peak_live) {
+        s.peak_live = s.total_live;
+        s.peak_seq = e.seq;
+        ++s.epoch;
+      }
+    } else {
+      const std::uint64_t bytes = e.rounded != 0 ? e.rounded : e.requested;
+      auto [it, fresh] = s.segments.try_emplace(ptr, live_block{leaf, bytes});
+      if (!fresh) {
+        s.nodes[it->second.node].live_acquired -= it->second.bytes;
+        it->second = live_block{leaf, bytes};
+      }
+      node.acquire_count += 1;
+      node.acquired += bytes;
+      node.live_acquired += bytes;
+    }
+  } catch (const std::exception& ex) {
+    disable(ex.what());
+  } catch (...) {
+    disable("unknown exception");
+  }
+}
+
+void line_profiler::reset() noexcept {
+  {
+    std::lock_guard lock(state_->mutex);
+    try {
+      state_->clear();
+    } catch (...) {
+      // clear() only fails if the root node cannot be allocated; the next report shows nothing.
+    }
+  }
+  disabled_.store(false, std::memory_order_relaxed);
+}
+
+std::size_t line_profiler::node_count() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->nodes.size() - 1;
+}
+
+line_profile line_profiler::report(const report_options& options) const {
+  struct flat {
+    std::uintptr_t address;
+    std::uint32_t parent;
+    profile_counts self;
+  };
+  std::vector<flat> copy;
+  line_profile out;
+  {
+    const state& s = *state_;
+    std::lock_guard lock(s.mutex);
+    copy.reserve(s.nodes.size());
+    for (const trie_node& n : s.nodes) {
+      flat f{n.address, n.parent, {}};
+      f.self.count = n.count;
+      f.self.used = n.used;
+      f.self.rounded = n.rounded;
+      f.self.freed = n.freed;
+      f.self.live = n.live;
+      f.self.live_at_peak = s.live_at_peak(n);
+      f.self.acquire_count = n.acquire_count;
+      f.self.acquired = n.acquired;
+      f.self.live_acquired = n.live_acquired;
+      copy.push_back(f);
+    }
+    out.peak_live = s.peak_live;
+    out.peak_seq = s.peak_seq;
+    out.events = s.events;
+    out.unmatched_frees = s.unmatched_frees;
+    out.truncated_stacks = s.truncated;
+    out.complete = enabled();
+  }
+  out.unwinder = detail::unwind_backend_name(state_->backend);
+  out.max_depth = options_.max_depth;
+
+  std::vector<std::vector<std::uint32_t>> kids(copy.size());
+  for (std::uint32_t i = 1; i < copy.size(); ++i) {
+    kids[copy[i].parent].push_back(i);
+  }
+  std::unique_ptr<detail::symbolizer> sym;
+  if (options.symbolize) {
+    sym = std::make_unique<detail::symbolizer>();
+    out.symbolizer = sym->backend();
+  } else {
+    out.symbolizer = "none";
+  }
+  // Iterative build: stacks may be up to 256 deep, and nodes are moved into parents bottom-up.
+  auto make = [&](std::uint32_t i) {
+    profile_node p;
+    p.address = copy[i].address;
+    p.self = copy[i].self;
+    if (i != root_index && sym) {
+      detail::symbol info = sym->resolve(copy[i].address);
+      p.function = std::move(info.function);
+      p.file = std::move(info.file);
+      p.line = info.line;
+      p.module = std::move(info.module);
+      p.offset = info.offset;
+    }
+    return p;
+  };
+  std::vector<profile_node> built(copy.size());
+  // Children always have larger indices than their parent: fill from the back.
+  for (std::size_t i = copy.size(); i-- > 0;) {
+    profile_node p = make(static_cast<std::uint32_t>(i));
+    p.children.reserve(kids[i].size());
+    for (std::uint32_t k : kids[i]) {
+      p.children.push_back(std::move(built[k]));
+    }
+    built[i] = std::move(p);
+  }
+  out.root = std::move(built[root_index]);
+  out.root.function = "<root>";
+  out.recompute_totals();
+  // Deterministic order: most used first, then most acquired, then by label.
+  std::vector<profile_node*> todo{&out.root};
+  while (!todo.empty()) {
+    profile_node* p = todo.back();
+    todo.pop_back();
+    std::sort(p->children.begin(), p->children.end(),
+              [](const profile_node& a, const profile_node& b) {
+                if (a.total.used != b.total.used) {
+                  return a.total.used > b.total.used;
+                }
+                if (a.total.acquired != b.total.acquired) {
+                  return a.total.acquired > b.total.acquired;
+                }
+                return a.address < b.address;
+              });
+    for (auto& c : p->children) {
+      todo.push_back(&c);
+    }
+  }
+  return out;
+}
+
+}  // namespace poolscope::profiler

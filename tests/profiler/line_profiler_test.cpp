@@ -1,0 +1,436 @@
+// line_profiler: stack deduplication, attribution, live and live-at-peak figures, unwinders.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+#include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/naive_allocator.hpp"
+#include "poolscope/profiler/line_profiler.hpp"
+
+namespace poolscope::profiler {
+namespace {
+
+// Known call sites. noipa: never inlined, cloned or folded together with a look-alike, so each
+// has its own return address. The asm after the call keeps it from being a tail call.
+__attribute__((noipa)) void* site_a(pool::allocator& a, std::size_t n) {
+  void* p = a.allocate({}, n);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noipa)) void* site_b(pool::allocator& a, std::size_t n) {
+  void* p = a.allocate({}, n + 0);
+  asm volatile("" : : "r"(p) : "memory");
+  return p;
+}
+__attribute__((noipa)) void* site_c(pool::allocator& a, std::size_t n) {
+  void* p = a.allocate({}, n);
+  asm volatile("" : : "r"(p), "r"(n) : "memory");
+  return p;
+}
+
+/// One step of a scripted scenario: allocate at a site, or free an earlier step's block.
+struct step {
+  char site;          // 'a', 'b', 'c': allocate at that site; 'f': free the block of step `of`
+  std::size_t bytes;  // bytes to allocate
+  std::size_t of;     // for 'f': index of the allocating step
+};
+
+/// Runs a script from one loop, so each site is always reached through the same stack.
+__attribute__((noipa)) void run_script(pool::allocator& a, const std::vector<step>& script,
+                                       std::vector<void*>& blocks) {
+  blocks.assign(script.size(), nullptr);
+  for (std::size_t i = 0; i < script.size(); ++i) {
+    const step& s = script[i];
+    switch (s.site) {
+      case 'a':
+        blocks[i] = site_a(a, s.bytes);
+        break;
+      case 'b':
+        blocks[i] = site_b(a, s.bytes);
+        break;
+      case 'c':
+        blocks[i] = site_c(a, s.bytes);
+        break;
+      default:
+        a.deallocate({}, blocks[s.of], script[s.of].bytes);
+        blocks[s.of] = nullptr;
+        break;
+    }
+  }
+}
+
+/// Every node of the tree, with its depth (root = 0).
+void flatten(const profile_node& n, int depth,
+             std::vector<std::pair<const profile_node*, int>>& out) {
+  out.emplace_back(&n, depth);
+  for (const auto& c : n.children) {
+    flatten(c, depth + 1, out);
+  }
+}
+
+std::vector<const profile_node*> nodes_with_self_count(const line_profile& p) {
+  std::vector<std::pair<const profile_node*, int>> all;
+  flatten(p.root, 0, all);
+  std::vector<const profile_node*> out;
+  for (auto [n, d] : all) {
+    if (n->self.count > 0) {
+      out.push_back(n);
+    }
+  }
+  return out;
+}
+
+const profile_node* node_with_self_used(const line_profile& p, std::uint64_t used) {
+  std::vector<std::pair<const profile_node*, int>> all;
+  flatten(p.root, 0, all);
+  const profile_node* found = nullptr;
+  for (auto [n, d] : all) {
+    if (n->self.used == used) {
+      EXPECT_EQ(found, nullptr) << "two nodes with self.used " << used;
+      found = n;
+    }
+  }
+  return found;
+}
+
+/// Path of return addresses from the root down to `target` (exclusive of the root).
+bool path_to(const profile_node& n, const profile_node* target, std::vector<std::uint64_t>& path) {
+  if (&n == target) {
+    return true;
+  }
+  for (const auto& c : n.children) {
+    path.push_back(c.address);
+    if (path_to(c, target, path)) {
+      return true;
+    }
+    path.pop_back();
+  }
+  return false;
+}
+
+std::vector<stack_unwinder> available_unwinders() {
+  std::vector<stack_unwinder> out;
+  for (auto u : {stack_unwinder::automatic, stack_unwinder::libunwind,
+                 stack_unwinder::glibc_backtrace, stack_unwinder::frame_pointer}) {
+    if (unwinder_available(u)) {
+      out.push_back(u);
+    }
+  }
+  return out;
+}
+
+TEST(line_profiler, same_call_site_twice_is_one_node_with_count_two) {
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  line_profiler prof;
+  {
+    hooks::scoped_hook on{prof};
+    std::vector<void*> blocks;
+    run_script(alloc, {{'a', 1000, 0}, {'f', 0, 0}, {'a', 1000, 0}, {'f', 0, 2}}, blocks);
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  const auto leaves = nodes_with_self_count(r);
+  ASSERT_EQ(leaves.size(), 1u);
+  EXPECT_EQ(leaves[0]->self.count, 2u);
+  EXPECT_EQ(leaves[0]->self.used, 2000u);
+  EXPECT_EQ(leaves[0]->self.freed, 2000u);
+  EXPECT_EQ(leaves[0]->self.live, 0u);
+  EXPECT_TRUE(leaves[0]->children.empty());
+  EXPECT_EQ(r.root.total.count, 2u);
+  EXPECT_EQ(r.unmatched_frees, 0u);
+}
+
+TEST(line_profiler, two_call_sites_are_two_leaves_sharing_the_callers_path) {
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  line_profiler prof;
+  {
+    hooks::scoped_hook on{prof};
+    void* a = site_a(alloc, 100);
+    void* b = site_b(alloc, 300);
+    alloc.deallocate({}, a, 100);
+    alloc.deallocate({}, b, 300);
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  const auto leaves = nodes_with_self_count(r);
+  ASSERT_EQ(leaves.size(), 2u);
+  const profile_node* a = node_with_self_used(r, 100);
+  const profile_node* b = node_with_self_used(r, 300);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_NE(a, b);
+  EXPECT_TRUE(a->children.empty());
+  EXPECT_TRUE(b->children.empty());
+  EXPECT_NE(a->address, b->address);
+  std::vector<std::uint64_t> pa;
+  std::vector<std::uint64_t> pb;
+  ASSERT_TRUE(path_to(r.root, a, pa));
+  ASSERT_TRUE(path_to(r.root, b, pb));
+  // Same depth: both are called from this test body. The paths share every frame but the two
+  // innermost (the call into site_x in this function, and the allocate call inside site_x).
+  ASSERT_EQ(pa.size(), pb.size());
+  ASSERT_GE(pa.size(), 2u);
+  for (std::size_t i = 0; i + 2 < pa.size(); ++i) {
+    EXPECT_EQ(pa[i], pb[i]) << "frame " << i;
+  }
+  EXPECT_NE(pa[pa.size() - 2], pb[pb.size() - 2]);
+  EXPECT_EQ(r.root.total.used, 400u);
+}
+
+TEST(line_profiler, every_unwinder_deduplicates_and_counts) {
+  for (stack_unwinder u : available_unwinders()) {
+    SCOPED_TRACE(std::string(to_string(u)));
+    pool::host_resource host;
+    pool::naive_allocator alloc{host};
+    line_profiler prof{{.unwinder = u}};
+    EXPECT_NE(prof.unwinder(), stack_unwinder::automatic);
+    {
+      hooks::scoped_hook on{prof};
+      for (int i = 0; i < 3; ++i) {
+        void* p = site_a(alloc, 64);
+        void* q = site_b(alloc, 128);
+        alloc.deallocate({}, p, 64);
+        alloc.deallocate({}, q, 128);
+      }
+    }
+    const line_profile r = prof.report({.symbolize = false});
+    EXPECT_EQ(r.root.total.count, 6u);
+    EXPECT_EQ(r.root.total.used, 3u * (64 + 128));
+    EXPECT_EQ(r.root.total.live, 0u);
+    EXPECT_EQ(r.unwinder, to_string(prof.unwinder()));
+    if (u != stack_unwinder::frame_pointer) {
+      // DWARF unwinders see the real stacks: one leaf per site, three calls each.
+      const auto leaves = nodes_with_self_count(r);
+      ASSERT_EQ(leaves.size(), 2u);
+      EXPECT_EQ(leaves[0]->self.count, 3u);
+      EXPECT_EQ(leaves[1]->self.count, 3u);
+    }
+  }
+}
+
+TEST(line_profiler, acquired_bytes_are_attributed_and_returned) {
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};
+  line_profiler prof;
+  {
+    hooks::scoped_hook on{prof};
+    // First: upstream 1024 bytes; second: the cached block.
+    std::vector<void*> blocks;
+    run_script(alloc, {{'a', 1000, 0}, {'f', 0, 0}, {'a', 1000, 0}, {'f', 0, 2}}, blocks);
+    const line_profile mid = prof.report({.symbolize = false});
+    const profile_node* a = node_with_self_used(mid, 2000);
+    ASSERT_NE(a, nullptr);
+    EXPECT_EQ(a->self.count, 2u);
+    EXPECT_EQ(a->self.rounded, 2048u);
+    EXPECT_EQ(a->self.acquire_count, 1u);
+    EXPECT_EQ(a->self.acquired, 1024u);
+    EXPECT_EQ(a->self.live_acquired, 1024u);
+    EXPECT_EQ(alloc.release_cached(), 1024u);
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  const profile_node* a = node_with_self_used(r, 2000);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->self.acquired, 1024u);
+  EXPECT_EQ(a->self.live_acquired, 0u);
+  EXPECT_EQ(r.root.total.acquired, 1024u);
+}
+
+TEST(line_profiler, live_and_live_at_peak_match_a_hand_computed_scenario) {
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  line_profiler prof;
+  // Total live after each step in brackets.
+  const std::vector<step> first = {
+      {'a', 100, 0},  // 0: [100]  peak
+      {'b', 200, 0},  // 1: [300]  peak
+      {'f', 0, 0},    // 2: [200]
+      {'c', 50, 0},   // 3: [250]
+      {'f', 0, 1},    // 4: [50]
+      {'a', 400, 0},  // 5: [450]  peak: a=400, b=0, c=50
+      {'f', 0, 5},    // 6: [50]
+      {'b', 100, 0},  // 7: [150]  b changes after the peak; at the peak it was 0
+      {'a', 10, 0},   // 8: [160]  now a=10, b=100, c=50
+  };
+  // The same again plus one step: live after its steps 0-8 is a=20, b=200, c=100 [320] (its
+  // own peak of 160 + 450 = 610 is passed later); step 9 makes the new peak [1320] with
+  // a=20, b=200, c=1100.
+  std::vector<step> second = first;
+  second.push_back({'c', 1000, 0});
+  const std::vector<std::vector<step>> phases = {first, second};
+  std::vector<std::vector<void*>> blocks(phases.size());
+  {
+    hooks::scoped_hook on{prof};
+    // One call instruction for both phases, so each site has one stack.
+    for (std::size_t ph = 0; ph < phases.size(); ++ph) {
+      run_script(alloc, phases[ph], blocks[ph]);
+      const line_profile r = prof.report({.symbolize = false});
+      if (ph == 0) {
+        EXPECT_EQ(r.peak_live, 450u);
+        const profile_node* a = node_with_self_used(r, 510);
+        const profile_node* b = node_with_self_used(r, 300);
+        const profile_node* c = node_with_self_used(r, 50);
+        ASSERT_NE(a, nullptr);
+        ASSERT_NE(b, nullptr);
+        ASSERT_NE(c, nullptr);
+        EXPECT_EQ(a->self.live, 10u);
+        EXPECT_EQ(b->self.live, 100u);
+        EXPECT_EQ(c->self.live, 50u);
+        EXPECT_EQ(a->self.live_at_peak, 400u);
+        EXPECT_EQ(b->self.live_at_peak, 0u);
+        EXPECT_EQ(c->self.live_at_peak, 50u);
+        EXPECT_EQ(a->self.freed, 500u);
+        EXPECT_EQ(b->self.freed, 200u);
+        EXPECT_EQ(c->self.freed, 0u);
+        EXPECT_EQ(a->self.count, 3u);
+        EXPECT_EQ(r.root.total.live, 160u);
+        EXPECT_EQ(r.root.total.live_at_peak, 450u);
+      } else {
+        EXPECT_EQ(r.peak_live, 1320u);
+        const profile_node* a = node_with_self_used(r, 1020);
+        const profile_node* b = node_with_self_used(r, 600);
+        const profile_node* c = node_with_self_used(r, 1100);
+        ASSERT_NE(a, nullptr);
+        ASSERT_NE(b, nullptr);
+        ASSERT_NE(c, nullptr);
+        EXPECT_EQ(a->self.live_at_peak, 20u);
+        EXPECT_EQ(b->self.live_at_peak, 200u);
+        EXPECT_EQ(c->self.live_at_peak, 1100u);
+        EXPECT_EQ(r.root.total.live, 1320u);
+        EXPECT_EQ(r.root.total.live_at_peak, 1320u);
+      }
+    }
+    for (std::size_t ph = 0; ph < phases.size(); ++ph) {
+      for (std::size_t i = 0; i < phases[ph].size(); ++i) {
+        if (blocks[ph][i] != nullptr) {
+          alloc.deallocate({}, blocks[ph][i], phases[ph][i].bytes);
+        }
+      }
+    }
+  }
+  const line_profile end = prof.report({.symbolize = false});
+  EXPECT_EQ(end.root.total.live, 0u);
+  EXPECT_EQ(end.root.total.live_at_peak, 1320u);
+  EXPECT_EQ(end.root.total.freed, end.root.total.used);
+  EXPECT_EQ(nodes_with_self_count(end).size(), 3u);
+}
+
+TEST(line_profiler, frees_of_blocks_allocated_before_installation_are_unmatched) {
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};  // its free only caches: one pool_free event
+  void* early = alloc.allocate({}, 256);
+  line_profiler prof;
+  {
+    hooks::scoped_hook on{prof};
+    alloc.deallocate({}, early, 256);
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  EXPECT_EQ(r.unmatched_frees, 1u);
+  EXPECT_EQ(r.root.total.count, 0u);
+  EXPECT_EQ(r.root.total.freed, 0u);
+}
+
+TEST(line_profiler, only_allocator_filters_events) {
+  pool::host_resource host;
+  pool::naive_allocator watched{host};
+  pool::naive_allocator other{host};
+  line_profiler prof{{.only_allocator = watched.id()}};
+  {
+    hooks::scoped_hook on{prof};
+    void* p = site_a(watched, 10);
+    void* q = site_a(other, 20);
+    watched.deallocate({}, p, 10);
+    other.deallocate({}, q, 20);
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  EXPECT_EQ(r.root.total.count, 1u);
+  EXPECT_EQ(r.root.total.used, 10u);
+}
+
+TEST(line_profiler, max_depth_cuts_stacks_and_counts_them) {
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  line_profiler prof{{.max_depth = 2}};
+  {
+    hooks::scoped_hook on{prof};
+    void* p = site_a(alloc, 10);
+    alloc.deallocate({}, p, 10);
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  EXPECT_EQ(r.truncated_stacks, 2u);  // the malloc and naive's upstream acquisition
+  EXPECT_EQ(r.max_depth, 2u);
+  std::vector<std::pair<const profile_node*, int>> all;
+  flatten(r.root, 0, all);
+  for (auto [n, d] : all) {
+    EXPECT_LE(d, 2);
+  }
+  EXPECT_EQ(prof.node_count(), 2u);
+}
+
+TEST(line_profiler, reset_forgets_everything) {
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};
+  line_profiler prof;
+  hooks::scoped_hook on{prof};
+  void* p = site_a(alloc, 10);
+  prof.reset();
+  EXPECT_EQ(prof.node_count(), 0u);
+  alloc.deallocate({}, p, 10);
+  const line_profile r = prof.report({.symbolize = false});
+  EXPECT_EQ(r.root.total.count, 0u);
+  EXPECT_EQ(r.unmatched_frees, 1u);
+  EXPECT_TRUE(prof.enabled());
+}
+
+TEST(line_profiler, rejects_bad_options) {
+  EXPECT_THROW(line_profiler({.max_depth = 0}), invalid_argument);
+  EXPECT_THROW(line_profiler({.max_depth = 10000}), invalid_argument);
+  if (!unwinder_available(stack_unwinder::libunwind)) {
+    EXPECT_THROW(line_profiler({.unwinder = stack_unwinder::libunwind}), invalid_argument);
+  }
+}
+
+TEST(line_profiler, report_names_the_known_call_sites) {
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  line_profiler prof;
+  {
+    hooks::scoped_hook on{prof};
+    void* a = site_a(alloc, 1 << 20);
+    void* b = site_b(alloc, 3 << 20);
+    alloc.deallocate({}, a, 1 << 20);
+    alloc.deallocate({}, b, 3 << 20);
+  }
+  const line_profile r = prof.report();
+  const std::string text = r.to_text();
+  const std::string json = r.to_json();
+  if (r.symbolizer != "libdw") {
+    // dladdr sees only exported symbols; the test executable exports none of its functions, so
+    // frames come out as module+offset. Check that, and that nothing is lost.
+    EXPECT_NE(text.find("+0x"), std::string::npos) << text;
+    EXPECT_EQ(r.root.total.used, 4u << 20);
+    GTEST_SKIP() << "symbolizer is " << r.symbolizer << ": function names need libdw";
+  }
+  EXPECT_NE(text.find("site_a"), std::string::npos) << text;
+  EXPECT_NE(text.find("site_b"), std::string::npos) << text;
+  EXPECT_NE(text.find("line_profiler_test.cpp:"), std::string::npos) << text;
+  EXPECT_NE(json.find("site_a"), std::string::npos);
+  const profile_node* a = node_with_self_used(r, 1 << 20);
+  ASSERT_NE(a, nullptr);
+  EXPECT_NE(a->function.find("site_a"), std::string::npos) << a->function;
+  EXPECT_NE(a->file.find("line_profiler_test.cpp"), std::string::npos) << a->file;
+  EXPECT_GT(a->line, 0);
+  // poolscope's own frames are gone: the innermost frame is the call inside site_a.
+  EXPECT_EQ(text.find("poolscope::pool::allocator::allocate"), std::string::npos) << text;
+  // The site with more bytes is listed first among siblings.
+  EXPECT_LT(text.find("site_b"), text.find("site_a")) << text;
+}
+
+}  // namespace
+}  // namespace poolscope::profiler
