@@ -1,0 +1,106 @@
+// recorder: the allocator event log, as JSON Lines, complete even when the program crashes.
+//
+//   poolscope::profiler::recorder rec{"run.jsonl"};
+//   {
+//     poolscope::hooks::scoped_hook on{rec};
+//     run_workload();
+//   }
+//   rec.flush();                 // or let the destructor do it
+//   // later: poolscope replay run.jsonl --allocator bfc   (event_log.hpp, replay.hpp)
+//
+// The file: a first line {"format":"poolscope.events","version":1,"pid":...}, then one line per
+// event, in the order hooks were called:
+//   {"seq":12,"time_ns":88127390,"thread":4711,"device":-1,"stream":"0x0",
+//    "allocator":"best_fit/host","allocator_id":1,"action":"malloc","phase":"post",
+//    "ptr":"0x7f3a2c000000","size":1000,"rounded":1024}
+// action is one of malloc, free, device_alloc, device_free, split, merge, release, oom,
+// limit_hit, invalid_free. By default one line per operation, at the point where it is in true
+// order: malloc and device_alloc at their post event (size = requested, rounded = taken),
+// free and device_free at their pre event (size = bytes the caller gave, rounded 0), release at
+// post, the rest (instants) as they come. With all_phases, pre and post events of every kind are
+// written. ptr and stream are "0x..." hex strings; the rest are JSON numbers and strings.
+//
+// Buffering: lines go into one fixed buffer (buffer_bytes), written to the file with write(2)
+// when the next line does not fit, on flush(), and on destruction. On SIGSEGV, SIGBUS, SIGILL,
+// SIGFPE and SIGABRT the recorder's handler writes what is buffered (write(2) only:
+// async-signal-safe) and then hands the signal on to the handler that was installed before it
+// (or, if that was the default action, restores it and re-raises), so the log is complete up to
+// the crash. Handlers are installed once per process, by the first recorder that asks.
+//
+// Ownership: owns the file descriptor and the buffer. Thread safety: thread-safe; one mutex
+// serialises formatting into the buffer (lines never interleave). Lines from several threads can
+// be a few events out of seq order; read_event_log sorts them. Stream semantics: the stream is
+// only written down. Errors: the constructor throws runtime_error naming the path if the file
+// cannot be created; on_event never throws: a failed write disables the recorder with one log
+// line. Cost: a mutex and ~150 bytes of formatting per event, a write(2) per buffer.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "poolscope/hooks/hook.hpp"
+
+namespace poolscope::profiler {
+
+/// Settings of a recorder.
+struct recorder_options {
+  /// Size of the line buffer (at least 4 KiB; smaller values are raised to it).
+  std::size_t buffer_bytes = std::size_t{1} << 16;
+  /// Write pre and post events of every kind, not one line per operation.
+  bool all_phases = false;
+  /// Install the fatal-signal handlers that flush the buffer.
+  bool flush_on_fatal_signal = true;
+};
+
+/// Writes allocator events as JSON Lines. See the file comment.
+class recorder final : public hooks::hook {
+ public:
+  /// Creates (or truncates) `path` and writes the header line. Throws runtime_error naming the
+  /// path and the OS error if it cannot.
+  explicit recorder(const std::string& path, const recorder_options& options = {});
+  /// Flushes and closes the file.
+  ~recorder() override;
+
+  /// Writes `e` as one line (see the file comment for which events). Never throws.
+  void on_event(const hooks::event& e) noexcept override;
+  /// Writes the buffered lines to the file. Returns false if the recorder is disabled.
+  bool flush() noexcept;
+
+  /// Event lines written or buffered so far (the header not counted).
+  [[nodiscard]] std::uint64_t lines() const noexcept {
+    return lines_.load(std::memory_order_relaxed);
+  }
+  /// False once a write failed.
+  [[nodiscard]] bool enabled() const noexcept { return !failed_.load(std::memory_order_relaxed); }
+  /// The file's path.
+  [[nodiscard]] const std::string& path() const noexcept { return path_; }
+
+  /// What the fatal-signal handler reads: the descriptor and the buffered, unwritten range.
+  /// Public only so the handler (a plain function) can reach it; not part of the API.
+  struct crash_view {
+    int fd = -1;
+    const char* buffer = nullptr;
+    std::atomic<std::size_t> committed{0};  ///< bytes of complete lines in the buffer
+    std::atomic<std::size_t> written{0};    ///< bytes of them already written to the file
+  };
+
+ private:
+  bool write_buffer_locked() noexcept;  // caller holds mutex_
+  void fail(const char* what, int err) noexcept;
+
+  std::string path_;
+  recorder_options options_;
+  std::unique_ptr<char[]> buffer_;
+  std::size_t capacity_ = 0;
+  std::unique_ptr<crash_view> view_;
+  int slot_ = -1;  // index in the crash registry, -1 if not registered
+  std::mutex mutex_;
+  std::atomic<bool> failed_{false};
+  std::atomic<std::uint64_t> lines_{0};
+};
+
+}  // namespace poolscope::profiler

@@ -1,0 +1,285 @@
+#include "poolscope/profiler/recorder.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+#include "poolscope/profiler/event_log.hpp"
+
+namespace poolscope::profiler {
+
+namespace {
+
+constexpr std::size_t min_buffer_bytes = 4096;
+constexpr std::size_t max_line_bytes = 1024;
+
+// ---- fatal-signal flushing -------------------------------------------------------------------
+
+constexpr std::array<int, 5> fatal_signals = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+constexpr int registry_slots = 32;
+
+std::atomic<recorder::crash_view*> g_views[registry_slots];
+struct sigaction g_previous[fatal_signals.size()];
+std::atomic<bool> g_handlers_installed{false};
+std::mutex g_install_mutex;
+
+// Async-signal-safe: atomics and write(2) only.
+void write_all(int fd, const char* data, std::size_t n) noexcept {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      return;
+    }
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+void flush_views_for_crash() noexcept {
+  for (auto& slot : g_views) {
+    recorder::crash_view* v = slot.load(std::memory_order_acquire);
+    if (v == nullptr) {
+      continue;
+    }
+    const std::size_t end = v->committed.load(std::memory_order_acquire);
+    const std::size_t begin = v->written.load(std::memory_order_acquire);
+    if (end > begin) {
+      write_all(v->fd, v->buffer + begin, end - begin);
+      v->written.store(end, std::memory_order_release);
+    }
+  }
+}
+
+void on_fatal_signal(int sig, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  flush_views_for_crash();
+  errno = saved_errno;
+  std::size_t i = 0;
+  while (i < fatal_signals.size() && fatal_signals[i] != sig) {
+    ++i;
+  }
+  if (i == fatal_signals.size()) {
+    return;
+  }
+  const struct sigaction& prev = g_previous[i];
+  if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
+    prev.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+    return;
+  }
+  // Default action: put it back and deliver the signal again. It is blocked while this handler
+  // runs, so it arrives as soon as the handler returns (a fault re-executes and faults again).
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+  raise(sig);
+}
+
+void install_handlers_once() {
+  std::lock_guard lock(g_install_mutex);
+  if (g_handlers_installed.load(std::memory_order_relaxed)) {
+    return;
+  }
+  for (std::size_t i = 0; i < fatal_signals.size(); ++i) {
+    struct sigaction sa {};
+    sa.sa_sigaction = &on_fatal_signal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(fatal_signals[i], &sa, &g_previous[i]);
+  }
+  g_handlers_installed.store(true, std::memory_order_release);
+}
+
+int register_view(recorder::crash_view* v) noexcept {
+  for (int i = 0; i < registry_slots; ++i) {
+    recorder::crash_view* expected = nullptr;
+    if (g_views[i].compare_exchange_strong(expected, v, std::memory_order_acq_rel)) {
+      return i;
+    }
+  }
+  return -1;
+}
+
+// ---- line formatting -------------------------------------------------------------------------
+
+/// JSON string body of an allocator name: escaped, ASCII only, at most 128 bytes.
+void escape_name(const char* name, char* out, std::size_t cap) noexcept {
+  std::size_t n = 0;
+  for (const char* p = name != nullptr ? name : ""; *p != '\0' && n + 7 < cap && n < 128; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c == '"' || c == '\\') {
+      out[n++] = '\\';
+      out[n++] = static_cast<char>(c);
+    } else if (c < 0x20) {
+      n += static_cast<std::size_t>(std::snprintf(out + n, cap - n, "\\u%04x", c));
+    } else if (c >= 0x80) {
+      out[n++] = '?';  // keep every line valid UTF-8 whatever the name holds
+    } else {
+      out[n++] = static_cast<char>(c);
+    }
+  }
+  out[n] = '\0';
+}
+
+bool wanted(const hooks::event& e, bool all_phases) noexcept {
+  if (all_phases) {
+    return true;
+  }
+  switch (e.kind) {
+    case hooks::event_kind::pool_malloc:
+    case hooks::event_kind::device_alloc:
+    case hooks::event_kind::release:
+      return e.phase == hooks::event_phase::post;
+    case hooks::event_kind::pool_free:
+    case hooks::event_kind::device_free:
+      return e.phase == hooks::event_phase::pre;
+    default:
+      return true;
+  }
+}
+
+std::size_t format_line(const hooks::event& e, char* out, std::size_t cap) noexcept {
+  char name[160];
+  escape_name(e.allocator_name, name, sizeof name);
+  const std::string_view action = action_name(e.kind);
+  const std::string_view phase = hooks::to_string(e.phase);
+  const int n = std::snprintf(
+      out, cap,
+      "{\"seq\":%" PRIu64 ",\"time_ns\":%" PRIu64 ",\"thread\":%" PRIu64
+      ",\"device\":%d,\"stream\":\"0x%" PRIxPTR "\",\"allocator\":\"%s\",\"allocator_id\":%" PRIu32
+      ",\"action\":\"%.*s\",\"phase\":\"%.*s\",\"ptr\":\"0x%" PRIxPTR
+      "\",\"size\":%zu"
+      ",\"rounded\":%zu}\n",
+      e.seq, e.time_ns, e.thread, e.device, reinterpret_cast<std::uintptr_t>(e.stream), name,
+      e.allocator_id, static_cast<int>(action.size()), action.data(),
+      static_cast<int>(phase.size()), phase.data(), reinterpret_cast<std::uintptr_t>(e.ptr),
+      e.requested, e.rounded);
+  if (n <= 0 || static_cast<std::size_t>(n) >= cap) {
+    return 0;
+  }
+  return static_cast<std::size_t>(n);
+}
+
+}  // namespace
+
+recorder::recorder(const std::string& path, const recorder_options& options)
+    : path_(path), options_(options) {
+  capacity_ = options_.buffer_bytes < min_buffer_bytes ? min_buffer_bytes : options_.buffer_bytes;
+  buffer_ = std::make_unique<char[]>(capacity_);
+  view_ = std::make_unique<crash_view>();
+  view_->buffer = buffer_.get();
+  view_->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (view_->fd < 0) {
+    const int err = errno;
+    throw runtime_error("poolscope: cannot create event log '" + path + "': " + std::strerror(err));
+  }
+  char header[128];
+  const int n = std::snprintf(header, sizeof header,
+                              "{\"format\":\"poolscope.events\",\"version\":1,\"pid\":%ld}\n",
+                              static_cast<long>(::getpid()));
+  std::memcpy(buffer_.get(), header, static_cast<std::size_t>(n));
+  view_->committed.store(static_cast<std::size_t>(n), std::memory_order_release);
+  if (options_.flush_on_fatal_signal) {
+    install_handlers_once();
+    slot_ = register_view(view_.get());
+    if (slot_ < 0) {
+      log(log_level::warn, "recorder: more than 32 recorders alive; '" + path +
+                               "' will not be flushed on a fatal signal");
+    }
+  }
+}
+
+recorder::~recorder() {
+  if (slot_ >= 0) {
+    g_views[slot_].store(nullptr, std::memory_order_release);
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (!failed_.load(std::memory_order_relaxed)) {
+      write_buffer_locked();
+    }
+  }
+  ::close(view_->fd);
+}
+
+void recorder::fail(const char* what, int err) noexcept {
+  if (!failed_.exchange(true, std::memory_order_relaxed)) {
+    char message[512];
+    std::snprintf(message, sizeof message, "recorder disabled: %s '%s': %s", what, path_.c_str(),
+                  std::strerror(err));
+    log(log_level::error, message);
+  }
+}
+
+bool recorder::write_buffer_locked() noexcept {
+  crash_view& v = *view_;
+  const std::size_t end = v.committed.load(std::memory_order_relaxed);
+  std::size_t pos = v.written.load(std::memory_order_relaxed);
+  while (pos < end) {
+    const ssize_t w = ::write(v.fd, buffer_.get() + pos, end - pos);
+    if (w < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      fail("cannot write", errno);
+      return false;
+    }
+    pos += static_cast<std::size_t>(w);
+  }
+  // Order matters for the signal handler: it writes [written, committed) and must never see a
+  // range it has to write twice.
+  v.written.store(end, std::memory_order_release);
+  v.committed.store(0, std::memory_order_release);
+  v.written.store(0, std::memory_order_release);
+  return true;
+}
+
+void recorder::on_event(const hooks::event& e) noexcept {
+  if (failed_.load(std::memory_order_relaxed) || !wanted(e, options_.all_phases)) {
+    return;
+  }
+  char line[max_line_bytes];
+  const std::size_t n = format_line(e, line, sizeof line);
+  if (n == 0) {
+    return;
+  }
+  std::lock_guard lock(mutex_);
+  if (failed_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  std::size_t used = view_->committed.load(std::memory_order_relaxed);
+  if (used + n > capacity_) {
+    if (!write_buffer_locked()) {
+      return;
+    }
+    used = 0;
+  }
+  std::memcpy(buffer_.get() + used, line, n);
+  view_->committed.store(used + n, std::memory_order_release);
+  lines_.fetch_add(1, std::memory_order_relaxed);
+}
+
+bool recorder::flush() noexcept {
+  std::lock_guard lock(mutex_);
+  if (failed_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  return write_buffer_locked();
+}
+
+}  // namespace poolscope::profiler

@@ -1,0 +1,244 @@
+// recorder: the log parses back line by line to the events; crash flushing; buffering.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+#include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/naive_allocator.hpp"
+#include "poolscope/profiler/event_log.hpp"
+#include "poolscope/profiler/recorder.hpp"
+
+namespace poolscope::profiler {
+namespace {
+
+/// Keeps a copy of every event (and the allocator name) for comparison.
+class capture_hook final : public hooks::hook {
+ public:
+  struct captured {
+    hooks::event e;
+    std::string name;
+  };
+  void on_event(const hooks::event& e) noexcept override {
+    std::lock_guard lock(mutex_);
+    events_.push_back({e, e.allocator_name});
+  }
+  std::vector<captured> events() {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<captured> events_;
+};
+
+bool one_line_per_operation(const hooks::event& e) {
+  using hooks::event_kind;
+  using hooks::event_phase;
+  switch (e.kind) {
+    case event_kind::pool_malloc:
+    case event_kind::device_alloc:
+    case event_kind::release:
+      return e.phase == event_phase::post;
+    case event_kind::pool_free:
+    case event_kind::device_free:
+      return e.phase == event_phase::pre;
+    default:
+      return true;
+  }
+}
+
+std::string temp_path(const char* name) {
+  return ::testing::TempDir() + "poolscope_recorder_test_" + name + "_" +
+         std::to_string(::getpid()) + ".jsonl";
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+/// A workload touching every event kind best_fit emits, plus an invalid free and an OOM.
+void workload(pool::allocator& a) {
+  std::vector<void*> blocks;
+  for (std::size_t n : {100u, 1000u, 5000u, 100u, 70000u}) {
+    blocks.push_back(a.allocate({}, n));
+  }
+  a.deallocate({}, blocks[1], 1000);
+  blocks[1] = a.allocate({}, 900);  // reuses the cached 1024-byte block
+  int not_ours = 0;
+  a.deallocate({}, &not_ours, 4);  // invalid free: unknown pointer
+  a.set_limit(1 << 20);
+  EXPECT_THROW((void)a.allocate({}, 2 << 20), out_of_memory);
+  a.set_limit(SIZE_MAX);
+  const std::size_t sizes[] = {100, 900, 5000, 100, 70000};
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    a.deallocate({}, blocks[i], sizes[i]);
+  }
+  (void)a.release_cached();
+}
+
+void expect_record_matches(const log_record& r, const event_log& log,
+                           const capture_hook::captured& c) {
+  const hooks::event& e = c.e;
+  EXPECT_EQ(r.seq, e.seq);
+  EXPECT_EQ(r.time_ns, e.time_ns);
+  EXPECT_EQ(r.thread, e.thread);
+  EXPECT_EQ(r.device, e.device);
+  EXPECT_EQ(r.stream, reinterpret_cast<std::uintptr_t>(e.stream));
+  EXPECT_EQ(log.allocators.at(r.allocator), c.name);
+  EXPECT_EQ(r.allocator_id, e.allocator_id);
+  EXPECT_EQ(r.kind, e.kind);
+  EXPECT_EQ(r.phase, e.phase);
+  EXPECT_EQ(r.ptr, reinterpret_cast<std::uintptr_t>(e.ptr));
+  EXPECT_EQ(r.size, e.requested);
+  EXPECT_EQ(r.rounded, e.rounded);
+}
+
+TEST(recorder, log_parses_back_to_the_events_line_by_line) {
+  const std::string path = temp_path("roundtrip");
+  capture_hook capture;
+  {
+    recorder rec{path};
+    pool::host_resource host;
+    pool::best_fit_allocator alloc{host};
+    {
+      hooks::scoped_hook a{capture};
+      hooks::scoped_hook b{rec};
+      workload(alloc);
+    }
+    EXPECT_TRUE(rec.enabled());
+  }
+  std::vector<capture_hook::captured> expected;
+  for (const auto& c : capture.events()) {
+    if (one_line_per_operation(c.e)) {
+      expected.push_back(c);
+    }
+  }
+  const event_log log = read_event_log(path);
+  EXPECT_EQ(log.format, log_format::poolscope);
+  ASSERT_EQ(log.records.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE("record " + std::to_string(i));
+    expect_record_matches(log.records[i], log, expected[i]);
+    EXPECT_EQ(log.records[i].line, i + 2);  // line 1 is the header
+  }
+  // Every action of the workload is there.
+  std::vector<std::string> actions;
+  for (const auto& r : log.records) {
+    actions.emplace_back(action_name(r.kind));
+  }
+  for (const char* a : {"malloc", "free", "device_alloc", "device_free", "release", "oom",
+                        "limit_hit", "invalid_free"}) {
+    EXPECT_NE(std::find(actions.begin(), actions.end(), a), actions.end()) << a;
+  }
+  std::remove(path.c_str());
+}
+
+TEST(recorder, all_phases_writes_every_event_through_a_small_buffer) {
+  const std::string path = temp_path("phases");
+  capture_hook capture;
+  std::uint64_t lines = 0;
+  {
+    recorder rec{path, {.buffer_bytes = 1, .all_phases = true}};  // raised to 4 KiB
+    pool::host_resource host;
+    pool::naive_allocator alloc{host};
+    hooks::scoped_hook a{capture};
+    hooks::scoped_hook b{rec};
+    for (int i = 0; i < 200; ++i) {  // ~800 events: many buffer flushes
+      void* p = alloc.allocate({}, 64 + static_cast<std::size_t>(i));
+      alloc.deallocate({}, p, 64 + static_cast<std::size_t>(i));
+    }
+    lines = rec.lines();
+  }
+  const auto expected = capture.events();
+  EXPECT_EQ(lines, expected.size());
+  const event_log log = read_event_log(path);
+  ASSERT_EQ(log.records.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE("record " + std::to_string(i));
+    expect_record_matches(log.records[i], log, expected[i]);
+  }
+  std::remove(path.c_str());
+}
+
+TEST(recorder, flush_writes_complete_lines) {
+  const std::string path = temp_path("flush");
+  recorder rec{path};
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  {
+    hooks::scoped_hook on{rec};
+    void* p = alloc.allocate({}, 10);
+    alloc.deallocate({}, p, 10);
+  }
+  EXPECT_EQ(slurp(path), "");  // still buffered
+  EXPECT_TRUE(rec.flush());
+  const std::string text = slurp(path);
+  EXPECT_EQ(text.back(), '\n');
+  const event_log log = parse_event_log_text(text);
+  EXPECT_EQ(log.records.size(), 4u);  // malloc, device_alloc, free, device_free
+  std::remove(path.c_str());
+}
+
+TEST(recorder, cannot_create_names_the_path) {
+  try {
+    recorder rec{"/nonexistent-dir/x/y.jsonl"};
+    FAIL() << "opened a file in a missing directory";
+  } catch (const runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/x/y.jsonl"), std::string::npos);
+  }
+}
+
+/// In a child: record a few events (less than a buffer), then die by `sig`.
+[[noreturn]] void record_then_die(const std::string& path, int sig) {
+  static recorder* rec = new recorder{path};  // never destroyed: only the handler can flush
+  static pool::host_resource host;
+  static pool::best_fit_allocator alloc{host};
+  hooks::install(*rec);
+  for (int i = 0; i < 5; ++i) {
+    (void)alloc.allocate({}, 1000);
+  }
+  if (sig == SIGABRT) {
+    std::abort();
+  }
+  std::raise(sig);
+  std::_Exit(3);  // not reached
+}
+
+void expect_five_mallocs_in(const std::string& path) {
+  const event_log log = read_event_log(path);
+  std::size_t mallocs = 0;
+  for (const auto& r : log.records) {
+    mallocs += r.kind == hooks::event_kind::pool_malloc ? 1 : 0;
+  }
+  EXPECT_EQ(mallocs, 5u);
+  std::remove(path.c_str());
+}
+
+TEST(recorder, abort_flushes_the_buffer) {
+  const std::string path = temp_path("abort");
+  EXPECT_DEATH(record_then_die(path, SIGABRT), "");
+  expect_five_mallocs_in(path);
+}
+
+TEST(recorder, segfault_flushes_the_buffer) {
+  const std::string path = temp_path("segv");
+  EXPECT_DEATH(record_then_die(path, SIGSEGV), "");
+  expect_five_mallocs_in(path);
+}
+
+}  // namespace
+}  // namespace poolscope::profiler
