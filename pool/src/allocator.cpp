@@ -108,10 +108,14 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   if (b.ptr == nullptr) {
     // Upstream exhausted (or the reserved limit reached): give back the cache, retry once.
     release_cached();
+    const std::uint64_t hits = limit_hits_.load(std::memory_order_relaxed);
     b = do_allocate(stream, bytes, alignment);
     if (b.ptr == nullptr) {
+      // The strategy may have asked upstream for more than `bytes` (rounding, segments): a
+      // refusal by the limit shows in limit_hits_.
       throw_oom(stream, bytes,
-                lim != SIZE_MAX && reserved_.load(std::memory_order_relaxed) + bytes > lim
+                limit_hits_.load(std::memory_order_relaxed) != hits ||
+                        (lim != SIZE_MAX && reserved_.load(std::memory_order_relaxed) + bytes > lim)
                     ? "limit: reserved bytes would exceed the allocator's limit"
                     : "upstream exhausted: the resource could not supply a new block even after "
                       "cached blocks were released");
