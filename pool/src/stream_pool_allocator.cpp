@@ -1,0 +1,622 @@
+#include "poolscope/pool/stream_pool_allocator.hpp"
+
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+
+#include "detail/cuda_seam.hpp"
+#include "detail/stream_pool_state.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+#include "poolscope/pool/factory.hpp"
+
+namespace poolscope::pool {
+namespace {
+
+// CUDA events on one device (-1: the current device), recycled: a pool records one per
+// release_cached(stream) or cross-stream free, so creation cost matters little, but reuse keeps
+// the driver's event table small.
+class cuda_event_source final : public stream_event_source {
+ public:
+  explicit cuda_event_source(int device) : device_(device) {}
+  ~cuda_event_source() override {
+    for (cudaEvent_t e : free_) {
+      detail::cudart::event_destroy(e);
+    }
+  }
+
+ private:
+  static cudaEvent_t as_event(handle e) noexcept { return reinterpret_cast<cudaEvent_t>(e); }
+
+  handle do_record(stream_view stream) override {
+    detail::cudart::device_guard guard{device_};
+    cudaEvent_t e = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        e = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (e == nullptr) {
+      e = detail::cudart::event_create();
+    }
+    try {
+      detail::cudart::event_record(e, static_cast<cudaStream_t>(stream.value()));
+    } catch (...) {
+      do_destroy(reinterpret_cast<handle>(e));
+      throw;
+    }
+    return reinterpret_cast<handle>(e);
+  }
+  bool do_query(handle e) override { return detail::cudart::event_query(as_event(e)); }
+  void do_synchronize(handle e) override { detail::cudart::event_synchronize(as_event(e)); }
+  void do_synchronize_all() override { detail::cudart::device_synchronize(device_); }
+  void do_destroy(handle e) noexcept override {
+    // Re-recording an event that has not completed yet is allowed: it only moves the event.
+    try {
+      std::lock_guard lock(mutex_);
+      free_.push_back(as_event(e));
+    } catch (...) {
+      detail::cudart::event_destroy(as_event(e));
+    }
+  }
+
+  int device_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+std::unique_ptr<stream_event_source> default_event_source(const resource& upstream) {
+  if (upstream.kind() == memory_kind::host) {
+    return std::make_unique<host_event_source>();
+  }
+  return std::make_unique<cuda_event_source>(upstream.device());
+}
+
+std::string checked_inner(std::string_view inner) {
+  const auto names = allocator_names();
+  if (inner == "stream_pool" || std::find(names.begin(), names.end(), inner) == names.end()) {
+    std::string expected;
+    for (const auto& n : names) {
+      if (n != "stream_pool") {
+        expected += expected.empty() ? n : "|" + n;
+      }
+    }
+    throw invalid_argument("poolscope: stream_pool_allocator: inner strategy '" +
+                           std::string(inner) + "' is not one of " + expected);
+  }
+  return std::string(inner);
+}
+
+// The thread's last (pool, stream) -> state lookup. States live as long as their pool, and a
+// pool id is never reused, so a hit is always valid while the caller uses that pool.
+struct last_state {
+  std::uint32_t pool = 0;
+  void* stream = nullptr;
+  detail::stream_state* state = nullptr;
+};
+thread_local last_state t_last;
+
+// Waste allowed when a cached whole block larger than asked serves a request (normal path).
+std::size_t waste_cap(std::size_t bytes) noexcept {
+  return bytes + bytes / 8;
+}
+
+}  // namespace
+
+stream_event_source::handle host_event_source::do_record(stream_view /*stream*/) {
+  return next_.fetch_add(1, std::memory_order_relaxed);
+}
+
+stream_pool_allocator::stream_pool_allocator(resource& upstream, std::string_view inner,
+                                             std::unique_ptr<stream_event_source> events)
+    : allocator(upstream, "stream_pool(" + std::string(inner) + ")/" + upstream.name()),
+      inner_(checked_inner(inner)),
+      events_(events != nullptr ? std::move(events) : default_event_source(upstream)),
+      shared_(std::make_unique<detail::shared_cache>()) {}
+
+stream_pool_allocator::~stream_pool_allocator() {
+  // A barrier first: every block cached anywhere may then go back on the default stream
+  // without touching (possibly destroyed) user streams.
+  try {
+    events_->synchronize_all();
+  } catch (const std::exception& e) {
+    log(log_level::error,
+        std::string("poolscope: ") + name() +
+            ": barrier failed while destroying the pool; freeing anyway: " + e.what());
+  }
+  closing_ = true;
+  for (detail::stream_state* st : order_) {
+    std::lock_guard lock(st->mutex);
+    for (const auto& p : st->pending) {
+      if (p.event != 0) {
+        events_->destroy(p.event);
+      }
+    }
+    st->pending.clear();  // still live in the inner pool, which frees them below
+    st->inner.reset();    // gives every block (cached or live) back to st->local
+    release_local_locked(*st);
+    st->upstream.reset();
+  }
+  (void)release_shared(true);
+}
+
+detail::stream_state* stream_pool_allocator::find_state(stream_view stream) const {
+  if (t_last.pool == id() && t_last.stream == stream.value()) {
+    return t_last.state;
+  }
+  std::shared_lock lock(states_mutex_);
+  auto it = states_.find(stream.value());
+  if (it == states_.end()) {
+    return nullptr;
+  }
+  t_last = {id(), stream.value(), it->second.get()};
+  return it->second.get();
+}
+
+detail::stream_state& stream_pool_allocator::state_for(stream_view stream) {
+  if (detail::stream_state* st = find_state(stream)) {
+    return *st;
+  }
+  std::unique_lock lock(states_mutex_);
+  auto it = states_.find(stream.value());
+  if (it == states_.end()) {
+    auto st = std::make_unique<detail::stream_state>(stream);
+    st->upstream = std::make_unique<detail::stream_upstream>(*this, *st, upstream());
+    st->inner = make_allocator(inner_, *st->upstream);
+    adopt(*st->inner);
+    order_.reserve(order_.size() + 1);
+    it = states_.emplace(stream.value(), std::move(st)).first;
+    order_.push_back(it->second.get());
+  }
+  t_last = {id(), stream.value(), it->second.get()};
+  return *it->second;
+}
+
+std::vector<detail::stream_state*> stream_pool_allocator::states_snapshot() const {
+  std::shared_lock lock(states_mutex_);
+  return order_;
+}
+
+std::size_t stream_pool_allocator::stream_count() const {
+  std::shared_lock lock(states_mutex_);
+  return order_.size();
+}
+
+// ---- the user's requests ------------------------------------------------------------------
+
+block stream_pool_allocator::do_allocate(stream_view stream, std::size_t bytes,
+                                         std::size_t alignment) {
+  detail::stream_state& st = state_for(stream);
+  std::lock_guard lock(st.mutex);
+  if (!st.pending.empty()) {
+    drain_pending_locked(st, false);
+  }
+  const block b = strategy_allocate(*st.inner, stream, bytes, alignment);
+  if (b.ptr == nullptr) {
+    return {};
+  }
+  try {
+    st.live.emplace(b.ptr, detail::live_block{bytes, b.rounded});
+  } catch (...) {
+    (void)strategy_deallocate(*st.inner, stream, b.ptr, bytes, alignment);
+    throw;
+  }
+  return b;
+}
+
+free_outcome stream_pool_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                                                  std::size_t alignment) noexcept {
+  if (detail::stream_state* st = find_state(stream)) {
+    std::lock_guard lock(st->mutex);
+    auto it = st->live.find(ptr);
+    if (it != st->live.end()) {
+      st->live.erase(it);
+      // Back into the stream's own pool: reusable at once on this stream, by no other.
+      return strategy_deallocate(*st->inner, stream, ptr, bytes, alignment);
+    }
+  }
+  return deallocate_elsewhere(stream, ptr, bytes, alignment);
+}
+
+free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, void* ptr,
+                                                         std::size_t bytes,
+                                                         std::size_t alignment) noexcept {
+  const auto states = [this]() noexcept -> std::vector<detail::stream_state*> {
+    try {
+      return states_snapshot();
+    } catch (...) {
+      return {};
+    }
+  }();
+  // Allocated on another stream: it returns to that stream's pool once the work enqueued on
+  // `stream` so far (the block's last use) has finished.
+  for (detail::stream_state* owner : states) {
+    if (owner->stream == stream) {
+      continue;
+    }
+    std::lock_guard lock(owner->mutex);
+    auto it = owner->live.find(ptr);
+    if (it == owner->live.end()) {
+      continue;
+    }
+    const detail::live_block b = it->second;
+    stream_event_source::handle event = 0;
+    try {
+      event = events_->record(stream);
+    } catch (const std::exception& e) {
+      log(log_level::warn, std::string("poolscope: ") + name() +
+                               ": could not record an event for a cross-stream free; the block "
+                               "waits for the next barrier: " +
+                               e.what());
+    }
+    try {
+      owner->pending.push_back({ptr, b.requested, alignment, event});
+      owner->live.erase(it);
+    } catch (...) {
+      // No host memory to queue it: keep it live until release_cached() or destruction.
+      if (event != 0) {
+        events_->destroy(event);
+      }
+      log(log_level::warn, std::string("poolscope: ") + name() +
+                               ": out of host memory queueing a cross-stream free; the block is "
+                               "held until the pool is destroyed");
+    }
+    return {bytes == b.requested ? hooks::free_error::none : hooks::free_error::size_mismatch,
+            b.rounded, b.requested};
+  }
+  for (detail::stream_state* owner : states) {
+    std::lock_guard lock(owner->mutex);
+    for (const auto& p : owner->pending) {
+      if (p.ptr == ptr) {
+        return {hooks::free_error::double_free, 0, 0};
+      }
+    }
+  }
+  // Not live anywhere: let the stream's inner pool say whether it is a double free or a
+  // stranger (the pointer is not live in it, so this changes nothing).
+  if (detail::stream_state* st = find_state(stream)) {
+    std::lock_guard lock(st->mutex);
+    const free_outcome out = strategy_deallocate(*st->inner, stream, ptr, bytes, alignment);
+    if (out.error != hooks::free_error::none) {
+      return {out.error, 0, 0};
+    }
+    return out;
+  }
+  return {hooks::free_error::unknown_pointer, 0, 0};
+}
+
+void stream_pool_allocator::drain_pending_locked(detail::stream_state& st, bool after_barrier) {
+  for (std::size_t i = 0; i < st.pending.size();) {
+    detail::pending_free& p = st.pending[i];
+    const bool done = after_barrier || (p.event != 0 && events_->query(p.event));
+    if (!done) {
+      ++i;
+      continue;
+    }
+    (void)strategy_deallocate(*st.inner, st.stream, p.ptr, p.requested, p.alignment);
+    if (p.event != 0) {
+      events_->destroy(p.event);
+    }
+    p = st.pending.back();
+    st.pending.pop_back();
+  }
+}
+
+// ---- whole blocks for the inner pools ------------------------------------------------------
+
+void* stream_pool_allocator::acquire_block_locked(detail::stream_state& st, std::size_t bytes) {
+  const std::size_t cap = waste_cap(bytes);
+  if (void* p = take_local_locked(st, bytes, cap)) {
+    return p;
+  }
+  if (void* p = take_shared_locked(st, bytes, cap, false)) {
+    return p;
+  }
+  if (void* p = upstream_allocate(st.stream, bytes)) {
+    return p;
+  }
+  // Running short: any cached block that fits, however large...
+  if (void* p = take_local_locked(st, bytes, SIZE_MAX)) {
+    return p;
+  }
+  if (void* p = take_shared_locked(st, bytes, SIZE_MAX, false)) {
+    return p;
+  }
+  // ... waiting for its release event if need be ...
+  if (void* p = take_shared_locked(st, bytes, SIZE_MAX, true)) {
+    return p;
+  }
+  // ... then, after a barrier, the free blocks of the other streams' pools. Their mutexes are
+  // only tried (one that is busy is left alone: the allocator's release-and-retry covers it),
+  // and taken before the barrier, so nothing freed after it can be mistaken as covered by it.
+  std::vector<detail::stream_state*> others;
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (detail::stream_state* other : states_snapshot()) {
+    if (other == &st) {
+      continue;
+    }
+    std::unique_lock lock(other->mutex, std::try_to_lock);
+    if (lock.owns_lock()) {
+      others.push_back(other);
+      locks.push_back(std::move(lock));
+    }
+  }
+  const auto covered = shared_events();
+  events_->synchronize_all();
+  mark_complete(covered);
+  for (detail::stream_state* other : others) {
+    drain_pending_locked(*other, true);
+    (void)release_stream_locked(*other, false);
+  }
+  locks.clear();
+  if (void* p = take_shared_locked(st, bytes, SIZE_MAX, false)) {
+    return p;
+  }
+  // Nothing cached fits: give back what cannot serve this request (every block in st.local
+  // was released before the barrier) and ask the resource again.
+  release_local_locked(st);
+  (void)release_shared(false);
+  return upstream_allocate(st.stream, bytes);
+}
+
+void stream_pool_allocator::return_block_locked(detail::stream_state& st, void* ptr,
+                                                std::size_t bytes) noexcept {
+  std::size_t size = bytes;
+  if (!st.oversize.empty()) {
+    auto it = st.oversize.find(ptr);
+    if (it != st.oversize.end()) {
+      size = it->second;
+      st.oversize.erase(it);
+    }
+  }
+  try {
+    st.local.emplace(size, detail::cached_block{ptr, &st, nullptr});
+    st.local_bytes += size;
+  } catch (...) {
+    // No host memory to cache it: return it to the resource, ordered on its stream.
+    upstream_deallocate(closing_ ? stream_view{} : st.stream, ptr, size);
+  }
+}
+
+void* stream_pool_allocator::take_local_locked(detail::stream_state& st, std::size_t bytes,
+                                               std::size_t cap) {
+  auto it = st.local.lower_bound(bytes);
+  if (it == st.local.end() || it->first > cap) {
+    return nullptr;
+  }
+  void* p = it->second.ptr;
+  if (it->first != bytes) {
+    st.oversize.emplace(p, it->first);
+  }
+  st.local_bytes -= it->first;
+  st.local.erase(it);
+  return p;
+}
+
+void* stream_pool_allocator::take_shared_locked(detail::stream_state& st, std::size_t bytes,
+                                                std::size_t cap, bool wait) {
+  for (;;) {
+    std::shared_ptr<detail::release_event> to_wait;
+    {
+      std::lock_guard lock(shared_->mutex);
+      for (auto it = shared_->blocks.lower_bound(bytes);
+           it != shared_->blocks.end() && it->first <= cap; ++it) {
+        detail::cached_block& b = it->second;
+        // The releasing stream itself needs no event; others need it completed.
+        bool usable = b.tag == &st || b.event->complete;
+        if (!usable) {
+          usable = b.event->complete = events_->query(b.event->handle);
+        }
+        if (!usable) {
+          if (wait && to_wait == nullptr) {
+            to_wait = b.event;
+          }
+          continue;
+        }
+        void* p = b.ptr;
+        if (it->first != bytes) {
+          st.oversize.emplace(p, it->first);
+        }
+        shared_->bytes -= it->first;
+        shared_->blocks.erase(it);  // may destroy the batch's event
+        return p;
+      }
+    }
+    if (to_wait == nullptr) {
+      return nullptr;
+    }
+    events_->synchronize(to_wait->handle);
+    std::lock_guard lock(shared_->mutex);
+    to_wait->complete = true;
+  }
+}
+
+std::size_t stream_pool_allocator::release_stream_locked(detail::stream_state& st,
+                                                         bool record_event) {
+  (void)strategy_release_cached(*st.inner);  // wholly free blocks -> st.local
+  if (st.local.empty()) {
+    return 0;
+  }
+  // One event for the whole batch, recorded now on the releasing stream. If recording fails
+  // the blocks simply stay in st.local.
+  auto event = std::make_shared<detail::release_event>(record_event ? events_.get() : nullptr, 0,
+                                                       !record_event);
+  if (record_event) {
+    event->handle = events_->record(st.stream);
+  }
+  std::size_t moved = 0;
+  std::lock_guard lock(shared_->mutex);
+  while (!st.local.empty()) {
+    auto node = st.local.extract(st.local.begin());
+    node.mapped().event = event;
+    moved += node.key();
+    shared_->blocks.insert(std::move(node));  // reuses the node: cannot fail
+  }
+  shared_->bytes += moved;
+  st.local_bytes = 0;
+  return moved;
+}
+
+std::vector<std::shared_ptr<detail::release_event>> stream_pool_allocator::shared_events() const {
+  std::vector<std::shared_ptr<detail::release_event>> out;
+  std::lock_guard lock(shared_->mutex);
+  for (const auto& [size, b] : shared_->blocks) {
+    if (!b.event->complete && (out.empty() || out.back() != b.event)) {
+      out.push_back(b.event);
+    }
+  }
+  return out;
+}
+
+void stream_pool_allocator::mark_complete(
+    const std::vector<std::shared_ptr<detail::release_event>>& covered) {
+  std::lock_guard lock(shared_->mutex);
+  for (const auto& e : covered) {
+    e->complete = true;
+  }
+}
+
+void stream_pool_allocator::release_local_locked(detail::stream_state& st) noexcept {
+  // Only after a barrier: the blocks go back on the default stream.
+  for (auto& [size, b] : st.local) {
+    upstream_deallocate(stream_view{}, b.ptr, size);
+  }
+  st.local.clear();
+  st.local_bytes = 0;
+}
+
+std::size_t stream_pool_allocator::release_shared(bool all) noexcept {
+  // Blocks whose release event has completed (all of them at destruction, after the barrier)
+  // go back on the default stream: their last use is over.
+  detail::block_map victims;
+  {
+    std::lock_guard lock(shared_->mutex);
+    for (auto it = shared_->blocks.begin(); it != shared_->blocks.end();) {
+      detail::release_event& e = *it->second.event;
+      if (!all && !e.complete) {
+        try {
+          e.complete = events_->query(e.handle);
+        } catch (const std::exception& ex) {
+          log(log_level::warn, std::string("poolscope: ") + name() +
+                                   ": event query failed; the block stays cached: " + ex.what());
+        }
+      }
+      if (!all && !e.complete) {
+        ++it;
+        continue;
+      }
+      shared_->bytes -= it->first;
+      victims.insert(shared_->blocks.extract(it++));
+    }
+  }
+  std::size_t released = 0;
+  for (auto& [size, b] : victims) {
+    upstream_deallocate(stream_view{}, b.ptr, size);
+    released += size;
+  }
+  return released;
+}
+
+// ---- release and statistics ----------------------------------------------------------------
+
+std::size_t stream_pool_allocator::release_cached(stream_view stream) {
+  detail::stream_state* st = find_state(stream);
+  if (st == nullptr) {
+    return 0;
+  }
+  std::lock_guard lock(st->mutex);
+  if (!st->pending.empty()) {
+    drain_pending_locked(*st, false);
+  }
+  return release_stream_locked(*st, true);
+}
+
+std::size_t stream_pool_allocator::do_release_cached() {
+  // Every stream's mutex (in first-use order, the only place two are held blocking) is taken
+  // before the barrier, so no block freed after it is mistaken as covered by it.
+  const auto states = states_snapshot();
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(states.size());
+  for (detail::stream_state* st : states) {
+    locks.emplace_back(st->mutex);
+  }
+  const auto covered = shared_events();
+  events_->synchronize_all();
+  mark_complete(covered);
+  std::size_t released = 0;
+  for (detail::stream_state* st : states) {
+    drain_pending_locked(*st, true);
+    (void)strategy_release_cached(*st->inner);
+    released += st->local_bytes;
+    release_local_locked(*st);
+  }
+  locks.clear();
+  return released + release_shared(false);
+}
+
+void stream_pool_allocator::do_cache_stats(allocator_stats& s) const {
+  s.cached_blocks = 0;
+  s.cached_bytes = 0;
+  s.largest_free_block = 0;
+  for (detail::stream_state* st : states_snapshot()) {
+    std::lock_guard lock(st->mutex);
+    allocator_stats inner;
+    strategy_cache_stats(*st->inner, inner);
+    s.cached_blocks += inner.cached_blocks + st->local.size();
+    s.cached_bytes += inner.cached_bytes + st->local_bytes;
+    s.largest_free_block = std::max(s.largest_free_block, inner.largest_free_block);
+    if (!st->local.empty()) {
+      s.largest_free_block = std::max(s.largest_free_block, st->local.rbegin()->first);
+    }
+  }
+  std::lock_guard lock(shared_->mutex);
+  s.cached_blocks += shared_->blocks.size();
+  s.cached_bytes += shared_->bytes;
+  if (!shared_->blocks.empty()) {
+    s.largest_free_block = std::max(s.largest_free_block, shared_->blocks.rbegin()->first);
+  }
+}
+
+std::vector<stream_cached_bytes> stream_pool_allocator::cached_bytes_by_stream() const {
+  const auto states = states_snapshot();
+  std::vector<stream_cached_bytes> out;
+  out.reserve(states.size());
+  for (detail::stream_state* st : states) {
+    std::lock_guard lock(st->mutex);
+    allocator_stats inner;
+    strategy_cache_stats(*st->inner, inner);
+    stream_cached_bytes c;
+    c.stream = st->stream;
+    c.pool_bytes = inner.cached_bytes + st->local_bytes;
+    out.push_back(c);
+  }
+  {
+    std::lock_guard lock(shared_->mutex);
+    for (const auto& [size, b] : shared_->blocks) {
+      for (std::size_t i = 0; i < states.size(); ++i) {
+        if (states[i] == b.tag) {
+          out[i].released_bytes += size;
+          break;
+        }
+      }
+    }
+  }
+  for (auto& c : out) {
+    c.bytes = c.pool_bytes + c.released_bytes;
+  }
+  return out;
+}
+
+std::size_t stream_pool_allocator::do_cached_bytes_other_streams(stream_view stream) const {
+  std::size_t total = 0;
+  for (const auto& c : cached_bytes_by_stream()) {
+    if (!(c.stream == stream)) {
+      total += c.bytes;
+    }
+  }
+  return total;
+}
+
+}  // namespace poolscope::pool
