@@ -1,0 +1,71 @@
+/* poolscope_alloc: poolscope's allocators behind a C ABI, for PyTorch, CuPy or any C caller.
+ *
+ *   # PyTorch
+ *   alloc = torch.cuda.memory.CUDAPluggableAllocator(
+ *       "libpoolscope_alloc.so", "poolscope_malloc", "poolscope_free")
+ *   torch.cuda.memory.change_current_allocator(alloc)
+ *
+ *   // C
+ *   void* p = poolscope_malloc(1 << 20, 0, NULL);
+ *   poolscope_free(p, 1 << 20, 0, NULL);
+ *   puts(poolscope_stats_json(0));
+ *
+ * Configuration, read from the environment once per device, at that device's first use:
+ *   POOLSCOPE_ALLOCATOR = naive | best_fit | bfc | stream_pool   (default bfc)
+ *   POOLSCOPE_RESOURCE  = cuda | cuda_async | host              (default cuda)
+ * With POOLSCOPE_RESOURCE=host the device argument is only a key selecting one of up to
+ * POOLSCOPE_ALLOC_MAX_DEVICES independent pools. An unknown name is logged once (stderr,
+ * "[poolscope error] ...") and every later poolscope_malloc on that device returns NULL.
+ *
+ * Ownership: each device's allocator and resource are created on first use and never destroyed
+ * (on purpose: PyTorch frees tensors after static destruction has begun).
+ * Thread safety: every function is thread-safe. Pool creation happens once per device.
+ * Errors: no exception crosses this ABI. poolscope_malloc returns NULL on failure (out of memory,
+ * negative size, bad device, unknown allocator or resource) and logs why; poolscope_free never
+ * fails (a bad call is logged and ignored).
+ * Streams: `stream` is a cudaStream_t (or any key with the host resource), passed to the
+ * allocator as its stream.
+ */
+#ifndef POOLSCOPE_ALLOC_H
+#define POOLSCOPE_ALLOC_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#if defined(__GNUC__)
+#define POOLSCOPE_ALLOC_API __attribute__((visibility("default")))
+#else
+#define POOLSCOPE_ALLOC_API
+#endif
+
+/** Device keys accepted: 0 .. POOLSCOPE_ALLOC_MAX_DEVICES - 1. */
+#define POOLSCOPE_ALLOC_MAX_DEVICES 64
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** `size` bytes (256-byte aligned) on `device`, usable on `stream`; NULL on failure or size 0. */
+POOLSCOPE_ALLOC_API void* poolscope_malloc(ssize_t size, int device, void* stream);
+
+/** Returns `ptr` from poolscope_malloc with the size, device and stream it was allocated with.
+ *  NULL is a no-op. */
+POOLSCOPE_ALLOC_API void poolscope_free(void* ptr, ssize_t size, int device, void* stream);
+
+/** The device's allocator statistics as one JSON object: every allocator_stats field plus
+ *  "device", "allocator", "resource", "name" and "initialized" (and "error" if the pool could not
+ *  be created). The string stays valid until this thread's next call. Never NULL. */
+POOLSCOPE_ALLOC_API const char* poolscope_stats_json(int device);
+
+/** Returns the device's cached memory to its resource; a negative device means every device.
+ *  Returns the bytes released. */
+POOLSCOPE_ALLOC_API size_t poolscope_release_cached(int device);
+
+/** The library version, "major.minor.patch". */
+POOLSCOPE_ALLOC_API const char* poolscope_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* POOLSCOPE_ALLOC_H */

@@ -1,0 +1,253 @@
+// The C ABI plug-in: one poolscope allocator per device behind poolscope_malloc/poolscope_free.
+// See include/poolscope_alloc.h for the contract. No exception may leave these functions.
+#include "poolscope_alloc.h"
+
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+#include "poolscope/pool/factory.hpp"
+
+#ifndef POOLSCOPE_VERSION_STRING
+#error "POOLSCOPE_VERSION_STRING must be defined by the build"
+#endif
+
+namespace {
+
+using poolscope::log;
+using poolscope::log_level;
+
+constexpr const char* default_allocator = "bfc";
+constexpr const char* default_resource = "cuda";
+
+/// One device's pool. Created once, never destroyed: PyTorch and CuPy may free blocks while
+/// static destructors run, so the pool must outlive every static.
+struct device_pool {
+  int device = 0;
+  std::string allocator_name;
+  std::string resource_name;
+  std::unique_ptr<poolscope::pool::resource> resource;
+  std::unique_ptr<poolscope::pool::allocator> allocator;  // null if creation failed
+  std::string error;                                      // why creation failed
+};
+
+/// Constant-initialized and trivially destructible, so nothing here runs at exit.
+struct device_slot {
+  std::once_flag once;
+  std::atomic<device_pool*> pool{nullptr};
+};
+std::array<device_slot, POOLSCOPE_ALLOC_MAX_DEVICES> g_slots;
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::string(v) : std::string(fallback);
+}
+
+void log_error(const std::string& message) noexcept {
+  log(log_level::error, message);
+}
+
+/// Builds the device's pool from the environment. Never throws: a failure is recorded in the
+/// pool (and logged here, once).
+device_pool* create_pool(int device) noexcept {
+  device_pool* p = new (std::nothrow) device_pool;
+  if (p == nullptr) {
+    return nullptr;
+  }
+  try {
+    p->device = device;
+    p->allocator_name = env_or("POOLSCOPE_ALLOCATOR", default_allocator);
+    p->resource_name = env_or("POOLSCOPE_RESOURCE", default_resource);
+    p->resource = poolscope::pool::make_resource(p->resource_name, device);
+    p->allocator = poolscope::pool::make_allocator(p->allocator_name, *p->resource);
+  } catch (const std::exception& e) {
+    p->allocator.reset();
+    try {
+      p->error = e.what();
+      log_error("poolscope_alloc: device " + std::to_string(device) +
+                ": cannot create allocator '" + p->allocator_name + "' over resource '" +
+                p->resource_name + "': " + e.what() +
+                "; every allocation on this device will fail");
+    } catch (...) {
+    }
+  } catch (...) {
+    p->allocator.reset();
+    log(log_level::error, "poolscope_alloc: unknown error while creating a pool");
+  }
+  return p;
+}
+
+/// The device's pool (creating it on first use), or null for a bad device or no host memory.
+device_pool* pool_for(int device) noexcept {
+  if (device < 0 || device >= POOLSCOPE_ALLOC_MAX_DEVICES) {
+    return nullptr;
+  }
+  device_slot& slot = g_slots[static_cast<std::size_t>(device)];
+  device_pool* p = slot.pool.load(std::memory_order_acquire);
+  if (p != nullptr) [[likely]] {
+    return p;
+  }
+  try {
+    std::call_once(slot.once, [&slot, device] {
+      slot.pool.store(create_pool(device), std::memory_order_release);
+    });
+  } catch (...) {
+    return nullptr;  // call_once itself failed (a system error): try again next time
+  }
+  return slot.pool.load(std::memory_order_acquire);
+}
+
+/// The pool of an already-used device, without creating one.
+device_pool* existing_pool(int device) noexcept {
+  if (device < 0 || device >= POOLSCOPE_ALLOC_MAX_DEVICES) {
+    return nullptr;
+  }
+  return g_slots[static_cast<std::size_t>(device)].pool.load(std::memory_order_acquire);
+}
+
+void log_bad_device(const char* fn, int device) noexcept {
+  try {
+    log_error(std::string("poolscope_alloc: ") + fn + ": device " + std::to_string(device) +
+              " is out of range [0, " + std::to_string(POOLSCOPE_ALLOC_MAX_DEVICES) + ")");
+  } catch (...) {
+  }
+}
+
+std::string stats_json(int device) {
+  nlohmann::json j = nlohmann::json::object();
+  device_pool* p = nullptr;
+  if (device >= 0 && device < POOLSCOPE_ALLOC_MAX_DEVICES) {
+    p = existing_pool(device);
+  }
+  if (p != nullptr && p->allocator != nullptr) {
+    j = nlohmann::json::parse(p->allocator->stats().to_json());
+    j["name"] = p->allocator->name();
+  }
+  j["device"] = device;
+  j["initialized"] = p != nullptr && p->allocator != nullptr;
+  j["allocator"] =
+      p != nullptr ? p->allocator_name : env_or("POOLSCOPE_ALLOCATOR", default_allocator);
+  j["resource"] = p != nullptr ? p->resource_name : env_or("POOLSCOPE_RESOURCE", default_resource);
+  if (device < 0 || device >= POOLSCOPE_ALLOC_MAX_DEVICES) {
+    j["error"] = "device " + std::to_string(device) + " is out of range";
+  } else if (p != nullptr && p->allocator == nullptr) {
+    j["error"] = p->error;
+  }
+  return j.dump();
+}
+
+}  // namespace
+
+extern "C" {
+
+POOLSCOPE_ALLOC_API void* poolscope_malloc(ssize_t size, int device, void* stream) {
+  if (size < 0) [[unlikely]] {
+    try {
+      log_error("poolscope_alloc: poolscope_malloc: negative size " + std::to_string(size) +
+                " on device " + std::to_string(device) + " rejected");
+    } catch (...) {
+    }
+    return nullptr;
+  }
+  if (size == 0) {
+    return nullptr;
+  }
+  device_pool* p = pool_for(device);
+  if (p == nullptr) [[unlikely]] {
+    log_bad_device("poolscope_malloc", device);
+    return nullptr;
+  }
+  if (p->allocator == nullptr) [[unlikely]] {
+    return nullptr;  // creation failed; logged once when it did
+  }
+  try {
+    return p->allocator->allocate(poolscope::stream_view{stream}, static_cast<std::size_t>(size));
+  } catch (const poolscope::out_of_memory& e) {
+    log(log_level::error, e.what());
+  } catch (const std::exception& e) {
+    try {
+      log_error(std::string("poolscope_alloc: poolscope_malloc(") + std::to_string(size) +
+                "): " + e.what());
+    } catch (...) {
+    }
+  } catch (...) {
+    log(log_level::error, "poolscope_alloc: poolscope_malloc: unknown error");
+  }
+  return nullptr;
+}
+
+POOLSCOPE_ALLOC_API void poolscope_free(void* ptr, ssize_t size, int device, void* stream) {
+  if (ptr == nullptr) {
+    return;
+  }
+  if (size < 0) [[unlikely]] {
+    try {
+      log_error("poolscope_alloc: poolscope_free: negative size " + std::to_string(size) +
+                " for a block on device " + std::to_string(device) + "; ignored (leaked)");
+    } catch (...) {
+    }
+    return;
+  }
+  device_pool* p = existing_pool(device);
+  if (p == nullptr || p->allocator == nullptr) [[unlikely]] {
+    try {
+      log_error("poolscope_alloc: poolscope_free: device " + std::to_string(device) +
+                " has no pool; a block it never allocated is ignored");
+    } catch (...) {
+    }
+    return;
+  }
+  // noexcept: unknown pointers, double frees and wrong sizes are reported by the allocator.
+  p->allocator->deallocate(poolscope::stream_view{stream}, ptr, static_cast<std::size_t>(size));
+}
+
+POOLSCOPE_ALLOC_API const char* poolscope_stats_json(int device) {
+  thread_local std::string out;
+  try {
+    out = stats_json(device);
+  } catch (...) {
+    return "{\"error\":\"poolscope_stats_json failed\"}";
+  }
+  return out.c_str();
+}
+
+POOLSCOPE_ALLOC_API size_t poolscope_release_cached(int device) {
+  std::size_t released = 0;
+  const int first = device < 0 ? 0 : device;
+  const int last = device < 0 ? POOLSCOPE_ALLOC_MAX_DEVICES - 1 : device;
+  if (device >= POOLSCOPE_ALLOC_MAX_DEVICES) {
+    log_bad_device("poolscope_release_cached", device);
+    return 0;
+  }
+  for (int d = first; d <= last; ++d) {
+    device_pool* p = existing_pool(d);
+    if (p == nullptr || p->allocator == nullptr) {
+      continue;
+    }
+    try {
+      released += p->allocator->release_cached();
+    } catch (const std::exception& e) {
+      try {
+        log_error(std::string("poolscope_alloc: poolscope_release_cached(") + std::to_string(d) +
+                  "): " + e.what());
+      } catch (...) {
+      }
+    } catch (...) {
+    }
+  }
+  return released;
+}
+
+POOLSCOPE_ALLOC_API const char* poolscope_version(void) {
+  return POOLSCOPE_VERSION_STRING;
+}
+
+}  // extern "C"
