@@ -1,0 +1,85 @@
+// The command-line face of the allocator benchmark, shared by `poolscope bench alloc` and
+// poolscope_bench_alloc so both accept the same options and print the same output.
+//
+//   CLI::App app{"allocator benchmark"};
+//   poolscope::bench::alloc_bench_command cmd;
+//   cmd.add_options(app);
+//   CLI11_PARSE(app, argc, argv);
+//   return cmd.run(std::cout, std::cerr);
+//
+// Header-only so that the bench library itself does not depend on CLI11.
+// Thread safety: a plain value; run() runs the benchmark on the calling thread.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <ostream>
+#include <string>
+
+#include "poolscope/bench/alloc_bench.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/pool/factory.hpp"
+
+namespace poolscope::bench {
+
+/// Options and action of the allocator benchmark command.
+class alloc_bench_command {
+ public:
+  /// Adds --resource, --allocators, --threads, --workloads, --quick, --seed, --seconds,
+  /// --capacity-gib, --no-baselines and --json to `app`.
+  void add_options(CLI::App& app) {
+    app.add_option("--resource", options_.resource,
+                   "upstream resource (default: cuda with a GPU, else host)")
+        ->check(CLI::IsMember(pool::resource_names()));
+    app.add_option("--device", options_.device, "GPU ordinal for device resources")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--allocators", options_.allocators,
+                   "comma-separated strategies (default: all registered)")
+        ->delimiter(',')
+        ->check(CLI::IsMember(pool::allocator_names()));
+    app.add_option("--threads", options_.threads,
+                   "comma-separated A3 thread counts (default "
+                   "1,2,4,8,16)")
+        ->delimiter(',')
+        ->check(CLI::Range(1, 1024));
+    app.add_option("--workloads", options_.workloads, "comma-separated workloads: A1..A5, H")
+        ->delimiter(',')
+        ->check(CLI::IsMember(alloc_workload_names()));
+    app.add_flag("--quick", options_.quick, "a few seconds on host: fewer pairs, smaller A5");
+    app.add_option("--seed", options_.seed, "seed of the random workloads (A2, A5)");
+    app.add_option("--seconds", options_.seconds_per_row,
+                   "time budget per row (default 1, quick 0.05)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--capacity-gib", options_.capacity_gib,
+                   "cap the resource at this many GiB; 0 = none (default: 80 on host, none on a "
+                   "GPU)")
+        ->check(CLI::NonNegativeNumber);
+    app.add_flag("--no-baselines", no_baselines_, "skip the raw resource rows");
+    app.add_option("--json", json_path_, "also write the results as JSON to this file");
+  }
+
+  /// Runs the benchmark: table and summary line to `out`, progress to `progress`, JSON to the
+  /// --json file. Returns 0, or 3 if a row failed. Throws on bad names or a missing device.
+  int run(std::ostream& out, std::ostream& progress) {
+    options_.baselines = !no_baselines_;
+    const alloc_bench_report rep = run_alloc_bench(options_, &progress);
+    rep.print_table(out);
+    if (!json_path_.empty()) {
+      std::ofstream f(json_path_);
+      f << rep.to_json() << '\n';
+      if (!f) {
+        throw runtime_error("poolscope bench: cannot write " + json_path_);
+      }
+    }
+    return rep.any_error() ? 3 : 0;
+  }
+
+  [[nodiscard]] const alloc_bench_options& options() const noexcept { return options_; }
+
+ private:
+  alloc_bench_options options_;
+  bool no_baselines_ = false;
+  std::string json_path_;
+};
+
+}  // namespace poolscope::bench
