@@ -1,7 +1,60 @@
+// `poolscope demo`: every allocator strategy on one trace, with integrity checks and a pool
+// report (see demo.hpp). Exit code 2 on an integrity failure, 1 if a strategy failed otherwise.
+#include <fstream>
+#include <iostream>
+#include <memory>
+
 #include "commands.hpp"
+#include "demo.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/pool/factory.hpp"
 
 namespace poolscope::tools {
+
+namespace {
+struct demo_command {
+  demo_options options;
+  std::string json_path;
+};
+}  // namespace
+
 void register_demo(CLI::App& app) {
-  app.add_subcommand("demo", "run the demo workload");
+  auto cmd = std::make_shared<demo_command>();
+  auto* sub = app.add_subcommand(
+      "demo",
+      "replay a sequence-batch and random-mix workload on every allocator strategy, check "
+      "data integrity, print a pool report");
+  sub->add_option("--resource", cmd->options.resource,
+                  "upstream resource (default: cuda with a GPU, else host)")
+      ->check(CLI::IsMember(pool::resource_names()));
+  sub->add_option("--device", cmd->options.device, "GPU ordinal for device resources")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--steps", cmd->options.steps,
+                  "sequence-batch steps (the random mix adds 100 pairs per step)")
+      ->check(CLI::Range(1, 100000));
+  sub->add_option("--seed", cmd->options.seed, "seed of the workload");
+  sub->add_option("--allocators", cmd->options.allocators,
+                  "comma-separated strategies (default: all registered)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(pool::allocator_names()));
+  sub->add_option("--json", cmd->json_path, "also write the report as JSON to this file");
+  sub->callback([cmd] {
+    const demo_report rep = run_demo(cmd->options, &std::cerr);
+    rep.print(std::cout);
+    if (!cmd->json_path.empty()) {
+      std::ofstream f(cmd->json_path);
+      f << rep.to_json() << '\n';
+      if (!f) {
+        throw runtime_error("poolscope demo: cannot write " + cmd->json_path);
+      }
+    }
+    if (!rep.integrity_ok()) {
+      throw CLI::RuntimeError(2);
+    }
+    if (rep.any_error()) {
+      throw CLI::RuntimeError(1);
+    }
+  });
 }
+
 }  // namespace poolscope::tools

@@ -1,12 +1,16 @@
 // Subcommands of the poolscope CLI. Each lives in its own cmd_<name>.cpp and registers itself
-// on the app; main.cpp calls every register function.
+// on the app (options and a callback that runs it); main.cpp calls every register function.
+// A callback reports failure by throwing: CLI::RuntimeError(code) for a quiet exit code, any
+// std::exception for "poolscope: <message>" and exit code 1.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 namespace poolscope::tools {
 
+/// `poolscope demo`: every allocator strategy on one workload, integrity checks, pool report.
 void register_demo(CLI::App& app);
+/// `poolscope bench alloc`: the allocator benchmark.
 void register_bench(CLI::App& app);
 
 }  // namespace poolscope::tools
