@@ -1,0 +1,475 @@
+// The C ABI plug-in (libpoolscope_alloc.so), loaded the way PyTorch and CuPy load it: dlopen +
+// dlsym. Each test uses its own device key (the host resource makes the device only a key), and
+// sets POOLSCOPE_ALLOCATOR / POOLSCOPE_RESOURCE before that device's first use, so the tests are
+// independent whether they run in one process or one process each (ctest).
+#include <dlfcn.h>
+#include <elf.h>
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "poolscope/log.hpp"
+#include "poolscope/pool/factory.hpp"
+
+#ifdef POOLSCOPE_ALLOC_PLUGIN_PATH
+
+namespace {
+
+using malloc_fn = void* (*)(ssize_t, int, void*);
+using free_fn = void (*)(void*, ssize_t, int, void*);
+using stats_fn = const char* (*)(int);
+using release_fn = std::size_t (*)(int);
+using version_fn = const char* (*)();
+
+/// The loaded plug-in; loaded once per process and never unloaded (like PyTorch does).
+struct plugin_api {
+  void* handle = nullptr;
+  malloc_fn malloc = nullptr;
+  free_fn free = nullptr;
+  stats_fn stats = nullptr;
+  release_fn release = nullptr;
+  version_fn version = nullptr;
+  std::string error;
+
+  static plugin_api& get() {
+    static plugin_api api = load();
+    return api;
+  }
+
+  static plugin_api load() {
+    plugin_api a;
+    a.handle = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (a.handle == nullptr) {
+      a.error = ::dlerror();
+      return a;
+    }
+    a.malloc = reinterpret_cast<malloc_fn>(::dlsym(a.handle, "poolscope_malloc"));
+    a.free = reinterpret_cast<free_fn>(::dlsym(a.handle, "poolscope_free"));
+    a.stats = reinterpret_cast<stats_fn>(::dlsym(a.handle, "poolscope_stats_json"));
+    a.release = reinterpret_cast<release_fn>(::dlsym(a.handle, "poolscope_release_cached"));
+    a.version = reinterpret_cast<version_fn>(::dlsym(a.handle, "poolscope_version"));
+    return a;
+  }
+};
+
+/// Captures poolscope log lines (the plug-in logs through the same libpoolscope_hooks when
+/// poolscope is built as shared libraries).
+class log_capture {
+ public:
+  log_capture() {
+    poolscope::set_log_sink([this](poolscope::log_level, std::string_view m) {
+      std::lock_guard lock(mutex_);
+      lines_.emplace_back(m);
+    });
+  }
+  log_capture(const log_capture&) = delete;
+  log_capture& operator=(const log_capture&) = delete;
+  ~log_capture() { poolscope::set_log_sink({}); }
+  [[nodiscard]] std::size_t count(const std::string& needle) const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::size_t>(std::count_if(lines_.begin(), lines_.end(), [&](const auto& l) {
+      return l.find(needle) != std::string::npos;
+    }));
+  }
+  [[nodiscard]] std::string all() const {
+    std::lock_guard lock(mutex_);
+    std::string s;
+    for (const auto& l : lines_) {
+      s += l + "\n";
+    }
+    return s;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+bool logs_shared() {
+#ifdef POOLSCOPE_ALLOC_SHARES_LOG
+  return true;
+#else
+  return false;
+#endif
+}
+
+class plugin : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    api_ = &plugin_api::get();
+    ASSERT_NE(api_->handle, nullptr)
+        << "dlopen(" << POOLSCOPE_ALLOC_PLUGIN_PATH << ") failed: " << api_->error;
+    ASSERT_NE(api_->malloc, nullptr);
+    ASSERT_NE(api_->free, nullptr);
+    ASSERT_NE(api_->stats, nullptr);
+    ASSERT_NE(api_->release, nullptr);
+    ASSERT_NE(api_->version, nullptr);
+  }
+
+  /// Chooses the strategy and resource for devices used from now on.
+  static void configure(const char* allocator, const char* resource = "host") {
+    if (allocator == nullptr) {
+      ::unsetenv("POOLSCOPE_ALLOCATOR");
+    } else {
+      ::setenv("POOLSCOPE_ALLOCATOR", allocator, 1);
+    }
+    ::setenv("POOLSCOPE_RESOURCE", resource, 1);
+  }
+
+  [[nodiscard]] nlohmann::json stats(int device) const {
+    return nlohmann::json::parse(api_->stats(device));
+  }
+
+  plugin_api* api_ = nullptr;
+};
+
+std::size_t round512(std::size_t n) {
+  return (n + 511) / 512 * 512;
+}
+
+/// The names of the symbols `path` (an ELF64 shared library) defines and exports.
+std::vector<std::string> exported_symbols(const char* path) {
+  std::ifstream f(path, std::ios::binary);
+  const std::vector<char> data((std::istreambuf_iterator<char>(f)),
+                               std::istreambuf_iterator<char>());
+  std::vector<std::string> names;
+  Elf64_Ehdr eh{};
+  if (data.size() < sizeof eh) {
+    return names;
+  }
+  std::memcpy(&eh, data.data(), sizeof eh);
+  if (std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0 || eh.e_ident[EI_CLASS] != ELFCLASS64) {
+    return names;
+  }
+  auto section = [&](std::size_t i) {
+    Elf64_Shdr sh{};
+    std::memcpy(&sh, data.data() + eh.e_shoff + i * eh.e_shentsize, sizeof sh);
+    return sh;
+  };
+  for (std::size_t i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr sh = section(i);
+    if (sh.sh_type != SHT_DYNSYM) {
+      continue;
+    }
+    const Elf64_Shdr strtab = section(sh.sh_link);
+    for (std::size_t k = 0; k < sh.sh_size / sizeof(Elf64_Sym); ++k) {
+      Elf64_Sym sym{};
+      std::memcpy(&sym, data.data() + sh.sh_offset + k * sizeof(Elf64_Sym), sizeof sym);
+      const int bind = ELF64_ST_BIND(sym.st_info);
+      if (sym.st_shndx == SHN_UNDEF || sym.st_name == 0 ||
+          ELF64_ST_VISIBILITY(sym.st_other) != STV_DEFAULT ||
+          (bind != STB_GLOBAL && bind != STB_WEAK && bind != STB_GNU_UNIQUE)) {
+        continue;
+      }
+      names.emplace_back(data.data() + strtab.sh_offset + sym.st_name);
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(plugin, exports_only_the_c_abi) {
+  const std::vector<std::string> expected{"poolscope_free", "poolscope_malloc",
+                                          "poolscope_release_cached", "poolscope_stats_json",
+                                          "poolscope_version"};
+  EXPECT_EQ(exported_symbols(POOLSCOPE_ALLOC_PLUGIN_PATH), expected);
+  const std::string v = api_->version();
+  EXPECT_TRUE(std::regex_match(v, std::regex(R"(\d+\.\d+\.\d+)"))) << v;
+}
+
+TEST_F(plugin, malloc_free_round_trip_on_host) {
+  configure("best_fit");
+  constexpr int dev = 1;
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t n : {1UL, 100UL, 4096UL, 70000UL, 3UL << 20}) {
+    void* p = api_->malloc(static_cast<ssize_t>(n), dev, nullptr);
+    ASSERT_NE(p, nullptr) << n;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 256, 0U);
+    std::memset(p, static_cast<int>(n & 0xff), n);  // the memory is real and writable
+    blocks.emplace_back(p, n);
+  }
+  for (auto& [p, n] : blocks) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    EXPECT_EQ(b[0], static_cast<unsigned char>(n & 0xff));
+    EXPECT_EQ(b[n - 1], static_cast<unsigned char>(n & 0xff));
+    api_->free(p, static_cast<ssize_t>(n), dev, nullptr);
+  }
+  const auto j = stats(dev);
+  EXPECT_EQ(j["in_use"], 0U);
+  EXPECT_EQ(j["allocator"], "best_fit");
+  EXPECT_EQ(j["resource"], "host");
+  EXPECT_EQ(j["name"], "best_fit/host");
+  EXPECT_EQ(j["initialized"], true);
+}
+
+TEST_F(plugin, stats_json_matches_the_operations) {
+  configure("best_fit");
+  constexpr int dev = 2;
+  const auto before = stats(dev);  // before the first malloc: not initialized yet, or (on a
+                                   // repeated run) whatever earlier repetitions left
+  const std::uint64_t allocs0 = before.value("allocations", 0ULL);
+  const std::uint64_t frees0 = before.value("deallocations", 0ULL);
+  const std::vector<std::size_t> sizes{100, 1000, 5000, 70000, 1 << 20};
+  std::vector<void*> ptrs;
+  std::size_t rounded = 0;
+  std::size_t requested = 0;
+  for (std::size_t n : sizes) {
+    ptrs.push_back(api_->malloc(static_cast<ssize_t>(n), dev, nullptr));
+    ASSERT_NE(ptrs.back(), nullptr);
+    rounded += round512(n);
+    requested += n;
+  }
+  auto mid = stats(dev);
+  EXPECT_EQ(mid["allocations"], allocs0 + sizes.size());
+  EXPECT_EQ(mid["in_use"], rounded);
+  EXPECT_EQ(mid["requested_in_use"], requested);
+  EXPECT_GE(mid["peak_in_use"].get<std::size_t>(), rounded);
+  EXPECT_GE(mid["reserved"].get<std::size_t>(), rounded);
+  // Free the first two: best_fit caches them by rounded size.
+  api_->free(ptrs[0], 100, dev, nullptr);
+  api_->free(ptrs[1], 1000, dev, nullptr);
+  auto after = stats(dev);
+  EXPECT_EQ(after["deallocations"], frees0 + 2);
+  EXPECT_EQ(after["in_use"], rounded - round512(100) - round512(1000));
+  EXPECT_EQ(after["requested_in_use"], requested - 1100);
+  EXPECT_GE(after["cached_blocks"].get<std::size_t>(), 2U);
+  for (std::size_t i = 2; i < sizes.size(); ++i) {
+    api_->free(ptrs[i], static_cast<ssize_t>(sizes[i]), dev, nullptr);
+  }
+  const auto end = stats(dev);
+  EXPECT_EQ(end["in_use"], 0U);
+  EXPECT_EQ(end["requested_in_use"], 0U);
+  EXPECT_EQ(end["deallocations"], frees0 + sizes.size());
+  EXPECT_EQ(end["device"], dev);
+  // Every field of allocator_stats::to_json is there.
+  for (const char* k : {"peak_requested", "peak_reserved", "upstream_allocs", "upstream_frees",
+                        "largest_free_block", "fragmentation", "oom_count", "invalid_frees"}) {
+    EXPECT_TRUE(end.contains(k)) << k;
+  }
+}
+
+TEST_F(plugin, release_cached_returns_cached_bytes) {
+  configure("best_fit");
+  constexpr int dev = 3;
+  ASSERT_NE(api_->malloc(1, dev, nullptr), nullptr) << "first use";  // creates the pool
+  api_->release(dev);
+  const auto base = stats(dev);
+  const std::vector<std::size_t> sizes{3000, 9000, 40000};
+  std::vector<void*> ptrs;
+  for (std::size_t n : sizes) {
+    ptrs.push_back(api_->malloc(static_cast<ssize_t>(n), dev, nullptr));
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    api_->free(ptrs[i], static_cast<ssize_t>(sizes[i]), dev, nullptr);
+  }
+  const std::size_t expected = round512(3000) + round512(9000) + round512(40000);
+  EXPECT_EQ(stats(dev)["cached_bytes"].get<std::size_t>(),
+            base["cached_bytes"].get<std::size_t>() + expected);
+  EXPECT_EQ(api_->release(dev), expected);
+  const auto after = stats(dev);
+  EXPECT_EQ(after["cached_bytes"], 0U);
+  EXPECT_EQ(after["upstream_frees"].get<std::uint64_t>(),
+            base["upstream_frees"].get<std::uint64_t>() + sizes.size());
+  // A negative device releases every device's cache, this one's included.
+  void* q = api_->malloc(10000, dev, nullptr);
+  api_->free(q, 10000, dev, nullptr);
+  EXPECT_GE(api_->release(-1), round512(10000));
+  EXPECT_EQ(stats(dev)["cached_bytes"], 0U);
+  EXPECT_EQ(api_->release(-1), 0U) << "nothing left cached on any device";
+}
+
+TEST_F(plugin, default_allocator_is_bfc) {
+  configure(nullptr);
+  constexpr int dev = 4;
+  const auto names = poolscope::pool::allocator_names();
+  const bool have_bfc = std::find(names.begin(), names.end(), "bfc") != names.end();
+  void* p = api_->malloc(4096, dev, nullptr);
+  const auto j = stats(dev);
+  EXPECT_EQ(j["allocator"], "bfc");
+  if (have_bfc) {
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(j["name"], "bfc/host");
+    api_->free(p, 4096, dev, nullptr);
+  } else {
+    EXPECT_EQ(p, nullptr) << "bfc is not registered yet: the default must fail, not fall back";
+    EXPECT_EQ(j["initialized"], false);
+  }
+}
+
+TEST_F(plugin, unknown_allocator_fails_with_one_log_line) {
+  log_capture logs;
+  configure("no_such_allocator");
+  constexpr int dev = 5;
+  EXPECT_EQ(api_->malloc(1024, dev, nullptr), nullptr);
+  EXPECT_EQ(api_->malloc(2048, dev, nullptr), nullptr);
+  EXPECT_EQ(api_->malloc(4096, dev, nullptr), nullptr);
+  const auto j = stats(dev);
+  EXPECT_EQ(j["initialized"], false);
+  EXPECT_EQ(j["allocator"], "no_such_allocator");
+  EXPECT_NE(j["error"].get<std::string>().find("no_such_allocator"), std::string::npos);
+  if (logs_shared()) {
+    EXPECT_EQ(logs.count("no_such_allocator"), 1U) << logs.all();
+  }
+  api_->free(nullptr, 0, dev, nullptr);  // still harmless
+}
+
+TEST_F(plugin, unknown_resource_fails) {
+  configure("best_fit", "no_such_resource");
+  constexpr int dev = 6;
+  EXPECT_EQ(api_->malloc(1024, dev, nullptr), nullptr);
+  const auto j = stats(dev);
+  EXPECT_EQ(j["initialized"], false);
+  EXPECT_EQ(j["resource"], "no_such_resource");
+  EXPECT_NE(j["error"].get<std::string>().find("no_such_resource"), std::string::npos);
+}
+
+TEST_F(plugin, negative_and_zero_sizes) {
+  log_capture logs;
+  configure("best_fit");
+  constexpr int dev = 7;
+  EXPECT_EQ(api_->malloc(0, dev, nullptr), nullptr);
+  EXPECT_EQ(api_->malloc(-1, dev, nullptr), nullptr);
+  EXPECT_EQ(api_->malloc(-4096, dev, nullptr), nullptr);
+  if (logs_shared()) {
+    EXPECT_EQ(logs.count("negative size"), 2U) << logs.all();
+  }
+  void* p = api_->malloc(512, dev, nullptr);
+  ASSERT_NE(p, nullptr);
+  const auto before = stats(dev);
+  api_->free(p, -512, dev, nullptr);  // rejected: the block stays allocated
+  EXPECT_EQ(stats(dev)["in_use"], before["in_use"]);
+  EXPECT_EQ(stats(dev)["deallocations"], before["deallocations"]);
+  api_->free(p, 512, dev, nullptr);
+  EXPECT_EQ(stats(dev)["in_use"], 0U);
+}
+
+TEST_F(plugin, free_null_is_a_no_op) {
+  log_capture logs;
+  configure("best_fit");
+  constexpr int dev = 8;
+  api_->free(nullptr, 0, dev, nullptr);  // before the device's first use
+  api_->free(nullptr, 4096, dev, nullptr);
+  void* p = api_->malloc(100, dev, nullptr);
+  ASSERT_NE(p, nullptr);
+  const auto before = stats(dev);
+  api_->free(nullptr, 0, dev, nullptr);
+  api_->free(nullptr, 123, dev, nullptr);
+  const auto after = stats(dev);
+  EXPECT_EQ(after["deallocations"], before["deallocations"]);
+  EXPECT_EQ(after["invalid_frees"], before["invalid_frees"]);
+  api_->free(p, 100, dev, nullptr);
+  if (logs_shared()) {
+    EXPECT_EQ(logs.all(), "");
+  }
+}
+
+TEST_F(plugin, bad_device_is_rejected) {
+  configure("best_fit");
+  EXPECT_EQ(api_->malloc(64, -1, nullptr), nullptr);
+  EXPECT_EQ(api_->malloc(64, 64, nullptr), nullptr);
+  EXPECT_EQ(api_->malloc(64, 1 << 20, nullptr), nullptr);
+  const auto j = stats(-3);
+  EXPECT_EQ(j["initialized"], false);
+  EXPECT_TRUE(j.contains("error"));
+  EXPECT_EQ(api_->release(1000), 0U);
+  api_->free(reinterpret_cast<void*>(0x1000), 64, 99, nullptr);  // logged, ignored
+}
+
+TEST_F(plugin, out_of_memory_returns_null_and_is_counted) {
+  log_capture logs;
+  configure("best_fit");
+  constexpr int dev = 9;
+  ASSERT_NE(api_->malloc(8, dev, nullptr), nullptr) << "first use";
+  const auto before = stats(dev);
+  // Past the largest supported request (1 PiB): the allocator throws out_of_memory, which must
+  // not cross the C ABI.
+  EXPECT_EQ(api_->malloc(ssize_t{1} << 52, dev, nullptr), nullptr);
+  const auto after = stats(dev);
+  EXPECT_EQ(after["oom_count"].get<std::uint64_t>(), before["oom_count"].get<std::uint64_t>() + 1);
+  if (logs_shared()) {
+    EXPECT_GE(logs.count("out of memory"), 1U) << logs.all();
+  }
+}
+
+TEST_F(plugin, foreign_pointer_is_reported_not_fatal) {
+  configure("best_fit");
+  constexpr int dev = 10;
+  void* p = api_->malloc(256, dev, nullptr);
+  ASSERT_NE(p, nullptr);
+  const auto before = stats(dev);
+  int local = 0;
+  api_->free(&local, sizeof local, dev, nullptr);  // never allocated here
+  const auto after = stats(dev);
+  EXPECT_EQ(after["invalid_frees"].get<std::uint64_t>(),
+            before["invalid_frees"].get<std::uint64_t>() + 1);
+  EXPECT_EQ(after["in_use"], before["in_use"]);
+  api_->free(p, 256, dev, nullptr);
+}
+
+// Many threads racing on a device's first use get one pool, and their operations all land in it.
+TEST(plugin_concurrency, first_use_from_many_threads) {
+  plugin_api& api = plugin_api::get();
+  ASSERT_NE(api.handle, nullptr) << api.error;
+  ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
+  ::setenv("POOLSCOPE_RESOURCE", "host", 1);
+  constexpr int dev = 11;
+  constexpr int threads = 8;
+  constexpr int rounds = 500;
+  const auto before = nlohmann::json::parse(api.stats(dev));
+  const std::uint64_t allocs0 = before.value("allocations", 0ULL);
+  std::atomic<int> go{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      go.fetch_add(1);
+      while (go.load() < threads) {
+        std::this_thread::yield();
+      }
+      for (int i = 0; i < rounds; ++i) {
+        const auto n = static_cast<std::size_t>(64 + ((t * 7919 + i * 104729) % 20000));
+        auto* p = static_cast<unsigned char*>(api.malloc(static_cast<ssize_t>(n), dev, nullptr));
+        if (p == nullptr) {
+          failures.fetch_add(1);
+          continue;
+        }
+        p[0] = static_cast<unsigned char>(t);
+        p[n - 1] = static_cast<unsigned char>(t);
+        if (p[0] != static_cast<unsigned char>(t) || p[n - 1] != static_cast<unsigned char>(t)) {
+          failures.fetch_add(1);
+        }
+        api.free(p, static_cast<ssize_t>(n), dev, nullptr);
+      }
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  EXPECT_EQ(failures.load(), 0);
+  const auto j = nlohmann::json::parse(api.stats(dev));
+  EXPECT_EQ(j["allocations"].get<std::uint64_t>(), allocs0 + threads * rounds);
+  EXPECT_EQ(j["in_use"], 0U);
+  EXPECT_EQ(j["invalid_frees"], 0U);
+}
+
+}  // namespace
+
+#else
+
+TEST(plugin, skipped) {
+  GTEST_SKIP() << "the plug-in target poolscope_alloc is not part of this build";
+}
+
+#endif
