@@ -75,6 +75,8 @@ class alloc_bench_command {
   }
 
   [[nodiscard]] const alloc_bench_options& options() const noexcept { return options_; }
+  /// Sets the time budget per row (what --seconds sets).
+  void set_seconds_per_row(double s) noexcept { options_.seconds_per_row = s; }
 
  private:
   alloc_bench_options options_;

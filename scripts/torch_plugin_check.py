@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Plugs poolscope's C ABI allocator (libpoolscope_alloc.so) into PyTorch and checks it.
+
+    python3 scripts/torch_plugin_check.py [build/lib/libpoolscope_alloc.so]
+        [--allocator bfc] [--resource cuda]
+
+PyTorch loads the library through torch.cuda.memory.CUDAPluggableAllocator(path,
+"poolscope_malloc", "poolscope_free") and change_current_allocator(), which must happen before
+the first CUDA allocation. The script then runs a short workload (tensors of varying sizes, a
+matmul checked against the CPU, frees), prints poolscope_stats_json(0) read through ctypes, and
+exits 1 if the statistics do not match what the workload did, 0 if they do, 77 without a GPU.
+
+POOLSCOPE_ALLOCATOR / POOLSCOPE_RESOURCE (or --allocator / --resource) choose the strategy and the
+upstream resource; the plug-in reads them at the device's first allocation.
+"""
+import argparse
+import ctypes
+import json
+import os
+import sys
+
+SKIP = 77
+
+
+def main() -> int:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("lib", nargs="?", default=os.path.join(root, "build", "lib", "libpoolscope_alloc.so"))
+    ap.add_argument("--allocator", default=os.environ.get("POOLSCOPE_ALLOCATOR", "bfc"))
+    ap.add_argument("--resource", default=os.environ.get("POOLSCOPE_RESOURCE", "cuda"))
+    args = ap.parse_args()
+    lib_path = os.path.abspath(args.lib)
+    if not os.path.exists(lib_path):
+        print(f"torch_plugin_check: {lib_path} does not exist (build the poolscope_alloc target)")
+        return 1
+    # Read by the plug-in at each device's first use: set before anything allocates.
+    os.environ["POOLSCOPE_ALLOCATOR"] = args.allocator
+    os.environ["POOLSCOPE_RESOURCE"] = args.resource
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("torch_plugin_check: SKIP (no CUDA device)")
+        return SKIP
+
+    pluggable = torch.cuda.memory.CUDAPluggableAllocator(lib_path, "poolscope_malloc", "poolscope_free")
+    torch.cuda.memory.change_current_allocator(pluggable)
+
+    # The same file, so dlopen hands back the library PyTorch loaded: one set of pools.
+    lib = ctypes.CDLL(lib_path)
+    lib.poolscope_stats_json.restype = ctypes.c_char_p
+    lib.poolscope_stats_json.argtypes = [ctypes.c_int]
+    lib.poolscope_release_cached.restype = ctypes.c_size_t
+    lib.poolscope_release_cached.argtypes = [ctypes.c_int]
+    lib.poolscope_version.restype = ctypes.c_char_p
+
+    def stats() -> dict:
+        return json.loads(lib.poolscope_stats_json(0).decode())
+
+    failures = []
+
+    def check(cond: bool, what: str) -> None:
+        if not cond:
+            failures.append(what)
+
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+
+    # 1. Tensors of varying sizes, all alive at once; their bytes are what PyTorch asks for.
+    numels = [1, 100, 1000, 4096, 70_000, 1 << 20, 3 << 20, 16 << 20]
+    held = [torch.empty(n, dtype=torch.float32, device=dev) for n in numels]
+    held_bytes = sum(4 * n for n in numels)
+    for i, t in enumerate(held):
+        t.fill_(float(i + 1))
+    torch.cuda.synchronize()
+    s1 = stats()
+    check(s1.get("initialized") is True, f"pool initialized (error: {s1.get('error')})")
+    check(s1.get("allocator") == args.allocator, f"allocator is {args.allocator}")
+    check(s1.get("resource") == args.resource, f"resource is {args.resource}")
+    check(s1["allocations"] >= len(numels), f"allocations {s1['allocations']} >= {len(numels)}")
+    check(s1["requested_in_use"] >= held_bytes,
+          f"requested_in_use {s1['requested_in_use']} >= the {held_bytes} bytes held")
+    check(s1["in_use"] >= s1["requested_in_use"], "in_use >= requested_in_use")
+    check(s1["reserved"] >= s1["in_use"], "reserved >= in_use")
+    check(s1["upstream_allocs"] >= 1, "at least one upstream allocation")
+    # The values written are still there (blocks do not overlap).
+    for i, t in enumerate(held):
+        check(bool((t == float(i + 1)).all().item()), f"tensor {i} kept its contents")
+
+    # 2. A matmul (cuBLAS may take a workspace through the allocator too), checked on the CPU.
+    torch.manual_seed(0)
+    a = torch.randn(512, 384, device=dev)
+    b = torch.randn(384, 256, device=dev)
+    c = a @ b
+    ref = a.cpu() @ b.cpu()
+    check(torch.allclose(c.cpu(), ref, rtol=1e-2, atol=1e-2), "matmul matches the CPU")
+    x = torch.arange(1 << 20, device=dev, dtype=torch.float64)
+    check(float((x * 2).sum().item()) == float((1 << 20) * ((1 << 20) - 1)), "elementwise result")
+    torch.cuda.synchronize()
+    s2 = stats()
+    check(s2["peak_requested"] >= held_bytes, "peak_requested covers everything held at once")
+
+    # 3. Free: the pool takes the blocks back.
+    del held, a, b, c, ref, x
+    torch.cuda.synchronize()
+    s3 = stats()
+    check(s3["deallocations"] >= len(numels) + 3,
+          f"deallocations {s3['deallocations']} >= {len(numels) + 3}")
+    check(s3["requested_in_use"] <= s2["requested_in_use"] - held_bytes,
+          "requested_in_use fell by at least the bytes freed")
+    check(s3["oom_count"] == 0, "no out-of-memory")
+    check(s3["invalid_frees"] == 0, "no invalid frees")
+
+    # 4. Reuse: the same sizes again come from the cache (for caching strategies).
+    again = [torch.empty(n, dtype=torch.float32, device=dev) for n in numels]
+    torch.cuda.synchronize()
+    s4 = stats()
+    if args.allocator != "naive":
+        check(s4["upstream_allocs"] <= s3["upstream_allocs"] + len(numels),
+              "reallocation is served mostly from the cache")
+    del again
+    torch.cuda.synchronize()
+    released = lib.poolscope_release_cached(0)
+    s5 = stats()
+    check(s5["cached_bytes"] <= s4["cached_bytes"] + s4["in_use"], "release_cached shrinks the cache")
+
+    print(f"poolscope {lib.poolscope_version().decode()} in PyTorch {torch.__version__}, "
+          f"{torch.cuda.get_device_name(0)}: released {released} bytes")
+    print(json.dumps(s5, indent=2))
+    if failures:
+        print("torch_plugin_check: FAILED")
+        for f in failures:
+            print("  - " + f)
+        return 1
+    print(f"torch_plugin_check: ok ({args.allocator} over {args.resource})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
