@@ -148,15 +148,15 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("pair/no_hook", bm_pair_no_hook);
   benchmark::RegisterBenchmark("pair/counting_hook", bm_pair_counting_hook);
   std::vector<stack_unwinder> unwinders;
-  for (auto u : {stack_unwinder::libunwind, stack_unwinder::glibc_backtrace,
-                 stack_unwinder::frame_pointer}) {
+  for (auto u : {stack_unwinder::libunwind, stack_unwinder::cached_dwarf,
+                 stack_unwinder::glibc_backtrace, stack_unwinder::frame_pointer}) {
     if (poolscope::profiler::unwinder_available(u)) {
       unwinders.push_back(u);
       const std::string name(poolscope::profiler::to_string(u));
       benchmark::RegisterBenchmark(("pair/line_profiler/" + name).c_str(), bm_pair_line_profiler,
                                    u);
-      benchmark::RegisterBenchmark(("event/line_profiler/" + name).c_str(),
-                                   bm_event_line_profiler, u);
+      benchmark::RegisterBenchmark(("event/line_profiler/" + name).c_str(), bm_event_line_profiler,
+                                   u);
       benchmark::RegisterBenchmark(("malloc_event/line_profiler/" + name).c_str(),
                                    bm_malloc_event_line_profiler, u);
     }

@@ -1,6 +1,7 @@
 #include "poolscope/profiler/line_profiler.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -23,6 +24,8 @@ std::string_view to_string(stack_unwinder u) noexcept {
       return "glibc_backtrace";
     case stack_unwinder::frame_pointer:
       return "frame_pointer";
+    case stack_unwinder::cached_dwarf:
+      return "cached_dwarf";
   }
   return "unknown";
 }
@@ -37,6 +40,8 @@ detail::unwind_backend backend_of(stack_unwinder u) noexcept {
       return detail::unwind_backend::glibc_backtrace;
     case stack_unwinder::frame_pointer:
       return detail::unwind_backend::frame_pointer;
+    case stack_unwinder::cached_dwarf:
+      return detail::unwind_backend::cached_dwarf;
     case stack_unwinder::automatic:
       break;
   }
@@ -51,13 +56,16 @@ stack_unwinder unwinder_of(detail::unwind_backend b) noexcept {
       return stack_unwinder::glibc_backtrace;
     case detail::unwind_backend::frame_pointer:
       return stack_unwinder::frame_pointer;
+    case detail::unwind_backend::cached_dwarf:
+      return stack_unwinder::cached_dwarf;
   }
   return stack_unwinder::glibc_backtrace;
 }
 
 constexpr std::size_t max_supported_depth = 256;
-// Room for poolscope's own frames (allocate, emit, deliver, on_event, capture) above the user's.
-constexpr std::size_t own_frame_slack = 32;
+// Room for poolscope's own frames (allocate, emit, deliver, on_event, capture) above the user's:
+// a first guess, raised when a stack shows more (the unwinders' cost grows with frames walked).
+constexpr std::size_t initial_own_frames = 8;
 constexpr std::uint32_t root_index = 0;
 
 /// One call site. Counters are guarded by the profiler's mutex.
@@ -121,6 +129,7 @@ bool has_libdw() noexcept {
 struct line_profiler::state {
   detail::unwind_backend backend = detail::unwind_backend::glibc_backtrace;
   detail::own_code_ranges own;
+  std::atomic<std::size_t> own_frames{initial_own_frames};  // frames to capture beyond max_depth
 
   mutable std::mutex mutex;
   std::vector<trie_node> nodes;  // [0] is the root
@@ -282,18 +291,26 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
     }
 
     // The stack is captured before taking the lock: it is the expensive part.
-    std::uintptr_t raw[max_supported_depth + own_frame_slack + 64];
+    std::uintptr_t raw[max_supported_depth + 128];
+    const std::size_t own_frames = s.own_frames.load(std::memory_order_relaxed);
     const std::size_t capacity =
-        std::min(options_.max_depth + options_.skip_frames + own_frame_slack, std::size(raw));
+        std::min(options_.max_depth + options_.skip_frames + own_frames + 1, std::size(raw));
     const std::size_t n = detail::capture_stack(s.backend, raw, capacity);
     std::size_t top = 0;
     if (options_.skip_poolscope_frames) {
       while (top < n && s.own.contains(raw[top])) {
         ++top;
       }
+      if (top > own_frames) {
+        // More of poolscope on the stack than room was made for (a nested allocator): this
+        // stack may be cut short, later ones are not.
+        s.own_frames.store(std::min<std::size_t>(top + 2, 96), std::memory_order_relaxed);
+      }
     }
     top = std::min(n, top + options_.skip_frames);
     std::size_t depth = n - top;
+    // One frame more than needed is captured, so a full buffer means a cut stack only when
+    // poolscope's frames took more room than planned.
     const bool truncated = depth > options_.max_depth || n == capacity;
     depth = std::min(depth, options_.max_depth);
 

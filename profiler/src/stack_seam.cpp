@@ -109,13 +109,17 @@ bool unwind_backend_available(unwind_backend b) noexcept {
 #else
       return false;
 #endif
+    case unwind_backend::cached_dwarf:
+      return cached_dwarf_supported();
   }
   return false;
 }
 
 unwind_backend default_unwind_backend() noexcept {
-  return unwind_backend_available(unwind_backend::libunwind) ? unwind_backend::libunwind
-                                                             : unwind_backend::glibc_backtrace;
+  if (unwind_backend_available(unwind_backend::libunwind)) {
+    return unwind_backend::libunwind;
+  }
+  return cached_dwarf_supported() ? unwind_backend::cached_dwarf : unwind_backend::glibc_backtrace;
 }
 
 const char* unwind_backend_name(unwind_backend b) noexcept {
@@ -126,6 +130,8 @@ const char* unwind_backend_name(unwind_backend b) noexcept {
       return "libunwind";
     case unwind_backend::glibc_backtrace:
       return "glibc_backtrace";
+    case unwind_backend::cached_dwarf:
+      return "cached_dwarf";
   }
   return "unknown";
 }
@@ -151,6 +157,11 @@ __attribute__((noinline)) std::size_t capture_stack(unwind_backend b, std::uintp
       const std::size_t n = walk_frame_pointers(out, capacity);
       // Keep the call from being a tail call, so walk_frame_pointers' return address is here.
       asm volatile("" ::: "memory");
+      return n;
+    }
+    case unwind_backend::cached_dwarf: {
+      const std::size_t n = walk_cached_dwarf(out, capacity);
+      asm volatile("" ::: "memory");  // as above: the walker drops its return address into here
       return n;
     }
     case unwind_backend::libunwind:

@@ -117,8 +117,9 @@ bool path_to(const profile_node& n, const profile_node* target, std::vector<std:
 
 std::vector<stack_unwinder> available_unwinders() {
   std::vector<stack_unwinder> out;
-  for (auto u : {stack_unwinder::automatic, stack_unwinder::libunwind,
-                 stack_unwinder::glibc_backtrace, stack_unwinder::frame_pointer}) {
+  for (auto u :
+       {stack_unwinder::automatic, stack_unwinder::libunwind, stack_unwinder::glibc_backtrace,
+        stack_unwinder::frame_pointer, stack_unwinder::cached_dwarf}) {
     if (unwinder_available(u)) {
       out.push_back(u);
     }

@@ -23,13 +23,19 @@
 namespace poolscope::profiler::detail {
 
 /// How to walk the stack. The public enum (line_profiler.hpp) maps onto this one.
-enum class unwind_backend : std::uint8_t { frame_pointer, libunwind, glibc_backtrace };
+enum class unwind_backend : std::uint8_t {
+  frame_pointer,
+  libunwind,
+  glibc_backtrace,
+  cached_dwarf
+};
 
 /// True if `b` was compiled in.
 [[nodiscard]] bool unwind_backend_available(unwind_backend b) noexcept;
-/// The best backend compiled in: libunwind when present, else glibc backtrace.
+/// The best backend compiled in: libunwind when present, else the cached DWARF walker (x86-64),
+/// else glibc backtrace.
 [[nodiscard]] unwind_backend default_unwind_backend() noexcept;
-/// "frame_pointer", "libunwind", "glibc_backtrace".
+/// "frame_pointer", "libunwind", "glibc_backtrace", "cached_dwarf".
 [[nodiscard]] const char* unwind_backend_name(unwind_backend b) noexcept;
 
 /// Runs `b` once so that lazy initialisation (loading libgcc_s, libunwind's caches, the thread's
@@ -41,6 +47,14 @@ void warm_up(unwind_backend b) noexcept;
 /// The frame-pointer walk stays inside the calling thread's stack bounds, so it cannot fault
 /// even on code built without frame pointers (it then returns a short or partial stack).
 std::size_t capture_stack(unwind_backend b, std::uintptr_t* out, std::size_t capacity) noexcept;
+
+/// True on x86-64, where walk_cached_dwarf works (cached_dwarf_unwinder.cpp).
+[[nodiscard]] bool cached_dwarf_supported() noexcept;
+/// The cached DWARF walker: follows .eh_frame call-frame rules (found through libgcc's
+/// _Unwind_Find_FDE, parsed once per return address and kept in a per-thread cache). Writes the
+/// return addresses above its caller's frame, innermost first; stops early at frames it cannot
+/// describe (signal trampolines, DWARF expressions). Reads only inside the thread's stack.
+std::size_t walk_cached_dwarf(std::uintptr_t* out, std::size_t capacity) noexcept;
 
 /// Address ranges (executable segments) of the shared objects holding poolscope's hooks, pool
 /// and profiler code. Used to drop poolscope's own frames from the top of a stack.

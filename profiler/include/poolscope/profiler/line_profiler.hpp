@@ -54,13 +54,17 @@ namespace poolscope::profiler {
 
 /// How the line profiler walks the stack.
 enum class stack_unwinder : std::uint8_t {
-  automatic,        ///< libunwind when poolscope was built with it, else glibc_backtrace
+  automatic,        ///< libunwind when poolscope was built with it, else cached_dwarf on
+                    ///< x86-64, else glibc_backtrace
   libunwind,        ///< unw_backtrace: DWARF unwind tables with caching; fast and exact
-  glibc_backtrace,  ///< backtrace(3): DWARF unwind through libgcc; exact, slower
+  glibc_backtrace,  ///< backtrace(3): DWARF unwind through libgcc; exact, slow (~100+ ns/frame)
   frame_pointer,    ///< the frame-pointer chain: fastest; exact only for code built with
                     ///< -fno-omit-frame-pointer (else stacks come out short or partial)
+  cached_dwarf,     ///< poolscope's own .eh_frame walker with a per-thread cache of unwind rules
+                    ///< (x86-64): libunwind's approach without libunwind; stops at frames it
+                    ///< cannot describe (signal trampolines)
 };
-/// "automatic", "libunwind", "glibc_backtrace", "frame_pointer".
+/// "automatic", "libunwind", "glibc_backtrace", "frame_pointer", "cached_dwarf".
 [[nodiscard]] std::string_view to_string(stack_unwinder u) noexcept;
 /// True if `u` can be used in this build (automatic and glibc_backtrace always can).
 [[nodiscard]] bool unwinder_available(stack_unwinder u) noexcept;
