@@ -7,8 +7,11 @@
 #include <memory>
 
 #include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/cuda_async_resource.hpp"
+#include "poolscope/pool/cuda_resource.hpp"
 #include "poolscope/pool/host_resource.hpp"
 #include "poolscope/pool/naive_allocator.hpp"
+#include "poolscope/pool/stream_pool_allocator.hpp"
 
 namespace poolscope::pool::testing {
 
@@ -23,6 +26,36 @@ struct on_host {
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
 };
 
-using host_allocators = ::testing::Types<on_host<naive_allocator>, on_host<best_fit_allocator>>;
+using host_allocators = ::testing::Types<on_host<naive_allocator>, on_host<best_fit_allocator>,
+                                         on_host<stream_pool_allocator>>;
+
+/// An allocator of type Alloc over cudaMalloc on device 0. Needs a GPU: suites check needs_gpu
+/// and skip before calling make_resource (which throws device_unavailable without one). There
+/// is no capacity-limited variant: the device's memory is the capacity.
+template <typename Alloc>
+struct on_cuda {
+  using allocator_type = Alloc;
+  static constexpr bool needs_gpu = true;
+  static std::unique_ptr<resource> make_resource() { return std::make_unique<cuda_resource>(0); }
+  static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
+};
+
+/// An allocator of type Alloc over cudaMallocAsync (its own pool, release threshold max) on
+/// device 0. Needs a GPU, as on_cuda.
+template <typename Alloc>
+struct on_cuda_async {
+  using allocator_type = Alloc;
+  static constexpr bool needs_gpu = true;
+  static std::unique_ptr<resource> make_resource() {
+    return std::make_unique<cuda_async_resource>(0);
+  }
+  static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
+};
+
+using cuda_allocators = ::testing::Types<on_cuda<naive_allocator>, on_cuda<best_fit_allocator>,
+                                         on_cuda<stream_pool_allocator>>;
+using cuda_async_allocators =
+    ::testing::Types<on_cuda_async<naive_allocator>, on_cuda_async<best_fit_allocator>,
+                     on_cuda_async<stream_pool_allocator>>;
 
 }  // namespace poolscope::pool::testing
