@@ -506,7 +506,8 @@ std::string default_resource_name() {
 
 std::string timing_method() {
   return "Pairs (allocate + deallocate) run back to back in batches of B, B chosen after a "
-         "warm-up so a batch lasts about 2 us (B = 1 for slower pairs); each batch gives one "
+         "warm-up by timing chunks of 1, 2, 4, ... pairs, so that a batch lasts about 2 us (B = 1 "
+         "for slower pairs); each batch gives one "
          "sample, (batch time - timer overhead) / B, timed with steady_clock. median and p99 are "
          "over those samples, so p99 is the 99th percentile of B-pair means (a lone slow pair is "
          "diluted by B). A3 pools the samples of all threads. A5 takes one sample per step: step "

@@ -5,8 +5,9 @@
 //                                              {.max_ops = 100000, .budget_s = 1.0}, overhead);
 //   std::printf("%.1f ns median, %.1f ns p99\n", t.per_op.median, t.per_op.p99);
 //
-// Method: operations are timed in batches of B back-to-back calls, B chosen so that a batch takes
-// about 2 µs (B = 1 for operations slower than that). Each batch gives one sample, (batch time -
+// Method: operations are timed in batches of B back-to-back calls, B chosen (after a warm-up, by
+// timing chunks of 1, 2, 4, ... calls) so that a batch takes about 2 µs (B = 1 for operations
+// slower than that). Each batch gives one sample, (batch time -
 // timer overhead) / B; the median and p99 are over those samples. The timer's own cost (two
 // steady_clock reads, ~20-40 ns) is thus spread over B operations and subtracted. The price: a
 // single slow call inside a batch is diluted by B, so p99 is the 99th percentile of B-call means,
@@ -66,24 +67,37 @@ struct batch_limits {
 /// Per-operation samples of a batch-timed run.
 struct batch_timing {
   std::vector<double> samples;  ///< one per batch: ns per operation
-  std::size_t ops = 0;          ///< timed operations (warm-up excluded)
+  std::size_t ops = 0;          ///< timed operations
+  std::size_t untimed = 0;      ///< warm-up and calibration operations run before them
   std::size_t batch = 1;
 };
 
-/// Runs `op(i)` for i = 0, 1, ... (warm-up first, untimed) and times it in batches (see the
-/// method above). `op` may throw; the exception propagates.
+/// Runs `op(i)` for i = 0, 1, ... and times it in batches (see the method above): first
+/// `warmup_ops` untimed calls (caches fill, first upstream allocations happen), then untimed
+/// calibration chunks of 1, 2, 4, ... calls until one lasts `target_ns`, which sets the batch
+/// size, then timed batches. `op` may throw; the exception propagates.
 template <typename Op>
-batch_timing time_in_batches(Op&& op, const batch_limits& limits, double overhead_ns) {
+batch_timing time_in_batches(Op&& op, const batch_limits& limits, double overhead_ns,
+                             double target_ns = 2000.0, std::size_t max_batch = 1024) {
   batch_timing out;
   std::size_t i = 0;
-  const std::size_t warm = std::min(limits.warmup_ops, limits.max_ops);
-  const std::uint64_t w0 = clock_ns();
-  for (; i < warm; ++i) {
+  for (; i < limits.warmup_ops; ++i) {
     op(i);
   }
-  const double est =
-      warm == 0 ? 1000.0 : static_cast<double>(clock_ns() - w0) / static_cast<double>(warm);
-  out.batch = batch_size_for(est);
+  double est = target_ns;
+  for (std::size_t chunk = 1;; chunk *= 2) {
+    const std::uint64_t t0 = clock_ns();
+    for (std::size_t k = 0; k < chunk; ++k) {
+      op(i++);
+    }
+    const double dt = static_cast<double>(clock_ns() - t0) - overhead_ns;
+    if (dt >= target_ns || chunk >= max_batch) {
+      est = std::max(dt, 0.0) / static_cast<double>(chunk);
+      break;
+    }
+  }
+  out.untimed = i;
+  out.batch = batch_size_for(est, target_ns, max_batch);
   const std::uint64_t deadline = clock_ns() + static_cast<std::uint64_t>(limits.budget_s * 1e9);
   std::size_t batches = 0;
   while (out.ops + out.batch <= limits.max_ops) {
