@@ -103,7 +103,7 @@ def main() -> int:
     check(s1["allocations"] >= len(numels), f"allocations {s1['allocations']} >= {len(numels)}")
     check(s1["requested_in_use"] >= held_bytes, f"requested_in_use >= the {held_bytes} bytes held")
     check(s1["reserved"] >= s1["in_use"] >= s1["requested_in_use"], "reserved >= in_use >= requested")
-    # (A generator, so that no loop variable keeps an array alive after `del held`.)
+    # (A generator: no loop variable may keep an array alive after `del held`.)
     check(all(bool((a == i + 1).all()) for i, a in enumerate(held)), "every array kept its contents")
 
     # 2. A matmul through cuBLAS, checked with NumPy.

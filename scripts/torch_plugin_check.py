@@ -70,8 +70,8 @@ def main() -> int:
     numels = [1, 100, 1000, 4096, 70_000, 1 << 20, 3 << 20, 16 << 20]
     held = [torch.empty(n, dtype=torch.float32, device=dev) for n in numels]
     held_bytes = sum(4 * n for n in numels)
-    for i, t in enumerate(held):
-        t.fill_(float(i + 1))
+    for i in range(len(held)):  # (no loop variable may keep a tensor alive after `del held`)
+        held[i].fill_(float(i + 1))
     torch.cuda.synchronize()
     s1 = stats()
     check(s1.get("initialized") is True, f"pool initialized (error: {s1.get('error')})")
@@ -84,7 +84,6 @@ def main() -> int:
     check(s1["reserved"] >= s1["in_use"], "reserved >= in_use")
     check(s1["upstream_allocs"] >= 1, "at least one upstream allocation")
     # The values written are still there (blocks do not overlap).
-    # (A generator, so that no loop variable keeps a tensor alive after `del held`.)
     check(all(bool((t == float(i + 1)).all().item()) for i, t in enumerate(held)),
           "every tensor kept its contents")
 
