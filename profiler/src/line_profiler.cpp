@@ -102,6 +102,87 @@ struct live_block {
   std::uint64_t bytes;
 };
 
+/// Pointer -> live_block, open addressing with linear probing and backward-shift deletion: no
+/// allocation per insert or erase (the profiler's hot path inserts and erases once per block).
+/// Key 0 marks an empty slot (null pointers are never recorded). Not thread-safe.
+class block_table {
+ public:
+  block_table() { clear(); }
+
+  /// The block of `ptr`, or nullptr.
+  live_block* find(std::uintptr_t ptr) noexcept {
+    for (std::size_t i = slot_of(ptr);; i = (i + 1) & mask_) {
+      if (keys_[i] == ptr) {
+        return &values_[i];
+      }
+      if (keys_[i] == 0) {
+        return nullptr;
+      }
+    }
+  }
+  /// Inserts `ptr` (which must not be present). May throw std::bad_alloc when growing.
+  void insert(std::uintptr_t ptr, live_block b) {
+    if ((size_ + 1) * 4 > keys_.size() * 3) {
+      rehash(keys_.size() * 2);
+    }
+    std::size_t i = slot_of(ptr);
+    while (keys_[i] != 0) {
+      i = (i + 1) & mask_;
+    }
+    keys_[i] = ptr;
+    values_[i] = b;
+    ++size_;
+  }
+  /// Removes the entry `b` points at (from find).
+  void erase(live_block* b) noexcept {
+    auto i = static_cast<std::size_t>(b - values_.data());
+    keys_[i] = 0;
+    --size_;
+    // Shift later members of the probe run back so lookups never stop at the hole too early.
+    for (std::size_t j = (i + 1) & mask_; keys_[j] != 0; j = (j + 1) & mask_) {
+      const std::size_t home = slot_of(keys_[j]);
+      // Move j to i if its home is not within (i, j] cyclically.
+      const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+      if (!stays) {
+        keys_[i] = keys_[j];
+        values_[i] = values_[j];
+        keys_[j] = 0;
+        i = j;
+      }
+    }
+  }
+  void clear() {
+    keys_.assign(1024, 0);
+    values_.assign(1024, live_block{});
+    mask_ = 1023;
+    size_ = 0;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+ private:
+  [[nodiscard]] std::size_t slot_of(std::uintptr_t ptr) const noexcept {
+    return static_cast<std::size_t>((ptr * 0x9E3779B97F4A7C15ULL) >> 20) & mask_;
+  }
+  void rehash(std::size_t capacity) {
+    std::vector<std::uintptr_t> old_keys(capacity, 0);
+    std::vector<live_block> old_values(capacity);
+    old_keys.swap(keys_);
+    old_values.swap(values_);
+    mask_ = capacity - 1;
+    size_ = 0;
+    for (std::size_t i = 0; i < old_keys.size(); ++i) {
+      if (old_keys[i] != 0) {
+        insert(old_keys[i], old_values[i]);
+      }
+    }
+  }
+
+  std::vector<std::uintptr_t> keys_;
+  std::vector<live_block> values_;
+  std::size_t mask_ = 0;
+  std::size_t size_ = 0;
+};
+
 std::uint64_t hash_stack(const std::uintptr_t* frames, std::size_t depth) noexcept {
   std::uint64_t h = 0xcbf29ce484222325ULL ^ depth;
   for (std::size_t i = 0; i < depth; ++i) {
@@ -135,8 +216,8 @@ struct line_profiler::state {
   std::vector<trie_node> nodes;  // [0] is the root
   std::unordered_map<child_key, std::uint32_t, child_key_hash> children;
   std::unordered_map<std::uint64_t, std::uint32_t> leaf_by_hash;
-  std::unordered_map<std::uintptr_t, live_block> blocks;    // pool_malloc ptr -> block
-  std::unordered_map<std::uintptr_t, live_block> segments;  // device_alloc ptr -> segment
+  block_table blocks;    // pool_malloc ptr -> block
+  block_table segments;  // device_alloc ptr -> segment
   std::uint64_t total_live = 0;
   std::uint64_t peak_live = 0;
   std::uint64_t peak_seq = 0;
@@ -271,13 +352,13 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
       auto& table = e.kind == hooks::event_kind::pool_free ? s.blocks : s.segments;
       std::lock_guard lock(s.mutex);
       ++s.events;
-      auto it = table.find(ptr);
-      if (it == table.end()) {
+      live_block* it = table.find(ptr);
+      if (it == nullptr) {
         ++s.unmatched_frees;
         return;
       }
-      trie_node& n = s.nodes[it->second.node];
-      const std::uint64_t bytes = it->second.bytes;
+      trie_node& n = s.nodes[it->node];
+      const std::uint64_t bytes = it->bytes;
       if (e.kind == hooks::event_kind::pool_free) {
         s.touch(n);
         n.live -= bytes;
@@ -323,15 +404,15 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
     trie_node& node = s.nodes[leaf];
     if (e.kind == hooks::event_kind::pool_malloc) {
       const std::uint64_t bytes = e.requested;
-      // Insert first: if it throws, no counter has moved.
-      auto [it, fresh] = s.blocks.try_emplace(ptr, live_block{leaf, bytes});
-      if (!fresh) {
+      if (live_block* old_block = s.blocks.find(ptr); old_block != nullptr) {
         // The block's free was never seen (filtered or lost): it is not live any more.
-        trie_node& old = s.nodes[it->second.node];
+        trie_node& old = s.nodes[old_block->node];
         s.touch(old);
-        old.live -= it->second.bytes;
-        s.total_live -= it->second.bytes;
-        it->second = live_block{leaf, bytes};
+        old.live -= old_block->bytes;
+        s.total_live -= old_block->bytes;
+        *old_block = live_block{leaf, bytes};
+      } else {
+        s.blocks.insert(ptr, live_block{leaf, bytes});  // first: if it throws, nothing moved
       }
       s.touch(node);
       node.count += 1;
@@ -346,10 +427,11 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
       }
     } else {
       const std::uint64_t bytes = e.rounded != 0 ? e.rounded : e.requested;
-      auto [it, fresh] = s.segments.try_emplace(ptr, live_block{leaf, bytes});
-      if (!fresh) {
-        s.nodes[it->second.node].live_acquired -= it->second.bytes;
-        it->second = live_block{leaf, bytes};
+      if (live_block* old_segment = s.segments.find(ptr); old_segment != nullptr) {
+        s.nodes[old_segment->node].live_acquired -= old_segment->bytes;
+        *old_segment = live_block{leaf, bytes};
+      } else {
+        s.segments.insert(ptr, live_block{leaf, bytes});
       }
       node.acquire_count += 1;
       node.acquired += bytes;

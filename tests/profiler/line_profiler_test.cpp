@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -320,6 +321,53 @@ TEST(line_profiler, live_and_live_at_peak_match_a_hand_computed_scenario) {
   EXPECT_EQ(end.root.total.live_at_peak, 1320u);
   EXPECT_EQ(end.root.total.freed, end.root.total.used);
   EXPECT_EQ(nodes_with_self_count(end).size(), 3u);
+}
+
+TEST(line_profiler, random_allocations_keep_exact_live_figures) {
+  // Thousands of live blocks, freed in random order: the pointer tables grow and shrink.
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};  // every block is also an upstream segment
+  line_profiler prof;
+  std::vector<std::pair<void*, std::size_t>> live;
+  std::uint64_t live_bytes = 0;
+  std::uint64_t peak = 0;
+  std::uint64_t total = 0;
+  {
+    hooks::scoped_hook on{prof};
+    for (int i = 0; i < 20000; ++i) {
+      if (live.empty() || (live.size() < 5000 && rng() % 100 < 60)) {
+        const std::size_t n = 1 + rng() % 4096;
+        live.emplace_back(site_a(alloc, n), n);
+        live_bytes += n;
+        total += n;
+        peak = std::max(peak, live_bytes);
+      } else {
+        const std::size_t k = rng() % live.size();
+        alloc.deallocate({}, live[k].first, live[k].second);
+        live_bytes -= live[k].second;
+        live[k] = live.back();
+        live.pop_back();
+      }
+    }
+    const line_profile r = prof.report({.symbolize = false});
+    EXPECT_EQ(r.root.total.live, live_bytes);
+    EXPECT_EQ(r.root.total.used, total);
+    EXPECT_EQ(r.root.total.freed, total - live_bytes);
+    EXPECT_EQ(r.root.total.live_acquired, live_bytes);  // naive: segment == block
+    EXPECT_EQ(r.peak_live, peak);
+    EXPECT_EQ(r.root.total.live_at_peak, peak);
+    EXPECT_EQ(r.unmatched_frees, 0u);
+    for (auto [p, n] : live) {
+      alloc.deallocate({}, p, n);
+    }
+  }
+  const line_profile r = prof.report({.symbolize = false});
+  EXPECT_EQ(r.root.total.live, 0u);
+  EXPECT_EQ(r.root.total.live_acquired, 0u);
+  EXPECT_EQ(r.unmatched_frees, 0u);
 }
 
 TEST(line_profiler, frees_of_blocks_allocated_before_installation_are_unmatched) {

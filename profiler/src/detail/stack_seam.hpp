@@ -32,7 +32,7 @@ enum class unwind_backend : std::uint8_t {
 
 /// True if `b` was compiled in.
 [[nodiscard]] bool unwind_backend_available(unwind_backend b) noexcept;
-/// The best backend compiled in: libunwind when present, else the cached DWARF walker (x86-64),
+/// The best backend compiled in: the cached DWARF walker (x86-64), else libunwind when present,
 /// else glibc backtrace.
 [[nodiscard]] unwind_backend default_unwind_backend() noexcept;
 /// "frame_pointer", "libunwind", "glibc_backtrace", "cached_dwarf".

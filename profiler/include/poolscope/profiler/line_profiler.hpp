@@ -54,8 +54,8 @@ namespace poolscope::profiler {
 
 /// How the line profiler walks the stack.
 enum class stack_unwinder : std::uint8_t {
-  automatic,        ///< libunwind when poolscope was built with it, else cached_dwarf on
-                    ///< x86-64, else glibc_backtrace
+  automatic,        ///< cached_dwarf on x86-64, else libunwind when poolscope was built
+                    ///< with it, else glibc_backtrace
   libunwind,        ///< unw_backtrace: DWARF unwind tables with caching; fast and exact
   glibc_backtrace,  ///< backtrace(3): DWARF unwind through libgcc; exact, slow (~100+ ns/frame)
   frame_pointer,    ///< the frame-pointer chain: fastest; exact only for code built with
