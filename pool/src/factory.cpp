@@ -2,6 +2,7 @@
 
 #include "poolscope/error.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/cuda_async_resource.hpp"
 #include "poolscope/pool/cuda_resource.hpp"
 #include "poolscope/pool/host_resource.hpp"
@@ -22,7 +23,7 @@ std::string joined(const std::vector<std::string>& names) {
 }  // namespace
 
 std::vector<std::string> allocator_names() {
-  return {"naive", "best_fit", "stream_pool"};
+  return {"naive", "best_fit", "bfc", "stream_pool"};
 }
 
 std::vector<std::string> resource_names() {
@@ -35,6 +36,9 @@ std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstr
   }
   if (name == "best_fit") {
     return std::make_unique<best_fit_allocator>(upstream);
+  }
+  if (name == "bfc") {
+    return std::make_unique<bfc_allocator>(upstream);
   }
   if (name == "stream_pool") {
     return std::make_unique<stream_pool_allocator>(upstream);

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/cuda_async_resource.hpp"
 #include "poolscope/pool/cuda_resource.hpp"
 #include "poolscope/pool/host_resource.hpp"
@@ -27,7 +28,7 @@ struct on_host {
 };
 
 using host_allocators = ::testing::Types<on_host<naive_allocator>, on_host<best_fit_allocator>,
-                                         on_host<stream_pool_allocator>>;
+                                         on_host<bfc_allocator>, on_host<stream_pool_allocator>>;
 
 /// An allocator of type Alloc over cudaMalloc on device 0. Needs a GPU: suites check needs_gpu
 /// and skip before calling make_resource (which throws device_unavailable without one). There
@@ -53,9 +54,9 @@ struct on_cuda_async {
 };
 
 using cuda_allocators = ::testing::Types<on_cuda<naive_allocator>, on_cuda<best_fit_allocator>,
-                                         on_cuda<stream_pool_allocator>>;
+                                         on_cuda<bfc_allocator>, on_cuda<stream_pool_allocator>>;
 using cuda_async_allocators =
     ::testing::Types<on_cuda_async<naive_allocator>, on_cuda_async<best_fit_allocator>,
-                     on_cuda_async<stream_pool_allocator>>;
+                     on_cuda_async<bfc_allocator>, on_cuda_async<stream_pool_allocator>>;
 
 }  // namespace poolscope::pool::testing

@@ -1,0 +1,143 @@
+// bfc: best-fit with coalescing (TensorFlow's BFC, PyTorch's caching allocator). Memory comes
+// from upstream in segments; each segment is a list of chunks in address order. A request,
+// rounded up to 512 bytes, takes the smallest free chunk that fits and splits off the rest; a
+// freed chunk merges with its free neighbours in the same segment (never across segments).
+//
+//   poolscope::pool::host_resource host;
+//   poolscope::pool::bfc_allocator pool{host};
+//   void* a = pool.allocate(s, 256 << 10);  // 2 MiB small segment: a 256 KiB chunk + 1.75 MiB free
+//   void* b = pool.allocate(s, 100 << 10);  // carved from the free remainder, no upstream call
+//   pool.deallocate(s, a, 256 << 10);       // a's chunk is free again
+//   pool.deallocate(s, b, 100 << 10);       // merges with both neighbours: one free 2 MiB chunk
+//
+// Policy (bfc_options):
+// - Small and large segments are kept apart, as in PyTorch: requests up to 1 MiB are served
+//   from 2 MiB "small" segments, larger ones from "large" segments, so long-lived small blocks
+//   never pin a large segment and keep it from being released or reused whole.
+// - Large segments: 20 MiB for requests up to 10 MiB (several share one segment); larger
+//   requests get a segment of their size rounded up to 2 MiB.
+// - Consolidation: when a large request finds no free chunk that fits, every wholly free large
+//   segment is returned upstream and one segment of max(policy size, bytes released) is taken
+//   instead. Reserved bytes never grow past what the plain policy would take, and the cache
+//   stays contiguous, so a workload whose tensor sizes change every step (DESIGN.md §4 A5)
+//   converges to a few segments that fit its largest step instead of hoarding one generation
+//   of segments per size.
+// - Splitting: a chunk is always split when the remainder is at least 512 bytes (every chunk
+//   is a multiple of 512), so in-use bytes are the requests rounded to 512 and nothing more.
+// - When upstream refuses a segment, smaller sizes are tried (the request rounded to 2 MiB,
+//   then to 512 B) before the allocator reports failure, so a 3 MiB request does not fail
+//   merely because a 20 MiB segment does not fit. Sizes that would pass the limit are skipped.
+//
+// Ownership: the allocator owns every segment it took and returns them all to the resource on
+// destruction (blocks still handed out are released with their segment).
+// Thread safety: thread-safe; one mutex guards all state (free index, live table, segment
+// lists). The critical section is a bitmap search, a few pointer updates and a hash-table
+// operation; upstream calls and segment releases run outside it. Hooks (split/merge) are
+// called while the mutex is held.
+// Stream semantics: not stream-aware. A block freed on one stream may be handed out for
+// another at once; use stream_pool_allocator when several streams share a pool. Segments are
+// acquired on the requesting stream and released on the default stream.
+// Cost: O(1) per allocate/deallocate (bitmap search with countr_zero, open-addressing hash
+// table, pooled chunk nodes: no heap allocation per operation), plus a walk of one size class
+// when it holds chunks of several sizes; one upstream call per segment.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "poolscope/pool/allocator.hpp"
+
+namespace poolscope::pool {
+
+namespace detail {
+struct bfc_chunk;
+struct bfc_segment;
+}  // namespace detail
+
+/// Segment sizing of a bfc_allocator. Sizes are in bytes and multiples of 512.
+struct bfc_options {
+  /// Requests (rounded to 512 B) up to this size are served from small segments.
+  std::size_t small_request_max = std::size_t{1} << 20;
+  /// Size of a small segment; at least small_request_max.
+  std::size_t small_segment_bytes = std::size_t{2} << 20;
+  /// Large requests up to this size share segments of mid_segment_bytes.
+  std::size_t mid_request_max = std::size_t{10} << 20;
+  /// Size of a segment for requests in (small_request_max, mid_request_max]; at least
+  /// mid_request_max.
+  std::size_t mid_segment_bytes = std::size_t{20} << 20;
+  /// Larger requests get their own segment, rounded up to a multiple of this.
+  std::size_t large_round_bytes = std::size_t{2} << 20;
+  /// Merge wholly free large segments into one (see the file comment).
+  bool consolidate = true;
+  /// A small request that finds no free small chunk takes the best-fitting free chunk of the
+  /// large pool before a new small segment is acquired (see the file comment).
+  bool small_borrows_large = true;
+};
+
+/// One chunk of a segment, as reported by bfc_allocator::segments().
+struct bfc_chunk_info {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;      ///< chunk size (a multiple of 512)
+  std::size_t requested = 0;  ///< bytes asked for (0 for a free chunk)
+  bool free = false;
+};
+
+/// One upstream segment and its chunks in address order, as reported by segments().
+struct bfc_segment_info {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+  bool large = false;  ///< from the large pool (else small)
+  std::vector<bfc_chunk_info> chunks;
+};
+
+/// Best-fit-with-coalescing pool; see the file comment for policy, ownership, threads, cost.
+class bfc_allocator final : public allocator {
+ public:
+  /// Chunk granularity: requests are rounded up to a multiple of this.
+  static constexpr std::size_t round_bytes = 512;
+
+  /// A pool over `upstream` (which must outlive it). Throws invalid_argument naming the field
+  /// if `options` is inconsistent (sizes not multiples of 512, segments smaller than requests).
+  explicit bfc_allocator(resource& upstream, bfc_options options = {});
+  ~bfc_allocator() override;
+
+  /// The options the pool was built with.
+  [[nodiscard]] const bfc_options& options() const noexcept { return options_; }
+
+  /// A snapshot of every segment (ordered by base address) and its chunks. Takes the mutex;
+  /// O(chunks). For reports and tests.
+  [[nodiscard]] std::vector<bfc_segment_info> segments() const;
+
+  /// Debug aid: walks every segment, chunk, size-class list and the live table and checks
+  /// that they agree (chunks tile their segment, no two free neighbours, each free chunk in the
+  /// right sorted class list and bitmap, counters exact). Returns "" when consistent, else a
+  /// description of the first violation. Takes the mutex; O(chunks + size classes).
+  [[nodiscard]] std::string check_invariants() const;
+
+ private:
+  struct state;
+
+  block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) override;
+  free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                             std::size_t alignment) noexcept override;
+  void do_cache_stats(allocator_stats& s) const override;
+  std::size_t do_release_cached() override;
+
+  // The helpers below marked "locked" require the caller to hold the mutex.
+  block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
+                         detail::bfc_segment* detached, std::size_t detached_bytes,
+                         std::size_t reserved_now);
+  void carve(stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
+             std::size_t bytes) noexcept;                              // locked
+  void free_chunk(stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
+  void detach_wholly_free(bool large, detail::bfc_segment*& chain,
+                          std::size_t& bytes) noexcept;  // locked
+  void release_detached(detail::bfc_segment* list) noexcept;
+
+  bfc_options options_;
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace poolscope::pool

@@ -1,0 +1,549 @@
+#include "poolscope/pool/bfc_allocator.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "detail/bfc_structures.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+
+namespace poolscope::pool {
+
+using detail::bfc_chunk;
+using detail::bfc_pool_kind;
+using detail::bfc_segment;
+
+namespace {
+
+constexpr std::size_t round_up(std::size_t n, std::size_t m) noexcept {
+  return (n + m - 1) / m * m;
+}
+
+constexpr std::size_t index_of(bfc_pool_kind k) noexcept {
+  return static_cast<std::size_t>(k);
+}
+
+std::uintptr_t address(const void* p) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p);
+}
+
+void check_option(const char* field, std::size_t value, bool ok, const char* rule) {
+  if (!ok) {
+    throw invalid_argument("poolscope: bfc_options." + std::string(field) + " = " +
+                           std::to_string(value) + " " + rule);
+  }
+}
+
+}  // namespace
+
+struct bfc_allocator::state {
+  mutable std::mutex mutex;
+  std::array<detail::bfc_free_index, 2> index{};  // by bfc_pool_kind
+  detail::bfc_ptr_map live;                       // live chunks by address
+  detail::bfc_node_pool nodes;
+  std::array<bfc_segment*, 2> segments{};  // list heads, by bfc_pool_kind
+  std::array<std::size_t, 2> segment_count{};
+  std::array<std::size_t, 2> wholly_free{};  // free chunks that cover their whole segment
+  std::size_t free_chunks = 0;
+  std::size_t free_bytes = 0;
+  std::size_t reserved = 0;  // sum of segment sizes
+
+  void add_free(bfc_chunk* c) noexcept {
+    index[index_of(c->pool)].insert(c);
+    ++free_chunks;
+    free_bytes += c->size;
+    if (c->whole_segment()) {
+      ++wholly_free[index_of(c->pool)];
+    }
+  }
+  void remove_free(bfc_chunk* c) noexcept {
+    index[index_of(c->pool)].remove(c);
+    --free_chunks;
+    free_bytes -= c->size;
+    if (c->whole_segment()) {
+      --wholly_free[index_of(c->pool)];
+    }
+  }
+  void link(bfc_segment* s) noexcept {
+    bfc_segment*& head = segments[index_of(s->pool)];
+    s->prev = nullptr;
+    s->next = head;
+    if (head != nullptr) {
+      head->prev = s;
+    }
+    head = s;
+    ++segment_count[index_of(s->pool)];
+    reserved += s->size;
+  }
+  void unlink(bfc_segment* s) noexcept {
+    if (s->prev != nullptr) {
+      s->prev->next = s->next;
+    } else {
+      segments[index_of(s->pool)] = s->next;
+    }
+    if (s->next != nullptr) {
+      s->next->prev = s->prev;
+    }
+    --segment_count[index_of(s->pool)];
+    reserved -= s->size;
+  }
+  /// Why `ptr` is not a live chunk: the start of a free chunk is a double free; anything else
+  /// (a stranger's pointer, an interior pointer) is unknown. O(segments + chunks of one).
+  [[nodiscard]] hooks::free_error classify(const void* ptr) const noexcept {
+    const std::uintptr_t p = address(ptr);
+    for (const bfc_segment* head : segments) {
+      for (const bfc_segment* s = head; s != nullptr; s = s->next) {
+        if (p < address(s->base) || p >= address(s->base) + s->size) {
+          continue;
+        }
+        for (const bfc_chunk* c = s->first; c != nullptr && address(c->addr) <= p; c = c->next) {
+          if (address(c->addr) == p && c->is_free) {
+            return hooks::free_error::double_free;
+          }
+        }
+        return hooks::free_error::unknown_pointer;
+      }
+    }
+    return hooks::free_error::unknown_pointer;
+  }
+};
+
+bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
+    : allocator(upstream, "bfc/" + upstream.name()),
+      options_(options),
+      state_(std::make_unique<state>()) {
+  const auto multiple = [](std::size_t v) { return v != 0 && v % round_bytes == 0; };
+  const char* not_multiple = "must be a positive multiple of 512";
+  check_option("small_request_max", options_.small_request_max,
+               multiple(options_.small_request_max), not_multiple);
+  check_option("small_segment_bytes", options_.small_segment_bytes,
+               multiple(options_.small_segment_bytes), not_multiple);
+  check_option("mid_request_max", options_.mid_request_max, multiple(options_.mid_request_max),
+               not_multiple);
+  check_option("mid_segment_bytes", options_.mid_segment_bytes,
+               multiple(options_.mid_segment_bytes), not_multiple);
+  check_option("large_round_bytes", options_.large_round_bytes,
+               multiple(options_.large_round_bytes), not_multiple);
+  check_option("small_segment_bytes", options_.small_segment_bytes,
+               options_.small_segment_bytes >= options_.small_request_max,
+               "must be at least small_request_max");
+  check_option("mid_request_max", options_.mid_request_max,
+               options_.mid_request_max >= options_.small_request_max,
+               "must be at least small_request_max");
+  check_option("mid_segment_bytes", options_.mid_segment_bytes,
+               options_.mid_segment_bytes >= options_.mid_request_max,
+               "must be at least mid_request_max");
+}
+
+bfc_allocator::~bfc_allocator() {
+  // Blocks still handed out go back with their segment: the allocator owns what it reserved.
+  for (bfc_segment* head : state_->segments) {
+    for (bfc_segment* s = head; s != nullptr;) {
+      bfc_segment* next = s->next;
+      upstream_deallocate(stream_view{}, s->base, s->size);
+      delete s;
+      s = next;
+    }
+  }
+}
+
+block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::size_t /*alignment*/) {
+  // Alignment always holds: segments are >= 256-aligned and chunks start at multiples of 512.
+  const std::size_t rounded = round_up(bytes, round_bytes);
+  const bool large = rounded > options_.small_request_max;
+  state& st = *state_;
+  bfc_segment* detached = nullptr;
+  std::size_t detached_bytes = 0;
+  std::size_t reserved_now = 0;
+  {
+    std::lock_guard lock(st.mutex);
+    // Everything that can throw happens before the pool changes.
+    st.nodes.reserve(1);
+    st.live.reserve_one();
+    // Two or more wholly free large segments: merge them into one before serving (see the
+    // header); each merge removes a segment, so merges cost at most two upstream calls per
+    // segment ever acquired.
+    const bool merge_first = large && options_.consolidate && st.wholly_free[1] >= 2;
+    if (!merge_first) [[likely]] {
+      bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
+      if (c == nullptr && !large && options_.small_borrows_large) {
+        c = st.index[1].best_fit(rounded);
+      }
+      if (c != nullptr) [[likely]] {
+        carve(stream, c, rounded, bytes);
+        return {c->addr, rounded};
+      }
+    }
+    if (large && options_.consolidate && st.wholly_free[1] != 0) {
+      detach_wholly_free(true, detached, detached_bytes);
+    }
+    reserved_now = st.reserved;
+  }
+  return allocate_segment(stream, large, rounded, bytes, detached, detached_bytes, reserved_now);
+}
+
+block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_t rounded,
+                                      std::size_t bytes, bfc_segment* detached,
+                                      std::size_t detached_bytes, std::size_t reserved_now) {
+  // Release first, acquire second: reserved bytes never hold both at once.
+  release_detached(detached);
+
+  std::size_t policy = options_.small_segment_bytes;
+  if (large) {
+    const std::size_t exact = round_up(rounded, options_.large_round_bytes);
+    // Mid-size requests share a segment, but one no larger than 1/8 of what the pool holds, so
+    // a small pool is not dominated by one mostly empty 20 MiB segment.
+    policy =
+        rounded > options_.mid_request_max
+            ? exact
+            : std::max(exact, std::min(options_.mid_segment_bytes,
+                                       round_up(reserved_now / 8, options_.large_round_bytes)));
+  }
+  // Largest first; each later one is a fallback when upstream (or the limit) refuses.
+  const std::array<std::size_t, 4> candidates{std::max(policy, detached_bytes), policy,
+                                              round_up(rounded, options_.large_round_bytes),
+                                              rounded};
+  const std::size_t lim = limit();
+  void* p = nullptr;
+  std::size_t size = 0;
+  std::size_t tried = SIZE_MAX;
+  for (const std::size_t s : candidates) {
+    if (s >= tried || s < rounded) {
+      continue;
+    }
+    // Sizes that would pass the limit are skipped; the last (exact) one is always asked, so the
+    // limit hit is recorded once by upstream_allocate.
+    if (s != rounded && lim != SIZE_MAX && reserved_now + s > lim) {
+      continue;
+    }
+    tried = s;
+    p = upstream_allocate(stream, s);
+    if (p != nullptr) {
+      size = s;
+      break;
+    }
+  }
+  if (p == nullptr) {
+    return {};
+  }
+
+  state& st = *state_;
+  std::unique_lock lock(st.mutex);
+  bfc_segment* seg = nullptr;
+  try {
+    st.nodes.reserve(2);
+    st.live.reserve_one();
+    seg = new bfc_segment;
+  } catch (...) {
+    lock.unlock();
+    upstream_deallocate(stream, p, size);
+    throw;
+  }
+  seg->base = static_cast<char*>(p);
+  seg->size = size;
+  seg->pool = large ? bfc_pool_kind::large : bfc_pool_kind::small;
+  bfc_chunk* c = st.nodes.take();
+  c->addr = seg->base;
+  c->size = size;
+  c->pool = seg->pool;
+  c->is_free = true;
+  seg->first = c;
+  st.link(seg);
+  st.add_free(c);
+  carve(stream, c, rounded, bytes);
+  return {p, rounded};
+}
+
+void bfc_allocator::carve(stream_view stream, bfc_chunk* c, std::size_t rounded,
+                          std::size_t bytes) noexcept {
+  state& st = *state_;
+  st.remove_free(c);
+  if (c->size > rounded) {
+    bfc_chunk* rest = st.nodes.take();
+    rest->addr = c->addr + rounded;
+    rest->size = c->size - rounded;
+    rest->pool = c->pool;
+    rest->is_free = true;
+    rest->prev = c;
+    rest->next = c->next;
+    if (c->next != nullptr) {
+      c->next->prev = rest;
+    }
+    c->next = rest;
+    c->size = rounded;
+    st.add_free(rest);
+    if (hooks::active()) [[unlikely]] {
+      emit_split(stream, c->addr, rounded, rest->addr, rest->size);
+    }
+  }
+  c->is_free = false;
+  c->requested = bytes;
+  st.live.insert(c);
+}
+
+void bfc_allocator::free_chunk(stream_view stream, bfc_chunk* c) noexcept {
+  state& st = *state_;
+  c->is_free = true;
+  c->requested = 0;
+  bfc_chunk* prev = c->prev;
+  if (prev != nullptr && prev->is_free) {
+    st.remove_free(prev);
+    char* const absorbed = prev->addr;
+    const std::size_t absorbed_bytes = prev->size;
+    prev->size += c->size;
+    prev->next = c->next;
+    if (c->next != nullptr) {
+      c->next->prev = prev;
+    }
+    st.nodes.give(c);
+    c = prev;
+    if (hooks::active()) [[unlikely]] {
+      emit_merge(stream, c->addr, c->size, absorbed, absorbed_bytes);
+    }
+  }
+  bfc_chunk* next = c->next;
+  if (next != nullptr && next->is_free) {
+    st.remove_free(next);
+    c->size += next->size;
+    c->next = next->next;
+    if (next->next != nullptr) {
+      next->next->prev = c;
+    }
+    if (hooks::active()) [[unlikely]] {
+      emit_merge(stream, c->addr, c->size, next->addr, next->size);
+    }
+    st.nodes.give(next);
+  }
+  st.add_free(c);
+}
+
+free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                                          std::size_t /*alignment*/) noexcept {
+  state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  bfc_chunk* c = st.live.erase(ptr);
+  if (c == nullptr) [[unlikely]] {
+    return {st.classify(ptr), 0, 0};
+  }
+  const std::size_t rounded = c->size;
+  const std::size_t requested = c->requested;
+  free_chunk(stream, c);
+  // Chunks are exactly the request rounded to 512, so any size with the same rounding is right.
+  const bool size_ok = bytes <= rounded && bytes + round_bytes > rounded;
+  return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
+}
+
+void bfc_allocator::detach_wholly_free(bool large, bfc_segment*& chain,
+                                       std::size_t& bytes) noexcept {
+  state& st = *state_;
+  const std::size_t i = large ? 1 : 0;
+  for (bfc_segment* s = st.segments[i]; s != nullptr && st.wholly_free[i] != 0;) {
+    bfc_segment* const next = s->next;
+    bfc_chunk* const c = s->first;
+    if (c->is_free && c->whole_segment()) {
+      st.remove_free(c);
+      st.nodes.give(c);
+      st.unlink(s);
+      s->first = nullptr;
+      s->prev = nullptr;
+      s->next = chain;
+      chain = s;
+      bytes += s->size;
+    }
+    s = next;
+  }
+}
+
+void bfc_allocator::release_detached(bfc_segment* list) noexcept {
+  while (list != nullptr) {
+    bfc_segment* const next = list->next;
+    upstream_deallocate(stream_view{}, list->base, list->size);
+    delete list;
+    list = next;
+  }
+}
+
+void bfc_allocator::do_cache_stats(allocator_stats& s) const {
+  const state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  s.cached_blocks = st.free_chunks;
+  s.cached_bytes = st.free_bytes;
+  s.largest_free_block = std::max(st.index[0].largest(), st.index[1].largest());
+}
+
+std::size_t bfc_allocator::do_release_cached() {
+  bfc_segment* chain = nullptr;
+  std::size_t bytes = 0;
+  {
+    std::lock_guard lock(state_->mutex);
+    detach_wholly_free(false, chain, bytes);
+    detach_wholly_free(true, chain, bytes);
+  }
+  release_detached(chain);
+  return bytes;
+}
+
+std::vector<bfc_segment_info> bfc_allocator::segments() const {
+  std::vector<bfc_segment_info> out;
+  {
+    const state& st = *state_;
+    std::lock_guard lock(st.mutex);
+    out.reserve(st.segment_count[0] + st.segment_count[1]);
+    for (const bfc_segment* head : st.segments) {
+      for (const bfc_segment* s = head; s != nullptr; s = s->next) {
+        bfc_segment_info info;
+        info.base = s->base;
+        info.bytes = s->size;
+        info.large = s->pool == bfc_pool_kind::large;
+        for (const bfc_chunk* c = s->first; c != nullptr; c = c->next) {
+          info.chunks.push_back({c->addr, c->size, c->requested, c->is_free});
+        }
+        out.push_back(std::move(info));
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const bfc_segment_info& a, const bfc_segment_info& b) {
+    return address(a.base) < address(b.base);
+  });
+  return out;
+}
+
+std::string bfc_allocator::check_invariants() const {
+  const state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  const auto at = [](const void* p) { return std::to_string(address(p)); };
+  std::size_t free_chunks = 0;
+  std::size_t free_bytes = 0;
+  std::size_t live_chunks = 0;
+  std::size_t reserved = 0;
+  std::size_t all_chunks = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    std::size_t count = 0;
+    std::size_t wholly_free = 0;
+    const bfc_segment* prev_seg = nullptr;
+    for (const bfc_segment* s = st.segments[i]; s != nullptr; prev_seg = s, s = s->next) {
+      ++count;
+      reserved += s->size;
+      if (index_of(s->pool) != i || s->prev != prev_seg) {
+        return "segment " + at(s->base) + ": wrong pool or broken segment list";
+      }
+      if (address(s->base) % max_alignment != 0) {
+        return "segment " + at(s->base) + ": base not 256-aligned";
+      }
+      const bfc_chunk* c = s->first;
+      if (c == nullptr || c->prev != nullptr || c->addr != s->base) {
+        return "segment " + at(s->base) + ": first chunk does not start it";
+      }
+      std::size_t covered = 0;
+      for (; c != nullptr; c = c->next) {
+        ++all_chunks;
+        const std::string where = "chunk " + at(c->addr) + " of segment " + at(s->base);
+        if (c->size == 0 || c->size % round_bytes != 0) {
+          return where + ": size " + std::to_string(c->size) + " not a positive multiple of 512";
+        }
+        if (c->addr != s->base + covered) {
+          return where + ": not contiguous with the chunk below";
+        }
+        if (c->pool != s->pool) {
+          return where + ": wrong pool";
+        }
+        if (c->next != nullptr && c->next->prev != c) {
+          return where + ": next->prev does not point back";
+        }
+        covered += c->size;
+        if (c->is_free) {
+          ++free_chunks;
+          free_bytes += c->size;
+          if (c->whole_segment()) {
+            ++wholly_free;
+          }
+          if (c->next != nullptr && c->next->is_free) {
+            return where + ": two free neighbours were not merged";
+          }
+          if (c->requested != 0 || st.live.find(c->addr) != nullptr) {
+            return where + ": free but in the live table";
+          }
+        } else {
+          ++live_chunks;
+          if (st.live.find(c->addr) != c) {
+            return where + ": live but not in the live table";
+          }
+          if (c->requested > c->size || c->requested + round_bytes <= c->size) {
+            return where + ": size " + std::to_string(c->size) + " is not requested " +
+                   std::to_string(c->requested) + " rounded to 512";
+          }
+        }
+      }
+      if (covered != s->size) {
+        return "segment " + at(s->base) + ": chunks cover " + std::to_string(covered) + " of " +
+               std::to_string(s->size) + " bytes";
+      }
+    }
+    if (count != st.segment_count[i]) {
+      return "segment count " + std::to_string(st.segment_count[i]) + " but " +
+             std::to_string(count) + " segments listed";
+    }
+    if (wholly_free != st.wholly_free[i]) {
+      return "wholly-free count " + std::to_string(st.wholly_free[i]) + " but " +
+             std::to_string(wholly_free) + " found";
+    }
+  }
+  if (free_chunks != st.free_chunks || free_bytes != st.free_bytes) {
+    return "free counters (" + std::to_string(st.free_chunks) + " chunks, " +
+           std::to_string(st.free_bytes) + " B) differ from the segments (" +
+           std::to_string(free_chunks) + ", " + std::to_string(free_bytes) + ")";
+  }
+  if (reserved != st.reserved) {
+    return "reserved " + std::to_string(st.reserved) + " but segments hold " +
+           std::to_string(reserved);
+  }
+  if (live_chunks != st.live.size()) {
+    return "live table holds " + std::to_string(st.live.size()) + " entries but " +
+           std::to_string(live_chunks) + " chunks are live";
+  }
+  if (all_chunks != st.nodes.in_use()) {
+    return "node pool lends " + std::to_string(st.nodes.in_use()) + " nodes but " +
+           std::to_string(all_chunks) + " chunks exist";
+  }
+  std::size_t listed = 0;
+  std::size_t listed_bytes = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const detail::bfc_free_index& ix = st.index[i];
+    std::size_t largest = 0;
+    for (std::size_t cls = 0; cls < detail::bfc_free_index::class_count; ++cls) {
+      const bfc_chunk* h = ix.head(cls);
+      if ((h != nullptr) != ix.marked(cls)) {
+        return "class " + std::to_string(cls) + ": bitmap disagrees with the list";
+      }
+      const bfc_chunk* last = nullptr;
+      for (const bfc_chunk* c = h; c != nullptr; last = c, c = c->free_next) {
+        ++listed;
+        listed_bytes += c->size;
+        if (!c->is_free || index_of(c->pool) != i || c->size_class != cls ||
+            detail::bfc_free_index::class_of(c->size) != cls || c->free_prev != last) {
+          return "class " + std::to_string(cls) + ": chunk " + at(c->addr) + " misfiled";
+        }
+        if (last != nullptr && last->size > c->size) {
+          return "class " + std::to_string(cls) + ": list not sorted by size";
+        }
+        largest = std::max(largest, c->size);
+      }
+      if (ix.tail(cls) != last) {
+        return "class " + std::to_string(cls) + ": wrong tail";
+      }
+    }
+    if (ix.largest() != largest) {
+      return "largest free chunk " + std::to_string(ix.largest()) + " but lists hold " +
+             std::to_string(largest);
+    }
+  }
+  if (listed != free_chunks || listed_bytes != free_bytes) {
+    return "class lists hold " + std::to_string(listed) + " chunks, segments " +
+           std::to_string(free_chunks);
+  }
+  return {};
+}
+
+}  // namespace poolscope::pool

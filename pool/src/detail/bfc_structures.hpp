@@ -1,0 +1,346 @@
+// Internal data structures of bfc_allocator: chunk and segment nodes, the node pool, the
+// segregated free index (size classes + bitmap) and the open-addressing pointer map.
+//
+// None of these types locks: bfc_allocator guards every one of them with its single mutex.
+// Preconditions are stated per function; violating them is undefined behaviour (the allocator
+// checks them before calling). Nothing here throws except the reserve* functions
+// (std::bad_alloc), which are called before the allocator changes any state.
+#pragma once
+
+#include <array>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace poolscope::pool::detail {
+
+/// Chunk granularity: every chunk size and every chunk offset in a segment is a multiple.
+inline constexpr std::size_t bfc_granularity = 512;
+inline constexpr unsigned bfc_granularity_shift = 9;
+
+/// The two segment pools: small requests never share a segment with large ones.
+enum class bfc_pool_kind : std::uint8_t { small = 0, large = 1 };
+
+/// One chunk of a segment: a range of bytes either handed out (live) or free.
+/// 64 bytes, one cache line.
+struct alignas(64) bfc_chunk {
+  char* addr = nullptr;
+  std::size_t size = 0;            ///< bytes, a multiple of bfc_granularity
+  std::size_t requested = 0;       ///< live: bytes the caller asked for; free: 0
+  bfc_chunk* prev = nullptr;       ///< the chunk just below in the same segment (address order)
+  bfc_chunk* next = nullptr;       ///< the chunk just above in the same segment
+  bfc_chunk* free_prev = nullptr;  ///< free: neighbours in the size-class list
+  bfc_chunk* free_next = nullptr;  ///< free: next in the size-class list; pooled: next free node
+  std::uint16_t size_class = 0;    ///< free: the class list the chunk is on
+  bfc_pool_kind pool = bfc_pool_kind::small;
+  bool is_free = false;
+
+  /// True if this chunk covers its whole segment.
+  [[nodiscard]] bool whole_segment() const noexcept { return prev == nullptr && next == nullptr; }
+};
+
+/// One block acquired from upstream, cut into chunks. `first` is stable for the segment's life:
+/// a split keeps the front part in the existing node and a merge keeps the lower node.
+struct bfc_segment {
+  char* base = nullptr;
+  std::size_t size = 0;
+  bfc_chunk* first = nullptr;
+  bfc_segment* prev = nullptr;  ///< neighbours in the pool's segment list (no address order)
+  bfc_segment* next = nullptr;
+  bfc_pool_kind pool = bfc_pool_kind::small;
+};
+
+/// Recycles chunk nodes so that splitting and merging never call the heap: nodes come from
+/// slabs that grow geometrically and live as long as the pool.
+class bfc_node_pool {
+ public:
+  /// Makes sure `n` nodes can be taken without allocating. May throw std::bad_alloc.
+  void reserve(std::size_t n) {
+    while (free_count_ < n) {
+      grow();
+    }
+  }
+  /// A node reset to its defaults. Precondition: a node is available (reserve).
+  [[nodiscard]] bfc_chunk* take() noexcept {
+    bfc_chunk* c = free_;
+    free_ = c->free_next;
+    --free_count_;
+    *c = bfc_chunk{};
+    return c;
+  }
+  /// Returns a node to the pool.
+  void give(bfc_chunk* c) noexcept {
+    c->free_next = free_;
+    free_ = c;
+    ++free_count_;
+  }
+  /// Nodes handed out and not yet given back.
+  [[nodiscard]] std::size_t in_use() const noexcept { return capacity_ - free_count_; }
+
+ private:
+  void grow() {
+    const std::size_t n = slabs_.empty() ? 64 : std::min<std::size_t>(capacity_, 4096);
+    slabs_.reserve(slabs_.size() + 1);
+    auto slab = std::make_unique<bfc_chunk[]>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      give(&slab[i]);
+    }
+    capacity_ += n;
+    slabs_.push_back(std::move(slab));
+  }
+
+  bfc_chunk* free_ = nullptr;
+  std::size_t free_count_ = 0;
+  std::size_t capacity_ = 0;
+  std::vector<std::unique_ptr<bfc_chunk[]>> slabs_;
+};
+
+/// Segregated free lists with a two-level bitmap, TLSF-style: sizes below 32 units (of 512 B)
+/// have a class each; above, each power of two is cut into 32 linear sub-classes (classes span
+/// at most ~3 % of their size). Each class list is kept sorted by size (ties: most recently
+/// freed first), so the best fit is the first chunk >= the request in the request's own class,
+/// or else the head of the next non-empty class, found with countr_zero on the bitmap.
+/// Cost: find O(1) plus a walk of the request's class only when its largest chunk fits;
+/// insert O(1) when the chunk is the smallest or largest of its class, else a walk of it.
+class bfc_free_index {
+ public:
+  static constexpr unsigned sub_bits = 5;
+  static constexpr std::size_t sub_count = std::size_t{1} << sub_bits;
+  /// Classes for every unit count below 2^55 (sizes below 2^64).
+  static constexpr std::size_t class_count = (55 - sub_bits + 1) * sub_count;
+  static constexpr std::size_t word_count = (class_count + 63) / 64;
+  static_assert(word_count <= 64, "the summary word covers at most 64 bitmap words");
+
+  /// Class of a chunk of `size` bytes (size >= bfc_granularity).
+  [[nodiscard]] static unsigned class_of(std::size_t size) noexcept {
+    const std::size_t units = size >> bfc_granularity_shift;
+    const unsigned fl = static_cast<unsigned>(std::bit_width(units)) - 1;
+    if (fl < sub_bits) {
+      return static_cast<unsigned>(units);
+    }
+    const auto sl = static_cast<unsigned>((units >> (fl - sub_bits)) & (sub_count - 1));
+    const unsigned cls = ((fl - sub_bits + 1) << sub_bits) | sl;
+    return cls < class_count ? cls : static_cast<unsigned>(class_count - 1);
+  }
+
+  /// Adds free chunk `c` to its class list.
+  void insert(bfc_chunk* c) noexcept {
+    const unsigned cls = class_of(c->size);
+    c->size_class = static_cast<std::uint16_t>(cls);
+    bfc_chunk* h = head_[cls];
+    if (h == nullptr) {
+      c->free_prev = c->free_next = nullptr;
+      head_[cls] = tail_[cls] = c;
+      words_[cls >> 6] |= std::uint64_t{1} << (cls & 63);
+      summary_ |= std::uint64_t{1} << (cls >> 6);
+      return;
+    }
+    if (c->size <= h->size) {  // new smallest (or tied with it): push front
+      c->free_prev = nullptr;
+      c->free_next = h;
+      h->free_prev = c;
+      head_[cls] = c;
+      return;
+    }
+    bfc_chunk* t = tail_[cls];
+    if (c->size > t->size) {  // new largest: append
+      c->free_next = nullptr;
+      c->free_prev = t;
+      t->free_next = c;
+      tail_[cls] = c;
+      return;
+    }
+    bfc_chunk* at = h->free_next;  // h->size < c->size <= t->size: at is never null
+    while (at->size < c->size) {
+      at = at->free_next;
+    }
+    c->free_next = at;
+    c->free_prev = at->free_prev;
+    at->free_prev->free_next = c;
+    at->free_prev = c;
+  }
+
+  /// Removes free chunk `c` from its class list.
+  void remove(bfc_chunk* c) noexcept {
+    const unsigned cls = c->size_class;
+    if (c->free_prev != nullptr) {
+      c->free_prev->free_next = c->free_next;
+    } else {
+      head_[cls] = c->free_next;
+    }
+    if (c->free_next != nullptr) {
+      c->free_next->free_prev = c->free_prev;
+    } else {
+      tail_[cls] = c->free_prev;
+    }
+    if (head_[cls] == nullptr) {
+      words_[cls >> 6] &= ~(std::uint64_t{1} << (cls & 63));
+      if (words_[cls >> 6] == 0) {
+        summary_ &= ~(std::uint64_t{1} << (cls >> 6));
+      }
+    }
+  }
+
+  /// The smallest free chunk of at least `size` bytes (ties: the most recently freed), or null.
+  [[nodiscard]] bfc_chunk* best_fit(std::size_t size) const noexcept {
+    const unsigned cls = class_of(size);
+    const bfc_chunk* t = tail_[cls];
+    if (t != nullptr && t->size >= size) {
+      bfc_chunk* c = head_[cls];
+      while (c->size < size) {
+        c = c->free_next;
+      }
+      return c;
+    }
+    const int next = next_class(cls + 1);
+    return next < 0 ? nullptr : head_[static_cast<std::size_t>(next)];
+  }
+
+  /// Size of the largest free chunk (0 if none).
+  [[nodiscard]] std::size_t largest() const noexcept {
+    if (summary_ == 0) {
+      return 0;
+    }
+    const unsigned w = 63 - static_cast<unsigned>(std::countl_zero(summary_));
+    const unsigned b = 63 - static_cast<unsigned>(std::countl_zero(words_[w]));
+    return tail_[w * 64 + b]->size;
+  }
+
+  /// Head of class `cls`'s list (for consistency checks).
+  [[nodiscard]] const bfc_chunk* head(std::size_t cls) const noexcept { return head_[cls]; }
+  [[nodiscard]] const bfc_chunk* tail(std::size_t cls) const noexcept { return tail_[cls]; }
+  /// Whether the bitmap marks class `cls` non-empty (for consistency checks).
+  [[nodiscard]] bool marked(std::size_t cls) const noexcept {
+    return ((words_[cls >> 6] >> (cls & 63)) & 1U) != 0 && ((summary_ >> (cls >> 6)) & 1U) != 0;
+  }
+
+ private:
+  /// The first non-empty class >= `from`, or -1.
+  [[nodiscard]] int next_class(unsigned from) const noexcept {
+    if (from >= class_count) {
+      return -1;
+    }
+    unsigned w = from >> 6;
+    std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (from & 63));
+    if (bits == 0) {
+      const std::uint64_t above = w + 1 < 64 ? summary_ & (~std::uint64_t{0} << (w + 1)) : 0;
+      if (above == 0) {
+        return -1;
+      }
+      w = static_cast<unsigned>(std::countr_zero(above));
+      bits = words_[w];
+    }
+    return static_cast<int>(w * 64 + static_cast<unsigned>(std::countr_zero(bits)));
+  }
+
+  std::array<bfc_chunk*, class_count> head_{};
+  std::array<bfc_chunk*, class_count> tail_{};
+  std::array<std::uint64_t, word_count> words_{};
+  std::uint64_t summary_ = 0;
+};
+
+/// Live chunks by address: open addressing, linear probing, backward-shift deletion (no
+/// tombstones), load factor <= 1/2, multiplicative hashing. Keys are chunk addresses (never 0).
+class bfc_ptr_map {
+ public:
+  /// Makes sure one insert will not allocate. May throw std::bad_alloc.
+  void reserve_one() {
+    if ((size_ + 1) * 2 > capacity()) {
+      rehash(capacity() == 0 ? 256 : capacity() * 2);
+    }
+  }
+  /// Adds `c` under c->addr. Precondition: reserve_one() since the last insert; key absent.
+  void insert(bfc_chunk* c) noexcept {
+    const auto key = reinterpret_cast<std::uintptr_t>(c->addr);
+    std::size_t i = home(key);
+    while (slots_[i].key != 0) {
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = {key, c};
+    ++size_;
+  }
+  /// The chunk at `p`, or null.
+  [[nodiscard]] bfc_chunk* find(const void* p) const noexcept {
+    if (size_ == 0) {
+      return nullptr;
+    }
+    const auto key = reinterpret_cast<std::uintptr_t>(p);
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) {
+        return slots_[i].value;
+      }
+      if (slots_[i].key == 0) {
+        return nullptr;
+      }
+    }
+  }
+  /// Removes and returns the chunk at `p`, or null if absent.
+  bfc_chunk* erase(const void* p) noexcept {
+    if (size_ == 0) {
+      return nullptr;
+    }
+    const auto key = reinterpret_cast<std::uintptr_t>(p);
+    std::size_t i = home(key);
+    while (slots_[i].key != key) {
+      if (slots_[i].key == 0) {
+        return nullptr;
+      }
+      i = (i + 1) & mask_;
+    }
+    bfc_chunk* found = slots_[i].value;
+    // Backward shift: pull later entries of the probe run into the hole when their home slot
+    // does not lie cyclically in (hole, j].
+    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t k = home(slots_[j].key);
+      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {};
+    --size_;
+    return found;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Calls f(chunk*) for every entry.
+  template <typename F>
+  void for_each(F&& f) const {
+    for (const slot& s : slots_) {
+      if (s.key != 0) {
+        f(s.value);
+      }
+    }
+  }
+
+ private:
+  struct slot {
+    std::uintptr_t key = 0;
+    bfc_chunk* value = nullptr;
+  };
+  [[nodiscard]] std::size_t capacity() const noexcept { return slots_.size(); }
+  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept {
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+  void rehash(std::size_t new_capacity) {
+    std::vector<slot> old(new_capacity);
+    old.swap(slots_);
+    mask_ = new_capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(std::countr_zero(new_capacity));
+    size_ = 0;
+    for (const slot& s : old) {
+      if (s.key != 0) {
+        insert(s.value);
+      }
+    }
+  }
+
+  std::vector<slot> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 64;
+  std::size_t size_ = 0;
+};
+
+}  // namespace poolscope::pool::detail
