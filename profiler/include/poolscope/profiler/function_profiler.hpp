@@ -1,0 +1,149 @@
+// function_profiler: per named scope, calls, CPU time (inclusive and self), GPU time and pool
+// memory. Chainer's TimerHook and CupyMemoryProfileHook for POOLSCOPE_SCOPE.
+//
+//   poolscope::profiler::function_profiler prof;        // active from here
+//   for (int i = 0; i < steps; ++i) {
+//     POOLSCOPE_SCOPE("step", stream);
+//     { POOLSCOPE_SCOPE("forward", stream); forward(); }
+//     { POOLSCOPE_SCOPE("backward", stream); backward(); }
+//   }
+//   prof.stop();
+//   auto profile = prof.report();                        // resolves the GPU timings here
+//   std::cout << profile.to_table();
+//   // name      calls   cpu total    cpu self   gpu total     cpu avg    used   acquired
+//   // step         10    812.3 ms      1.2 ms    809.9 ms     81.2 ms  2.0 GiB   512 MiB
+//   // ...
+//
+// What it measures, per scope name:
+// - calls: every close of a scope with that name;
+// - CPU inclusive time: wall time from open to close, counted once for the outermost open scope
+//   of the name on the thread (recursion is not double counted);
+// - CPU self time: inclusive time minus the inclusive time of the scopes directly nested in it;
+//   summed over all names it equals the time spent in outermost scopes;
+// - GPU time: for the outermost scope of the name, the time between two cudaEvents recorded on
+//   the scope's stream at open and close. Events come from a pool; the pairs are queued per
+//   thread and resolved with cudaEventQuery when the queue grows and in report() (never a
+//   synchronize per scope). Absent without a GPU or with gpu_timing off;
+// - used bytes: bytes (rounded) of pool_malloc post events raised while the scope was the
+//   innermost open scope of the allocating thread or one of its ancestors (inclusive; the
+//   self_ variants count only the innermost scope). Acquired bytes: the same for device_alloc
+//   post events (memory the pools took from upstream).
+//
+// Ownership: the profiler owns its results; the per-thread collection state is the library's.
+// Only one function_profiler may be active at a time (start() throws logic_error otherwise).
+// Thread safety: scopes may open and close on any number of threads while the profiler is active:
+// each thread keeps its own stack and its own shard of results, guarded by a per-thread mutex
+// that only report() and stop() contend for; shards of exited threads are merged when the thread
+// exits. The profiler object's own methods are thread-safe.
+// Stream semantics: see scope.hpp. Errors: CUDA failures while timing disable GPU timing for the
+// rest of the session with a logged reason; they never throw from a scope.
+// Cost, active: two clock reads, a thread-local stack push/pop and an uncontended lock per
+// scope; with GPU timing, two cudaEventRecord calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "poolscope/profiler/scope.hpp"
+
+namespace poolscope::profiler {
+
+/// What the function profiler measured for one scope name.
+struct scope_record {
+  std::string name;                ///< the scope name
+  category cat = category::user;   ///< the category of the name's first registration
+  std::uint64_t calls = 0;         ///< scopes of this name closed while the profiler was active
+  std::uint64_t cpu_total_ns = 0;  ///< inclusive, outermost scope of the name only
+  std::uint64_t cpu_self_ns = 0;   ///< exclusive of directly nested scopes
+  /// GPU time of the outermost scopes of the name; absent when GPU timing was off.
+  std::optional<std::uint64_t> gpu_total_ns;
+  std::uint64_t gpu_samples = 0;          ///< event pairs resolved into gpu_total_ns
+  std::uint64_t used_bytes = 0;           ///< pool_malloc bytes, inclusive of nested scopes
+  std::uint64_t self_used_bytes = 0;      ///< pool_malloc bytes while innermost
+  std::uint64_t acquired_bytes = 0;       ///< device_alloc bytes, inclusive of nested scopes
+  std::uint64_t self_acquired_bytes = 0;  ///< device_alloc bytes while innermost
+
+  /// Mean inclusive CPU time per call (0 without calls). With recursion the inclusive time is
+  /// counted once per outermost scope but every call counts, so this is time per call.
+  [[nodiscard]] double cpu_avg_ns() const noexcept {
+    return calls == 0 ? 0.0 : static_cast<double>(cpu_total_ns) / static_cast<double>(calls);
+  }
+  friend bool operator==(const scope_record&, const scope_record&) = default;
+};
+
+/// A function profile: one record per scope name, sorted by inclusive CPU time (descending,
+/// then by name). A plain value.
+struct function_profile {
+  std::vector<scope_record> scopes;
+  bool gpu_timing = false;        ///< GPU timing was on (a GPU was present and it was asked for)
+  std::uint64_t gpu_pending = 0;  ///< event pairs not complete when the report was made
+  std::uint64_t gpu_dropped = 0;  ///< event pairs dropped (queue full or CUDA error)
+
+  /// The record for `name`, or nullptr.
+  [[nodiscard]] const scope_record* find(std::string_view name) const noexcept;
+  /// A text table, one row per scope, sorted as `scopes`; the last line sums it up.
+  [[nodiscard]] std::string to_table() const;
+  /// JSON: {"gpu_timing":..,"gpu_pending":..,"gpu_dropped":..,"scopes":[{"name":..,...}]}.
+  /// gpu_total_ns is null where absent.
+  [[nodiscard]] std::string to_json() const;
+  /// Parses what to_json wrote. Throws invalid_argument on malformed input.
+  [[nodiscard]] static function_profile from_json(std::string_view json);
+
+  friend bool operator==(const function_profile&, const function_profile&) = default;
+};
+
+/// A clock returning nanoseconds; the default is hooks::now_ns (CLOCK_MONOTONIC).
+using clock_function = std::uint64_t (*)() noexcept;
+
+/// Settings of a function_profiler.
+struct function_profiler_options {
+  /// Time GPU work with cudaEvents on each scope's stream (ignored without a GPU).
+  bool gpu_timing = true;
+  /// Attribute pool memory to scopes (installs a process-wide hook while active).
+  bool memory = true;
+  /// The clock for CPU times (tests inject a synthetic one); null: hooks::now_ns.
+  clock_function clock = nullptr;
+  /// Per thread: when this many event pairs are pending, completed ones are resolved with
+  /// cudaEventQuery; at 16 times this many, new pairs are dropped (and counted).
+  std::size_t gpu_pending_limit = 1024;
+};
+
+/// The function profiler. See the file comment.
+class function_profiler {
+ public:
+  /// Creates the profiler and starts it. Throws logic_error if another one is active.
+  explicit function_profiler(function_profiler_options options = {});
+  function_profiler(const function_profiler&) = delete;
+  function_profiler& operator=(const function_profiler&) = delete;
+  /// Stops the profiler if active.
+  ~function_profiler();
+
+  /// Starts a new session: clears the results, activates the scopes. Throws logic_error if this
+  /// or another profiler is active.
+  void start();
+  /// Ends the session; results are kept for report(). No-op if not active.
+  void stop() noexcept;
+  /// True between start() and stop().
+  [[nodiscard]] bool active() const noexcept;
+
+  /// The results so far (while active, a snapshot). With `wait_for_gpu`, waits for the pending
+  /// GPU event pairs to complete (cudaEventSynchronize) so every GPU time is in; without, only
+  /// completed pairs are resolved and the rest counted in gpu_pending.
+  [[nodiscard]] function_profile report(bool wait_for_gpu = true);
+  /// Clears the results (the session stays as it is).
+  void reset();
+
+  /// The options the profiler was created with.
+  [[nodiscard]] const function_profiler_options& options() const noexcept { return options_; }
+
+ private:
+  struct state;
+  function_profiler_options options_;
+  std::unique_ptr<state> state_;
+};
+
+}  // namespace poolscope::profiler

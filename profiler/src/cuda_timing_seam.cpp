@@ -1,0 +1,151 @@
+#include "detail/cuda_timing_seam.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace poolscope::profiler::detail::cuda_timing {
+namespace {
+
+bool fail(cudaError_t rc, const char** error) noexcept {
+  if (error != nullptr) {
+    *error = cudaGetErrorName(rc);
+  }
+  return false;
+}
+
+// Free events per device, plus the device each handed-out event belongs to. Leaked: scopes may
+// close during static destruction.
+struct event_pool {
+  std::mutex mutex;
+  std::unordered_map<int, std::vector<cudaEvent_t>> free;
+  std::unordered_map<cudaEvent_t, int> device_of;
+};
+event_pool& pool() {
+  static auto* p = new event_pool;
+  return *p;
+}
+
+constexpr std::size_t k_max_free_per_device = 4096;
+
+}  // namespace
+
+bool gpu_available() noexcept {
+  static const bool available = [] {
+    int n = 0;
+    const cudaError_t rc = cudaGetDeviceCount(&n);
+    if (rc != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky-less error so later calls start clean
+      return false;
+    }
+    return n > 0;
+  }();
+  return available;
+}
+
+int current_device() noexcept {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    return -1;
+  }
+  return d;
+}
+
+event_handle acquire_event(const char** error) noexcept {
+  const int device = current_device();
+  if (device < 0) {
+    if (error != nullptr) {
+      *error = "cudaGetDevice failed";
+    }
+    return nullptr;
+  }
+  auto& p = pool();
+  try {
+    {
+      std::lock_guard lock(p.mutex);
+      auto& list = p.free[device];
+      if (!list.empty()) {
+        cudaEvent_t e = list.back();
+        list.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    const cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDefault);
+    if (rc != cudaSuccess) {
+      fail(rc, error);
+      return nullptr;
+    }
+    std::lock_guard lock(p.mutex);
+    p.device_of.emplace(e, device);
+    return e;
+  } catch (...) {
+    if (error != nullptr) {
+      *error = "out of host memory";
+    }
+    return nullptr;
+  }
+}
+
+void release_event(event_handle e) noexcept {
+  if (e == nullptr) {
+    return;
+  }
+  auto* ev = static_cast<cudaEvent_t>(e);
+  auto& p = pool();
+  try {
+    std::lock_guard lock(p.mutex);
+    auto it = p.device_of.find(ev);
+    if (it != p.device_of.end()) {
+      auto& list = p.free[it->second];
+      if (list.size() < k_max_free_per_device) {
+        list.push_back(ev);
+        return;
+      }
+      p.device_of.erase(it);
+    }
+  } catch (...) {
+    // Fall through: destroy it instead of pooling it.
+  }
+  (void)cudaEventDestroy(ev);
+}
+
+bool record(event_handle e, void* stream, const char** error) noexcept {
+  const cudaError_t rc =
+      cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(stream));
+  return rc == cudaSuccess || fail(rc, error);
+}
+
+query_status query(event_handle e, const char** error) noexcept {
+  const cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(e));
+  if (rc == cudaSuccess) {
+    return query_status::ready;
+  }
+  if (rc == cudaErrorNotReady) {
+    return query_status::not_ready;
+  }
+  fail(rc, error);
+  return query_status::error;
+}
+
+bool synchronize(event_handle e, const char** error) noexcept {
+  const cudaError_t rc = cudaEventSynchronize(static_cast<cudaEvent_t>(e));
+  return rc == cudaSuccess || fail(rc, error);
+}
+
+bool elapsed_ns(event_handle start, event_handle end, std::uint64_t& out,
+                const char** error) noexcept {
+  float ms = 0.0F;
+  const cudaError_t rc =
+      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
+  if (rc != cudaSuccess) {
+    return fail(rc, error);
+  }
+  out = ms <= 0.0F ? 0 : static_cast<std::uint64_t>(std::llround(static_cast<double>(ms) * 1e6));
+  return true;
+}
+
+}  // namespace poolscope::profiler::detail::cuda_timing
