@@ -1,0 +1,507 @@
+// function_profiler: nesting, recursion, memory attribution, sessions, JSON/table output, and
+// (suite function_profiler_concurrency, also run under TSan) aggregation across threads.
+// CPU times are checked exactly against a synthetic clock, or as structural identities on the
+// real clock; never against time thresholds.
+#include "poolscope/profiler/function_profiler.hpp"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "poolscope/error.hpp"
+#include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/host_resource.hpp"
+
+namespace {
+
+using poolscope::profiler::category;
+using poolscope::profiler::function_profile;
+using poolscope::profiler::function_profiler;
+using poolscope::profiler::function_profiler_options;
+using poolscope::profiler::scope;
+using poolscope::profiler::scope_record;
+
+std::atomic<std::uint64_t> g_fake_ns{0};
+std::uint64_t fake_clock() noexcept {
+  return g_fake_ns.load(std::memory_order_relaxed);
+}
+
+function_profiler_options synthetic() {
+  function_profiler_options o;
+  o.clock = &fake_clock;
+  o.gpu_timing = false;
+  return o;
+}
+
+const scope_record& get(const function_profile& p, std::string_view name) {
+  const scope_record* r = p.find(name);
+  if (r == nullptr) {
+    throw std::runtime_error("no record for " + std::string(name));
+  }
+  return *r;
+}
+
+TEST(function_profiler, nesting_inclusive_and_self_are_exact) {
+  g_fake_ns = 0;
+  function_profiler prof{synthetic()};
+  {
+    POOLSCOPE_SCOPE("fp.nest.a");  // opens at 0
+    g_fake_ns = 10;
+    {
+      POOLSCOPE_SCOPE("fp.nest.b");  // 10..30
+      g_fake_ns = 30;
+    }
+    g_fake_ns = 35;
+    {
+      POOLSCOPE_SCOPE("fp.nest.c");  // 35..60
+      g_fake_ns = 45;
+      {
+        POOLSCOPE_SCOPE("fp.nest.b");  // a second site with the same name: 45..50
+        g_fake_ns = 50;
+      }
+      g_fake_ns = 60;
+    }
+    g_fake_ns = 100;
+  }
+  prof.stop();
+  const auto p = prof.report();
+  ASSERT_EQ(p.scopes.size(), 3U);
+  const auto& a = get(p, "fp.nest.a");
+  const auto& b = get(p, "fp.nest.b");
+  const auto& c = get(p, "fp.nest.c");
+  EXPECT_EQ(a.calls, 1U);
+  EXPECT_EQ(a.cpu_total_ns, 100U);
+  EXPECT_EQ(a.cpu_self_ns, 100U - 20U - 25U);
+  EXPECT_EQ(b.calls, 2U);
+  EXPECT_EQ(b.cpu_total_ns, 25U);
+  EXPECT_EQ(b.cpu_self_ns, 25U);
+  EXPECT_EQ(c.calls, 1U);
+  EXPECT_EQ(c.cpu_total_ns, 25U);
+  EXPECT_EQ(c.cpu_self_ns, 20U);
+  EXPECT_EQ(c.cat, category::user);
+  // Sorted by inclusive time, ties by name.
+  EXPECT_EQ(p.scopes[0].name, "fp.nest.a");
+  EXPECT_EQ(p.scopes[1].name, "fp.nest.b");
+  EXPECT_EQ(p.scopes[2].name, "fp.nest.c");
+  EXPECT_FALSE(p.gpu_timing);
+  EXPECT_FALSE(a.gpu_total_ns.has_value());
+}
+
+void recurse(int n) {
+  POOLSCOPE_SCOPE("fp.rec");
+  g_fake_ns += 10;
+  if (n > 0) {
+    recurse(n - 1);
+  }
+  g_fake_ns += 10;
+}
+
+TEST(function_profiler, recursion_counts_inclusive_once) {
+  g_fake_ns = 1000;
+  function_profiler prof{synthetic()};
+  recurse(3);  // four levels of 20 ns each
+  recurse(0);  // one more level
+  prof.stop();
+  const auto p = prof.report();
+  const auto& r = get(p, "fp.rec");
+  EXPECT_EQ(r.calls, 5U);
+  EXPECT_EQ(r.cpu_total_ns, 80U + 20U);  // the outermost spans only
+  EXPECT_EQ(r.cpu_self_ns, 100U);        // every level's own 20 ns
+}
+
+TEST(function_profiler, mutual_recursion_and_self_sum) {
+  g_fake_ns = 0;
+  function_profiler prof{synthetic()};
+  {
+    POOLSCOPE_SCOPE("fp.mut.x");  // 0..70
+    g_fake_ns = 5;
+    {
+      POOLSCOPE_SCOPE("fp.mut.y");  // 5..60
+      g_fake_ns = 15;
+      {
+        POOLSCOPE_SCOPE("fp.mut.x");  // 15..40, nested in itself through y
+        g_fake_ns = 40;
+      }
+      g_fake_ns = 60;
+    }
+    g_fake_ns = 70;
+  }
+  prof.stop();
+  const auto p = prof.report();
+  const auto& x = get(p, "fp.mut.x");
+  const auto& y = get(p, "fp.mut.y");
+  EXPECT_EQ(x.calls, 2U);
+  EXPECT_EQ(x.cpu_total_ns, 70U);
+  EXPECT_EQ(x.cpu_self_ns, (70U - 55U) + 25U);
+  EXPECT_EQ(y.cpu_total_ns, 55U);
+  EXPECT_EQ(y.cpu_self_ns, 55U - 25U);
+  // Self times partition the time spent in outermost scopes.
+  std::uint64_t self = 0;
+  for (const auto& s : p.scopes) {
+    self += s.cpu_self_ns;
+  }
+  EXPECT_EQ(self, 70U);
+}
+
+TEST(function_profiler, runtime_names_and_categories) {
+  g_fake_ns = 0;
+  function_profiler prof{synthetic()};
+  for (int i = 0; i < 3; ++i) {
+    scope s{std::string("fp.dyn.") + std::to_string(i % 2), category::darray_compute};
+    g_fake_ns += 7;
+  }
+  { POOLSCOPE_SCOPE_IN(category::pool, "fp.dyn.pool"); }
+  prof.stop();
+  const auto p = prof.report();
+  EXPECT_EQ(get(p, "fp.dyn.0").calls, 2U);
+  EXPECT_EQ(get(p, "fp.dyn.0").cpu_total_ns, 14U);
+  EXPECT_EQ(get(p, "fp.dyn.1").calls, 1U);
+  EXPECT_EQ(get(p, "fp.dyn.0").cat, category::darray_compute);
+  EXPECT_EQ(get(p, "fp.dyn.pool").cat, category::pool);
+}
+
+TEST(function_profiler, inactive_scopes_and_sessions) {
+  g_fake_ns = 0;
+  {
+    POOLSCOPE_SCOPE("fp.sess.before");  // no profiler: not recorded anywhere
+  }
+  function_profiler prof{synthetic()};
+  EXPECT_TRUE(prof.active());
+  EXPECT_THROW(function_profiler{synthetic()}, poolscope::logic_error);
+  EXPECT_THROW(prof.start(), poolscope::logic_error);
+  {
+    POOLSCOPE_SCOPE("fp.sess.during");
+    g_fake_ns += 3;
+  }
+  prof.stop();
+  EXPECT_FALSE(prof.active());
+  { POOLSCOPE_SCOPE("fp.sess.after"); }
+  auto p = prof.report();
+  EXPECT_EQ(p.find("fp.sess.before"), nullptr);
+  EXPECT_EQ(p.find("fp.sess.after"), nullptr);
+  EXPECT_EQ(get(p, "fp.sess.during").calls, 1U);
+  EXPECT_EQ(prof.report(), p);  // stable after stop
+
+  // A scope open across stop() is dropped, not half-counted.
+  prof.start();
+  {
+    POOLSCOPE_SCOPE("fp.sess.straddle");
+    prof.stop();
+  }
+  EXPECT_EQ(prof.report().find("fp.sess.straddle"), nullptr);
+  EXPECT_EQ(prof.report().find("fp.sess.during"), nullptr);  // start() cleared the old results
+
+  // Another profiler may start once this one stopped; it sees only its own session.
+  function_profiler other{synthetic()};
+  { POOLSCOPE_SCOPE("fp.sess.other"); }
+  other.stop();
+  EXPECT_NE(other.report().find("fp.sess.other"), nullptr);
+  EXPECT_EQ(prof.report().find("fp.sess.other"), nullptr);
+}
+
+TEST(function_profiler, reset_clears_results) {
+  function_profiler prof{synthetic()};
+  { POOLSCOPE_SCOPE("fp.reset.a"); }
+  EXPECT_NE(prof.report().find("fp.reset.a"), nullptr);
+  prof.reset();
+  EXPECT_TRUE(prof.report().scopes.empty());
+  { POOLSCOPE_SCOPE("fp.reset.b"); }
+  prof.stop();
+  const auto p = prof.report();
+  ASSERT_EQ(p.scopes.size(), 1U);
+  EXPECT_EQ(p.scopes[0].name, "fp.reset.b");
+}
+
+TEST(function_profiler, memory_attributed_to_innermost_scope_inclusive_to_ancestors) {
+  poolscope::pool::host_resource host;
+  poolscope::pool::best_fit_allocator pool{host};  // rounds to 512 B, reuses exact sizes
+  function_profiler prof{synthetic()};
+  void* outside = pool.allocate({}, 100);  // no scope open: attributed to nothing
+  {
+    POOLSCOPE_SCOPE("fp.mem.outer");
+    void* a = pool.allocate({}, 1000);  // used 1024, acquired 1024
+    {
+      POOLSCOPE_SCOPE("fp.mem.inner");
+      void* b = pool.allocate({}, 1000);  // a is live: a new block, used 1024 acquired 1024
+      pool.deallocate({}, b, 1000);       // cached
+      void* c = pool.allocate({}, 2000);  // used 2048, acquired 2048
+      pool.deallocate({}, c, 2000);
+    }
+    void* d = pool.allocate({}, 900);  // rounds to 1024: the block b was, cached: acquired 0
+    pool.deallocate({}, d, 900);
+    pool.deallocate({}, a, 1000);
+  }
+  pool.deallocate({}, outside, 100);
+  prof.stop();
+  const auto p = prof.report();
+  const auto& outer = get(p, "fp.mem.outer");
+  const auto& inner = get(p, "fp.mem.inner");
+  EXPECT_EQ(inner.used_bytes, 1024U + 2048U);
+  EXPECT_EQ(inner.self_used_bytes, 1024U + 2048U);
+  EXPECT_EQ(inner.acquired_bytes, 1024U + 2048U);
+  EXPECT_EQ(outer.used_bytes, 1024U + 3072U + 1024U);
+  EXPECT_EQ(outer.self_used_bytes, 2048U);
+  EXPECT_EQ(outer.acquired_bytes, 1024U + 3072U);
+  EXPECT_EQ(outer.self_acquired_bytes, 1024U);
+}
+
+TEST(function_profiler, memory_off_attributes_nothing) {
+  poolscope::pool::host_resource host;
+  poolscope::pool::best_fit_allocator pool{host};
+  auto o = synthetic();
+  o.memory = false;
+  function_profiler prof{o};
+  {
+    POOLSCOPE_SCOPE("fp.nomem");
+    void* a = pool.allocate({}, 1000);
+    pool.deallocate({}, a, 1000);
+  }
+  prof.stop();
+  EXPECT_EQ(get(prof.report(), "fp.nomem").used_bytes, 0U);
+}
+
+function_profile sample_profile() {
+  function_profile p;
+  p.gpu_timing = true;
+  p.gpu_pending = 2;
+  p.gpu_dropped = 1;
+  scope_record a;
+  a.name = "step \"quoted\"";
+  a.cat = category::darray_transfer;
+  a.calls = 3;
+  a.cpu_total_ns = 3'000'000'000ULL;
+  a.cpu_self_ns = 12345;
+  a.gpu_total_ns = 2'999'999'999ULL;
+  a.gpu_samples = 3;
+  a.used_bytes = std::uint64_t{5} << 40;
+  a.self_used_bytes = 7;
+  a.acquired_bytes = 1 << 20;
+  a.self_acquired_bytes = 0;
+  scope_record b;
+  b.name = "inner";
+  b.cat = category::pool;
+  b.calls = 1;
+  p.scopes = {a, b};
+  return p;
+}
+
+TEST(function_profiler, json_round_trip) {
+  const function_profile p = sample_profile();
+  const std::string text = p.to_json();
+  EXPECT_EQ(function_profile::from_json(text), p);
+  // The writer's output read independently.
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j.at("scopes").size(), 2U);
+  EXPECT_EQ(j["scopes"][0]["name"], "step \"quoted\"");
+  EXPECT_EQ(j["scopes"][0]["category"], "darray.transfer");
+  EXPECT_EQ(j["scopes"][0]["gpu_total_ns"].get<std::uint64_t>(), 2'999'999'999ULL);
+  EXPECT_TRUE(j["scopes"][1]["gpu_total_ns"].is_null());
+  EXPECT_DOUBLE_EQ(j["scopes"][0]["cpu_avg_ns"].get<double>(), 1e9);
+
+  // A measured profile round-trips too.
+  g_fake_ns = 0;
+  function_profiler prof{synthetic()};
+  {
+    POOLSCOPE_SCOPE("fp.json.a");
+    g_fake_ns = 9;
+  }
+  prof.stop();
+  const auto measured = prof.report();
+  EXPECT_EQ(function_profile::from_json(measured.to_json()), measured);
+
+  EXPECT_THROW((void)function_profile::from_json("{"), poolscope::invalid_argument);
+  EXPECT_THROW((void)function_profile::from_json(R"({"gpu_timing":true})"),
+               poolscope::invalid_argument);
+  EXPECT_THROW(
+      (void)function_profile::from_json(
+          R"({"gpu_timing":false,"gpu_pending":0,"gpu_dropped":0,"scopes":[{"name":"x",)"
+          R"("category":"nope","calls":1,"cpu_total_ns":0,"cpu_self_ns":0,"gpu_total_ns":null,)"
+          R"("gpu_samples":0,"used_bytes":0,"self_used_bytes":0,"acquired_bytes":0,)"
+          R"("self_acquired_bytes":0}]})"),
+      poolscope::invalid_argument);
+}
+
+TEST(function_profiler, table_has_a_row_per_scope_and_a_summary) {
+  const std::string table = sample_profile().to_table();
+  std::istringstream in(table);
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    rows.push_back(line);
+  }
+  ASSERT_EQ(rows.size(), 4U);  // header, two scopes, summary
+  for (const char* col :
+       {"name", "calls", "cpu total", "cpu self", "gpu total", "cpu avg", "used", "acquired"}) {
+    EXPECT_NE(rows[0].find(col), std::string::npos) << col;
+  }
+  EXPECT_EQ(rows[1].rfind("step \"quoted\"", 0), 0U);
+  EXPECT_NE(rows[1].find("3.00 s"), std::string::npos);    // cpu total
+  EXPECT_NE(rows[1].find("1.00 s"), std::string::npos);    // average
+  EXPECT_NE(rows[1].find("5.00 TiB"), std::string::npos);  // used
+  EXPECT_NE(rows[1].find("1.00 MiB"), std::string::npos);  // acquired
+  EXPECT_EQ(rows[2].rfind("inner", 0), 0U);
+  EXPECT_NE(rows[2].find(" - "), std::string::npos);  // no GPU time
+  EXPECT_EQ(rows[3].rfind("total: 2 scopes, 4 calls", 0), 0U);
+  EXPECT_NE(rows[3].find("incomplete"), std::string::npos);
+}
+
+// ---- GPU timing (skipped without a GPU) ------------------------------------------------------
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+TEST(function_profiler_gpu, event_pairs_resolve_lazily) {
+  if (!have_gpu()) {
+    GTEST_SKIP() << "no CUDA device: GPU timing is absent by design (checked elsewhere)";
+  }
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  void* buf = nullptr;
+  const std::size_t bytes = std::size_t{64} << 20;
+  ASSERT_EQ(cudaMalloc(&buf, bytes), cudaSuccess);
+  function_profiler_options o;
+  o.gpu_pending_limit = 4;  // forces resolution by cudaEventQuery while the loop runs
+  function_profiler prof{o};
+  constexpr int steps = 50;
+  for (int i = 0; i < steps; ++i) {
+    POOLSCOPE_SCOPE("fp.gpu.outer", s);
+    ASSERT_EQ(cudaMemsetAsync(buf, i, bytes, s), cudaSuccess);
+    {
+      POOLSCOPE_SCOPE("fp.gpu.inner", s);
+      ASSERT_EQ(cudaMemsetAsync(buf, i + 1, bytes, s), cudaSuccess);
+    }
+  }
+  prof.stop();
+  const auto p = prof.report(/*wait_for_gpu=*/true);
+  EXPECT_TRUE(p.gpu_timing);
+  EXPECT_EQ(p.gpu_pending, 0U);
+  EXPECT_EQ(p.gpu_dropped, 0U);
+  const auto& outer = get(p, "fp.gpu.outer");
+  const auto& inner = get(p, "fp.gpu.inner");
+  EXPECT_EQ(outer.gpu_samples, static_cast<std::uint64_t>(steps));
+  EXPECT_EQ(inner.gpu_samples, static_cast<std::uint64_t>(steps));
+  ASSERT_TRUE(outer.gpu_total_ns && inner.gpu_total_ns);
+  // The inner span lies inside the outer one on the same stream (0.5 us event resolution).
+  EXPECT_GE(*outer.gpu_total_ns + steps * 1000U, *inner.gpu_total_ns);
+  EXPECT_GT(*inner.gpu_total_ns, 0U);  // 64 MiB memsets take time on any GPU
+  EXPECT_EQ(cudaFree(buf), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+TEST(function_profiler, gpu_time_absent_without_gpu) {
+  if (have_gpu()) {
+    GTEST_SKIP() << "a CUDA device is present: covered by function_profiler_gpu";
+  }
+  function_profiler prof;  // gpu_timing asked for, no device
+  { POOLSCOPE_SCOPE("fp.nogpu"); }
+  prof.stop();
+  const auto p = prof.report();
+  EXPECT_FALSE(p.gpu_timing);
+  EXPECT_FALSE(get(p, "fp.nogpu").gpu_total_ns.has_value());
+}
+
+// ---- many threads (also run under ThreadSanitizer) -------------------------------------------
+
+TEST(function_profiler_concurrency, per_thread_stacks_merge_exactly) {
+  constexpr int threads = 8;
+  constexpr int iterations = 500;
+  poolscope::pool::host_resource host;
+  poolscope::pool::best_fit_allocator pool{host};
+  function_profiler_options o;
+  o.gpu_timing = false;
+  function_profiler prof{o};
+  std::atomic<bool> go{false};
+  std::atomic<int> done{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&] {
+      while (!go.load()) {
+        std::this_thread::yield();
+      }
+      for (int i = 0; i < iterations; ++i) {
+        POOLSCOPE_SCOPE("fp.mt.outer");
+        {
+          POOLSCOPE_SCOPE("fp.mt.inner");
+          void* p = pool.allocate({}, 1000);  // 1024 used per call
+          pool.deallocate({}, p, 1000);
+        }
+      }
+      done.fetch_add(1);
+    });
+  }
+  go = true;
+  // Reports while the workers run: snapshots, never more calls than were made.
+  while (done.load() < threads) {
+    const auto snap = prof.report(false);
+    if (const auto* r = snap.find("fp.mt.inner")) {
+      EXPECT_LE(r->calls, static_cast<std::uint64_t>(threads * iterations));
+    }
+    std::this_thread::yield();
+  }
+  for (auto& w : workers) {
+    w.join();  // the threads' shards are retired (merged) as they exit
+  }
+  prof.stop();
+  const auto p = prof.report();
+  const auto& outer = get(p, "fp.mt.outer");
+  const auto& inner = get(p, "fp.mt.inner");
+  const auto n = static_cast<std::uint64_t>(threads * iterations);
+  EXPECT_EQ(outer.calls, n);
+  EXPECT_EQ(inner.calls, n);
+  // Structural identities on the real clock: every inner scope lies directly in an outer one.
+  EXPECT_EQ(outer.cpu_self_ns, outer.cpu_total_ns - inner.cpu_total_ns);
+  EXPECT_EQ(inner.cpu_self_ns, inner.cpu_total_ns);
+  EXPECT_EQ(inner.used_bytes, n * 1024);
+  EXPECT_EQ(inner.self_used_bytes, n * 1024);
+  EXPECT_EQ(outer.used_bytes, n * 1024);
+  EXPECT_EQ(outer.self_used_bytes, 0U);
+  // Upstream blocks: at most one per thread at a time, all attributed to inner scopes.
+  EXPECT_EQ(outer.acquired_bytes, inner.acquired_bytes);
+  EXPECT_EQ(inner.acquired_bytes, pool.stats().upstream_allocs * 1024);
+}
+
+TEST(function_profiler_concurrency, start_stop_while_threads_run_scopes) {
+  constexpr int threads = 4;
+  constexpr int iterations = 3000;
+  std::atomic<int> done{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) {
+    workers.emplace_back([&] {
+      for (int i = 0; i < iterations; ++i) {
+        POOLSCOPE_SCOPE("fp.mt.churn");
+        POOLSCOPE_SCOPE("fp.mt.churn.inner");
+      }
+      done.fetch_add(1);
+    });
+  }
+  function_profiler_options o;
+  o.gpu_timing = false;
+  std::uint64_t seen = 0;
+  do {
+    function_profiler prof{o};
+    std::this_thread::yield();
+    prof.stop();
+    const auto p = prof.report();
+    // Sessions start and stop under running scopes: whatever is counted is whole.
+    if (const auto* outer = p.find("fp.mt.churn")) {
+      const auto* inner = p.find("fp.mt.churn.inner");
+      ASSERT_NE(inner, nullptr);  // an outer scope counted implies its inner one was
+      EXPECT_LE(outer->calls, inner->calls);
+      EXPECT_EQ(inner->cpu_self_ns, inner->cpu_total_ns);
+      seen += outer->calls;
+    }
+  } while (done.load() < threads);
+  for (auto& w : workers) {
+    w.join();
+  }
+  EXPECT_LE(seen, static_cast<std::uint64_t>(threads * iterations));
+}
+
+}  // namespace
