@@ -528,8 +528,9 @@ bool cached_dwarf_supported() noexcept {
   return true;
 }
 
-__attribute__((noinline)) std::size_t walk_cached_dwarf(std::uintptr_t* out,
-                                                        std::size_t capacity) noexcept {
+// Not instrumented by AddressSanitizer: the walk reads saved registers in other frames.
+__attribute__((noinline, no_sanitize_address)) std::size_t walk_cached_dwarf(
+    std::uintptr_t* out, std::size_t capacity) noexcept {
   thread_unwind_state* ts = this_thread_state();
   if (ts == nullptr || ts->stack.hi == 0) {
     return 0;

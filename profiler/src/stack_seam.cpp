@@ -64,8 +64,9 @@ const stack_bounds& this_thread_stack() noexcept {
 // Walks the chain of saved frame pointers: [fp] = caller's fp, [fp + 1 word] = return address.
 // Every read is checked against this thread's stack bounds and the chain must grow towards the
 // stack's base, so code built without frame pointers yields a short stack, never a fault.
-__attribute__((noinline)) std::size_t walk_frame_pointers(std::uintptr_t* out,
-                                                          std::size_t capacity) noexcept {
+// Not instrumented by AddressSanitizer: a broken chain may point anywhere in the stack.
+__attribute__((noinline, no_sanitize_address)) std::size_t walk_frame_pointers(
+    std::uintptr_t* out, std::size_t capacity) noexcept {
   const stack_bounds& b = this_thread_stack();
   if (!b.known) {
     return 0;
