@@ -39,7 +39,7 @@ void check_option(const char* field, std::size_t value, bool ok, const char* rul
 }  // namespace
 
 struct bfc_allocator::state {
-  mutable std::mutex mutex;
+  mutable detail::bfc_lock mutex;
   std::array<detail::bfc_free_index, 2> index{};  // by bfc_pool_kind
   detail::bfc_ptr_map live;                       // live chunks by address
   detail::bfc_node_pool nodes;
@@ -149,6 +149,72 @@ bfc_allocator::~bfc_allocator() {
   }
 }
 
+// Inlined into the hot paths: they run once per allocate / deallocate.
+[[gnu::always_inline]] inline void bfc_allocator::carve(stream_view stream, bfc_chunk* c,
+                                                        std::size_t rounded,
+                                                        std::size_t bytes) noexcept {
+  state& st = *state_;
+  st.remove_free(c);
+  if (c->size > rounded) {
+    bfc_chunk* rest = st.nodes.take();
+    rest->addr = c->addr + rounded;
+    rest->size = c->size - rounded;
+    rest->pool = c->pool;
+    rest->is_free = true;
+    rest->prev = c;
+    rest->next = c->next;
+    if (c->next != nullptr) {
+      c->next->prev = rest;
+    }
+    c->next = rest;
+    c->size = rounded;
+    st.add_free(rest);
+    if (hooks::active()) [[unlikely]] {
+      emit_split(stream, c->addr, rounded, rest->addr, rest->size);
+    }
+  }
+  c->is_free = false;
+  c->requested = bytes;
+  st.live.insert(c);
+}
+
+[[gnu::always_inline]] inline void bfc_allocator::free_chunk(stream_view stream,
+                                                             bfc_chunk* c) noexcept {
+  state& st = *state_;
+  c->is_free = true;
+  c->requested = 0;
+  bfc_chunk* prev = c->prev;
+  if (prev != nullptr && prev->is_free) {
+    st.remove_free(prev);
+    char* const absorbed = prev->addr;
+    const std::size_t absorbed_bytes = prev->size;
+    prev->size += c->size;
+    prev->next = c->next;
+    if (c->next != nullptr) {
+      c->next->prev = prev;
+    }
+    st.nodes.give(c);
+    c = prev;
+    if (hooks::active()) [[unlikely]] {
+      emit_merge(stream, c->addr, c->size, absorbed, absorbed_bytes);
+    }
+  }
+  bfc_chunk* next = c->next;
+  if (next != nullptr && next->is_free) {
+    st.remove_free(next);
+    c->size += next->size;
+    c->next = next->next;
+    if (next->next != nullptr) {
+      next->next->prev = c;
+    }
+    if (hooks::active()) [[unlikely]] {
+      emit_merge(stream, c->addr, c->size, next->addr, next->size);
+    }
+    st.nodes.give(next);
+  }
+  st.add_free(c);
+}
+
 block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::size_t /*alignment*/) {
   // Alignment always holds: segments are >= 256-aligned and chunks start at multiples of 512.
   const std::size_t rounded = round_up(bytes, round_bytes);
@@ -254,69 +320,6 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   st.add_free(c);
   carve(stream, c, rounded, bytes);
   return {p, rounded};
-}
-
-void bfc_allocator::carve(stream_view stream, bfc_chunk* c, std::size_t rounded,
-                          std::size_t bytes) noexcept {
-  state& st = *state_;
-  st.remove_free(c);
-  if (c->size > rounded) {
-    bfc_chunk* rest = st.nodes.take();
-    rest->addr = c->addr + rounded;
-    rest->size = c->size - rounded;
-    rest->pool = c->pool;
-    rest->is_free = true;
-    rest->prev = c;
-    rest->next = c->next;
-    if (c->next != nullptr) {
-      c->next->prev = rest;
-    }
-    c->next = rest;
-    c->size = rounded;
-    st.add_free(rest);
-    if (hooks::active()) [[unlikely]] {
-      emit_split(stream, c->addr, rounded, rest->addr, rest->size);
-    }
-  }
-  c->is_free = false;
-  c->requested = bytes;
-  st.live.insert(c);
-}
-
-void bfc_allocator::free_chunk(stream_view stream, bfc_chunk* c) noexcept {
-  state& st = *state_;
-  c->is_free = true;
-  c->requested = 0;
-  bfc_chunk* prev = c->prev;
-  if (prev != nullptr && prev->is_free) {
-    st.remove_free(prev);
-    char* const absorbed = prev->addr;
-    const std::size_t absorbed_bytes = prev->size;
-    prev->size += c->size;
-    prev->next = c->next;
-    if (c->next != nullptr) {
-      c->next->prev = prev;
-    }
-    st.nodes.give(c);
-    c = prev;
-    if (hooks::active()) [[unlikely]] {
-      emit_merge(stream, c->addr, c->size, absorbed, absorbed_bytes);
-    }
-  }
-  bfc_chunk* next = c->next;
-  if (next != nullptr && next->is_free) {
-    st.remove_free(next);
-    c->size += next->size;
-    c->next = next->next;
-    if (next->next != nullptr) {
-      next->next->prev = c;
-    }
-    if (hooks::active()) [[unlikely]] {
-      emit_merge(stream, c->addr, c->size, next->addr, next->size);
-    }
-    st.nodes.give(next);
-  }
-  st.add_free(c);
 }
 
 free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,

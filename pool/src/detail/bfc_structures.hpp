@@ -7,14 +7,63 @@
 // (std::bad_alloc), which are called before the allocator changes any state.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <thread>
 #include <vector>
 
 namespace poolscope::pool::detail {
+
+/// The pool's one lock: test-and-test-and-set on one atomic flag. Uncontended, lock is one
+/// atomic exchange and unlock one release store (std::mutex costs an atomic read-modify-write
+/// on each side plus a call into the C library). Contended, it spins on a relaxed load with a
+/// pause for a short while, then yields the CPU between attempts, so a preempted owner is not
+/// starved. Meant for the pool's short critical sections; satisfies Lockable.
+class bfc_lock {
+ public:
+  void lock() noexcept {
+    if (!locked_.exchange(true, std::memory_order_acquire)) [[likely]] {
+      return;
+    }
+    lock_contended();
+  }
+  [[nodiscard]] bool try_lock() noexcept {
+    return !locked_.load(std::memory_order_relaxed) &&
+           !locked_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+ private:
+  void lock_contended() noexcept {
+    for (unsigned spins = 0;; ++spins) {
+      while (locked_.load(std::memory_order_relaxed)) {
+        if (spins < 128) {
+          ++spins;
+          pause();
+        } else {
+          std::this_thread::yield();
+        }
+      }
+      if (!locked_.exchange(true, std::memory_order_acquire)) {
+        return;
+      }
+    }
+  }
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+  }
+
+  std::atomic<bool> locked_{false};
+};
 
 /// Chunk granularity: every chunk size and every chunk offset in a segment is a multiple.
 inline constexpr std::size_t bfc_granularity = 512;
@@ -247,8 +296,8 @@ class bfc_ptr_map {
  public:
   /// Makes sure one insert will not allocate. May throw std::bad_alloc.
   void reserve_one() {
-    if ((size_ + 1) * 2 > capacity()) {
-      rehash(capacity() == 0 ? 256 : capacity() * 2);
+    if ((size_ + 1) * 2 > capacity_) [[unlikely]] {
+      rehash(capacity_ == 0 ? 256 : capacity_ * 2);
     }
   }
   /// Adds `c` under c->addr. Precondition: reserve_one() since the last insert; key absent.
@@ -320,13 +369,13 @@ class bfc_ptr_map {
     std::uintptr_t key = 0;
     bfc_chunk* value = nullptr;
   };
-  [[nodiscard]] std::size_t capacity() const noexcept { return slots_.size(); }
   [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept {
     return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
   }
   void rehash(std::size_t new_capacity) {
     std::vector<slot> old(new_capacity);
     old.swap(slots_);
+    capacity_ = new_capacity;
     mask_ = new_capacity - 1;
     shift_ = 64 - static_cast<unsigned>(std::countr_zero(new_capacity));
     size_ = 0;
@@ -338,6 +387,7 @@ class bfc_ptr_map {
   }
 
   std::vector<slot> slots_;
+  std::size_t capacity_ = 0;
   std::size_t mask_ = 0;
   unsigned shift_ = 64;
   std::size_t size_ = 0;
