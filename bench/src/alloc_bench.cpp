@@ -617,9 +617,10 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
           *progress << "[bench] " << w << (w == "A3" ? " x" + std::to_string(th) : "") << ": " << a
                     << std::endl;
         }
-        auto alloc = pool::make_allocator(a, *res);
-        allocator_target t{*alloc};
+        std::unique_ptr<pool::allocator> alloc;
         try {
+          alloc = pool::make_allocator(a, *res);
+          allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));
           add_stats(row, alloc->stats());
@@ -631,7 +632,9 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
           row.kind = "allocator";
           row.threads = th;
           row.error = e.what();
-          add_stats(row, alloc->stats());
+          if (alloc) {
+            add_stats(row, alloc->stats());
+          }
           rep.rows.push_back(std::move(row));
         }
       }

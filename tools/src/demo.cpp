@@ -63,7 +63,13 @@ demo_result replay(const std::string& strategy, pool::resource& res, const bench
                    double overhead) {
   demo_result out;
   out.allocator = strategy;
-  auto alloc = pool::make_allocator(strategy, res);
+  std::unique_ptr<pool::allocator> alloc;
+  try {
+    alloc = pool::make_allocator(strategy, res);
+  } catch (const std::exception& e) {
+    out.error = e.what();  // e.g. a strategy whose parts are not all registered
+    return out;
+  }
   out.name = alloc->name();
   const pool::memory_kind kind = res.kind();
   replay_state st{std::vector<void*>(tr.slots, nullptr), std::vector<std::uint64_t>(tr.slots, 0)};
