@@ -45,15 +45,18 @@
 // cache is not one). Inner pools are adopted (allocator::adopt): their split/merge events carry
 // this allocator's id and name; they emit nothing else. release pre/post is emitted by
 // release_cached(); release_cached(stream) moves memory inside the pool and emits none.
+// device_alloc/device_free and split/merge are emitted while a stream's mutex is held: a hook
+// must not call back into this allocator (not even stats()).
 //
-// Ownership: owns the inner pools, the per-stream state, the shared cache and the events; holds
-// the resource and the event source (owned) and returns all reserved memory to the resource
-// on destruction (after the barrier).
-// Thread safety: thread-safe. Each stream has its own mutex, held while its inner pool works
-// (so concurrent users of different streams never contend); the stream map is guarded by a
-// reader/writer lock taken only on a thread's first use of a stream (each thread remembers
-// its last stream's state); the shared cache has its own mutex (lock order: a stream's mutex,
-// then the shared cache's; another stream's mutex is only ever try-locked while one is held).
+// Ownership: owns the inner pools, the per-stream state, the shared cache and the event
+// source; holds the resource by reference (it must outlive the pool) and returns all reserved
+// memory to it on destruction (after the barrier).
+// Thread safety: thread-safe. Each stream has its own mutex, held while its inner pool works,
+// so users of different streams do not contend. The stream map is guarded by a reader/writer
+// lock, taken only when a thread uses another stream than its last one (each thread remembers
+// its last stream's state). The shared cache has its own mutex. Lock order: a stream's mutex,
+// then the shared cache's; while a stream's mutex is held another one is only try-locked,
+// except in release_cached(), which takes them all in first-use order.
 // Cost: a thread-local lookup, one uncontended mutex, a hash-table update and the inner strategy
 // per operation; an event record per release_cached(stream) and an event query per shared block
 // looked at when a stream's pool needs a new whole block.
