@@ -45,7 +45,9 @@ struct bfc_allocator::state {
   detail::bfc_node_pool nodes;
   std::array<bfc_segment*, 2> segments{};  // list heads, by bfc_pool_kind
   std::array<std::size_t, 2> segment_count{};
-  std::array<std::size_t, 2> wholly_free{};  // free chunks that cover their whole segment
+  std::array<std::size_t, 2> wholly_free{};
+  std::array<std::size_t, 2> wholly_free_bytes{};
+  std::array<std::size_t, 2> pool_reserved{};  // free chunks that cover their whole segment
   std::size_t free_chunks = 0;
   std::size_t free_bytes = 0;
   std::size_t reserved = 0;  // sum of segment sizes
@@ -56,6 +58,7 @@ struct bfc_allocator::state {
     free_bytes += c->size;
     if (c->whole_segment()) {
       ++wholly_free[index_of(c->pool)];
+      wholly_free_bytes[index_of(c->pool)] += c->size;
     }
   }
   void remove_free(bfc_chunk* c) noexcept {
@@ -64,6 +67,7 @@ struct bfc_allocator::state {
     free_bytes -= c->size;
     if (c->whole_segment()) {
       --wholly_free[index_of(c->pool)];
+      wholly_free_bytes[index_of(c->pool)] -= c->size;
     }
   }
   void link(bfc_segment* s) noexcept {
@@ -76,6 +80,7 @@ struct bfc_allocator::state {
     head = s;
     ++segment_count[index_of(s->pool)];
     reserved += s->size;
+    pool_reserved[index_of(s->pool)] += s->size;
   }
   void unlink(bfc_segment* s) noexcept {
     if (s->prev != nullptr) {
@@ -88,6 +93,7 @@ struct bfc_allocator::state {
     }
     --segment_count[index_of(s->pool)];
     reserved -= s->size;
+    pool_reserved[index_of(s->pool)] -= s->size;
   }
   /// Why `ptr` is not a live chunk: the start of a free chunk is a double free; anything else
   /// (a stranger's pointer, an interior pointer) is unknown. O(segments + chunks of one).
@@ -228,10 +234,12 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
     // Everything that can throw happens before the pool changes.
     st.nodes.reserve(1);
     st.live.reserve_one();
-    // Two or more wholly free large segments: merge them into one before serving (see the
-    // header); each merge removes a segment, so merges cost at most two upstream calls per
-    // segment ever acquired.
-    const bool merge_first = large && options_.consolidate && st.wholly_free[1] >= 2;
+    // Two or more wholly free large segments holding at least half the large pool (typically
+    // between the steps of a training loop): merge them into one before serving (see the
+    // header). A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so
+    // merges cost at most three upstream calls per segment ever acquired on a miss.
+    const bool merge_first = large && options_.consolidate && st.wholly_free[1] >= 2 &&
+                             st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1];
     if (!merge_first) [[likely]] {
       bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
       if (c == nullptr && !large && options_.small_borrows_large) {
@@ -425,10 +433,13 @@ std::string bfc_allocator::check_invariants() const {
   for (std::size_t i = 0; i < 2; ++i) {
     std::size_t count = 0;
     std::size_t wholly_free = 0;
+    std::size_t wholly_free_bytes = 0;
+    std::size_t pool_reserved = 0;
     const bfc_segment* prev_seg = nullptr;
     for (const bfc_segment* s = st.segments[i]; s != nullptr; prev_seg = s, s = s->next) {
       ++count;
       reserved += s->size;
+      pool_reserved += s->size;
       if (index_of(s->pool) != i || s->prev != prev_seg) {
         return "segment " + at(s->base) + ": wrong pool or broken segment list";
       }
@@ -461,6 +472,7 @@ std::string bfc_allocator::check_invariants() const {
           free_bytes += c->size;
           if (c->whole_segment()) {
             ++wholly_free;
+            wholly_free_bytes += c->size;
           }
           if (c->next != nullptr && c->next->is_free) {
             return where + ": two free neighbours were not merged";
@@ -488,9 +500,14 @@ std::string bfc_allocator::check_invariants() const {
       return "segment count " + std::to_string(st.segment_count[i]) + " but " +
              std::to_string(count) + " segments listed";
     }
-    if (wholly_free != st.wholly_free[i]) {
-      return "wholly-free count " + std::to_string(st.wholly_free[i]) + " but " +
-             std::to_string(wholly_free) + " found";
+    if (wholly_free != st.wholly_free[i] || wholly_free_bytes != st.wholly_free_bytes[i]) {
+      return "wholly-free segments " + std::to_string(st.wholly_free[i]) + " (" +
+             std::to_string(st.wholly_free_bytes[i]) + " B) but " + std::to_string(wholly_free) +
+             " (" + std::to_string(wholly_free_bytes) + " B) found";
+    }
+    if (pool_reserved != st.pool_reserved[i]) {
+      return "pool reserved " + std::to_string(st.pool_reserved[i]) + " but its segments hold " +
+             std::to_string(pool_reserved);
     }
   }
   if (free_chunks != st.free_chunks || free_bytes != st.free_bytes) {

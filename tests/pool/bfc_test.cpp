@@ -770,7 +770,7 @@ TEST(bfc_random, operations_agree_with_a_model_and_keep_the_chunk_lists_consiste
   const std::uint64_t seed = test_seed();
   const std::uint64_t ops = env_count("POOLSCOPE_TEST_OPS", under_sanitizer ? 50'000 : 200'000);
   std::mt19937_64 rng(seed);
-  host_resource host{std::size_t{1} << 30};  // a capacity, so exhaustion paths run too
+  host_resource host{std::size_t{384} << 20};  // a capacity, so exhaustion paths run too
   bfc_options o;
   o.small_borrows_large = (seed & 1) != 0;
   bfc_allocator pool{host, o};
@@ -851,7 +851,8 @@ TEST(bfc_random, operations_agree_with_a_model_and_keep_the_chunk_lists_consiste
   pool.release_cached();
   EXPECT_EQ(host.allocated_bytes(), 0U);
   std::cout << "[          ] " << ops << " operations, " << ooms << " out_of_memory, "
-            << s.upstream_allocs << " upstream allocations\n";
+            << s.upstream_allocs << " upstream allocations, " << s.upstream_frees
+            << " upstream frees\n";
 }
 
 TEST(bfc_concurrency, threads_share_one_pool_without_losing_blocks) {

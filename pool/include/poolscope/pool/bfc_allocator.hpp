@@ -10,30 +10,43 @@
 //   pool.deallocate(s, a, 256 << 10);       // a's chunk is free again
 //   pool.deallocate(s, b, 100 << 10);       // merges with both neighbours: one free 2 MiB chunk
 //
-// Policy (bfc_options):
+// Policy (bfc_options). DESIGN.md §4 A5 (tensors whose sizes follow a random sequence length
+// each step) is what it is tuned for: peak reserved / peak requested 1.02-1.06 on the bench's
+// A5 trace (PyTorch ~1.8; this allocator without consolidation 1.3-2.5).
 // - Small and large segments are kept apart, as in PyTorch: requests up to 1 MiB are served
 //   from 2 MiB "small" segments, larger ones from "large" segments, so long-lived small blocks
-//   never pin a large segment and keep it from being released or reused whole.
-// - Large segments: 20 MiB for requests up to 10 MiB (several share one segment); larger
-//   requests get a segment of their size rounded up to 2 MiB.
-// - Consolidation: when a large request finds no free chunk that fits, every wholly free large
-//   segment is returned upstream and one segment of max(policy size, bytes released) is taken
-//   instead. Reserved bytes never grow past what the plain policy would take, and the cache
-//   stays contiguous, so a workload whose tensor sizes change every step (DESIGN.md §4 A5)
-//   converges to a few segments that fit its largest step instead of hoarding one generation
-//   of segments per size.
+//   do not pin large segments. One exception: a small request that finds no small chunk takes
+//   the best-fitting free large chunk before a new small segment is acquired (memory idle in
+//   one pool serves the other instead of growing the total; small_borrows_large).
+// - Large segments: requests above 10 MiB get a segment of their size rounded up to 2 MiB (the
+//   granularity of cudaMalloc). Requests of 1-10 MiB share 20 MiB segments, or segments of 1/8
+//   of the bytes already reserved when that is less (never less than the request rounded to
+//   2 MiB), so a pool of a few tens of MiB is not dominated by one mostly empty segment.
+// - Consolidation (consolidate): separate segments cannot serve a block larger than each of
+//   them, so a pool that keeps them grows one generation of segments per size (PyTorch's 1.8).
+//   (1) When a large request finds no free chunk that fits, every wholly free large segment is
+//   returned upstream first and one segment of max(policy size, bytes returned) is taken: the
+//   reserved bytes never exceed what the plain policy would take and the cache stays in one
+//   piece. (2) When two or more wholly free large segments hold at least half of the large
+//   pool (between the steps of a training loop), the next large request merges them the same
+//   way before it is served, so the next step carves one contiguous segment. A merge of k
+//   segments costs k + 1 upstream calls and removes k - 1 segments: at most three upstream
+//   calls per segment ever acquired on a miss.
 // - Splitting: a chunk is always split when the remainder is at least 512 bytes (every chunk
 //   is a multiple of 512), so in-use bytes are the requests rounded to 512 and nothing more.
+//   Best fit is exact: the smallest free chunk that fits (ties: the most recently freed).
 // - When upstream refuses a segment, smaller sizes are tried (the request rounded to 2 MiB,
 //   then to 512 B) before the allocator reports failure, so a 3 MiB request does not fail
 //   merely because a 20 MiB segment does not fit. Sizes that would pass the limit are skipped.
 //
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
-// Thread safety: thread-safe; one mutex guards all state (free index, live table, segment
-// lists). The critical section is a bitmap search, a few pointer updates and a hash-table
-// operation; upstream calls and segment releases run outside it. Hooks (split/merge) are
-// called while the mutex is held.
+// Thread safety: thread-safe; one lock guards all state (free index, live table, segment
+// lists): a spin lock that yields the CPU after a brief spin (detail/bfc_structures.hpp),
+// because the critical section is short: a bitmap search, a few pointer updates and a
+// hash-table operation. Upstream calls and segment releases run outside it; split/merge hooks
+// run inside it (keep hooks short). Threads contend on the one lock: for many allocating
+// threads put a per-thread or per-stream layer in front.
 // Stream semantics: not stream-aware. A block freed on one stream may be handed out for
 // another at once; use stream_pool_allocator when several streams share a pool. Segments are
 // acquired on the requesting stream and released on the default stream.
@@ -62,14 +75,15 @@ struct bfc_options {
   std::size_t small_request_max = std::size_t{1} << 20;
   /// Size of a small segment; at least small_request_max.
   std::size_t small_segment_bytes = std::size_t{2} << 20;
-  /// Large requests up to this size share segments of mid_segment_bytes.
+  /// Large requests up to this size share segments (mid_segment_bytes).
   std::size_t mid_request_max = std::size_t{10} << 20;
-  /// Size of a segment for requests in (small_request_max, mid_request_max]; at least
-  /// mid_request_max.
+  /// Largest segment taken for a request in (small_request_max, mid_request_max]: the segment
+  /// is the smaller of this and 1/8 of the bytes reserved, but at least the request rounded up
+  /// to large_round_bytes. At least mid_request_max.
   std::size_t mid_segment_bytes = std::size_t{20} << 20;
   /// Larger requests get their own segment, rounded up to a multiple of this.
   std::size_t large_round_bytes = std::size_t{2} << 20;
-  /// Merge wholly free large segments into one (see the file comment).
+  /// Merge wholly free large segments into one on a miss and between steps (file comment).
   bool consolidate = true;
   /// A small request that finds no free small chunk takes the best-fitting free chunk of the
   /// large pool before a new small segment is acquired (see the file comment).
