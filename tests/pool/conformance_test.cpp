@@ -51,13 +51,40 @@ bool gpu_present() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-/// Bytes the resource has handed out, where the resource can say (host_resource).
+/// Bytes the resource has handed out, where the resource can say (host_resource, or any
+/// resource wrapped in accounting_resource).
 std::optional<std::size_t> resource_bytes(const resource& r) {
   if (const auto* h = dynamic_cast<const host_resource*>(&r)) {
     return h->allocated_bytes();
   }
+  if (const auto* w = dynamic_cast<const accounting_resource*>(&r)) {
+    return w->allocated_bytes();
+  }
   return std::nullopt;
 }
+
+/// The fixture's resource with its bytes counted and capped at `capacity`: the fixture's own
+/// capacity-limited host_resource where it has one, otherwise its resource wrapped in an
+/// accounting_resource.
+template <typename Fixture>
+class counted_resource {
+ public:
+  explicit counted_resource(std::size_t capacity = SIZE_MAX) {
+    if constexpr (requires { Fixture::make_resource(std::size_t{1}); }) {
+      inner_ = Fixture::make_resource(capacity);
+    } else {
+      inner_ = Fixture::make_resource();
+    }
+    if (!resource_bytes(*inner_)) {
+      wrapper_ = std::make_unique<accounting_resource>(*inner_, capacity);
+    }
+  }
+  resource& get() { return wrapper_ ? static_cast<resource&>(*wrapper_) : *inner_; }
+
+ private:
+  std::unique_ptr<resource> inner_;
+  std::unique_ptr<accounting_resource> wrapper_;  // destroyed first
+};
 
 /// Fills [p, p + bytes) with `value`, on the host or the device as the resource's kind says.
 void fill(const resource& r, void* p, std::size_t bytes, unsigned char value) {
@@ -533,92 +560,85 @@ TYPED_TEST_P(allocator_conformance, release_cached_returns_free_memory_and_keeps
 TYPED_TEST_P(allocator_conformance, upstream_exhaustion_releases_the_cache_and_retries) {
   using A = typename TestFixture::alloc_type;
   using F = TypeParam;
-  if constexpr (!requires { F::make_resource(std::size_t{1}); }) {
-    GTEST_SKIP() << "the fixture has no capacity-limited resource";
-  } else {
-    constexpr std::size_t capacity = 32 << 20;
-    auto limited = F::make_resource(capacity);
-    if (!resource_bytes(*limited)) {
-      GTEST_SKIP() << "capacity-limited exhaustion is checked on host_resource";
-    }
-    auto& r = *limited;
-    auto alloc = F::make(r);
-    auto& a = *alloc;
-    constexpr std::size_t mib = 1 << 20;
+  constexpr std::size_t capacity = 32 << 20;
+  counted_resource<F> limited{capacity};
+  auto& r = limited.get();
+  auto alloc = F::make(r);
+  auto& a = *alloc;
+  constexpr std::size_t mib = 1 << 20;
 
-    // 1. Fill the resource with 1 MiB blocks until the allocator reports exhaustion.
-    std::vector<void*> blocks;
-    bool exhausted = false;
-    while (!exhausted && blocks.size() < 64) {
-      try {
-        blocks.push_back(a.allocate({}, mib));
-      } catch (const out_of_memory& e) {
-        exhausted = true;
-        const auto s = a.stats();
-        EXPECT_EQ(e.context().requested, mib);
-        EXPECT_EQ(e.context().reserved, s.reserved);
-        EXPECT_EQ(e.context().in_use, s.in_use);
-        EXPECT_EQ(e.context().limit, SIZE_MAX);
-        EXPECT_EQ(e.context().device, a.device());
-        EXPECT_TRUE(contains(e.cause(), "upstream")) << e.cause();
-        EXPECT_TRUE(contains(e.what(), std::to_string(mib))) << e.what();
-        EXPECT_GT(s.upstream_failures, 0U);
-        EXPECT_EQ(s.oom_count, 1U);
-      }
-      ASSERT_LE(*resource_bytes(r), capacity);
-    }
-    ASSERT_TRUE(exhausted) << "64 MiB fit in a 32 MiB resource";
-    EXPECT_GE(blocks.size(), capacity / mib / 2) << "the allocator wasted half the resource";
-
-    // 2. Still usable: a freed block can be had again.
-    a.deallocate({}, blocks.back(), mib);
-    blocks.back() = a.allocate({}, mib);
-    fill(r, blocks.back(), mib, 0x33);
-
-    // 3. Free everything (a caching strategy keeps it), then ask for a size nothing cached
-    //    fits: the allocator must give its cache back and retry.
-    for (void* p : blocks) {
-      a.deallocate({}, p, mib);
-    }
-    recording_hook rec{a.id()};
-    const auto before = a.stats();
-    void* big = nullptr;
-    {
-      hooks::scoped_hook on{rec, hooks::scope::thread};
-      ASSERT_NO_THROW(big = a.allocate({}, 6 * mib + 4096));
-    }
-    const auto after = a.stats();
-    EXPECT_EQ(after.oom_count, before.oom_count);
-    if (after.upstream_failures > before.upstream_failures) {
-      EXPECT_GT(after.upstream_frees, before.upstream_frees) << "nothing was released";
-      EXPECT_EQ(rec.of(event_kind::release, event_phase::post).size(), 1U);
-    }
-    if constexpr (caches_freed_blocks<A>) {
-      EXPECT_GT(after.upstream_failures, before.upstream_failures)
-          << "the freed blocks should have filled the resource";
-      EXPECT_GT(after.upstream_frees, before.upstream_frees);
-    }
-    EXPECT_LE(*resource_bytes(r), capacity);
-    fill(r, big, 6 * mib + 4096, 0x77);
-    EXPECT_TRUE(holds(r, big, 6 * mib + 4096, 0x77));
-
-    // 4. Truly exhausted: the error reports what the allocator held.
+  // 1. Fill the resource with 1 MiB blocks until the allocator reports exhaustion.
+  std::vector<void*> blocks;
+  bool exhausted = false;
+  while (!exhausted && blocks.size() < 64) {
     try {
-      (void)a.allocate({}, capacity);
-      ADD_FAILURE() << "the whole capacity was handed out next to a live block";
+      blocks.push_back(a.allocate({}, mib));
     } catch (const out_of_memory& e) {
+      exhausted = true;
       const auto s = a.stats();
-      EXPECT_EQ(e.requested(), capacity);
+      EXPECT_EQ(e.context().requested, mib);
       EXPECT_EQ(e.context().reserved, s.reserved);
       EXPECT_EQ(e.context().in_use, s.in_use);
-      EXPECT_GE(s.in_use, 6 * mib + 4096);
+      EXPECT_EQ(e.context().limit, SIZE_MAX);
+      EXPECT_EQ(e.context().device, a.device());
       EXPECT_TRUE(contains(e.cause(), "upstream")) << e.cause();
+      EXPECT_TRUE(contains(e.what(), std::to_string(mib))) << e.what();
+      EXPECT_GT(s.upstream_failures, 0U);
+      EXPECT_EQ(s.oom_count, 1U);
     }
-    EXPECT_TRUE(holds(r, big, 6 * mib + 4096, 0x77));
-    a.deallocate({}, big, 6 * mib + 4096);
-    alloc.reset();
-    EXPECT_EQ(*resource_bytes(r), 0U);
+    ASSERT_LE(*resource_bytes(r), capacity);
   }
+  ASSERT_TRUE(exhausted) << "64 MiB fit in a 32 MiB resource";
+  EXPECT_GE(blocks.size(), capacity / mib / 2) << "the allocator wasted half the resource";
+
+  // 2. Still usable: a freed block can be had again.
+  a.deallocate({}, blocks.back(), mib);
+  blocks.back() = a.allocate({}, mib);
+  fill(r, blocks.back(), mib, 0x33);
+
+  // 3. Free everything (a caching strategy keeps it), then ask for a size nothing cached
+  //    fits: the allocator must give its cache back and retry.
+  for (void* p : blocks) {
+    a.deallocate({}, p, mib);
+  }
+  recording_hook rec{a.id()};
+  const auto before = a.stats();
+  void* big = nullptr;
+  {
+    hooks::scoped_hook on{rec, hooks::scope::thread};
+    ASSERT_NO_THROW(big = a.allocate({}, 6 * mib + 4096));
+  }
+  const auto after = a.stats();
+  EXPECT_EQ(after.oom_count, before.oom_count);
+  if (after.upstream_failures > before.upstream_failures) {
+    EXPECT_GT(after.upstream_frees, before.upstream_frees) << "nothing was released";
+    EXPECT_EQ(rec.of(event_kind::release, event_phase::post).size(), 1U);
+  }
+  if constexpr (caches_freed_blocks<A>) {
+    EXPECT_GT(after.upstream_failures, before.upstream_failures)
+        << "the freed blocks should have filled the resource";
+    EXPECT_GT(after.upstream_frees, before.upstream_frees);
+  }
+  EXPECT_LE(*resource_bytes(r), capacity);
+  fill(r, big, 6 * mib + 4096, 0x77);
+  EXPECT_TRUE(holds(r, big, 6 * mib + 4096, 0x77));
+
+  // 4. Truly exhausted: the error reports what the allocator held.
+  try {
+    (void)a.allocate({}, capacity);
+    ADD_FAILURE() << "the whole capacity was handed out next to a live block";
+  } catch (const out_of_memory& e) {
+    const auto s = a.stats();
+    EXPECT_EQ(e.requested(), capacity);
+    EXPECT_EQ(e.context().reserved, s.reserved);
+    EXPECT_EQ(e.context().in_use, s.in_use);
+    EXPECT_GE(s.in_use, 6 * mib + 4096);
+    EXPECT_TRUE(contains(e.cause(), "upstream")) << e.cause();
+  }
+  EXPECT_TRUE(holds(r, big, 6 * mib + 4096, 0x77));
+  a.deallocate({}, big, 6 * mib + 4096);
+  alloc.reset();
+  EXPECT_EQ(*resource_bytes(r), 0U);
 }
 
 TYPED_TEST_P(allocator_conformance, memory_is_writable_and_keeps_its_contents) {
@@ -734,10 +754,8 @@ TYPED_TEST_P(allocator_conformance, emits_malloc_and_free_events_with_the_right_
 
 TYPED_TEST_P(allocator_conformance, destructor_returns_everything_to_the_resource) {
   using F = TypeParam;
-  auto r = F::make_resource();
-  if (!resource_bytes(*r)) {
-    GTEST_SKIP() << "the resource cannot report its allocated bytes";
-  }
+  counted_resource<F> counted;
+  resource* r = &counted.get();
   {
     auto alloc = F::make(*r);
     std::vector<std::pair<void*, std::size_t>> blocks;
@@ -766,7 +784,9 @@ REGISTER_TYPED_TEST_SUITE_P(
 
 }  // namespace
 
-// One line per allocator list in allocator_types.hpp.
+// One line per allocator list in allocator_types.hpp. GPU lists skip (SetUp) without a GPU.
 INSTANTIATE_TYPED_TEST_SUITE_P(host, allocator_conformance, host_allocators);
+INSTANTIATE_TYPED_TEST_SUITE_P(cuda, allocator_conformance, cuda_allocators);
+INSTANTIATE_TYPED_TEST_SUITE_P(cuda_async, allocator_conformance, cuda_async_allocators);
 
 }  // namespace poolscope::pool::testing

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +21,7 @@
 
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/allocator_stats.hpp"
+#include "poolscope/pool/resource.hpp"
 
 namespace poolscope::pool::testing {
 
@@ -148,6 +150,46 @@ class rounded_size_hook final : public hooks::hook {
 
  private:
   std::uint32_t id_;
+};
+
+/// Wraps any resource to count the bytes it has handed out and to cap them at `capacity`
+/// (try_allocate returns nullptr past it): the host_resource accounting, for every resource.
+/// Thread-safe (one atomic counter).
+class accounting_resource final : public resource {
+ public:
+  explicit accounting_resource(resource& inner, std::size_t capacity = SIZE_MAX)
+      : inner_(&inner), capacity_(capacity) {}
+  [[nodiscard]] std::size_t allocated_bytes() const noexcept {
+    return allocated_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  void* do_try_allocate(stream_view stream, std::size_t bytes) override {
+    const std::size_t prev = allocated_.fetch_add(bytes, std::memory_order_relaxed);
+    if (prev + bytes > capacity_ || prev + bytes < prev) {
+      allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+      return nullptr;
+    }
+    void* p = inner_->try_allocate(stream, bytes);
+    if (p == nullptr) {
+      allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+    }
+    return p;
+  }
+  void do_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept override {
+    inner_->deallocate(stream, ptr, bytes);
+    allocated_.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  [[nodiscard]] int do_device() const noexcept override { return inner_->device(); }
+  [[nodiscard]] memory_kind do_kind() const noexcept override { return inner_->kind(); }
+  [[nodiscard]] std::string do_name() const override { return inner_->name(); }
+  [[nodiscard]] bool do_stream_ordered() const noexcept override {
+    return inner_->stream_ordered();
+  }
+
+  resource* inner_;
+  std::size_t capacity_;
+  std::atomic<std::size_t> allocated_{0};
 };
 
 /// True when built with AddressSanitizer or ThreadSanitizer (randomized tests shrink there).
