@@ -367,7 +367,9 @@ TEST(function_profiler_gpu, event_pairs_resolve_lazily) {
   const std::size_t bytes = std::size_t{64} << 20;
   ASSERT_EQ(cudaMalloc(&buf, bytes), cudaSuccess);
   function_profiler_options o;
-  o.gpu_pending_limit = 4;  // forces resolution by cudaEventQuery while the loop runs
+  // Resolution by cudaEventQuery runs while the loop does (at 8, 16, 32, 64 pending pairs);
+  // the 100 pairs stay under the drop limit (16 * 8) however far the GPU lags.
+  o.gpu_pending_limit = 8;
   function_profiler prof{o};
   constexpr int steps = 50;
   for (int i = 0; i < steps; ++i) {
