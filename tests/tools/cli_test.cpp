@@ -16,6 +16,7 @@
 #include "subprocess.hpp"
 
 #if defined(POOLSCOPE_CLI_PATH) && __has_include("poolscope/bench/workloads.hpp")
+#include "poolscope/bench/memory_access.hpp"
 #include "poolscope/bench/workloads.hpp"
 
 namespace {
@@ -258,6 +259,53 @@ TEST(cli_bench, bad_options_fail_cleanly) {
     EXPECT_EQ(r.signal, 0) << "crashed";
     EXPECT_GT(r.exit_code, 0) << r.out << r.err;
     EXPECT_FALSE(r.err.empty());
+  }
+}
+
+bool has_resource(const std::string& name) {
+  const auto names = poolscope::pool::resource_names();
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Without a GPU, asking for device memory is an error message and exit code 1, not a crash.
+TEST(cli_demo, device_resource_without_gpu_fails_cleanly) {
+  if (poolscope::bench::gpu_count() > 0) {
+    GTEST_SKIP() << "a GPU is present (cli_demo.cuda_gpu covers it)";
+  }
+  if (!has_resource("cuda")) {
+    GTEST_SKIP() << "the cuda resource is not registered in this build";
+  }
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"demo", "--resource", "cuda", "--steps", "1"},
+        std::vector<std::string>{"bench", "alloc", "--resource", "cuda", "--quick"}}) {
+    std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = run_process(argv);
+    EXPECT_EQ(r.signal, 0) << "crashed";
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_EQ(r.err.rfind("poolscope", 0), 0U) << "one clean message: " << r.err;
+    EXPECT_EQ(r.err.find("poolscope: poolscope"), std::string::npos) << r.err;
+  }
+}
+
+// On a GPU: the demo on device memory (patterns through cudaMemcpy) keeps every block intact.
+TEST(cli_demo, cuda_gpu) {
+  if (poolscope::bench::gpu_count() == 0) {
+    GTEST_SKIP() << "no GPU: the device-memory demo needs one";
+  }
+  if (!has_resource("cuda")) {
+    GTEST_SKIP() << "the cuda resource is not registered in this build";
+  }
+  poolscope::testing::process_result r;
+  const json j = run_json({"demo", "--resource", "cuda", "--steps", "1"}, r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(j["integrity_ok"], true);
+  const auto tr = poolscope::bench::demo_trace(poolscope::bench::make_demo_plan(true, 1), 1, 1);
+  for (const auto& s : j["strategies"]) {
+    SCOPED_TRACE(s["allocator"].get<std::string>());
+    EXPECT_TRUE(s["error"].is_null()) << s["error"];
+    EXPECT_EQ(s["peak_requested"], reference_peak(tr));
+    EXPECT_EQ(s["stats"]["in_use"], 0U);
   }
 }
 

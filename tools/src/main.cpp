@@ -1,5 +1,7 @@
+// The poolscope command: one subcommand per cmd_<name>.cpp, registered below.
 #include <cstdio>
 #include <exception>
+#include <string_view>
 
 #include "commands.hpp"
 
@@ -13,7 +15,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "poolscope: %s\n", e.what());
+    // poolscope's own messages already start with "poolscope: ".
+    const std::string_view what = e.what();
+    std::fprintf(stderr, "%s%.*s\n",
+                 what.starts_with("poolscope") ? "" : "poolscope: ", static_cast<int>(what.size()),
+                 what.data());
     return 1;
   }
   return 0;
