@@ -1,0 +1,425 @@
+#include "poolscope/profiler/overlap.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <tuple>
+
+#include "poolscope/profiler/trace_check.hpp"
+
+namespace poolscope::profiler {
+namespace {
+
+std::string format_ns(double ns) {
+  char buf[48];
+  const double a = std::fabs(ns);
+  if (a >= 1e9) {
+    std::snprintf(buf, sizeof buf, "%.3f s", ns / 1e9);
+  } else if (a >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.3f ms", ns / 1e6);
+  } else if (a >= 1e3) {
+    std::snprintf(buf, sizeof buf, "%.3f us", ns / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f ns", ns);
+  }
+  return buf;
+}
+
+std::string percent(double part, double whole) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", whole > 0 ? 100.0 * part / whole : 0.0);
+  return buf;
+}
+
+std::int64_t us_to_ns(double us) {
+  return static_cast<std::int64_t>(std::llround(us * 1000.0));
+}
+
+}  // namespace
+
+std::string_view to_string(activity_class c) noexcept {
+  switch (c) {
+    case activity_class::compute:
+      return "compute";
+    case activity_class::transfer:
+      return "transfer";
+    case activity_class::other:
+      return "other";
+  }
+  return "unknown";
+}
+
+std::optional<activity_class> classify_category(std::string_view cat) noexcept {
+  if (cat == "kernel" || cat == "darray.compute") {
+    return activity_class::compute;
+  }
+  if (cat == "memcpy" || cat == "nccl" || cat == "darray.transfer") {
+    return activity_class::transfer;
+  }
+  if (cat == "memset") {
+    return activity_class::other;
+  }
+  return std::nullopt;
+}
+
+bool is_nccl_kernel(std::string_view name) noexcept {
+  return name.starts_with("ncclDevKernel") || name.starts_with("ncclKernel");
+}
+
+std::vector<interval> merge_intervals(std::vector<interval> v) {
+  std::erase_if(v, [](const interval& i) { return i.end_ns <= i.begin_ns; });
+  std::sort(v.begin(), v.end(), [](const interval& a, const interval& b) {
+    return a.begin_ns < b.begin_ns || (a.begin_ns == b.begin_ns && a.end_ns > b.end_ns);
+  });
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (out > 0 && v[i].begin_ns <= v[out - 1].end_ns) {
+      v[out - 1].end_ns = std::max(v[out - 1].end_ns, v[i].end_ns);
+    } else {
+      v[out++] = v[i];
+    }
+  }
+  v.resize(out);
+  return v;
+}
+
+std::uint64_t total_length(std::span<const interval> merged) noexcept {
+  std::uint64_t n = 0;
+  for (const interval& i : merged) {
+    n += static_cast<std::uint64_t>(i.end_ns - i.begin_ns);
+  }
+  return n;
+}
+
+std::vector<interval> intersect_intervals(std::span<const interval> a,
+                                          std::span<const interval> b) {
+  std::vector<interval> out;
+  std::size_t i = 0;
+  std::size_t j = 0;
+  while (i < a.size() && j < b.size()) {
+    const std::int64_t lo = std::max(a[i].begin_ns, b[j].begin_ns);
+    const std::int64_t hi = std::min(a[i].end_ns, b[j].end_ns);
+    if (lo < hi) {
+      out.push_back({lo, hi});
+    }
+    if (a[i].end_ns < b[j].end_ns) {
+      ++i;
+    } else {
+      ++j;
+    }
+  }
+  return out;
+}
+
+nlohmann::json device_overlap::to_json() const {
+  return {{"device", device},           {"window_ns", window_ns},
+          {"first_ns", first_ns},       {"last_ns", last_ns},
+          {"compute_ns", compute_ns},   {"transfer_ns", transfer_ns},
+          {"other_ns", other_ns},       {"both_ns", both_ns},
+          {"busy_ns", busy_ns},         {"idle_ns", idle_ns},
+          {"compute_ops", compute_ops}, {"transfer_ops", transfer_ops},
+          {"other_ops", other_ops},     {"overlap_ratio", overlap_ratio}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// overlap_analyzer
+
+overlap_analyzer::overlap_analyzer(std::size_t max_intervals, std::size_t compact_at)
+    : max_intervals_(max_intervals), compact_at_(std::max<std::size_t>(compact_at, 16)) {}
+
+void overlap_analyzer::compact(std::vector<interval>& v) {
+  const std::size_t before = v.size();
+  v = merge_intervals(std::move(v));
+  held_ -= before - v.size();
+}
+
+void overlap_analyzer::add(int device, activity_class c, std::int64_t begin_ns,
+                           std::int64_t end_ns) {
+  lists& l = devices_[device];
+  const auto k = static_cast<std::size_t>(c);
+  ++l.ops[k];
+  if (end_ns <= begin_ns) {
+    return;
+  }
+  std::vector<interval>& v = l.of[k];
+  if (held_ >= max_intervals_) {
+    compact(v);
+    if (held_ >= max_intervals_) {
+      ++dropped_;
+      return;
+    }
+  }
+  // Back-to-back work on one class extends the last interval instead of adding one.
+  if (!v.empty() && begin_ns >= v.back().begin_ns && begin_ns <= v.back().end_ns) {
+    v.back().end_ns = std::max(v.back().end_ns, end_ns);
+  } else {
+    v.push_back({begin_ns, end_ns});
+    ++held_;
+    if (v.size() >= compact_at_) {
+      compact(v);
+    }
+  }
+  min_ns_ = std::min(min_ns_, begin_ns);
+  max_ns_ = std::max(max_ns_, end_ns);
+}
+
+void overlap_analyzer::set_window(std::int64_t begin_ns, std::int64_t end_ns) noexcept {
+  window_ = interval{begin_ns, std::max(begin_ns, end_ns)};
+}
+
+std::vector<device_overlap> overlap_analyzer::analyze() const {
+  std::vector<device_overlap> out;
+  const interval window =
+      window_ ? *window_ : (min_ns_ <= max_ns_ ? interval{min_ns_, max_ns_} : interval{0, 0});
+  for (const auto& [device, l] : devices_) {
+    device_overlap d;
+    d.device = device;
+    d.window_ns = static_cast<std::uint64_t>(window.end_ns - window.begin_ns);
+    const auto compute = merge_intervals(l.of[0]);
+    const auto transfer = merge_intervals(l.of[1]);
+    const auto other = merge_intervals(l.of[2]);
+    d.compute_ns = total_length(compute);
+    d.transfer_ns = total_length(transfer);
+    d.other_ns = total_length(other);
+    d.both_ns = total_length(intersect_intervals(compute, transfer));
+    std::vector<interval> all;
+    all.reserve(compute.size() + transfer.size() + other.size());
+    all.insert(all.end(), compute.begin(), compute.end());
+    all.insert(all.end(), transfer.begin(), transfer.end());
+    all.insert(all.end(), other.begin(), other.end());
+    const auto busy = merge_intervals(std::move(all));
+    d.busy_ns = total_length(busy);
+    if (!busy.empty()) {
+      d.first_ns = busy.front().begin_ns;
+      d.last_ns = busy.back().end_ns;
+    }
+    // Only the busy time inside the window counts against it.
+    const interval w[] = {window};
+    const std::uint64_t busy_in_window = total_length(intersect_intervals(busy, w));
+    d.idle_ns = d.window_ns - std::min(d.window_ns, busy_in_window);
+    d.compute_ops = l.ops[0];
+    d.transfer_ops = l.ops[1];
+    d.other_ops = l.ops[2];
+    d.overlap_ratio = d.transfer_ns == 0
+                          ? 0.0
+                          : static_cast<double>(d.both_ns) / static_cast<double>(d.transfer_ns);
+    out.push_back(d);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// op_summary, trace_summary
+
+void op_summary::add(std::uint64_t dur_ns, std::uint64_t op_bytes) noexcept {
+  min_ns = count == 0 ? dur_ns : std::min(min_ns, dur_ns);
+  max_ns = std::max(max_ns, dur_ns);
+  ++count;
+  total_ns += dur_ns;
+  bytes += op_bytes;
+}
+
+double op_summary::mean_ns() const noexcept {
+  return count == 0 ? 0.0 : static_cast<double>(total_ns) / static_cast<double>(count);
+}
+
+double op_summary::gbps() const noexcept {
+  return total_ns == 0 ? 0.0 : static_cast<double>(bytes) / static_cast<double>(total_ns);
+}
+
+nlohmann::json op_summary::to_json() const {
+  nlohmann::json j = {{"name", name},     {"category", category}, {"device", device},
+                      {"count", count},   {"total_ns", total_ns}, {"mean_ns", mean_ns()},
+                      {"min_ns", min_ns}, {"max_ns", max_ns}};
+  if (category == "memcpy" || category == "memset" || bytes != 0) {
+    j["bytes"] = bytes;
+    j["gbps"] = gbps();
+  }
+  return j;
+}
+
+std::string trace_summary::to_text(std::size_t top) const {
+  std::string out;
+  char line[512];
+  std::uint64_t total_transfer = 0;
+  std::uint64_t total_both = 0;
+  for (const device_overlap& d : devices) {
+    const std::string who =
+        d.device < 0 ? std::string("host") : "device " + std::to_string(d.device);
+    std::snprintf(line, sizeof line, "%s: window %s, busy %s (%s), idle %s\n", who.c_str(),
+                  format_ns(static_cast<double>(d.window_ns)).c_str(),
+                  format_ns(static_cast<double>(d.busy_ns)).c_str(),
+                  percent(static_cast<double>(d.busy_ns), static_cast<double>(d.window_ns)).c_str(),
+                  format_ns(static_cast<double>(d.idle_ns)).c_str());
+    out += line;
+    std::snprintf(line, sizeof line,
+                  "  compute %s (%llu ops), transfer %s (%llu ops), other %s (%llu ops)\n",
+                  format_ns(static_cast<double>(d.compute_ns)).c_str(),
+                  static_cast<unsigned long long>(d.compute_ops),
+                  format_ns(static_cast<double>(d.transfer_ns)).c_str(),
+                  static_cast<unsigned long long>(d.transfer_ops),
+                  format_ns(static_cast<double>(d.other_ns)).c_str(),
+                  static_cast<unsigned long long>(d.other_ops));
+    out += line;
+    std::snprintf(
+        line, sizeof line,
+        "  both active %s; overlap ratio %.3f (%s of transfer time hidden behind "
+        "compute)\n",
+        format_ns(static_cast<double>(d.both_ns)).c_str(), d.overlap_ratio,
+        percent(static_cast<double>(d.both_ns), static_cast<double>(d.transfer_ns)).c_str());
+    out += line;
+    total_transfer += d.transfer_ns;
+    total_both += d.both_ns;
+    std::size_t shown = 0;
+    for (const op_summary& k : kernels) {
+      if (k.device != d.device || shown == top) {
+        continue;
+      }
+      if (shown++ == 0) {
+        out += "  top kernels:        total      count         mean  name\n";
+      }
+      std::snprintf(line, sizeof line, "    %17s %10llu %12s  %s%s\n",
+                    format_ns(static_cast<double>(k.total_ns)).c_str(),
+                    static_cast<unsigned long long>(k.count), format_ns(k.mean_ns()).c_str(),
+                    k.name.c_str(), k.category == "nccl" ? " [nccl]" : "");
+      out += line;
+    }
+    shown = 0;
+    for (const op_summary& c : copies) {
+      if (c.device != d.device || shown == top) {
+        continue;
+      }
+      if (shown++ == 0) {
+        out += "  top copies:         total      count        bytes     GB/s  kind\n";
+      }
+      std::snprintf(line, sizeof line, "    %17s %10llu %12llu %8.2f  %s\n",
+                    format_ns(static_cast<double>(c.total_ns)).c_str(),
+                    static_cast<unsigned long long>(c.count),
+                    static_cast<unsigned long long>(c.bytes), c.gbps(), c.name.c_str());
+      out += line;
+    }
+  }
+  std::snprintf(
+      line, sizeof line,
+      "%zu device(s), %llu events, window %s; transfer %s, %s of it overlapped with "
+      "compute\n",
+      devices.size(), static_cast<unsigned long long>(events),
+      format_ns(static_cast<double>(window_end_ns - window_begin_ns)).c_str(),
+      format_ns(static_cast<double>(total_transfer)).c_str(),
+      percent(static_cast<double>(total_both), static_cast<double>(total_transfer)).c_str());
+  out += line;
+  return out;
+}
+
+nlohmann::json trace_summary::to_json(std::size_t top) const {
+  nlohmann::json j;
+  j["events"] = events;
+  j["window_begin_ns"] = window_begin_ns;
+  j["window_end_ns"] = window_end_ns;
+  j["devices"] = nlohmann::json::array();
+  for (const device_overlap& d : devices) {
+    nlohmann::json dj = d.to_json();
+    dj["top_kernels"] = nlohmann::json::array();
+    dj["top_copies"] = nlohmann::json::array();
+    for (const op_summary& k : kernels) {
+      if (k.device == d.device && dj["top_kernels"].size() < top) {
+        dj["top_kernels"].push_back(k.to_json());
+      }
+    }
+    for (const op_summary& c : copies) {
+      if (c.device == d.device && dj["top_copies"].size() < top) {
+        dj["top_copies"].push_back(c.to_json());
+      }
+    }
+    j["devices"].push_back(std::move(dj));
+  }
+  return j;
+}
+
+trace_summary summarize_trace(const std::string& path) {
+  trace_summary s;
+  overlap_analyzer analyzer;
+  std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
+  std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
+  std::int64_t lo = INT64_MAX;
+  std::int64_t hi = INT64_MIN;
+  const trace_read_info info = read_trace(path, [&](std::uint64_t, const nlohmann::json& e) {
+    if (!e.is_object()) {
+      return;
+    }
+    const auto ph = e.find("ph");
+    const auto ts = e.find("ts");
+    if (ph == e.end() || !ph->is_string() || *ph == "M" || ts == e.end() || !ts->is_number()) {
+      return;
+    }
+    const std::int64_t begin = us_to_ns(ts->get<double>());
+    std::int64_t end = begin;
+    const bool complete = *ph == "X";
+    if (complete) {
+      if (const auto dur = e.find("dur"); dur != e.end() && dur->is_number()) {
+        end = begin + us_to_ns(dur->get<double>());
+      }
+    }
+    lo = std::min(lo, begin);
+    hi = std::max(hi, end);
+    if (!complete) {
+      return;
+    }
+    const auto cat_it = e.find("cat");
+    if (cat_it == e.end() || !cat_it->is_string()) {
+      return;
+    }
+    const std::string& cat = cat_it->get_ref<const std::string&>();
+    const auto cls = classify_category(cat);
+    const auto args = e.find("args");
+    if (!cls || args == e.end() || !args->is_object()) {
+      return;
+    }
+    const auto dev = args->find("device");
+    if (dev == args->end() || !dev->is_number_integer()) {
+      return;
+    }
+    const int device = dev->get<int>();
+    analyzer.add(device, *cls, begin, end);
+    const std::string name = e.value("name", "");
+    std::uint64_t bytes = 0;
+    if (const auto b = args->find("bytes"); b != args->end() && b->is_number_unsigned()) {
+      bytes = b->get<std::uint64_t>();
+    }
+    const auto dur = static_cast<std::uint64_t>(end - begin);
+    if (cat == "kernel" || cat == "nccl") {
+      op_summary& k = kernels[{device, name, cat}];
+      k.name = name;
+      k.category = cat;
+      k.device = device;
+      k.add(dur, bytes);
+    } else if (cat == "memcpy" || cat == "memset") {
+      op_summary& c = copies[{device, name, cat}];
+      c.name = name;
+      c.category = cat;
+      c.device = device;
+      c.add(dur, bytes);
+    }
+  });
+  s.events = info.events;
+  if (lo <= hi) {
+    s.window_begin_ns = lo;
+    s.window_end_ns = hi;
+    analyzer.set_window(lo, hi);
+  }
+  s.devices = analyzer.analyze();
+  const auto by_total = [](const op_summary& a, const op_summary& b) {
+    return a.total_ns != b.total_ns ? a.total_ns > b.total_ns : a.name < b.name;
+  };
+  for (auto& [k, v] : kernels) {
+    s.kernels.push_back(std::move(v));
+  }
+  for (auto& [k, v] : copies) {
+    s.copies.push_back(std::move(v));
+  }
+  std::sort(s.kernels.begin(), s.kernels.end(), by_total);
+  std::sort(s.copies.begin(), s.copies.end(), by_total);
+  return s;
+}
+
+}  // namespace poolscope::profiler
