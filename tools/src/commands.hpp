@@ -13,4 +13,7 @@ void register_demo(CLI::App& app);
 /// `poolscope bench alloc`: the allocator benchmark.
 void register_bench(CLI::App& app);
 
+/// `poolscope trace check|summary FILE`: validate a Chrome trace, or summarise its overlap.
+void register_trace(CLI::App& app);
+
 }  // namespace poolscope::tools

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   poolscope::tools::register_demo(app);
   poolscope::tools::register_bench(app);
+  poolscope::tools::register_trace(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
