@@ -1,7 +1,7 @@
 // Randomized stress of every host allocator against the reference model (model.hpp): a long run
-// of random allocations (1 B .. 4 MiB, log-uniform and mostly small; random alignment) and frees, with the
-// occasional release_cached() and limit change. After every step: live blocks never overlap,
-// alignment holds, and the counters equal the model's.
+// of random allocations (1 B .. 4 MiB, log-uniform and mostly small; random alignment) and frees,
+// with the occasional release_cached() and limit change. After every step: live blocks never
+// overlap, alignment holds, and the counters equal the model's.
 //
 // Knobs: POOLSCOPE_TEST_SEED replays a run (the seed is printed); POOLSCOPE_STRESS_OPS sets
 // the operation count per allocator (default 10^6, 10^5 under sanitizers).
@@ -79,8 +79,8 @@ TYPED_TEST(allocator_stress, random_operations_agree_with_the_model) {
       ++limit_changes;
     } else if (live.empty() || unit(rng) < (live.size() < k_target_live ? 0.6 : 0.4)) {
       // Mostly small: 9 in 10 log-uniform in 1 B .. 64 KiB, the rest in 64 KiB .. 4 MiB.
-      const std::size_t bytes = rng() % 10 != 0 ? log_uniform(rng, 1, 64 << 10)
-                                                : log_uniform(rng, 64 << 10, k_max_bytes);
+      const std::size_t bytes =
+          rng() % 10 != 0 ? log_uniform(rng, 1, 64 << 10) : log_uniform(rng, 64 << 10, k_max_bytes);
       const std::size_t alignment = std::size_t{1} << (rng() % 9);
       const bool must_fail_limit = limit != SIZE_MAX && model.in_use() + bytes > limit;
       void* p = nullptr;
