@@ -1,0 +1,280 @@
+// `poolscope replay` and `poolscope report`, parsed in-process (register_replay/register_report
+// on a fresh CLI::App, stdout captured) on logs and reports written here by hand; figures are
+// checked against values computed by hand.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "poolscope/profiler/event_log.hpp"
+#include "poolscope/profiler/function_profiler.hpp"
+#include "poolscope/profiler/line_profile.hpp"
+#include "subprocess.hpp"
+
+#ifdef POOLSCOPE_TEST_REPLAY_CLI
+
+namespace poolscope::tools {
+void register_replay(CLI::App& app);
+void register_report(CLI::App& app);
+}  // namespace poolscope::tools
+
+namespace {
+
+using nlohmann::json;
+using poolscope::testing::temp_path;
+
+/// Parses `args` (after the program name) on an app with both commands; returns stdout.
+std::string run_cli(std::vector<std::string> args) {
+  CLI::App app{"poolscope"};
+  app.require_subcommand(1);
+  poolscope::tools::register_replay(app);
+  poolscope::tools::register_report(app);
+  std::vector<const char*> argv{"poolscope"};
+  for (const auto& a : args) {
+    argv.push_back(a.c_str());
+  }
+  std::ostringstream out;
+  std::streambuf* old = std::cout.rdbuf(out.rdbuf());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+  return out.str();
+}
+
+std::string write_file(const std::string& stem, const std::string& text) {
+  const std::string path = temp_path(stem);
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  return path;
+}
+
+std::string rec(int seq, const char* action, const char* ptr, int size, const char* phase) {
+  return R"({"seq":)" + std::to_string(seq) + R"(,"time_ns":)" + std::to_string(1000 + seq) +
+         R"(,"thread":7,"device":-1,"stream":"0x0","allocator":"rec/host","allocator_id":1,)" +
+         R"("action":")" + action + R"(","phase":")" + phase + R"(","ptr":")" + ptr +
+         R"(","size":)" + std::to_string(size) + R"(,"rounded":)" + std::to_string(size) + "}\n";
+}
+
+// malloc A 1000, malloc B 3000, free A, malloc C 2000, free B, free C.
+// By hand: live requested 1000, 4000, 3000, 5000, 2000, 0 -> peak requested 5000.
+// Under a 4096-byte host capacity with naive (which takes exactly the requested bytes from the
+// resource): A, B fit (4000), C would make 5000 -> 1 failed allocation, peak requested 4000.
+std::string hand_log() {
+  return std::string(R"({"format":"poolscope.events","version":1,"pid":1})") + "\n" +
+         rec(1, "malloc", "0x1000", 1000, "post") + rec(2, "malloc", "0x2000", 3000, "post") +
+         rec(3, "free", "0x1000", 1000, "pre") + rec(4, "malloc", "0x3000", 2000, "post") +
+         rec(5, "free", "0x2000", 3000, "pre") + rec(6, "free", "0x3000", 2000, "pre");
+}
+
+json replay_json(const std::vector<std::string>& extra, const std::string& log) {
+  std::vector<std::string> args{"replay", log, "--json", "-"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  const std::string out = run_cli(args);
+  const auto brace = out.find("\n{");
+  EXPECT_NE(brace, std::string::npos) << out;
+  return json::parse(out.substr(brace + 1));
+}
+
+TEST(replay_cli, peaks_and_counts_match_hand_computation) {
+  const std::string log = write_file("poolscope-replay", hand_log());
+  const json j = replay_json({"--allocators", "naive,best_fit,bfc"}, log);
+  EXPECT_EQ(j["format"], "poolscope");
+  EXPECT_EQ(j["records"], 6);
+  ASSERT_EQ(j["results"].size(), 3U);
+  for (const auto& r : j["results"]) {
+    SCOPED_TRACE(r["allocator"].get<std::string>());
+    EXPECT_EQ(r["peak_requested"], 5000);
+    EXPECT_EQ(r["mallocs"], 3);
+    EXPECT_EQ(r["frees"], 3);
+    EXPECT_EQ(r["failed_allocations"], 0);
+    EXPECT_EQ(r["unknown_frees"], 0);
+    EXPECT_GE(r["peak_reserved"].get<std::size_t>(), 5000U);
+  }
+  const auto& naive = j["results"][0];
+  EXPECT_EQ(naive["allocator"].get<std::string>().rfind("naive", 0), 0U);
+  // naive: one upstream call per malloc and free, exactly the requested bytes.
+  EXPECT_EQ(naive["peak_reserved"], 5000);
+  EXPECT_EQ(naive["upstream_allocs"], 3);
+  EXPECT_EQ(naive["upstream_frees"], 3);
+  EXPECT_DOUBLE_EQ(naive["ratio"].get<double>(), 1.0);
+}
+
+TEST(replay_cli, table_and_summary_line) {
+  const std::string log = write_file("poolscope-replay", hand_log());
+  const std::string out = run_cli({"replay", log, "--allocators", "naive,bfc"});
+  EXPECT_NE(out.find("peak req"), std::string::npos) << out;
+  EXPECT_NE(out.find("naive"), std::string::npos) << out;
+  EXPECT_NE(out.find("bfc"), std::string::npos) << out;
+  EXPECT_NE(out.find("summary: 2 allocators, 3 mallocs replayed, 0 failed"), std::string::npos)
+      << out;
+}
+
+TEST(replay_cli, capacity_with_suffix_fails_the_allocation_over_it) {
+  const std::string log = write_file("poolscope-replay", hand_log());
+  for (const char* cap : {"4096", "4K", "4KiB"}) {
+    SCOPED_TRACE(cap);
+    const json j = replay_json({"--allocators", "naive", "--capacity", cap}, log);
+    EXPECT_EQ(j["capacity"], 4096);
+    const auto& r = j["results"][0];
+    EXPECT_EQ(r["failed_allocations"], 1);
+    EXPECT_EQ(r["frees_of_failed"], 1);  // the free of C
+    EXPECT_EQ(r["peak_requested"], 4000);
+    EXPECT_EQ(r["peak_reserved"], 4000);
+  }
+}
+
+TEST(replay_cli, rmm_csv_log) {
+  const std::string log = write_file("poolscope-replay-rmm",
+                                     "Thread,Time,Action,Pointer,Size,Stream\n"
+                                     "1,10:00:00.000001,allocate,0x1000,1000,0x0\n"
+                                     "1,10:00:00.000002,allocate,0x2000,3000,0x0\n"
+                                     "1,10:00:00.000003,free,0x1000,1000,0x0\n"
+                                     "1,10:00:00.000004,allocate,0x3000,2000,0x0\n"
+                                     "1,10:00:00.000005,allocate failure,(nil),999999,0x0\n"
+                                     "1,10:00:00.000006,free,0x2000,3000,0x0\n"
+                                     "1,10:00:00.000007,free,0x3000,2000,0x0\n");
+  const json j = replay_json({"--allocators", "naive"}, log);
+  EXPECT_EQ(j["format"], "rmm_csv");
+  const auto& r = j["results"][0];
+  EXPECT_EQ(r["peak_requested"], 5000);
+  EXPECT_EQ(r["recorded_failures"], 1);
+  EXPECT_EQ(r["failed_allocations"], 0);
+}
+
+TEST(replay_cli, corrupt_line_is_named) {
+  std::string text = hand_log();
+  const auto third = text.find('\n', text.find('\n') + 1);  // after line 2
+  text.insert(third + 1, "{\"seq\": not json\n");           // becomes line 3
+  const std::string log = write_file("poolscope-replay-bad", text);
+  try {
+    (void)run_cli({"replay", log, "--allocators", "naive"});
+    FAIL() << "no error for a corrupt line";
+  } catch (const poolscope::profiler::parse_error& e) {
+    EXPECT_EQ(e.line(), 3U);
+    EXPECT_NE(std::string(e.what()).find(log + ":3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(replay_cli, truncated_last_line_is_named) {
+  std::string text = hand_log();
+  text.resize(text.size() - 20);  // cut line 7 in the middle, no newline
+  const std::string log = write_file("poolscope-replay-cut", text);
+  try {
+    (void)run_cli({"replay", log, "--allocators", "naive"});
+    FAIL() << "no error for a truncated log";
+  } catch (const poolscope::profiler::parse_error& e) {
+    EXPECT_EQ(e.line(), 7U);
+    EXPECT_NE(std::string(e.what()).find(":7"), std::string::npos) << e.what();
+  }
+}
+
+TEST(replay_cli, unknown_allocator_and_bad_capacity_are_clear_errors) {
+  const std::string log = write_file("poolscope-replay", hand_log());
+  try {
+    (void)run_cli({"replay", log, "--allocators", "naive,no_such_pool"});
+    FAIL() << "no error for an unknown allocator";
+  } catch (const CLI::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("no_such_pool"), std::string::npos) << e.what();
+  }
+  try {
+    (void)run_cli({"replay", log, "--capacity", "12Q"});
+    FAIL() << "no error for a bad capacity";
+  } catch (const CLI::ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("12Q"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)run_cli({"replay", "/nonexistent/poolscope.jsonl"}), std::exception);
+}
+
+// <root> -> main (m.cpp:3) -> big (m.cpp:10) self used 3000, acquired 4096
+//                          -> small (m.cpp:20) self used 10
+poolscope::profiler::line_profile hand_profile() {
+  poolscope::profiler::line_profile p;
+  poolscope::profiler::profile_node main_node;
+  main_node.function = "main";
+  main_node.file = "m.cpp";
+  main_node.line = 3;
+  poolscope::profiler::profile_node big;
+  big.function = "big";
+  big.file = "m.cpp";
+  big.line = 10;
+  big.self.count = 1;
+  big.self.used = 3000;
+  big.self.rounded = 3072;
+  big.self.acquired = 4096;
+  big.self.acquire_count = 1;
+  poolscope::profiler::profile_node small;
+  small.function = "small";
+  small.file = "m.cpp";
+  small.line = 20;
+  small.self.count = 2;
+  small.self.used = 10;
+  small.self.rounded = 512;
+  main_node.children = {big, small};
+  p.root.children = {main_node};
+  p.root.function = "<root>";
+  p.unwinder = "frame_pointer";
+  p.symbolizer = "none";
+  p.max_depth = 24;
+  p.recompute_totals();
+  return p;
+}
+
+TEST(report_cli, line_profile_text_threshold_and_folded) {
+  const auto p = hand_profile();
+  const std::string path = write_file("poolscope-lp", p.to_json());
+  const std::string text = run_cli({"report", path});
+  EXPECT_EQ(text, p.to_text());
+  EXPECT_NE(text.find("big (m.cpp:10)"), std::string::npos) << text;
+  EXPECT_NE(text.find("small (m.cpp:20)"), std::string::npos) << text;
+
+  const std::string cut = run_cli({"report", path, "--threshold", "1K"});
+  EXPECT_NE(cut.find("big (m.cpp:10)"), std::string::npos) << cut;
+  EXPECT_EQ(cut.find("small"), std::string::npos) << cut;  // 10 B < 1 KiB
+
+  const std::string folded = run_cli({"report", path, "--folded"});
+  EXPECT_NE(folded.find("main (m.cpp:3);big (m.cpp:10) 3000\n"), std::string::npos) << folded;
+  EXPECT_NE(folded.find("main (m.cpp:3);small (m.cpp:20) 10\n"), std::string::npos) << folded;
+  const std::string rounded = run_cli({"report", path, "--folded", "--metric", "rounded"});
+  EXPECT_NE(rounded.find("small (m.cpp:20) 512\n"), std::string::npos) << rounded;
+}
+
+TEST(report_cli, function_profile_table) {
+  poolscope::profiler::function_profile f;
+  poolscope::profiler::scope_record step;
+  step.name = "step";
+  step.calls = 4;
+  step.cpu_total_ns = 4000000;
+  step.cpu_self_ns = 1000000;
+  step.used_bytes = 1 << 20;
+  f.scopes = {step};
+  const std::string path = write_file("poolscope-fp", f.to_json());
+  const std::string out = run_cli({"report", path});
+  EXPECT_EQ(out, f.to_table());
+  EXPECT_NE(out.find("step"), std::string::npos) << out;
+  EXPECT_THROW((void)run_cli({"report", path, "--folded"}), std::exception);
+}
+
+TEST(report_cli, neither_kind_is_an_error) {
+  const std::string path = write_file("poolscope-x", R"({"hello": 1})");
+  try {
+    (void)run_cli({"report", path});
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  const std::string junk = write_file("poolscope-x", "not json");
+  EXPECT_THROW((void)run_cli({"report", junk}), std::exception);
+}
+
+}  // namespace
+
+#endif  // POOLSCOPE_TEST_REPLAY_CLI

@@ -1,0 +1,228 @@
+// `poolscope replay LOG`: replays a recorded allocation log (poolscope's recorder, the jsonl
+// debug hook or RMM's CSV log; profiler/event_log.hpp) against several allocator strategies and
+// prints what each would have done, side by side (profiler/replay.hpp; docs/event_log.md).
+//
+//   poolscope replay run.jsonl --allocators naive,bfc --capacity 80G --json replay.json
+//
+// Exit codes: 0, or 1 with a message naming the file and line if the log cannot be read or
+// parsed, or naming the strategy/resource that cannot be built. Failed allocations under the
+// capacity are a measurement, not an error.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "byte_size.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/pool/factory.hpp"
+#include "poolscope/profiler/event_log.hpp"
+#include "poolscope/profiler/replay.hpp"
+
+namespace poolscope::tools {
+
+namespace {
+
+struct replay_command {
+  std::string file;
+  std::vector<std::string> allocators;
+  std::string resource = "host";
+  int device = 0;
+  std::string capacity;
+  std::string only_allocator;
+  std::string json_path;
+  bool progress = true;
+};
+
+/// A progress bar on stderr for one strategy's replay (only called when stderr is a TTY).
+std::function<bool(const profiler::replay_progress&)> progress_bar(const std::string& name) {
+  return [name](const profiler::replay_progress& p) {
+    constexpr int width = 30;
+    const double frac =
+        p.total == 0 ? 1.0 : static_cast<double>(p.done) / static_cast<double>(p.total);
+    const int filled = static_cast<int>(frac * width);
+    std::fprintf(stderr, "\r%-14s [%s%s] %3d%%", name.c_str(), std::string(filled, '#').c_str(),
+                 std::string(width - filled, ' ').c_str(), static_cast<int>(frac * 100));
+    if (p.done >= p.total) {
+      std::fprintf(stderr, "\r%*s\r", width + 24, "");
+    }
+    std::fflush(stderr);
+    return true;
+  };
+}
+
+profiler::replay_result replay_one(const replay_command& cmd, const profiler::event_log& log,
+                                   const std::string& strategy, std::size_t capacity) {
+  profiler::replay_options opt;
+  opt.only_allocator = cmd.only_allocator;
+  constexpr std::size_t long_log = std::size_t{1} << 17;
+  if (cmd.progress && log.records.size() >= long_log && ::isatty(STDERR_FILENO) != 0) {
+    opt.progress = progress_bar(strategy);
+    opt.progress_every = std::max<std::size_t>(log.records.size() / 100, 1);
+  }
+  if (cmd.resource == "host") {
+    return profiler::replay_on_host(log, strategy, capacity, opt);
+  }
+  // Device resources: the capacity becomes the allocator's limit (in-use and reserved bytes).
+  auto res = pool::make_resource(cmd.resource, cmd.device);
+  auto alloc = pool::make_allocator(strategy, *res);
+  alloc->set_limit(capacity);
+  return profiler::replay(log, *alloc, opt);
+}
+
+std::string fmt_ns(double ns) {
+  char buf[32];
+  if (ns < 1e4) {
+    std::snprintf(buf, sizeof buf, "%.0f ns", ns);
+  } else if (ns < 1e7) {
+    std::snprintf(buf, sizeof buf, "%.1f us", ns / 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f ms", ns / 1e6);
+  }
+  return buf;
+}
+
+void print_table(std::ostream& out, const std::vector<profiler::replay_result>& results) {
+  char line[512];
+  std::snprintf(line, sizeof line, "%-22s %12s %12s %7s %15s %8s %10s %10s %10s %10s\n",
+                "allocator", "peak req", "peak rsv", "ratio", "upstream a/f", "failed",
+                "malloc p50", "malloc p99", "free p50", "free p99");
+  out << line;
+  for (const auto& r : results) {
+    const std::string upstream =
+        std::to_string(r.upstream_allocs) + "/" + std::to_string(r.upstream_frees);
+    std::snprintf(
+        line, sizeof line, "%-22s %12s %12s %7.3f %15s %8" PRIu64 " %10s %10s %10s %10s\n",
+        r.allocator.c_str(), format_bytes(r.peak_requested).c_str(),
+        format_bytes(r.peak_reserved).c_str(), r.ratio, upstream.c_str(), r.failed_allocations,
+        fmt_ns(r.malloc_latency.p50_ns).c_str(), fmt_ns(r.malloc_latency.p99_ns).c_str(),
+        fmt_ns(r.free_latency.p50_ns).c_str(), fmt_ns(r.free_latency.p99_ns).c_str());
+    out << line;
+  }
+}
+
+void run_replay(const replay_command& cmd) {
+  const std::size_t capacity = cmd.capacity.empty() ? std::numeric_limits<std::size_t>::max()
+                                                    : parse_byte_size(cmd.capacity);
+  const profiler::event_log log = profiler::read_event_log(cmd.file);
+  if (!cmd.only_allocator.empty() && std::find(log.allocators.begin(), log.allocators.end(),
+                                               cmd.only_allocator) == log.allocators.end()) {
+    std::string names;
+    for (const auto& n : log.allocators) {
+      names += (names.empty() ? "" : ", ") + n;
+    }
+    throw invalid_argument("poolscope replay: the log has no allocator '" + cmd.only_allocator +
+                           "' (it has: " + names + ")");
+  }
+  const std::vector<std::string> strategies =
+      cmd.allocators.empty() ? pool::allocator_names() : cmd.allocators;
+
+  std::vector<profiler::replay_result> results;
+  results.reserve(strategies.size());
+  for (const auto& s : strategies) {
+    results.push_back(replay_one(cmd, log, s, capacity));
+  }
+
+  std::cout << "replay of " << cmd.file << " (" << profiler::to_string(log.format) << ", "
+            << log.records.size() << " records) on " << cmd.resource;
+  if (!cmd.capacity.empty()) {
+    std::cout << ", capacity " << format_bytes(capacity);
+  }
+  std::cout << "\n";
+  print_table(std::cout, results);
+
+  const auto best =
+      std::min_element(results.begin(), results.end(), [](const auto& a, const auto& b) {
+        return a.failed_allocations != b.failed_allocations
+                   ? a.failed_allocations < b.failed_allocations
+                   : a.peak_reserved < b.peak_reserved;
+      });
+  std::uint64_t failed = 0;
+  for (const auto& r : results) {
+    failed += r.failed_allocations;
+  }
+  std::cout << "summary: " << results.size() << " allocators, "
+            << (results.empty() ? 0 : results.front().mallocs) << " mallocs replayed, " << failed
+            << " failed allocations in all";
+  if (best != results.end()) {
+    char ratio[32];
+    std::snprintf(ratio, sizeof ratio, "%.3f", best->ratio);
+    std::cout << "; lowest peak reserved: " << best->allocator << " ("
+              << format_bytes(best->peak_reserved) << ", ratio " << ratio << ")";
+  }
+  std::cout << "\n";
+  std::cout.flush();
+
+  if (!cmd.json_path.empty()) {
+    nlohmann::ordered_json j;
+    j["log"] = cmd.file;
+    j["format"] = std::string(profiler::to_string(log.format));
+    j["records"] = log.records.size();
+    j["resource"] = cmd.resource;
+    j["capacity"] =
+        cmd.capacity.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(capacity);
+    auto& arr = j["results"] = nlohmann::ordered_json::array();
+    for (const auto& r : results) {
+      arr.push_back(nlohmann::ordered_json::parse(r.to_json()));
+    }
+    const std::string text = j.dump(2) + "\n";
+    if (cmd.json_path == "-") {
+      std::cout << text;
+    } else {
+      std::ofstream f(cmd.json_path, std::ios::out | std::ios::trunc);
+      f << text;
+      f.close();
+      if (!f) {
+        throw runtime_error("poolscope replay: cannot write '" + cmd.json_path + "'");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+/// `poolscope replay LOG`.
+void register_replay(CLI::App& app) {
+  auto cmd = std::make_shared<replay_command>();
+  auto* sub = app.add_subcommand(
+      "replay",
+      "replay a recorded allocation log (poolscope JSON Lines, jsonl hook or RMM CSV) on "
+      "allocator strategies: peaks, upstream calls, failures under a capacity, latencies");
+  sub->add_option("log", cmd->file, "the log file")->required();
+  sub->add_option("--allocators", cmd->allocators,
+                  "comma-separated strategies (default: all registered)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(pool::allocator_names()));
+  sub->add_option("--resource", cmd->resource, "upstream resource (default: host)")
+      ->check(CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async"}));
+  sub->add_option("--device", cmd->device, "GPU ordinal for device resources")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--capacity", cmd->capacity,
+                  "bytes the upstream may hold (suffixes K, M, G, T: 512M, 80G; default: no "
+                  "limit)")
+      ->check([](const std::string& s) {
+        try {
+          (void)parse_byte_size(s);
+          return std::string();
+        } catch (const std::exception& e) {
+          return std::string(e.what());
+        }
+      });
+  sub->add_option("--only-allocator", cmd->only_allocator,
+                  "replay only the records of this recorded allocator (nested pools log each "
+                  "request twice)");
+  sub->add_option("--json", cmd->json_path, "also write the results as JSON ('-': stdout)");
+  sub->add_flag("!--no-progress", cmd->progress, "no progress bar on stderr");
+  sub->callback([cmd] { run_replay(*cmd); });
+}
+
+}  // namespace poolscope::tools
