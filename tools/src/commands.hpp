@@ -13,6 +13,10 @@ void register_demo(CLI::App& app);
 /// `poolscope bench alloc`: the allocator benchmark.
 void register_bench(CLI::App& app);
 
+/// `poolscope replay LOG`: replays an allocation log on allocator strategies, side by side.
+void register_replay(CLI::App& app);
+/// `poolscope report FILE`: renders a saved line-profile or function-profile JSON report.
+void register_report(CLI::App& app);
 /// `poolscope trace check|summary FILE`: validate a Chrome trace, or summarise its overlap.
 void register_trace(CLI::App& app);
 

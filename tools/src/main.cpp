@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   poolscope::tools::register_demo(app);
   poolscope::tools::register_bench(app);
+  poolscope::tools::register_replay(app);
+  poolscope::tools::register_report(app);
   poolscope::tools::register_trace(app);
   try {
     app.parse(argc, argv);
