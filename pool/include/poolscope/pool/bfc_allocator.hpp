@@ -45,8 +45,9 @@
 // lists): a spin lock that yields the CPU after a brief spin (detail/bfc_structures.hpp),
 // because the critical section is short: a bitmap search, a few pointer updates and a
 // hash-table operation. Upstream calls and segment releases run outside it; split/merge hooks
-// run inside it (keep hooks short). Threads contend on the one lock: for many allocating
-// threads put a per-thread or per-stream layer in front.
+// run inside it, so a hook must be short and must not call back into the same allocator.
+// Threads contend on the one lock: for many allocating threads put a per-thread or per-stream
+// layer in front.
 // Stream semantics: not stream-aware. A block freed on one stream may be handed out for
 // another at once; use stream_pool_allocator when several streams share a pool. Segments are
 // acquired on the requesting stream and released on the default stream.
@@ -118,7 +119,7 @@ class bfc_allocator final : public allocator {
   ~bfc_allocator() override;
 
   /// The options the pool was built with.
-  [[nodiscard]] const bfc_options& options() const noexcept { return options_; }
+  [[nodiscard]] bfc_options options() const noexcept { return options_; }
 
   /// A snapshot of every segment (ordered by base address) and its chunks. Takes the mutex;
   /// O(chunks). For reports and tests.
