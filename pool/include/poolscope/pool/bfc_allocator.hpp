@@ -41,13 +41,13 @@
 //
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
-// Thread safety: thread-safe; one lock guards all state (free index, live table, segment
-// lists): a spin lock that yields the CPU after a brief spin (detail/bfc_structures.hpp),
-// because the critical section is short: a bitmap search, a few pointer updates and a
+// Thread safety: thread-safe; one mutex guards all state (free index, live table, segment
+// lists): an inline futex-style lock (detail/bfc_structures.hpp) whose waiters spin briefly,
+// then sleep. The critical section is short: a bitmap search, a few pointer updates and a
 // hash-table operation. Upstream calls and segment releases run outside it; split/merge hooks
 // run inside it, so a hook must be short and must not call back into the same allocator.
-// Threads contend on the one lock: for many allocating threads put a per-thread or per-stream
-// layer in front.
+// Threads contend on the one lock and on the cache lines it guards: for many allocating
+// threads put a per-thread or per-stream layer in front.
 // Stream semantics: not stream-aware. A block freed on one stream may be handed out for
 // another at once; use stream_pool_allocator when several streams share a pool. Segments are
 // acquired on the requesting stream and released on the default stream.
