@@ -13,6 +13,9 @@
  * Configuration, read from the environment once per device, at that device's first use:
  *   POOLSCOPE_ALLOCATOR = naive | best_fit | bfc | stream_pool   (default bfc)
  *   POOLSCOPE_RESOURCE  = cuda | cuda_async | host              (default cuda)
+ * Read once per process, at the first device's first use:
+ *   POOLSCOPE_RECORD    = FILE   write the allocator event log (JSON Lines, docs/event_log.md)
+ *   POOLSCOPE_PROFILE   = FILE   write the line profile (JSON, docs/line_profile.md) at exit
  * With POOLSCOPE_RESOURCE=host the device argument is only a key selecting one of up to
  * POOLSCOPE_ALLOC_MAX_DEVICES independent pools. An unknown name is logged once (stderr,
  * "[poolscope error] ...") and every later poolscope_malloc on that device returns NULL.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -13,8 +14,11 @@
 #include <string>
 
 #include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/profiler/line_profiler.hpp"
+#include "poolscope/profiler/recorder.hpp"
 
 #ifndef POOLSCOPE_VERSION_STRING
 #error "POOLSCOPE_VERSION_STRING must be defined by the build"
@@ -55,12 +59,89 @@ void log_error(const std::string& message) noexcept {
   log(log_level::error, message);
 }
 
+/// Profilers chosen by the environment: POOLSCOPE_RECORD=FILE (the allocator event log) and
+/// POOLSCOPE_PROFILE=FILE (the line profile as JSON, written at exit). Installed process-wide
+/// once, before the first pool is built; never destroyed (blocks may be freed during exit).
+struct env_profilers {
+  std::unique_ptr<poolscope::profiler::recorder> recorder;
+  std::unique_ptr<poolscope::profiler::line_profiler> line_profiler;
+  std::string profile_path;
+};
+std::atomic<env_profilers*> g_env_profilers{nullptr};
+std::once_flag g_env_profilers_once;
+
+/// atexit: flush the event log and write the line profile. Never throws.
+void finish_env_profilers() noexcept {
+  env_profilers* e = g_env_profilers.load(std::memory_order_acquire);
+  if (e == nullptr) {
+    return;
+  }
+  try {
+    if (e->recorder != nullptr) {
+      e->recorder->flush();
+    }
+    if (e->line_profiler != nullptr) {
+      std::ofstream out(e->profile_path, std::ios::trunc);
+      out << e->line_profiler->report().to_json();
+      if (!out) {
+        log_error("poolscope_alloc: cannot write the line profile to '" + e->profile_path + "'");
+      }
+    }
+  } catch (const std::exception& ex) {
+    log(log_level::error, std::string("poolscope_alloc: writing profiles at exit: ") + ex.what());
+  } catch (...) {
+  }
+}
+
+void install_env_profilers() noexcept {
+  const char* record = std::getenv("POOLSCOPE_RECORD");
+  const char* profile = std::getenv("POOLSCOPE_PROFILE");
+  const bool want_record = record != nullptr && *record != '\0';
+  const bool want_profile = profile != nullptr && *profile != '\0';
+  if (!want_record && !want_profile) {
+    return;
+  }
+  auto* e = new (std::nothrow) env_profilers;
+  if (e == nullptr) {
+    return;
+  }
+  if (want_record) {
+    try {
+      e->recorder = std::make_unique<poolscope::profiler::recorder>(record);
+      poolscope::hooks::install(*e->recorder);
+    } catch (const std::exception& ex) {
+      e->recorder.reset();
+      log(log_level::error, std::string("poolscope_alloc: POOLSCOPE_RECORD ignored: ") + ex.what());
+    }
+  }
+  if (want_profile) {
+    try {
+      e->profile_path = profile;
+      e->line_profiler = std::make_unique<poolscope::profiler::line_profiler>();
+      poolscope::hooks::install(*e->line_profiler);
+    } catch (const std::exception& ex) {
+      e->line_profiler.reset();
+      log(log_level::error,
+          std::string("poolscope_alloc: POOLSCOPE_PROFILE ignored: ") + ex.what());
+    }
+  }
+  g_env_profilers.store(e, std::memory_order_release);
+  if (std::atexit(finish_env_profilers) != 0) {
+    log(log_level::error, "poolscope_alloc: cannot register the exit handler; profiles unwritten");
+  }
+}
+
 /// Builds the device's pool from the environment. Never throws: a failure is recorded in the
 /// pool (and logged here, once).
 device_pool* create_pool(int device) noexcept {
   device_pool* p = new (std::nothrow) device_pool;
   if (p == nullptr) {
     return nullptr;
+  }
+  try {
+    std::call_once(g_env_profilers_once, install_env_profilers);
+  } catch (...) {
+    // call_once itself failed: run without the environment's profilers.
   }
   try {
     p->device = device;
