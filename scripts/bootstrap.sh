@@ -18,7 +18,7 @@ declare -A need=(
   [nlohmann-json3-dev]=/usr/include/nlohmann/json.hpp
   [libcli11-dev]=/usr/include/CLI/CLI.hpp
   [libdw-dev]=/usr/include/elfutils/libdwfl.h
-  [libunwind-dev]=/usr/include/libunwind.h
+  [libunwind-dev]=/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/pkgconfig/libunwind.pc
 )
 missing=()
 for pkg in "${!need[@]}"; do
