@@ -1,0 +1,907 @@
+// The CUDA backend: per GPU a compute and a transfer stream (non-blocking), the pool allocator
+// chosen in backend_options over a "cuda" resource, cuBLAS handles, recycled events, and NCCL
+// communicators created on first use. Copies within a GPU use cudaMemcpy(2D)Async or the strided
+// copy kernel; between GPUs cudaMemcpyPeerAsync, 2-D peer copies, NCCL send/recv, or the copy
+// kernel reading or writing peer memory. Everything CUDA goes through cuda_seam.hpp.
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cuda_seam.hpp"
+#include "kernels.hpp"
+#include "poolscope/darray/backend.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/pool/factory.hpp"
+#include "poolscope/profiler/scope.hpp"
+
+namespace poolscope::darray {
+namespace {
+
+using detail::seam::device_guard;
+using detail::seam::log_failure;
+using profiler::category;
+
+/// Bytes from which transport::automatic moves a contiguous piece between GPUs with NCCL
+/// send/recv instead of the copy engines (cudaMemcpyPeerAsync). 64 MiB is a starting point: the
+/// crossover is to be measured on the lent 2- and 4-GPU machines (raw peer copy against NCCL
+/// send/recv of the same bytes, as in bench D1) and this constant set from docs/perf.md.
+constexpr std::size_t nccl_crossover_bytes = std::size_t{64} << 20;
+
+/// Events kept for reuse per device; more are destroyed when released.
+constexpr std::size_t event_free_list_capacity = 256;
+
+// Recycles the cudaEvents (without timing) of one device. Shared by the backend and by every
+// event it handed out, so events may outlive the backend. Thread-safe (a mutex).
+class event_pool {
+ public:
+  explicit event_pool(int device) noexcept : device_(device) {}
+  event_pool(const event_pool&) = delete;
+  event_pool& operator=(const event_pool&) = delete;
+  ~event_pool() {
+    for (cudaEvent_t e : free_) {
+      log_failure("cudaEventDestroy", [e] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(e)); });
+    }
+  }
+
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+  // A free event of this device (created when none is free).
+  [[nodiscard]] cudaEvent_t acquire() {
+    {
+      const std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    const device_guard guard(device_);
+    cudaEvent_t e = nullptr;
+    POOLSCOPE_DARRAY_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  // Takes `e` back. An event may be re-recorded at once: waits enqueued on it before keep the
+  // state it had when they were enqueued.
+  void release(cudaEvent_t e) noexcept {
+    try {
+      const std::lock_guard lock(mutex_);
+      if (free_.size() < event_free_list_capacity) {
+        free_.push_back(e);
+        return;
+      }
+    } catch (...) {  // the free list could not grow: destroy it instead
+    }
+    log_failure("cudaEventDestroy", [e] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(e)); });
+  }
+
+ private:
+  int device_;
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// An event recorded on a stream; returns its cudaEvent to the pool when the last handle goes.
+class cuda_event final : public detail::event_state {
+ public:
+  cuda_event(std::shared_ptr<event_pool> pool, cudaEvent_t e) noexcept
+      : pool_(std::move(pool)), event_(e) {}
+  cuda_event(const cuda_event&) = delete;
+  cuda_event& operator=(const cuda_event&) = delete;
+  ~cuda_event() override { pool_->release(event_); }
+
+  [[nodiscard]] bool ready() const override {
+    const cudaError_t s = cudaEventQuery(event_);
+    if (s == cudaSuccess) {
+      return true;
+    }
+    if (s == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    detail::seam::raise(s, "cudaEventQuery(event_)", __FILE__, __LINE__);
+  }
+  void wait() const override { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(event_)); }
+  [[nodiscard]] cudaEvent_t handle() const noexcept { return event_; }
+
+ private:
+  std::shared_ptr<event_pool> pool_;
+  cudaEvent_t event_;
+};
+
+// Everything the backend holds for one GPU. Owned by the backend; not movable (mutexes).
+struct device_state {
+  int ordinal = 0;
+  std::string name;
+  int sm_count = 1;
+  std::array<cudaStream_t, 2> streams{};  // [compute, transfer]
+  std::unique_ptr<pool::resource> resource;
+  std::unique_ptr<pool::allocator> allocator;
+  std::shared_ptr<event_pool> events;
+  // Scratch of the all-axes reductions, one per queue (work of a queue runs in order).
+  std::array<void*, 2> scratch{};
+  std::array<std::mutex, 2> scratch_mutex;
+  // cuBLAS handles, one per queue (created on the first gemm of that queue), so that two queues
+  // never share a handle's workspace concurrently.
+  std::array<cublasHandle_t, 2> blas{};
+  std::array<std::mutex, 2> blas_mutex;
+  // Scope names of copies from this device: "darray.copy 0->1".
+  std::vector<std::string> copy_names;
+};
+
+constexpr std::size_t index_of(queue_kind q) noexcept {
+  return q == queue_kind::compute ? 0 : 1;
+}
+
+template <typename T>
+T* element_ptr(const view& v, std::size_t element_bytes) noexcept {
+  return reinterpret_cast<T*>(static_cast<std::byte*>(v.base) +
+                              v.offset * static_cast<std::int64_t>(element_bytes));
+}
+
+bool is_dense_line(const view& v) noexcept {
+  return v.rank == 1 && v.stride[0] == 1;
+}
+
+// Rows of contiguous elements at a pitch: what cudaMemcpy2D and 3D-peer copies move.
+struct pitched {
+  std::size_t width = 0;  // bytes per row
+  std::size_t height = 0;
+  std::size_t dst_pitch = 0;
+  std::size_t src_pitch = 0;
+};
+
+// Views collapsed jointly (kernels.hpp): a rank-2 pair with unit inner strides whose rows do not
+// overlap.
+std::optional<pitched> as_pitched(const std::array<view, 2>& v, std::size_t es) noexcept {
+  if (v[0].rank != 2 || v[0].stride[1] != 1 || v[1].stride[1] != 1) {
+    return std::nullopt;
+  }
+  pitched p;
+  p.width = static_cast<std::size_t>(v[0].extent[1]) * es;
+  p.height = static_cast<std::size_t>(v[0].extent[0]);
+  p.dst_pitch = static_cast<std::size_t>(v[0].stride[0]) * es;
+  p.src_pitch = static_cast<std::size_t>(v[1].stride[0]) * es;
+  if (p.dst_pitch < p.width || p.src_pitch < p.width) {
+    return std::nullopt;
+  }
+  return p;
+}
+
+// Copies between the host view `h` and the dense bytes `dense` (pack: h -> dense; else back).
+void host_strided_copy(const view& h, std::size_t es, std::byte* dense, bool pack) noexcept {
+  std::array<std::int64_t, max_rank> ext{1, 1, 1, 1};
+  std::array<std::int64_t, max_rank> str{0, 0, 0, 0};
+  const std::size_t shift = max_rank - h.rank;
+  for (std::size_t d = 0; d < h.rank; ++d) {
+    ext[shift + d] = h.extent[d];
+    str[shift + d] = h.stride[d];
+  }
+  auto* base = element_ptr<std::byte>(h, es);
+  std::size_t out = 0;
+  for (std::int64_t i0 = 0; i0 < ext[0]; ++i0) {
+    for (std::int64_t i1 = 0; i1 < ext[1]; ++i1) {
+      for (std::int64_t i2 = 0; i2 < ext[2]; ++i2) {
+        for (std::int64_t i3 = 0; i3 < ext[3]; ++i3) {
+          std::byte* p = base + (i0 * str[0] + i1 * str[1] + i2 * str[2] + i3 * str[3]) *
+                                    static_cast<std::int64_t>(es);
+          if (pack) {
+            std::memcpy(dense + out, p, es);
+          } else {
+            std::memcpy(p, dense + out, es);
+          }
+          out += es;
+        }
+      }
+    }
+  }
+}
+
+const profiler::scope_site& site_of(unary_op op) {
+  static const profiler::scope_site sites[] = {
+      profiler::scope_site{"darray.neg", category::darray_compute},
+      profiler::scope_site{"darray.abs", category::darray_compute},
+      profiler::scope_site{"darray.exp", category::darray_compute},
+      profiler::scope_site{"darray.log", category::darray_compute},
+      profiler::scope_site{"darray.sin", category::darray_compute},
+      profiler::scope_site{"darray.cos", category::darray_compute},
+      profiler::scope_site{"darray.sqrt", category::darray_compute},
+  };
+  return sites[static_cast<std::size_t>(op)];
+}
+
+const profiler::scope_site& site_of(binary_op op) {
+  static const profiler::scope_site sites[] = {
+      profiler::scope_site{"darray.add", category::darray_compute},
+      profiler::scope_site{"darray.sub", category::darray_compute},
+      profiler::scope_site{"darray.mul", category::darray_compute},
+      profiler::scope_site{"darray.div", category::darray_compute},
+      profiler::scope_site{"darray.maximum", category::darray_compute},
+      profiler::scope_site{"darray.minimum", category::darray_compute},
+      profiler::scope_site{"darray.pow", category::darray_compute},
+  };
+  return sites[static_cast<std::size_t>(op)];
+}
+
+const profiler::scope_site& accumulate_site(reduce_op op) {
+  static const profiler::scope_site sites[] = {
+      profiler::scope_site{"darray.accumulate.sum", category::darray_compute},
+      profiler::scope_site{"darray.accumulate.prod", category::darray_compute},
+      profiler::scope_site{"darray.accumulate.max", category::darray_compute},
+      profiler::scope_site{"darray.accumulate.min", category::darray_compute},
+  };
+  return sites[static_cast<std::size_t>(op)];
+}
+
+const profiler::scope_site& reduce_site(reduce_op op) {
+  static const profiler::scope_site sites[] = {
+      profiler::scope_site{"darray.reduce.sum", category::darray_compute},
+      profiler::scope_site{"darray.reduce.prod", category::darray_compute},
+      profiler::scope_site{"darray.reduce.max", category::darray_compute},
+      profiler::scope_site{"darray.reduce.min", category::darray_compute},
+  };
+  return sites[static_cast<std::size_t>(op)];
+}
+
+// The CUDA implementation of backend. Ownership: owns its streams, allocators (and their
+// resources), cuBLAS handles, NCCL communicators and scratch; events share an event_pool with it.
+// Thread safety: enqueue methods may be called from several threads (cuBLAS handles, NCCL and
+// scratch are guarded by mutexes; streams and events are thread-safe). Stream semantics: see
+// backend.hpp; every enqueue returns at once except upload, download and synchronize.
+class cuda_backend final : public backend {
+ public:
+  cuda_backend(int devices, const backend_options& options);
+  ~cuda_backend() override;
+
+ private:
+  // --- backend ---
+  [[nodiscard]] std::string do_name() const override {
+    return "cuda:" + std::to_string(devices_.size());
+  }
+  [[nodiscard]] int do_device_count() const noexcept override {
+    return static_cast<int>(devices_.size());
+  }
+  [[nodiscard]] bool do_is_gpu() const noexcept override { return true; }
+  [[nodiscard]] std::string do_device_name(int device) const override { return dev(device).name; }
+  [[nodiscard]] pool::allocator& do_allocator(int device) override {
+    return *dev(device).allocator;
+  }
+  [[nodiscard]] stream_view do_alloc_stream(int device) const noexcept override {
+    return stream_view{dev(device).streams[0]};
+  }
+  [[nodiscard]] event do_record(int device, queue_kind q) override;
+  void do_wait(int device, queue_kind q, const event& e) override;
+  void do_synchronize() override;
+  void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
+               const view& src, int src_device, transport how) override;
+  void do_upload(int device, dtype t, const view& dst, const view& host_src) override;
+  void do_download(int device, dtype t, const view& host_dst, const view& src) override;
+  void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) override;
+  void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
+                const view& src) override;
+  void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
+                 const view& b, const scalar* a_scalar, const scalar* b_scalar) override;
+  void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                     const view& src) override;
+  void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc, const view& src,
+                 int axis) override;
+  void do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
+                          const view& b) override;
+
+  // --- helpers ---
+  [[nodiscard]] device_state& dev(int device) noexcept {
+    return *devices_[static_cast<std::size_t>(device)];
+  }
+  [[nodiscard]] const device_state& dev(int device) const noexcept {
+    return *devices_[static_cast<std::size_t>(device)];
+  }
+  [[nodiscard]] cudaStream_t stream(int device, queue_kind q) const noexcept {
+    return dev(device).streams[index_of(q)];
+  }
+  [[nodiscard]] detail::launch_target target(int device, queue_kind q) const noexcept {
+    return detail::launch_target{stream(device, q), dev(device).sm_count};
+  }
+  [[nodiscard]] bool peer(int from, int to) const noexcept {
+    return peer_[static_cast<std::size_t>(from) * devices_.size() + static_cast<std::size_t>(to)] !=
+           0;
+  }
+  // Work enqueued later on `waiter` starts after the work enqueued so far on `s` (of `device`).
+  void order_after(cudaStream_t waiter, cudaStream_t s, int device);
+  void copy_within(const detail::launch_target& on, std::size_t es, const std::array<view, 2>& v);
+  void copy_between(int queue_device, cudaStream_t s, std::size_t es, const std::array<view, 2>& v,
+                    int dst_device, int src_device);
+  void copy_nccl(int queue_device, cudaStream_t s, void* dst, int dst_device, const void* src,
+                 int src_device, std::size_t bytes);
+  void copy_3d_peer(cudaStream_t s, void* dst, int dst_device, const void* src, int src_device,
+                    const pitched& p);
+  void ensure_comms();
+  cublasHandle_t blas_handle(int device, queue_kind q);
+  void release_all() noexcept;
+
+  std::vector<std::unique_ptr<device_state>> devices_;
+  std::vector<char> peer_;  // peer_[from * n + to]: `from` can access `to`'s memory
+  transport default_transport_ = transport::automatic;
+  std::mutex nccl_mutex_;
+  std::vector<ncclComm_t> comms_;
+};
+
+cuda_backend::cuda_backend(int devices, const backend_options& options)
+    : default_transport_(options.transfers) {
+  try {
+    const auto n = static_cast<std::size_t>(devices);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto state = std::make_unique<device_state>();
+      state->ordinal = static_cast<int>(i);
+      const device_guard guard(state->ordinal);
+      cudaDeviceProp prop{};
+      POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, state->ordinal));
+      state->name = prop.name;
+      state->sm_count = std::max(prop.multiProcessorCount, 1);
+      // Registered before creating anything, so release_all frees what was made on a failure.
+      devices_.push_back(std::move(state));
+      device_state& d = *devices_.back();
+      for (auto& s : d.streams) {
+        POOLSCOPE_DARRAY_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      }
+      for (auto& p : d.scratch) {
+        POOLSCOPE_DARRAY_CHECK(cudaMalloc(&p, detail::reduce_scratch_bytes(d.sm_count)));
+      }
+      d.events = std::make_shared<event_pool>(d.ordinal);
+      d.resource =
+          pool::make_resource(options.resource.empty() ? "cuda" : options.resource, d.ordinal);
+      d.allocator = pool::make_allocator(options.allocator, *d.resource);
+      for (std::size_t j = 0; j < n; ++j) {
+        d.copy_names.push_back("darray.copy " + std::to_string(i) + "->" + std::to_string(j));
+      }
+    }
+    peer_.assign(n * n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (std::size_t j = 0; j < n; ++j) {
+        if (i == j) {
+          continue;
+        }
+        int can = 0;
+        POOLSCOPE_DARRAY_CHECK(
+            cudaDeviceCanAccessPeer(&can, static_cast<int>(i), static_cast<int>(j)));
+        if (can == 0) {
+          continue;
+        }
+        const device_guard guard(static_cast<int>(i));
+        const cudaError_t s = cudaDeviceEnablePeerAccess(static_cast<int>(j), 0);
+        if (s != cudaSuccess) {
+          (void)cudaGetLastError();
+        }
+        if (s == cudaSuccess || s == cudaErrorPeerAccessAlreadyEnabled) {
+          peer_[i * n + j] = 1;
+        } else {
+          // Copies between the pair still work (staged by the runtime), only slower.
+          poolscope::log(log_level::warn, "darray cuda backend: peer access " + std::to_string(i) +
+                                              "->" + std::to_string(j) +
+                                              " not enabled: " + cudaGetErrorName(s));
+        }
+      }
+    }
+  } catch (...) {
+    release_all();
+    throw;
+  }
+}
+
+cuda_backend::~cuda_backend() {
+  for (auto& d : devices_) {
+    for (cudaStream_t s : d->streams) {
+      if (s != nullptr) {
+        log_failure("cudaStreamSynchronize",
+                    [s] { POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s)); });
+      }
+    }
+  }
+  // Deferred buffers go back to the allocators while those (and the streams) still exist.
+  collect_deferred(true);
+  release_all();
+}
+
+void cuda_backend::release_all() noexcept {
+  for (auto& d : devices_) {
+    d->allocator.reset();
+    d->resource.reset();
+  }
+  for (ncclComm_t c : comms_) {
+    if (c != nullptr) {
+      log_failure("ncclCommDestroy", [c] { POOLSCOPE_DARRAY_CHECK(ncclCommDestroy(c)); });
+    }
+  }
+  comms_.clear();
+  for (auto& d : devices_) {
+    for (cublasHandle_t h : d->blas) {
+      if (h != nullptr) {
+        log_failure("cublasDestroy", [h] { POOLSCOPE_DARRAY_CHECK(cublasDestroy(h)); });
+      }
+    }
+    for (void* p : d->scratch) {
+      if (p != nullptr) {
+        log_failure("cudaFree", [p] { POOLSCOPE_DARRAY_CHECK(cudaFree(p)); });
+      }
+    }
+    d->events.reset();  // events still handed out keep their pool until they go
+    for (cudaStream_t s : d->streams) {
+      if (s != nullptr) {
+        log_failure("cudaStreamDestroy", [s] { POOLSCOPE_DARRAY_CHECK(cudaStreamDestroy(s)); });
+      }
+    }
+  }
+  devices_.clear();
+}
+
+event cuda_backend::do_record(int device, queue_kind q) {
+  device_state& d = dev(device);
+  cudaEvent_t e = d.events->acquire();
+  const cudaError_t s = cudaEventRecord(e, d.streams[index_of(q)]);
+  if (s != cudaSuccess) {
+    d.events->release(e);
+    detail::seam::raise(s, "cudaEventRecord(e, stream)", __FILE__, __LINE__);
+  }
+  return event(std::make_shared<const cuda_event>(d.events, e));
+}
+
+void cuda_backend::do_wait(int device, queue_kind q, const event& e) {
+  const auto* ce = dynamic_cast<const cuda_event*>(e.state());
+  if (ce == nullptr) {
+    e.wait();  // not one of ours: the host waits instead
+    return;
+  }
+  POOLSCOPE_DARRAY_CHECK(cudaStreamWaitEvent(stream(device, q), ce->handle(), 0));
+}
+
+void cuda_backend::do_synchronize() {
+  for (auto& d : devices_) {
+    for (cudaStream_t s : d->streams) {
+      POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    }
+  }
+}
+
+void cuda_backend::order_after(cudaStream_t waiter, cudaStream_t s, int device) {
+  if (waiter == s) {
+    return;
+  }
+  event_pool& pool = *dev(device).events;
+  cudaEvent_t e = pool.acquire();
+  try {
+    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(e, s));
+    POOLSCOPE_DARRAY_CHECK(cudaStreamWaitEvent(waiter, e, 0));
+  } catch (...) {
+    pool.release(e);
+    throw;
+  }
+  pool.release(e);
+}
+
+// --- copies ---
+
+void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
+                           const view& src, int src_device, transport how) {
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::uint64_t>(dst.size()) * es;
+  const cudaStream_t s = stream(queue_device, q);
+  const profiler::scope scope{dev(src_device).copy_names[static_cast<std::size_t>(dst_device)],
+                              category::darray_transfer, stream_view{s}};
+  const device_guard guard(queue_device);
+  std::array<view, 2> v{dst, src};
+  detail::collapse_jointly(v.data(), v.size());
+  if (dst_device == src_device) {
+    copy_within(target(queue_device, q), es, v);
+    count_copy(false, bytes, false);
+    return;
+  }
+  const transport chosen = how == transport::automatic ? default_transport_ : how;
+  const bool line = is_dense_line(v[0]) && is_dense_line(v[1]);
+  const bool nccl = line && (chosen == transport::nccl ||
+                             (chosen == transport::automatic && bytes >= nccl_crossover_bytes));
+  if (nccl) {
+    copy_nccl(queue_device, s, element_ptr<void>(v[0], es), dst_device,
+              element_ptr<const void>(v[1], es), src_device, bytes);
+  } else {
+    copy_between(queue_device, s, es, v, dst_device, src_device);
+  }
+  count_copy(true, bytes, nccl);
+}
+
+void cuda_backend::copy_within(const detail::launch_target& on, std::size_t es,
+                               const std::array<view, 2>& v) {
+  if (is_dense_line(v[0]) && is_dense_line(v[1])) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(
+        element_ptr<void>(v[0], es), element_ptr<const void>(v[1], es),
+        static_cast<std::size_t>(v[0].extent[0]) * es, cudaMemcpyDeviceToDevice, on.stream));
+    return;
+  }
+  if (const auto p = as_pitched(v, es)) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(
+        element_ptr<void>(v[0], es), p->dst_pitch, element_ptr<const void>(v[1], es), p->src_pitch,
+        p->width, p->height, cudaMemcpyDeviceToDevice, on.stream));
+    return;
+  }
+  detail::launch_copy(on, es, v[0], v[1]);
+}
+
+void cuda_backend::copy_3d_peer(cudaStream_t s, void* dst, int dst_device, const void* src,
+                                int src_device, const pitched& p) {
+  cudaMemcpy3DPeerParms parms{};
+  parms.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), p.src_pitch, p.width, p.height);
+  parms.srcDevice = src_device;
+  parms.dstPtr = make_cudaPitchedPtr(dst, p.dst_pitch, p.width, p.height);
+  parms.dstDevice = dst_device;
+  parms.extent = make_cudaExtent(p.width, p.height, 1);
+  POOLSCOPE_DARRAY_CHECK(cudaMemcpy3DPeerAsync(&parms, s));
+}
+
+void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es,
+                                const std::array<view, 2>& v, int dst_device, int src_device) {
+  void* dst = element_ptr<void>(v[0], es);
+  const void* src = element_ptr<const void>(v[1], es);
+  if (is_dense_line(v[0]) && is_dense_line(v[1])) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device,
+                                               static_cast<std::size_t>(v[0].extent[0]) * es, s));
+    return;
+  }
+  if (const auto p = as_pitched(v, es)) {
+    copy_3d_peer(s, dst, dst_device, src, src_device, *p);
+    return;
+  }
+  const int other = queue_device == dst_device ? src_device : dst_device;
+  if (peer(queue_device, other)) {
+    // The copy kernel on the queue's device reads (or writes) the other GPU's memory.
+    detail::launch_copy(detail::launch_target{s, dev(queue_device).sm_count}, es, v[0], v[1]);
+    return;
+  }
+  // No peer access: 2-D peer copies (the runtime stages them), one per index of the axes a piece
+  // does not cover. With unit inner strides a piece is rows of the last axis at the pitch of the
+  // second-to-last; otherwise a column of single elements along the last axis; with a zero
+  // inner stride a single element.
+  const std::size_t rank = v[0].rank;
+  const std::size_t last = rank - 1;
+  pitched p{es, 1, es, es};
+  std::size_t covered = 0;
+  if (v[0].stride[last] == 1 && v[1].stride[last] == 1) {
+    p.width = static_cast<std::size_t>(v[0].extent[last]) * es;
+    p.dst_pitch = p.width;
+    p.src_pitch = p.width;
+    covered = 1;
+    if (rank >= 2) {
+      const auto dst_pitch = static_cast<std::size_t>(v[0].stride[last - 1]) * es;
+      const auto src_pitch = static_cast<std::size_t>(v[1].stride[last - 1]) * es;
+      if (dst_pitch >= p.width && src_pitch >= p.width) {
+        p.height = static_cast<std::size_t>(v[0].extent[last - 1]);
+        p.dst_pitch = dst_pitch;
+        p.src_pitch = src_pitch;
+        covered = 2;
+      }
+    }
+  } else if (v[0].stride[last] > 0 && v[1].stride[last] > 0) {
+    p.height = static_cast<std::size_t>(v[0].extent[last]);
+    p.dst_pitch = static_cast<std::size_t>(v[0].stride[last]) * es;
+    p.src_pitch = static_cast<std::size_t>(v[1].stride[last]) * es;
+    covered = 1;
+  }
+  const std::size_t outer = rank - covered;
+  std::array<std::int64_t, max_rank> idx{};
+  for (;;) {
+    std::int64_t dst_off = 0;
+    std::int64_t src_off = 0;
+    for (std::size_t d = 0; d < outer; ++d) {
+      dst_off += idx[d] * v[0].stride[d];
+      src_off += idx[d] * v[1].stride[d];
+    }
+    copy_3d_peer(s, static_cast<std::byte*>(dst) + dst_off * static_cast<std::int64_t>(es),
+                 dst_device,
+                 static_cast<const std::byte*>(src) + src_off * static_cast<std::int64_t>(es),
+                 src_device, p);
+    std::size_t d = outer;
+    for (; d > 0; --d) {
+      if (++idx[d - 1] < v[0].extent[d - 1]) {
+        break;
+      }
+      idx[d - 1] = 0;
+    }
+    if (d == 0) {
+      return;
+    }
+  }
+}
+
+void cuda_backend::ensure_comms() {
+  if (!comms_.empty()) {
+    return;
+  }
+  const int n = static_cast<int>(devices_.size());
+  std::vector<int> ordinals(devices_.size());
+  for (int i = 0; i < n; ++i) {
+    ordinals[static_cast<std::size_t>(i)] = i;
+  }
+  std::vector<ncclComm_t> comms(devices_.size(), nullptr);
+  // ncclCommInitAll may leave another device current: restore ours.
+  int current = 0;
+  POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&current));
+  const ncclResult_t r = ncclCommInitAll(comms.data(), n, ordinals.data());
+  POOLSCOPE_DARRAY_CHECK(cudaSetDevice(current));
+  POOLSCOPE_DARRAY_CHECK(r);
+  comms_ = std::move(comms);
+}
+
+void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, void* dst, int dst_device,
+                             const void* src, int src_device, std::size_t bytes) {
+  const std::lock_guard lock(nccl_mutex_);
+  ensure_comms();
+  const cudaStream_t send_stream = stream(src_device, queue_kind::transfer);
+  const cudaStream_t recv_stream = stream(dst_device, queue_kind::transfer);
+  // Both sides start after the work enqueued so far on the queue (its waits included) ...
+  order_after(send_stream, s, queue_device);
+  order_after(recv_stream, s, queue_device);
+  POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
+  try {
+    POOLSCOPE_DARRAY_CHECK(ncclSend(src, bytes, ncclUint8, dst_device,
+                                    comms_[static_cast<std::size_t>(src_device)], send_stream));
+    POOLSCOPE_DARRAY_CHECK(ncclRecv(dst, bytes, ncclUint8, src_device,
+                                    comms_[static_cast<std::size_t>(dst_device)], recv_stream));
+  } catch (...) {
+    (void)ncclGroupEnd();
+    throw;
+  }
+  POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
+  // ... and the queue's later work (and its recorded events) after both sides complete.
+  order_after(s, send_stream, src_device);
+  order_after(s, recv_stream, dst_device);
+}
+
+// --- host <-> device ---
+
+// A dense device temporary from the device's allocator, returned after its stream is idle.
+class staging_buffer {
+ public:
+  staging_buffer(pool::allocator& alloc, cudaStream_t s, std::size_t bytes)
+      : alloc_(alloc), stream_(s), bytes_(bytes), ptr_(alloc.allocate(stream_view{s}, bytes)) {}
+  staging_buffer(const staging_buffer&) = delete;
+  staging_buffer& operator=(const staging_buffer&) = delete;
+  ~staging_buffer() {
+    log_failure("cudaStreamSynchronize",
+                [this] { POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(stream_)); });
+    alloc_.deallocate(stream_view{stream_}, ptr_, bytes_);
+  }
+  [[nodiscard]] void* data() const noexcept { return ptr_; }
+
+ private:
+  pool::allocator& alloc_;
+  cudaStream_t stream_;
+  std::size_t bytes_;
+  void* ptr_;
+};
+
+void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& host_src) {
+  static const profiler::scope_site site{"darray.upload", category::darray_transfer};
+  device_state& d = dev(device);
+  const cudaStream_t s = d.streams[1];
+  const profiler::scope scope{site, stream_view{s}};
+  const device_guard guard(device);
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::size_t>(dst.size()) * es;
+  order_after(s, d.streams[0], device);  // after the work of both queues
+  std::array<view, 2> v{dst, host_src};
+  detail::collapse_jointly(v.data(), v.size());
+  if (is_dense_line(v[0]) && is_dense_line(v[1])) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
+                                           element_ptr<const void>(v[1], es), bytes,
+                                           cudaMemcpyHostToDevice, s));
+  } else if (const auto p = as_pitched(v, es)) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
+                                             element_ptr<const void>(v[1], es), p->src_pitch,
+                                             p->width, p->height, cudaMemcpyHostToDevice, s));
+  } else {
+    // Dense host bytes (packed unless already dense), then into place on the device.
+    std::vector<std::byte> packed;
+    const std::byte* dense = element_ptr<const std::byte>(v[1], es);
+    if (!is_dense_line(v[1])) {
+      packed.resize(bytes);
+      host_strided_copy(v[1], es, packed.data(), true);
+      dense = packed.data();
+    }
+    if (is_dense_line(v[0])) {
+      POOLSCOPE_DARRAY_CHECK(
+          cudaMemcpyAsync(element_ptr<void>(v[0], es), dense, bytes, cudaMemcpyHostToDevice, s));
+    } else {
+      const staging_buffer tmp(*d.allocator, s, bytes);
+      POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(tmp.data(), dense, bytes, cudaMemcpyHostToDevice, s));
+      // The kernel walks dst in row-major order, the order the dense temporary holds.
+      detail::launch_copy(target(device, queue_kind::transfer), es, v[0],
+                          view::dense(tmp.data(), v[0].extents()));
+    }
+  }
+  POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+}
+
+void cuda_backend::do_download(int device, dtype t, const view& host_dst, const view& src) {
+  static const profiler::scope_site site{"darray.download", category::darray_transfer};
+  device_state& d = dev(device);
+  const cudaStream_t s = d.streams[1];
+  const profiler::scope scope{site, stream_view{s}};
+  const device_guard guard(device);
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::size_t>(src.size()) * es;
+  order_after(s, d.streams[0], device);  // after the work of both queues
+  std::array<view, 2> v{host_dst, src};
+  detail::collapse_jointly(v.data(), v.size());
+  if (is_dense_line(v[0]) && is_dense_line(v[1])) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
+                                           element_ptr<const void>(v[1], es), bytes,
+                                           cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  if (const auto p = as_pitched(v, es)) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
+                                             element_ptr<const void>(v[1], es), p->src_pitch,
+                                             p->width, p->height, cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    return;
+  }
+  // Dense host bytes (the destination itself when dense), from the device view made dense.
+  std::vector<std::byte> packed;
+  std::byte* dense = element_ptr<std::byte>(v[0], es);
+  if (!is_dense_line(v[0])) {
+    packed.resize(bytes);
+    dense = packed.data();
+  }
+  if (is_dense_line(v[1])) {
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, element_ptr<const void>(v[1], es), bytes,
+                                           cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+  } else {
+    const staging_buffer tmp(*d.allocator, s, bytes);
+    detail::launch_copy(target(device, queue_kind::transfer), es,
+                        view::dense(tmp.data(), v[1].extents()), v[1]);
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, tmp.data(), bytes, cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+  }
+  if (!packed.empty()) {
+    host_strided_copy(v[0], es, packed.data(), false);
+  }
+}
+
+// --- compute ---
+
+void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) {
+  static const profiler::scope_site site{"darray.fill", category::darray_compute};
+  const profiler::scope scope{site, stream_view{stream(device, q)}};
+  const device_guard guard(device);
+  detail::launch_fill(target(device, q), t, dst, value);
+  count_op();
+}
+
+void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
+                            const view& src) {
+  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
+  const device_guard guard(device);
+  detail::launch_unary(target(device, q), t, op, dst, src);
+  count_op();
+}
+
+void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
+                             const view& a, const view& b, const scalar* a_scalar,
+                             const scalar* b_scalar) {
+  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
+  const device_guard guard(device);
+  detail::launch_binary(target(device, q), t, op, dst, a, b, a_scalar, b_scalar);
+  count_op();
+}
+
+void cuda_backend::do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                                 const view& src) {
+  const profiler::scope scope{accumulate_site(op), stream_view{stream(device, q)}};
+  const device_guard guard(device);
+  detail::launch_accumulate(target(device, q), t, op, acc, src);
+  count_op();
+}
+
+void cuda_backend::do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                             const view& src, int axis) {
+  const profiler::scope scope{reduce_site(op), stream_view{stream(device, q)}};
+  const device_guard guard(device);
+  device_state& d = dev(device);
+  // The scratch of this queue: launches of two threads on one queue must not interleave.
+  const std::lock_guard lock(d.scratch_mutex[index_of(q)]);
+  detail::launch_reduce(target(device, q), t, op, acc, src, axis, d.scratch[index_of(q)]);
+  count_op();
+}
+
+cublasHandle_t cuda_backend::blas_handle(int device, queue_kind q) {
+  device_state& d = dev(device);
+  cublasHandle_t& h = d.blas[index_of(q)];
+  if (h == nullptr) {
+    cublasHandle_t created = nullptr;
+    POOLSCOPE_DARRAY_CHECK(cublasCreate(&created));
+    const cublasStatus_t s = cublasSetStream(created, d.streams[index_of(q)]);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      (void)cublasDestroy(created);
+      detail::seam::raise(s, "cublasSetStream(created, stream)", __FILE__, __LINE__);
+    }
+    h = created;
+  }
+  return h;
+}
+
+// The leading dimension cuBLAS may use for a row-major matrix view (unit column stride), or 0
+// when the view cannot be passed to cuBLAS.
+std::int64_t leading_dimension(const view& v) noexcept {
+  const std::int64_t cols = std::max<std::int64_t>(v.extent[1], 1);
+  if (v.extent[1] > 1 && v.stride[1] != 1) {
+    return 0;
+  }
+  const std::int64_t ld = v.extent[0] <= 1 ? std::max(v.stride[0], cols) : v.stride[0];
+  return ld >= cols && ld <= INT_MAX ? ld : 0;
+}
+
+void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c,
+                                      const view& a, const view& b) {
+  static const profiler::scope_site site{"darray.gemm", category::darray_compute};
+  const profiler::scope scope{site, stream_view{stream(device, q)}};
+  const device_guard guard(device);
+  const std::int64_t m = c.extent[0];
+  const std::int64_t n = c.extent[1];
+  const std::int64_t k = a.extent[1];
+  count_op();
+  if (m == 0 || n == 0 || k == 0) {
+    return;
+  }
+  const std::int64_t lda = leading_dimension(a);
+  const std::int64_t ldb = leading_dimension(b);
+  const std::int64_t ldc = leading_dimension(c);
+  const bool blas = (t == dtype::f32 || t == dtype::f64) && lda > 0 && ldb > 0 && ldc > 0 &&
+                    m <= INT_MAX && n <= INT_MAX && k <= INT_MAX;
+  if (!blas) {
+    detail::launch_gemm_accumulate(target(device, q), t, c, a, b);
+    return;
+  }
+  device_state& d = dev(device);
+  const std::lock_guard lock(d.blas_mutex[index_of(q)]);
+  const cublasHandle_t h = blas_handle(device, q);
+  // Row-major C = A B is column-major C^T = B^T A^T: swap the operands, keep the layouts.
+  const auto mi = static_cast<int>(m);
+  const auto ni = static_cast<int>(n);
+  const auto ki = static_cast<int>(k);
+  if (t == dtype::f32) {
+    const float one = 1.0F;
+    POOLSCOPE_DARRAY_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, ki, &one,
+                                       element_ptr<const float>(b, 4), static_cast<int>(ldb),
+                                       element_ptr<const float>(a, 4), static_cast<int>(lda), &one,
+                                       element_ptr<float>(c, 4), static_cast<int>(ldc)));
+  } else {
+    const double one = 1.0;
+    POOLSCOPE_DARRAY_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, ki, &one,
+                                       element_ptr<const double>(b, 8), static_cast<int>(ldb),
+                                       element_ptr<const double>(a, 8), static_cast<int>(lda), &one,
+                                       element_ptr<double>(c, 8), static_cast<int>(ldc)));
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& options) {
+  std::string reason;
+  const int available = detail::seam::device_count(&reason);
+  if (available == 0) {
+    throw device_unavailable("darray cuda backend: no CUDA device (" + reason + ")");
+  }
+  if (devices == 0 || devices < -1 || devices > available) {
+    throw invalid_argument("darray cuda backend: devices = " + std::to_string(devices) +
+                           " (expected -1 for all, or 1.." + std::to_string(available) + ")");
+  }
+  return std::make_shared<cuda_backend>(devices < 0 ? available : devices, options);
+}
+
+}  // namespace poolscope::darray

@@ -1,0 +1,163 @@
+// The CUDA seam of poolscope::darray: the ONE header through which the darray component reaches
+// the CUDA runtime, cuBLAS and NCCL (cuda_backend.cpp and kernels.cu include nothing else from
+// those libraries). The planner, the executor and the host backend never include it.
+//
+// Preconditions
+// - device_count() first: without a driver or a GPU every other CUDA call fails (it returns 0
+//   then, and make_cuda_backend turns that into device_unavailable).
+// - Kernels are launched, streams, events and cuBLAS handles are created on the calling thread's
+//   current device: wrap such calls in a device_guard for the device they belong to.
+// - A stream passed to a call of another device is an error of the caller (the runtime reports
+//   cudaErrorInvalidResourceHandle); cudaStreamWaitEvent and cudaMemcpyPeerAsync may mix devices.
+//
+// Error conventions
+// - Every call returning cudaError_t, cublasStatus_t or ncclResult_t is checked with
+//   POOLSCOPE_DARRAY_CHECK, which throws poolscope::cuda_error carrying the API ("CUDA", "cuBLAS",
+//   "NCCL"), the call's source text, file:line, the library's error name and numeric code. For
+//   CUDA the runtime's last-error state is cleared first, so a failure never leaks into a later
+//   cudaGetLastError().
+// - Kernel launches are checked right after the launch with POOLSCOPE_DARRAY_CHECK(
+//   cudaGetLastError()); faults inside a kernel surface at the next synchronizing call.
+// - Release paths (destructors, deferred frees) are noexcept: they run the call through
+//   log_failure, which logs a cuda_error at error level and swallows it.
+//
+// Thread safety: every function here is thread-safe (the libraries are, except that one cuBLAS
+// handle or one NCCL communicator must not be used by two threads at once: callers serialize).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <exception>
+#include <string>
+
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+
+namespace poolscope::darray::detail::seam {
+
+/// The name of an NCCL result ("ncclUnhandledCudaError", ...).
+[[nodiscard]] inline const char* nccl_result_name(ncclResult_t r) noexcept {
+  switch (r) {
+    case ncclSuccess:
+      return "ncclSuccess";
+    case ncclUnhandledCudaError:
+      return "ncclUnhandledCudaError";
+    case ncclSystemError:
+      return "ncclSystemError";
+    case ncclInternalError:
+      return "ncclInternalError";
+    case ncclInvalidArgument:
+      return "ncclInvalidArgument";
+    case ncclInvalidUsage:
+      return "ncclInvalidUsage";
+    case ncclRemoteError:
+      return "ncclRemoteError";
+    case ncclInProgress:
+      return "ncclInProgress";
+    default:
+      return "ncclUnknownResult";
+  }
+}
+
+/// Throws cuda_error for a failed CUDA runtime call (after clearing the last-error state).
+[[noreturn]] inline void raise(cudaError_t s, const char* call, const char* file, int line) {
+  (void)cudaGetLastError();
+  ::poolscope::detail::throw_api_error("CUDA", static_cast<int>(s), cudaGetErrorName(s), call, file,
+                                       line);
+}
+/// Throws cuda_error for a failed cuBLAS call.
+[[noreturn]] inline void raise(cublasStatus_t s, const char* call, const char* file, int line) {
+  ::poolscope::detail::throw_api_error("cuBLAS", static_cast<int>(s), cublasGetStatusName(s), call,
+                                       file, line);
+}
+/// Throws cuda_error for a failed NCCL call.
+[[noreturn]] inline void raise(ncclResult_t s, const char* call, const char* file, int line) {
+  ::poolscope::detail::throw_api_error("NCCL", static_cast<int>(s), nccl_result_name(s), call, file,
+                                       line);
+}
+
+/// True if `s` is the library's success value.
+[[nodiscard]] constexpr bool succeeded(cudaError_t s) noexcept {
+  return s == cudaSuccess;
+}
+[[nodiscard]] constexpr bool succeeded(cublasStatus_t s) noexcept {
+  return s == CUBLAS_STATUS_SUCCESS;
+}
+[[nodiscard]] constexpr bool succeeded(ncclResult_t s) noexcept {
+  return s == ncclSuccess;
+}
+
+/// Runs `f` (which may throw) and logs instead of throwing: for destructors and release paths.
+template <typename F>
+void log_failure(const char* what, F&& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    poolscope::log(log_level::error, std::string("darray cuda backend: ") + what + ": " + e.what());
+  } catch (...) {
+    poolscope::log(log_level::error, std::string("darray cuda backend: ") + what + ": unknown");
+  }
+}
+
+/// Number of CUDA devices; 0 when there is no driver or no GPU (the reason in `reason`).
+[[nodiscard]] inline int device_count(std::string* reason = nullptr) noexcept {
+  int n = 0;
+  const cudaError_t s = cudaGetDeviceCount(&n);
+  if (s != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (reason != nullptr) {
+      *reason = cudaGetErrorName(s);
+    }
+    return 0;
+  }
+  if (n == 0 && reason != nullptr) {
+    *reason = "no device";
+  }
+  return n;
+}
+
+}  // namespace poolscope::darray::detail::seam
+
+/// Checks a call returning cudaError_t, cublasStatus_t or ncclResult_t; throws
+/// poolscope::cuda_error naming the call text, file:line and the library's error name.
+///
+///   POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+///   POOLSCOPE_DARRAY_CHECK(cublasSgemm(h, ...));
+#define POOLSCOPE_DARRAY_CHECK(call)                                                            \
+  do {                                                                                          \
+    const auto poolscope_darray_status_ = (call);                                               \
+    if (!::poolscope::darray::detail::seam::succeeded(poolscope_darray_status_)) [[unlikely]] { \
+      ::poolscope::darray::detail::seam::raise(poolscope_darray_status_, #call, __FILE__,       \
+                                               __LINE__);                                       \
+    }                                                                                           \
+  } while (false)
+
+namespace poolscope::darray::detail::seam {
+
+/// Makes `device` current for the scope and restores the previous device at its end (skipping
+/// both calls when it already is). Not copyable.
+class device_guard {
+ public:
+  explicit device_guard(int device) {
+    POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) {
+      POOLSCOPE_DARRAY_CHECK(cudaSetDevice(device));
+      switched_ = true;
+    }
+  }
+  device_guard(const device_guard&) = delete;
+  device_guard& operator=(const device_guard&) = delete;
+  ~device_guard() {
+    if (switched_) {
+      log_failure("restore device", [this] { POOLSCOPE_DARRAY_CHECK(cudaSetDevice(previous_)); });
+    }
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace poolscope::darray::detail::seam

@@ -1,0 +1,64 @@
+// kernels: the element-wise, reduction, copy and gemm kernels of the CUDA backend (kernels.cu),
+// as host functions that enqueue them on a stream. Internal to poolscope::darray.
+//
+//   launch_target on{stream, sm_count};
+//   launch_binary(on, dtype::f32, binary_op::add, dst, a, b, nullptr, nullptr);
+//
+// Views are the backend's strided views (rank <= 4, strides in elements, >= 0); all views of one
+// call have the extents the backend checked (reduce: acc has src's extents without the axis).
+// Values follow the arithmetic paragraph of backend.hpp exactly (integer div by 0 -> 0,
+// double round-trips truncated and saturated, NaN -> 0, wrapping add/sub/mul/neg/abs).
+// Paths: views are first collapsed jointly (unit dims dropped, dims merged where every view is
+// contiguous across them); when every view is then contiguous and 16-byte aligned the kernels use
+// 16-byte vector loads and stores in grid-stride loops, otherwise a grid-stride loop over the
+// linear index decomposed into coordinates. Grids are sized from the device's SM count.
+// All-axes reductions are deterministic: block partials in `scratch`, then one block combines
+// them in a fixed order (the grid size depends only on the element count and the SM count).
+//
+// Preconditions: the stream's device is current. Errors: a failed launch throws cuda_error.
+// Thread safety: the functions are reentrant; scratch must not be shared by concurrent calls.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "poolscope/darray/backend.hpp"
+
+namespace poolscope::darray::detail {
+
+/// Where kernels run: the stream and the SM count of its device.
+struct launch_target {
+  cudaStream_t stream = nullptr;
+  int sm_count = 1;
+};
+
+/// Bytes of scratch launch_reduce needs for all-axes reductions (any dtype).
+[[nodiscard]] std::size_t reduce_scratch_bytes(int sm_count) noexcept;
+
+/// Drops unit dims and merges dims across which every one of `views` (equal extents) is
+/// contiguous, in place; the result has rank >= 1. Returns the element count.
+std::int64_t collapse_jointly(view* views, std::size_t count) noexcept;
+
+/// dst[i] = value.
+void launch_fill(const launch_target& on, dtype t, const view& dst, scalar value);
+/// dst[i] = op(src[i]).
+void launch_unary(const launch_target& on, dtype t, unary_op op, const view& dst, const view& src);
+/// dst[i] = op(a[i], b[i]), with a scalar instead of a or b when a_scalar or b_scalar is set.
+void launch_binary(const launch_target& on, dtype t, binary_op op, const view& dst, const view& a,
+                   const view& b, const scalar* a_scalar, const scalar* b_scalar);
+/// acc[i] = op(acc[i], src[i]).
+void launch_accumulate(const launch_target& on, dtype t, reduce_op op, const view& acc,
+                       const view& src);
+/// acc = op(acc, reduce(src along axis)); axis < 0 reduces all axes into the single element of
+/// acc using `scratch` (reduce_scratch_bytes(on.sm_count) bytes of device memory of this device).
+void launch_reduce(const launch_target& on, dtype t, reduce_op op, const view& acc, const view& src,
+                   int axis, void* scratch);
+/// dst[i] = src[i] for elements of `element_bytes` (4 or 8); either view may be peer memory.
+void launch_copy(const launch_target& on, std::size_t element_bytes, const view& dst,
+                 const view& src);
+/// c += a @ b (2-D views; a: m x k, b: k x n, c: m x n), any strides. Integer products wrap.
+void launch_gemm_accumulate(const launch_target& on, dtype t, const view& c, const view& a,
+                            const view& b);
+
+}  // namespace poolscope::darray::detail
