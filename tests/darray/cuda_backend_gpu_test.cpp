@@ -1,0 +1,877 @@
+// The CUDA backend on real GPUs: every op and dtype against a host reference computed here (small
+// sizes and sizes that are not a multiple of the vector width, dense, misaligned, strided and
+// transposed views of rank 1-3), copies within a GPU and between GPUs by peer copies and by NCCL,
+// reductions along every axis and all axes, gemm against a triple loop, events ordering work
+// across devices, and every buffer back in its allocator after synchronize.
+// Without a GPU every test skips with the reason. Random values print their seed
+// (POOLSCOPE_TEST_SEED overrides it).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "poolscope/darray/backend.hpp"
+#include "poolscope/error.hpp"
+
+namespace poolscope::darray {
+namespace {
+
+std::uint64_t test_seed() {
+  const char* env = std::getenv("POOLSCOPE_TEST_SEED");
+  return env != nullptr ? std::strtoull(env, nullptr, 10) : 20240923;
+}
+
+// One CUDA backend over every GPU for the whole program, released before the CUDA runtime is
+// torn down (a gtest environment), or the reason there is none.
+struct gpu {
+  std::shared_ptr<backend> be;
+  std::string why_not;
+};
+
+gpu& the_gpu() {
+  static gpu g = [] {
+    gpu r;
+    try {
+      r.be = make_cuda_backend(-1);
+    } catch (const device_unavailable& e) {
+      r.why_not = e.what();
+    }
+    return r;
+  }();
+  return g;
+}
+
+class release_backend : public ::testing::Environment {
+ public:
+  void TearDown() override { the_gpu().be.reset(); }
+};
+[[maybe_unused]] const auto* const registered_environment =
+    ::testing::AddGlobalTestEnvironment(new release_backend);
+
+// --- the host reference (backend.hpp's arithmetic paragraph, written independently) ---
+
+template <typename T>
+T saturate(double d) {
+  if (std::isnan(d)) {
+    return 0;
+  }
+  const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits);  // 2^31 or 2^63
+  if (d >= limit) {
+    return std::numeric_limits<T>::max();
+  }
+  if (d < -limit) {
+    return std::numeric_limits<T>::min();
+  }
+  return static_cast<T>(std::trunc(d));
+}
+
+template <typename T>
+T wrap(T a, T b, int op) {  // 0 add, 1 sub, 2 mul, 3 neg (of b)
+  using U = std::make_unsigned_t<T>;
+  const U x = static_cast<U>(a);
+  const U y = static_cast<U>(b);
+  switch (op) {
+    case 0:
+      return static_cast<T>(x + y);
+    case 1:
+      return static_cast<T>(x - y);
+    case 2:
+      return static_cast<T>(x * y);
+    default:
+      return static_cast<T>(U{0} - y);
+  }
+}
+
+template <typename T>
+T ref_max(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) {
+      return std::numeric_limits<T>::quiet_NaN();
+    }
+  }
+  return a < b ? b : a;
+}
+
+template <typename T>
+T ref_min(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) || std::isnan(b)) {
+      return std::numeric_limits<T>::quiet_NaN();
+    }
+  }
+  return b < a ? b : a;
+}
+
+template <typename T>
+T ref_unary(unary_op op, T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case unary_op::neg:
+        return -x;
+      case unary_op::abs:
+        return std::fabs(x);
+      case unary_op::exp:
+        return std::exp(x);
+      case unary_op::log:
+        return std::log(x);
+      case unary_op::sin:
+        return std::sin(x);
+      case unary_op::cos:
+        return std::cos(x);
+      case unary_op::sqrt:
+        return std::sqrt(x);
+    }
+  } else {
+    const auto d = static_cast<double>(x);
+    switch (op) {
+      case unary_op::neg:
+        return wrap<T>(0, x, 3);
+      case unary_op::abs:
+        return x < 0 ? wrap<T>(0, x, 3) : x;
+      case unary_op::exp:
+        return saturate<T>(std::exp(d));
+      case unary_op::log:
+        return saturate<T>(std::log(d));
+      case unary_op::sin:
+        return saturate<T>(std::sin(d));
+      case unary_op::cos:
+        return saturate<T>(std::cos(d));
+      case unary_op::sqrt:
+        return saturate<T>(std::sqrt(d));
+    }
+  }
+  return x;
+}
+
+template <typename T>
+T ref_binary(binary_op op, T a, T b) {
+  constexpr bool integer = std::is_integral_v<T>;
+  switch (op) {
+    case binary_op::add:
+      if constexpr (integer) {
+        return wrap(a, b, 0);
+      }
+      return a + b;
+    case binary_op::sub:
+      if constexpr (integer) {
+        return wrap(a, b, 1);
+      }
+      return a - b;
+    case binary_op::mul:
+      if constexpr (integer) {
+        return wrap(a, b, 2);
+      }
+      return a * b;
+    case binary_op::div:
+      if constexpr (integer) {
+        if (b == 0) {
+          return 0;
+        }
+        if (b == -1) {
+          return wrap<T>(0, a, 3);
+        }
+      }
+      return a / b;
+    case binary_op::maximum:
+      return ref_max(a, b);
+    case binary_op::minimum:
+      return ref_min(a, b);
+    case binary_op::pow:
+      if constexpr (integer) {
+        return saturate<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+      } else {
+        return std::pow(a, b);
+      }
+  }
+  return a;
+}
+
+template <typename T>
+T ref_combine(reduce_op op, T a, T b) {
+  switch (op) {
+    case reduce_op::sum:
+      return ref_binary(binary_op::add, a, b);
+    case reduce_op::prod:
+      return ref_binary(binary_op::mul, a, b);
+    case reduce_op::max:
+      return ref_max(a, b);
+    case reduce_op::min:
+      return ref_min(a, b);
+  }
+  return a;
+}
+
+// --- comparisons ---
+
+// Equal, both NaN, or within `tol` relative to max(1, |want|) (floating types); for integers
+// within `int_slack` (results computed in double and truncated may differ by one where the
+// device's and the host's math functions round differently).
+template <typename T>
+::testing::AssertionResult close(T got, T want, double tol, std::int64_t int_slack = 0) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(got) && std::isnan(want)) {
+      return ::testing::AssertionSuccess();
+    }
+    if (got == want) {
+      return ::testing::AssertionSuccess();
+    }
+    const double err = std::fabs(static_cast<double>(got) - static_cast<double>(want));
+    if (err <= tol * std::max(1.0, std::fabs(static_cast<double>(want)))) {
+      return ::testing::AssertionSuccess();
+    }
+  } else {
+    const auto diff = static_cast<long double>(got) - static_cast<long double>(want);
+    if (std::fabs(diff) <= static_cast<long double>(int_slack)) {
+      return ::testing::AssertionSuccess();
+    }
+  }
+  return ::testing::AssertionFailure() << "got " << +got << ", want " << +want;
+}
+
+// Relative tolerance of transcendental results (a few ulp of the type).
+template <typename T>
+constexpr double math_tol() {
+  return std::is_same_v<T, float> ? 2e-6 : 1e-14;
+}
+
+// --- layouts: a view inside a dense storage buffer ---
+
+struct layout {
+  std::string name;
+  shape_t storage;  // the buffer's dense extents
+  std::int64_t offset = 0;
+  shape_t extents;
+  shape_t strides;
+};
+
+std::int64_t count(const shape_t& s) {
+  std::int64_t n = 1;
+  for (auto e : s) {
+    n *= e;
+  }
+  return n;
+}
+
+view make_view(void* base, const layout& l) {
+  view v;
+  v.base = base;
+  v.offset = l.offset;
+  v.rank = l.extents.size();
+  for (std::size_t d = 0; d < v.rank; ++d) {
+    v.extent[d] = l.extents[d];
+    v.stride[d] = l.strides[d];
+  }
+  return v;
+}
+
+// The element offsets of a layout's view in row-major order of its extents.
+std::vector<std::int64_t> offsets_of(const layout& l) {
+  std::vector<std::int64_t> out;
+  const std::size_t rank = l.extents.size();
+  if (count(l.extents) == 0) {
+    return out;
+  }
+  std::vector<std::int64_t> idx(rank, 0);
+  for (;;) {
+    std::int64_t off = l.offset;
+    for (std::size_t d = 0; d < rank; ++d) {
+      off += idx[d] * l.strides[d];
+    }
+    out.push_back(off);
+    std::size_t d = rank;
+    for (; d > 0; --d) {
+      if (++idx[d - 1] < l.extents[d - 1]) {
+        break;
+      }
+      idx[d - 1] = 0;
+    }
+    if (d == 0) {
+      return out;
+    }
+  }
+}
+
+// True if the layout's elements are consecutive in row-major order (NCCL moves only those).
+bool contiguous(const layout& l) {
+  std::int64_t expect = 1;
+  for (std::size_t d = l.extents.size(); d-- > 0;) {
+    if (l.extents[d] != 1 && l.strides[d] != expect) {
+      return false;
+    }
+    expect *= l.extents[d];
+  }
+  return true;
+}
+
+layout dense_layout(const shape_t& extents) {
+  layout l{"dense", extents, 0, extents, shape_t(extents.size(), 1)};
+  for (std::size_t d = extents.size(); d-- > 1;) {
+    l.strides[d - 1] = l.strides[d] * extents[d];
+  }
+  for (auto e : extents) {
+    l.name += " " + std::to_string(e);
+  }
+  return l;
+}
+
+// The layouts every element-wise op runs on: all views of one op share the extents.
+std::vector<std::vector<layout>> elementwise_layout_sets() {
+  std::vector<std::vector<layout>> sets;
+  for (std::int64_t n : {1, 3, 4, 5, 17, 1000, 4099}) {
+    sets.push_back({dense_layout({n}), dense_layout({n}), dense_layout({n})});
+  }
+  // Misaligned (offset 1) dense lines: contiguous, not 16-byte aligned.
+  sets.push_back({layout{"misaligned", {1002}, 1, {1001}, {1}}, dense_layout({1001}),
+                  layout{"misaligned", {1003}, 2, {1001}, {1}}});
+  sets.push_back({dense_layout({13, 17}), dense_layout({13, 17}), dense_layout({13, 17})});
+  // Strided rank 3: (5, 6, 7) inside (11, 8, 9), starting at (1, 1, 2), steps (2, 1, 1).
+  const layout strided{"strided", {11, 8, 9}, 1 * 72 + 1 * 9 + 2, {5, 6, 7}, {144, 9, 1}};
+  // Every other element along the last axis: (4, 3, 10) inside (4, 3, 21).
+  const layout stepped{"stepped", {4, 3, 21}, 1, {4, 3, 10}, {63, 21, 2}};
+  sets.push_back({strided, dense_layout({5, 6, 7}), strided});
+  sets.push_back({dense_layout({4, 3, 10}), stepped, stepped});
+  // A transposed (13, 17) view of a dense (17, 13) buffer.
+  const layout transposed{"transposed", {17, 13}, 0, {13, 17}, {1, 13}};
+  sets.push_back({dense_layout({13, 17}), transposed, dense_layout({13, 17})});
+  return sets;
+}
+
+// --- typed fixture ---
+
+template <typename T>
+class cuda_backend_gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!the_gpu().be) {
+      GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+    }
+    be_ = the_gpu().be;
+    rng_.seed(test_seed());
+    RecordProperty("seed", std::to_string(test_seed()));
+  }
+
+  void TearDown() override {
+    if (!be_) {
+      return;
+    }
+    be_->synchronize();
+    for (int d = 0; d < be_->device_count(); ++d) {
+      EXPECT_EQ(be_->allocator(d).stats().in_use, 0U)
+          << "device " << d << " (seed " << test_seed() << ")";
+    }
+  }
+
+  static constexpr dtype type = dtype_of<T>();
+
+  // Random values: floating in [lo, hi), integers in [lo, hi].
+  std::vector<T> random(std::int64_t n, double lo, double hi) {
+    std::vector<T> v(static_cast<std::size_t>(n));
+    if constexpr (std::is_floating_point_v<T>) {
+      std::uniform_real_distribution<double> dist(lo, hi);
+      for (auto& x : v) {
+        x = static_cast<T>(dist(rng_));
+      }
+    } else {
+      std::uniform_int_distribution<std::int64_t> dist(static_cast<std::int64_t>(lo),
+                                                       static_cast<std::int64_t>(hi));
+      for (auto& x : v) {
+        x = static_cast<T>(dist(rng_));
+      }
+    }
+    return v;
+  }
+
+  // A device buffer holding `values` densely.
+  std::shared_ptr<buffer> upload(int device, const std::vector<T>& values) {
+    auto buf = be_->allocate(device, values.size() * sizeof(T));
+    const auto n = static_cast<std::int64_t>(values.size());
+    be_->upload(device, type, view::dense(buf->data(), {n}),
+                view::dense(const_cast<T*>(values.data()), {n}));
+    return buf;
+  }
+
+  std::vector<T> download(int device, const buffer& buf) {
+    std::vector<T> out(buf.bytes() / sizeof(T));
+    const auto n = static_cast<std::int64_t>(out.size());
+    be_->download(device, type, view::dense(out.data(), {n}), view::dense(buf.data(), {n}));
+    return out;
+  }
+
+  std::shared_ptr<backend> be_;
+  std::mt19937_64 rng_;
+};
+
+using element_types = ::testing::Types<float, double, std::int32_t, std::int64_t>;
+TYPED_TEST_SUITE(cuda_backend_gpu, element_types);
+
+// Checks that dst's storage holds `want` at the view's elements and `before` everywhere else.
+template <typename T>
+void expect_view(const std::vector<T>& got, const std::vector<T>& before, const layout& l,
+                 const std::vector<T>& want, double tol, std::int64_t int_slack,
+                 const std::string& what) {
+  const auto offs = offsets_of(l);
+  std::vector<char> in_view(got.size(), 0);
+  int failures = 0;
+  for (std::size_t i = 0; i < offs.size() && failures < 5; ++i) {
+    const auto o = static_cast<std::size_t>(offs[i]);
+    in_view[o] = 1;
+    const auto r = close(got[o], want[i], tol, int_slack);
+    if (!r) {
+      ADD_FAILURE() << what << " [" << l.name << "] element " << i << ": " << r.message()
+                    << " (seed " << test_seed() << ")";
+      ++failures;
+    }
+  }
+  for (std::size_t o = 0; o < got.size() && failures < 5; ++o) {
+    if (in_view[o] == 0 && !close(got[o], before[o], 0.0)) {
+      ADD_FAILURE() << what << " [" << l.name << "] wrote outside the view at " << o;
+      ++failures;
+    }
+  }
+}
+
+// Operand ranges per op that keep the results meaningful (and exercise NaN and saturation).
+template <typename T>
+std::pair<double, double> unary_range(unary_op op) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return op == unary_op::exp ? std::pair{-20.0, 20.0} : std::pair{-4.0, 4.0};
+  } else {
+    if (op == unary_op::neg || op == unary_op::abs) {
+      return {static_cast<double>(std::numeric_limits<T>::min()),
+              static_cast<double>(std::numeric_limits<T>::max())};
+    }
+    return op == unary_op::exp ? std::pair{-5.0, 50.0} : std::pair{-50.0, 1000.0};
+  }
+}
+
+bool transcendental(unary_op op) {
+  return op == unary_op::exp || op == unary_op::log || op == unary_op::sin || op == unary_op::cos;
+}
+
+TYPED_TEST(cuda_backend_gpu, fill_every_layout) {
+  using T = TypeParam;
+  for (const auto& set : elementwise_layout_sets()) {
+    const layout& l = set[0];
+    const auto before = this->random(count(l.storage), -9, 9);
+    auto dst = this->upload(0, before);
+    const scalar value = scalar::of(T{7});
+    this->be_->fill(0, queue_kind::compute, this->type, make_view(dst->data(), l), value);
+    const std::vector<T> want(offsets_of(l).size(), T{7});
+    expect_view(this->download(0, *dst), before, l, want, 0.0, 0, "fill");
+  }
+}
+
+TYPED_TEST(cuda_backend_gpu, unary_ops_every_layout) {
+  using T = TypeParam;
+  for (unary_op op : {unary_op::neg, unary_op::abs, unary_op::exp, unary_op::log, unary_op::sin,
+                      unary_op::cos, unary_op::sqrt}) {
+    const auto [lo, hi] = unary_range<T>(op);
+    for (const auto& set : elementwise_layout_sets()) {
+      const layout& ld = set[0];
+      const layout& ls = set[1];
+      const auto before = this->random(count(ld.storage), -9, 9);
+      auto src_values = this->random(count(ls.storage), lo, hi);
+      if constexpr (std::is_integral_v<T>) {
+        src_values[0] = std::numeric_limits<T>::min();  // wraps under neg and abs
+      }
+      auto dst = this->upload(0, before);
+      auto src = this->upload(0, src_values);
+      this->be_->unary(0, queue_kind::compute, this->type, op, make_view(dst->data(), ld),
+                       make_view(src->data(), ls));
+      std::vector<T> want;
+      for (auto o : offsets_of(ls)) {
+        want.push_back(ref_unary(op, src_values[static_cast<std::size_t>(o)]));
+      }
+      const double tol = transcendental(op) ? math_tol<T>() : 0.0;
+      expect_view(this->download(0, *dst), before, ld, want, tol, transcendental(op) ? 1 : 0,
+                  std::string(to_string(op)));
+    }
+  }
+}
+
+TYPED_TEST(cuda_backend_gpu, binary_ops_every_layout_and_scalar_side) {
+  using T = TypeParam;
+  constexpr bool integer = std::is_integral_v<T>;
+  for (binary_op op : {binary_op::add, binary_op::sub, binary_op::mul, binary_op::div,
+                       binary_op::maximum, binary_op::minimum, binary_op::pow}) {
+    for (int side = 0; side < 3; ++side) {  // 0: two views, 1: scalar on the left, 2: on the right
+      for (const auto& set : elementwise_layout_sets()) {
+        const layout& ld = set[0];
+        const layout& la = set[1];
+        const layout& lb = set[2];
+        const auto before = this->random(count(ld.storage), -9, 9);
+        const double hi = op == binary_op::pow ? 6.0 : 50.0;
+        auto a_values =
+            this->random(count(la.storage), integer ? -10.0 : -4.0, integer ? 10.0 : 4.0);
+        auto b_values = this->random(count(lb.storage), integer ? -3.0 : -4.0, integer ? hi : 4.0);
+        if constexpr (integer) {
+          if (op == binary_op::add || op == binary_op::mul || op == binary_op::sub) {
+            a_values[0] = std::numeric_limits<T>::max();  // wraps
+          }
+          if (op == binary_op::div) {
+            a_values[0] = std::numeric_limits<T>::min();  // min / -1 wraps
+            b_values[static_cast<std::size_t>(lb.offset)] = T{-1};
+          }
+        }
+        auto dst = this->upload(0, before);
+        auto a = this->upload(0, a_values);
+        auto b = this->upload(0, b_values);
+        const scalar s = scalar::of(integer ? T{3} : static_cast<T>(1.5));
+        const T sv = integer ? T{3} : static_cast<T>(1.5);
+        this->be_->binary(0, queue_kind::compute, this->type, op, make_view(dst->data(), ld),
+                          make_view(a->data(), la), make_view(b->data(), lb),
+                          side == 1 ? &s : nullptr, side == 2 ? &s : nullptr);
+        const auto oa = offsets_of(la);
+        const auto ob = offsets_of(lb);
+        std::vector<T> want;
+        for (std::size_t i = 0; i < oa.size(); ++i) {
+          const T x = side == 1 ? sv : a_values[static_cast<std::size_t>(oa[i])];
+          const T y = side == 2 ? sv : b_values[static_cast<std::size_t>(ob[i])];
+          want.push_back(ref_binary(op, x, y));
+        }
+        const bool inexact = op == binary_op::pow;
+        expect_view(this->download(0, *dst), before, ld, want, inexact ? math_tol<T>() : 0.0,
+                    inexact ? 1 : 0, std::string(to_string(op)) + " side " + std::to_string(side));
+      }
+    }
+  }
+}
+
+TYPED_TEST(cuda_backend_gpu, accumulate_every_op) {
+  using T = TypeParam;
+  for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::max, reduce_op::min}) {
+    for (const auto& set : elementwise_layout_sets()) {
+      const layout& lacc = set[0];
+      const layout& ls = set[1];
+      const auto before = this->random(count(lacc.storage), -9, 9);
+      const auto src_values = this->random(count(ls.storage), -9, 9);
+      auto acc = this->upload(0, before);
+      auto src = this->upload(0, src_values);
+      this->be_->accumulate(0, queue_kind::transfer, this->type, op, make_view(acc->data(), lacc),
+                            make_view(src->data(), ls));
+      const auto oa = offsets_of(lacc);
+      const auto os = offsets_of(ls);
+      std::vector<T> want;
+      for (std::size_t i = 0; i < oa.size(); ++i) {
+        want.push_back(ref_combine(op, before[static_cast<std::size_t>(oa[i])],
+                                   src_values[static_cast<std::size_t>(os[i])]));
+      }
+      expect_view(this->download(0, *acc), before, lacc, want, 0.0, 0,
+                  "accumulate " + std::string(to_string(op)));
+    }
+  }
+}
+
+TYPED_TEST(cuda_backend_gpu, reduce_along_each_axis_and_all_axes) {
+  using T = TypeParam;
+  const std::vector<layout> sources = {
+      dense_layout({1}),
+      dense_layout({5}),
+      dense_layout({100000}),  // several blocks in the first pass
+      layout{"stepped", {301}, 1, {150}, {2}},
+      dense_layout({7, 300}),
+      dense_layout({300, 3}),
+      layout{"transposed", {9, 4}, 0, {4, 9}, {1, 4}},
+      layout{"strided", {11, 8, 9}, 1 * 72 + 1 * 9 + 2, {5, 6, 7}, {144, 9, 1}},
+      dense_layout({3, 2, 4000}),
+  };
+  for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::max, reduce_op::min}) {
+    for (const auto& ls : sources) {
+      const std::size_t rank = ls.extents.size();
+      for (int axis = -1; axis < static_cast<int>(rank); ++axis) {
+        // Products of many floats stay near 1; of integers they wrap (exact in any order).
+        const bool prod = op == reduce_op::prod;
+        const double lo = prod ? (std::is_floating_point_v<T> ? 0.999 : -3) : -9;
+        const double hi = prod ? (std::is_floating_point_v<T> ? 1.001 : 3) : 9;
+        const auto src_values = this->random(count(ls.storage), lo, hi);
+        shape_t acc_extents;
+        if (axis >= 0) {
+          for (std::size_t d = 0; d < rank; ++d) {
+            if (static_cast<int>(d) != axis) {
+              acc_extents.push_back(ls.extents[d]);
+            }
+          }
+        }
+        const std::int64_t outputs = count(acc_extents);
+        const auto acc_values = prod ? std::vector<T>(static_cast<std::size_t>(outputs), T{1})
+                                     : this->random(outputs, -9, 9);
+        auto src = this->upload(0, src_values);
+        auto acc = this->upload(0, acc_values);
+        view acc_view = view::dense(acc->data(), acc_extents);
+        this->be_->reduce(0, queue_kind::compute, this->type, op, acc_view,
+                          make_view(src->data(), ls), axis);
+        // Reference: fold every source element into its output (row-major order).
+        std::vector<T> want = acc_values;
+        std::vector<double> magnitude(static_cast<std::size_t>(outputs), 0.0);
+        std::vector<T> partial(static_cast<std::size_t>(outputs), T{0});
+        std::vector<char> started(static_cast<std::size_t>(outputs), 0);
+        const auto offs = offsets_of(ls);
+        for (std::size_t i = 0; i < offs.size(); ++i) {
+          // Coordinates of element i, then its output index without the axis.
+          std::int64_t rest = static_cast<std::int64_t>(i);
+          std::vector<std::int64_t> c(rank);
+          for (std::size_t d = rank; d-- > 0;) {
+            c[d] = rest % ls.extents[d];
+            rest /= ls.extents[d];
+          }
+          std::int64_t o = 0;
+          for (std::size_t d = 0; d < rank; ++d) {
+            if (static_cast<int>(d) != axis && axis >= 0) {
+              o = o * ls.extents[d] + c[d];
+            }
+          }
+          const auto oi = static_cast<std::size_t>(o);
+          const T x = src_values[static_cast<std::size_t>(offs[i])];
+          partial[oi] = started[oi] != 0 ? ref_combine(op, partial[oi], x) : x;
+          started[oi] = 1;
+          magnitude[oi] += std::fabs(static_cast<double>(x));
+        }
+        for (std::size_t oi = 0; oi < want.size(); ++oi) {
+          want[oi] = ref_combine(op, want[oi], partial[oi]);
+        }
+        const auto got = this->download(0, *acc);
+        for (std::size_t oi = 0; oi < want.size(); ++oi) {
+          double tol = 0.0;
+          if constexpr (std::is_floating_point_v<T>) {
+            const double eps = std::numeric_limits<T>::epsilon();
+            tol = (op == reduce_op::sum || prod) ? 4 * eps * (magnitude[oi] + 10) : 0.0;
+          }
+          EXPECT_TRUE(close(got[oi], want[oi], tol))
+              << to_string(op) << " of " << ls.name << " axis " << axis << " output " << oi
+              << " (seed " << test_seed() << ")";
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(cuda_backend_gpu, gemm_matches_triple_loop) {
+  using T = TypeParam;
+  struct gemm_case {
+    std::int64_t m, k, n;
+    std::int64_t pad;  // extra columns of each operand's storage (row stride > columns)
+  };
+  for (const auto& g : {gemm_case{1, 1, 1, 0}, gemm_case{5, 7, 3, 0}, gemm_case{33, 17, 65, 0},
+                        gemm_case{64, 64, 64, 0}, gemm_case{31, 45, 29, 5}}) {
+    const auto a_values = this->random(g.m * (g.k + g.pad), -4, 4);
+    const auto b_values = this->random(g.k * (g.n + g.pad), -4, 4);
+    const auto c_values = this->random(g.m * (g.n + g.pad), -4, 4);
+    auto a = this->upload(0, a_values);
+    auto b = this->upload(0, b_values);
+    auto c = this->upload(0, c_values);
+    const layout la{"a", {g.m, g.k + g.pad}, 0, {g.m, g.k}, {g.k + g.pad, 1}};
+    const layout lb{"b", {g.k, g.n + g.pad}, 0, {g.k, g.n}, {g.n + g.pad, 1}};
+    const layout lc{"c", {g.m, g.n + g.pad}, 0, {g.m, g.n}, {g.n + g.pad, 1}};
+    this->be_->gemm_accumulate(0, queue_kind::compute, this->type, make_view(c->data(), lc),
+                               make_view(a->data(), la), make_view(b->data(), lb));
+    std::vector<T> want;
+    for (std::int64_t i = 0; i < g.m; ++i) {
+      for (std::int64_t j = 0; j < g.n; ++j) {
+        T sum = c_values[static_cast<std::size_t>(i * (g.n + g.pad) + j)];
+        for (std::int64_t q = 0; q < g.k; ++q) {
+          const T x = a_values[static_cast<std::size_t>(i * (g.k + g.pad) + q)];
+          const T y = b_values[static_cast<std::size_t>(q * (g.n + g.pad) + j)];
+          sum = ref_binary(binary_op::add, sum, ref_binary(binary_op::mul, x, y));
+        }
+        want.push_back(sum);
+      }
+    }
+    // Products up to 16 summed k times: a few ulp of 16 k, relative to max(1, |c|).
+    const double tol = std::is_floating_point_v<T>
+                           ? 64.0 * static_cast<double>(g.k + 1) * std::numeric_limits<T>::epsilon()
+                           : 0.0;
+    expect_view(
+        this->download(0, *c), c_values, lc, want, tol, 0,
+        "gemm " + std::to_string(g.m) + "x" + std::to_string(g.k) + "x" + std::to_string(g.n));
+  }
+}
+
+// Pairs of (dst, src) layouts of equal extents for copies.
+std::vector<std::pair<layout, layout>> copy_layouts() {
+  return {
+      {dense_layout({1}), dense_layout({1})},
+      {dense_layout({4099}), dense_layout({4099})},
+      {layout{"misaligned", {1002}, 1, {1001}, {1}}, dense_layout({1001})},
+      // Rows at a pitch: a (20, 30) block of a (25, 40) storage into a dense one (2-D copies).
+      {dense_layout({20, 30}), layout{"pitched", {25, 40}, 2 * 40 + 3, {20, 30}, {40, 1}}},
+      {layout{"pitched", {25, 40}, 40 + 1, {20, 30}, {40, 1}}, dense_layout({20, 30})},
+      // Strided rank 3 and transposed (the copy kernel).
+      {layout{"strided", {11, 8, 9}, 1 * 72 + 1 * 9 + 2, {5, 6, 7}, {144, 9, 1}},
+       dense_layout({5, 6, 7})},
+      {dense_layout({4, 3, 10}), layout{"stepped", {4, 3, 21}, 1, {4, 3, 10}, {63, 21, 2}}},
+      {dense_layout({13, 17}), layout{"transposed", {17, 13}, 0, {13, 17}, {1, 13}}},
+  };
+}
+
+TYPED_TEST(cuda_backend_gpu, copy_within_a_device) {
+  using T = TypeParam;
+  for (const auto& [ld, ls] : copy_layouts()) {
+    for (queue_kind q : {queue_kind::compute, queue_kind::transfer}) {
+      const auto before = this->random(count(ld.storage), -9, 9);
+      const auto src_values = this->random(count(ls.storage), -1000, 1000);
+      auto dst = this->upload(0, before);
+      auto src = this->upload(0, src_values);
+      this->be_->copy(0, q, this->type, make_view(dst->data(), ld), 0, make_view(src->data(), ls),
+                      0);
+      std::vector<T> want;
+      for (auto o : offsets_of(ls)) {
+        want.push_back(src_values[static_cast<std::size_t>(o)]);
+      }
+      expect_view(this->download(0, *dst), before, ld, want, 0.0, 0, "copy 0->0");
+    }
+  }
+}
+
+TYPED_TEST(cuda_backend_gpu, copy_between_devices_by_peer_and_nccl) {
+  using T = TypeParam;
+  if (this->be_->device_count() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs, found " << this->be_->device_count();
+  }
+  const auto stats_before = this->be_->stats();
+  std::uint64_t nccl_bytes = 0;
+  for (transport how : {transport::peer, transport::nccl, transport::automatic}) {
+    for (const auto& [ld, ls] : copy_layouts()) {
+      for (int queue_device : {0, 1}) {
+        for (queue_kind q : {queue_kind::compute, queue_kind::transfer}) {
+          const auto before = this->random(count(ld.storage), -9, 9);
+          const auto src_values = this->random(count(ls.storage), -1000, 1000);
+          auto dst = this->upload(1, before);
+          auto src = this->upload(0, src_values);
+          this->be_->copy(queue_device, q, this->type, make_view(dst->data(), ld), 1,
+                          make_view(src->data(), ls), 0, how);
+          // Ordered on (queue_device, q): an event after it covers the copy.
+          this->be_->record(queue_device, q).wait();
+          std::vector<T> want;
+          for (auto o : offsets_of(ls)) {
+            want.push_back(src_values[static_cast<std::size_t>(o)]);
+          }
+          if (how == transport::nccl && contiguous(ld) && contiguous(ls)) {
+            nccl_bytes += static_cast<std::uint64_t>(count(ld.extents)) * sizeof(T);
+          }
+          expect_view(this->download(1, *dst), before, ld, want, 0.0, 0,
+                      "copy 0->1 " + std::string(to_string(how)) + " on device " +
+                          std::to_string(queue_device));
+        }
+      }
+    }
+  }
+  const auto stats_after = this->be_->stats();
+  EXPECT_GT(stats_after.copies_peer, stats_before.copies_peer);
+  EXPECT_EQ(stats_after.bytes_nccl - stats_before.bytes_nccl, nccl_bytes);
+}
+
+TYPED_TEST(cuda_backend_gpu, upload_and_download_strided_views) {
+  using T = TypeParam;
+  for (const auto& [lh, ld] : copy_layouts()) {
+    // Host view lh (inside host storage), device view ld (inside device storage).
+    const auto host_values = this->random(count(lh.storage), -1000, 1000);
+    const auto before = this->random(count(ld.storage), -9, 9);
+    auto dev = this->upload(0, before);
+    std::vector<T> host = host_values;
+    this->be_->upload(0, this->type, make_view(dev->data(), ld), make_view(host.data(), lh));
+    std::vector<T> want;
+    for (auto o : offsets_of(lh)) {
+      want.push_back(host_values[static_cast<std::size_t>(o)]);
+    }
+    expect_view(this->download(0, *dev), before, ld, want, 0.0, 0, "upload");
+    // And back into a fresh host storage through the same views.
+    const auto host_before = this->random(count(lh.storage), -9, 9);
+    std::vector<T> back = host_before;
+    this->be_->download(0, this->type, make_view(back.data(), lh), make_view(dev->data(), ld));
+    expect_view(back, host_before, lh, want, 0.0, 0, "download");
+  }
+}
+
+// --- events and accounting (one dtype) ---
+
+class cuda_backend_events : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!the_gpu().be) {
+      GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+    }
+    be_ = the_gpu().be;
+  }
+  std::shared_ptr<backend> be_;
+};
+
+TEST_F(cuda_backend_events, events_order_work_across_queues_and_devices) {
+  const int other = be_->device_count() > 1 ? 1 : 0;
+  const std::int64_t n = std::int64_t{1} << 25;  // 128 MiB of float: long enough to race
+  auto a = be_->allocate(0, static_cast<std::size_t>(n) * 4);
+  auto b = be_->allocate(other, static_cast<std::size_t>(n) * 4);
+  const view va = view::dense(a->data(), {n});
+  const view vb = view::dense(b->data(), {n});
+  be_->fill(other, queue_kind::compute, dtype::f32, vb, scalar::of(0.0F));
+  be_->synchronize();
+  for (int round = 1; round <= 3; ++round) {
+    // Several passes on device 0's compute queue, then the copy on the other device's transfer
+    // queue, ordered only by the event.
+    for (int pass = 0; pass < 4; ++pass) {
+      be_->fill(0, queue_kind::compute, dtype::f32, va, scalar::of(static_cast<float>(round)));
+      be_->unary(0, queue_kind::compute, dtype::f32, unary_op::abs, va, va);
+    }
+    const event filled = be_->record(0, queue_kind::compute);
+    a->add_use(filled);
+    be_->wait(other, queue_kind::transfer, filled);
+    be_->copy(other, queue_kind::transfer, dtype::f32, vb, other, va, 0);
+    const event copied = be_->record(other, queue_kind::transfer);
+    b->add_use(copied);
+    copied.wait();
+    EXPECT_TRUE(copied.ready());
+    EXPECT_TRUE(filled.ready());
+    std::vector<float> host(static_cast<std::size_t>(n));
+    be_->download(other, dtype::f32, view::dense(host.data(), {n}), vb);
+    const auto bad = std::count_if(host.begin(), host.end(),
+                                   [round](float x) { return x != static_cast<float>(round); });
+    EXPECT_EQ(bad, 0) << "round " << round;
+  }
+  a.reset();
+  b.reset();
+  be_->synchronize();
+  for (int d = 0; d < be_->device_count(); ++d) {
+    EXPECT_EQ(be_->allocator(d).stats().in_use, 0U) << "device " << d;
+  }
+}
+
+TEST_F(cuda_backend_events, buffers_with_pending_uses_return_after_synchronize) {
+  const std::int64_t n = 1 << 20;
+  {
+    auto buf = be_->allocate(0, static_cast<std::size_t>(n) * 8);
+    be_->fill(0, queue_kind::compute, dtype::f64, view::dense(buf->data(), {n}), scalar::of(1.0));
+    buf->add_use(be_->record(0, queue_kind::compute));
+  }
+  be_->synchronize();
+  EXPECT_EQ(be_->allocator(0).stats().in_use, 0U);
+  EXPECT_TRUE(be_->is_gpu());
+  EXPECT_EQ(be_->name(), "cuda:" + std::to_string(be_->device_count()));
+  EXPECT_FALSE(be_->device_name(0).empty());
+  const event empty;
+  be_->wait(0, queue_kind::compute, empty);  // an empty event is complete: nothing to wait for
+}
+
+TEST(cuda_backend_factory, bad_device_counts_are_rejected) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  EXPECT_THROW((void)make_cuda_backend(0), invalid_argument);
+  EXPECT_THROW((void)make_cuda_backend(the_gpu().be->device_count() + 1), invalid_argument);
+}
+
+TEST(cuda_backend_factory, without_a_gpu_make_cuda_backend_throws_device_unavailable) {
+  if (the_gpu().be) {
+    GTEST_SKIP() << "a GPU is present";
+  }
+  EXPECT_THROW((void)make_cuda_backend(-1), device_unavailable);
+}
+
+}  // namespace
+}  // namespace poolscope::darray
