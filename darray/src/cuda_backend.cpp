@@ -552,7 +552,13 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
     return;
   }
   if (const auto p = as_pitched(v, es)) {
-    copy_3d_peer(s, dst, dst_device, src, src_device, *p);
+    if (peer(dst_device, src_device) || peer(src_device, dst_device)) {
+      // Unified addressing: the copy engines move the rows between the GPUs directly.
+      POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(dst, p->dst_pitch, src, p->src_pitch, p->width,
+                                               p->height, cudaMemcpyDefault, s));
+    } else {
+      copy_3d_peer(s, dst, dst_device, src, src_device, *p);
+    }
     return;
   }
   const int other = queue_device == dst_device ? src_device : dst_device;

@@ -720,7 +720,7 @@ void run_reduce(const launch_target& on, const view& acc, const view& src, int a
   if (outputs == 1) {
     // One output: the all-axes reduction of the axis, spread over the whole device.
     view line = src;
-    line.offset = src.offset + (element_ptr<T>(v[1]) - element_ptr<T>(src));
+    line.offset = v[1].offset;
     line.rank = 1;
     line.extent = {length, 0, 0, 0};
     line.stride = {axis_stride, 0, 0, 0};
