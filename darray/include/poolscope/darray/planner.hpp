@@ -1,0 +1,87 @@
+// planner: what a reshard must move. Pure code (no backend, no memory): given the chunks an array
+// has and the chunks it should have, the list of pieces to copy, with their bytes and order.
+//
+//   using namespace poolscope::darray;
+//   auto src = index_map::split({1000}, 0, {{0, 0, 700}, {1, 700, 1000}}).chunks();
+//   auto dst = index_map::split({1000}, 0, {{0, 0, 500}, {1, 500, 1000}}).chunks();
+//   auto p = plan_reshard(src, dst, {.element_size = 4});
+//   // p.pieces: [0:500] 0->0 local, [700:1000] 1->1 local, [500:700] 0->1 remote (800 B)
+//
+// Rules (DESIGN.md §2 darray):
+// - replica source (accumulate = false): each destination chunk is partitioned exactly by its
+//   pieces. What a chunk on the destination device already holds is taken from there (local
+//   pieces: no transfer; `in_place` when the source chunk is the destination chunk). The rest
+//   comes from remote chunks; an element held by several remote chunks (replicas) is sent once,
+//   from the source device with the fewest bytes assigned so far (spreads load over links).
+// - partial source (accumulate = true): every source chunk intersecting a destination chunk
+//   contributes a piece (the executor reduces them); nothing is deduplicated.
+// - remote pieces larger than split_bytes are split along their outermost axis into parts of at
+//   most split_bytes (so compute on the first part can start while the rest is in flight).
+// - order: local pieces first; remote pieces by their position in the destination chunk (the
+//   fraction of the chunk before them), then destination device, then source device — so every
+//   destination gets its first elements early and every link starts at once.
+//
+// Ownership: plain values. Thread safety: reentrant. Cost: O(src * dst) box intersections plus
+// the differences that deduplication needs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "poolscope/darray/geometry.hpp"
+#include "poolscope/darray/index_map.hpp"
+
+namespace poolscope::darray {
+
+/// One copy (or aliasing) of a region from a source chunk into a destination chunk.
+struct piece {
+  std::size_t src_chunk = 0;  ///< index into the source chunk list
+  std::size_t dst_chunk = 0;  ///< index into the destination chunk list
+  int src_device = 0;
+  int dst_device = 0;
+  box region;              ///< global indices of the elements moved
+  std::int64_t bytes = 0;  ///< region.size() * element_size
+  bool local = false;      ///< src_device == dst_device: no transfer between devices
+  bool in_place = false;   ///< local, and the source chunk's box equals the destination's
+  friend bool operator==(const piece&, const piece&) = default;
+};
+
+/// Settings of plan_reshard.
+struct plan_options {
+  std::size_t element_size = 4;
+  /// Remote pieces above this many bytes are split (0: never split).
+  std::int64_t split_bytes = std::int64_t{64} << 20;
+  /// Source is a partial (sum/prod/max/min) array: every intersection is a piece.
+  bool accumulate = false;
+};
+
+/// The pieces of a reshard, in issue order (see the file comment).
+struct reshard_plan {
+  std::vector<piece> pieces;
+  std::int64_t bytes_remote = 0;    ///< bytes crossing between devices
+  std::int64_t bytes_local = 0;     ///< bytes taken from a chunk on the same device
+  std::int64_t bytes_in_place = 0;  ///< of bytes_local, those already in the right chunk
+  /// For each destination chunk, the indices (into pieces) of its pieces.
+  std::vector<std::vector<std::size_t>> pieces_of_dst;
+  /// Remote bytes per (src device, dst device).
+  std::vector<std::tuple<int, int, std::int64_t>> link_bytes;
+  /// A multi-line listing for logs and tests.
+  [[nodiscard]] std::string to_string() const;
+};
+
+/// Plans moving data held as `src` chunks into `dst` chunks (boxes of the same rank). Elements of
+/// a destination chunk that no source chunk holds are left out of the plan (only possible when
+/// the source map does not cover them: callers validate maps first). Throws invalid_index_map
+/// on a rank mismatch or element_size 0.
+[[nodiscard]] reshard_plan plan_reshard(const std::vector<chunk_ref>& src,
+                                        const std::vector<chunk_ref>& dst,
+                                        const plan_options& options);
+
+/// The elements each chunk of `chunks` owns when replicas are counted once: chunk i owns its box
+/// minus the boxes of chunks 0..i-1 (what sum and prod reductions and matmul read). One list of
+/// disjoint boxes per chunk, in order.
+[[nodiscard]] std::vector<std::vector<box>> owned_regions(const std::vector<chunk_ref>& chunks);
+
+}  // namespace poolscope::darray
