@@ -295,27 +295,31 @@ struct layout {
   i64 extent[max_rank] = {};
   i64 stride[N][max_rank] = {};
 
-  // The element offsets of linear (row-major) index i in each view.
+  // The element offsets of linear (row-major) index i in each view. The coordinates are
+  // computed in I: 32-bit division is several times cheaper than 64-bit, so callers pick
+  // std::uint32_t whenever the element count fits.
+  template <typename I = i64>
   __device__ __forceinline__ void offsets(i64 i, i64 (&off)[N]) const {
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       off[k] = 0;
     }
+    I rest = static_cast<I>(i);
 #pragma unroll
     for (int d = static_cast<int>(max_rank) - 1; d > 0; --d) {
       if (d < rank) {
-        const i64 e = extent[d];
-        const i64 c = i % e;
-        i /= e;
+        const auto e = static_cast<I>(extent[d]);
+        const I c = rest % e;
+        rest /= e;
 #pragma unroll
         for (int k = 0; k < N; ++k) {
-          off[k] += c * stride[k][d];
+          off[k] += static_cast<i64>(c) * stride[k][d];
         }
       }
     }
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      off[k] += i * stride[k][0];
+      off[k] += static_cast<i64>(rest) * stride[k][0];
     }
   }
 };
@@ -436,14 +440,14 @@ __global__ void __launch_bounds__(block_threads) map_vector_kernel(operands<T, N
 }
 
 // Any strides: the linear index decomposed into coordinates.
-template <typename T, int N, typename F>
+template <typename T, int N, typename F, typename I>
 __global__ void __launch_bounds__(block_threads)
     map_strided_kernel(operands<T, N> ops, layout<N + 1> l, i64 n, F f) {
   constexpr int NI = N > 0 ? N : 1;
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     i64 off[N + 1];
-    l.offsets(i, off);
+    l.template offsets<I>(i, off);
     T x[NI];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
@@ -475,8 +479,14 @@ void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
     const unsigned blocks = grid_for(std::max<i64>(vectors / vector_unroll, 1), on.sm_count);
     map_vector_kernel<T, N, F><<<blocks, block_threads, 0, on.stream>>>(ops, n, f);
   } else {
-    map_strided_kernel<T, N, F>
-        <<<grid_for(n, on.sm_count), block_threads, 0, on.stream>>>(ops, layout_of<N + 1>(v), n, f);
+    const unsigned blocks = grid_for(n, on.sm_count);
+    const layout<N + 1> l = layout_of<N + 1>(v);
+    if (n <= std::numeric_limits<std::uint32_t>::max()) {
+      map_strided_kernel<T, N, F, std::uint32_t>
+          <<<blocks, block_threads, 0, on.stream>>>(ops, l, n, f);
+    } else {
+      map_strided_kernel<T, N, F, i64><<<blocks, block_threads, 0, on.stream>>>(ops, l, n, f);
+    }
   }
   check_launch();
 }
@@ -592,7 +602,7 @@ __device__ __forceinline__ T block_reduce(T v, const R& r, T* shared) {
 }
 
 // First pass of an all-axes reduction: one partial per block.
-template <typename T, typename R, bool Contiguous>
+template <typename T, typename R, bool Contiguous, typename I>
 __global__ void __launch_bounds__(block_threads)
     reduce_partials_kernel(const T* src, layout<1> l, i64 n, T* partials, R r) {
   __shared__ T shared[block_threads];
@@ -603,7 +613,7 @@ __global__ void __launch_bounds__(block_threads)
       v = r(v, src[i]);
     } else {
       i64 off[1];
-      l.offsets(i, off);
+      l.template offsets<I>(i, off);
       v = r(v, src[off[0]]);
     }
   }
@@ -680,12 +690,16 @@ void run_reduce_all(const launch_target& on, const view& acc, view src, const R&
       static_cast<unsigned>(std::clamp<i64>((n + block_threads - 1) / block_threads, 1, cap));
   T* partials = static_cast<T*>(scratch);
   const layout<1> l = layout_of<1>(std::array<view, 1>{src});
+  const T* first = element_ptr<T>(src);
   if (src.rank == 1 && src.stride[0] == 1) {
-    reduce_partials_kernel<T, R, true>
-        <<<blocks, block_threads, 0, on.stream>>>(element_ptr<T>(src), l, n, partials, r);
+    reduce_partials_kernel<T, R, true, i64>
+        <<<blocks, block_threads, 0, on.stream>>>(first, l, n, partials, r);
+  } else if (n <= std::numeric_limits<std::uint32_t>::max()) {
+    reduce_partials_kernel<T, R, false, std::uint32_t>
+        <<<blocks, block_threads, 0, on.stream>>>(first, l, n, partials, r);
   } else {
-    reduce_partials_kernel<T, R, false>
-        <<<blocks, block_threads, 0, on.stream>>>(element_ptr<T>(src), l, n, partials, r);
+    reduce_partials_kernel<T, R, false, i64>
+        <<<blocks, block_threads, 0, on.stream>>>(first, l, n, partials, r);
   }
   check_launch();
   reduce_final_kernel<T, R><<<1, block_threads, 0, on.stream>>>(partials, static_cast<int>(blocks),
