@@ -1,4 +1,4 @@
-// The poolscope command, run as a subprocess: `demo` and `bench alloc` on the host resource,
+// The poolscope command, run as a subprocess: `pools` and `bench alloc` on the host resource,
 // their JSON checked against independent models (the regenerated trace, the strategies'
 // documented behaviour), and clean failures on bad options. Nothing here asserts on time.
 #include <gtest/gtest.h>
@@ -57,12 +57,12 @@ std::size_t reference_peak(const poolscope::bench::trace& t) {
   return peak;
 }
 
-TEST(cli_demo, host_json_matches_the_trace) {
+TEST(cli_pools, host_json_matches_the_trace) {
   constexpr std::size_t steps = 2;
   constexpr std::uint64_t seed = 7;
   poolscope::testing::process_result r;
-  const json j = run_json({"demo", "--resource", "host", "--steps", std::to_string(steps), "--seed",
-                           std::to_string(seed)},
+  const json j = run_json({"pools", "--resource", "host", "--steps", std::to_string(steps),
+                           "--seed", std::to_string(seed)},
                           r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(j.is_object()) << r.out;
@@ -114,10 +114,10 @@ TEST(cli_demo, host_json_matches_the_trace) {
   EXPECT_EQ(names, poolscope::pool::allocator_names());
 }
 
-TEST(cli_demo, allocator_subset_and_text_report) {
+TEST(cli_pools, allocator_subset_and_text_report) {
   poolscope::testing::process_result r;
   const json j =
-      run_json({"demo", "--resource", "host", "--steps", "1", "--allocators", "best_fit"}, r);
+      run_json({"pools", "--resource", "host", "--steps", "1", "--allocators", "best_fit"}, r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_EQ(j["strategies"].size(), 1U);
   EXPECT_EQ(j["strategies"][0]["allocator"], "best_fit");
@@ -125,13 +125,13 @@ TEST(cli_demo, allocator_subset_and_text_report) {
   EXPECT_NE(r.out.find("best_fit"), std::string::npos);
 }
 
-TEST(cli_demo, bad_options_fail_cleanly) {
+TEST(cli_pools, bad_options_fail_cleanly) {
   const std::vector<std::vector<std::string>> bad{
-      {"demo", "--allocators", "no_such_pool"},
-      {"demo", "--steps", "0"},
-      {"demo", "--steps", "many"},
-      {"demo", "--resource", "no_such_resource"},
-      {"demo", "--no-such-flag"},
+      {"pools", "--allocators", "no_such_pool"},
+      {"pools", "--steps", "0"},
+      {"pools", "--steps", "many"},
+      {"pools", "--resource", "no_such_resource"},
+      {"pools", "--no-such-flag"},
       {"no_such_command"},
       {},
   };
@@ -273,15 +273,15 @@ bool has_resource(const std::string& name) {
 }
 
 // Without a GPU, asking for device memory is an error message and exit code 1, not a crash.
-TEST(cli_demo, device_resource_without_gpu_fails_cleanly) {
+TEST(cli_pools, device_resource_without_gpu_fails_cleanly) {
   if (poolscope::bench::gpu_count() > 0) {
-    GTEST_SKIP() << "a GPU is present (cli_demo.cuda_gpu covers it)";
+    GTEST_SKIP() << "a GPU is present (cli_pools.cuda_gpu covers it)";
   }
   if (!has_resource("cuda")) {
     GTEST_SKIP() << "the cuda resource is not registered in this build";
   }
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"demo", "--resource", "cuda", "--steps", "1"},
+       {std::vector<std::string>{"pools", "--resource", "cuda", "--steps", "1"},
         std::vector<std::string>{"bench", "alloc", "--resource", "cuda", "--quick"}}) {
     std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -294,7 +294,7 @@ TEST(cli_demo, device_resource_without_gpu_fails_cleanly) {
 }
 
 // On a GPU: the demo on device memory (patterns through cudaMemcpy) keeps every block intact.
-TEST(cli_demo, cuda_gpu) {
+TEST(cli_pools, cuda_gpu) {
   if (poolscope::bench::gpu_count() == 0) {
     GTEST_SKIP() << "no GPU: the device-memory demo needs one";
   }
@@ -302,7 +302,7 @@ TEST(cli_demo, cuda_gpu) {
     GTEST_SKIP() << "the cuda resource is not registered in this build";
   }
   poolscope::testing::process_result r;
-  const json j = run_json({"demo", "--resource", "cuda", "--steps", "1"}, r);
+  const json j = run_json({"pools", "--resource", "cuda", "--steps", "1"}, r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(j["integrity_ok"], true);
   const auto tr = poolscope::bench::demo_trace(poolscope::bench::make_demo_plan(true, 1), 1, 1);

@@ -1,11 +1,11 @@
-// `poolscope demo`: every allocator strategy on one trace, with integrity checks and a pool
+// `poolscope pools`: every allocator strategy on one trace, with integrity checks and a pool
 // report (see demo.hpp). Exit code 2 on an integrity failure, 1 if a strategy failed otherwise.
 #include <fstream>
 #include <iostream>
 #include <memory>
 
 #include "commands.hpp"
-#include "demo.hpp"
+#include "pools_demo.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 
@@ -18,10 +18,10 @@ struct demo_command {
 };
 }  // namespace
 
-void register_demo(CLI::App& app) {
+void register_pools(CLI::App& app) {
   auto cmd = std::make_shared<demo_command>();
   auto* sub = app.add_subcommand(
-      "demo",
+      "pools",
       "replay a sequence-batch and random-mix workload on every allocator strategy, check "
       "data integrity, print a pool report");
   sub->add_option("--resource", cmd->options.resource,
@@ -45,7 +45,7 @@ void register_demo(CLI::App& app) {
       std::ofstream f(cmd->json_path);
       f << rep.to_json() << '\n';
       if (!f) {
-        throw runtime_error("poolscope demo: cannot write " + cmd->json_path);
+        throw runtime_error("poolscope pools: cannot write " + cmd->json_path);
       }
     }
     if (!rep.integrity_ok()) {

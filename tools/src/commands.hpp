@@ -8,8 +8,10 @@
 
 namespace poolscope::tools {
 
-/// `poolscope demo`: every allocator strategy on one workload, integrity checks, pool report.
+/// `poolscope demo`: the distributed-array demo (darray_demo.hpp): the main job.
 void register_demo(CLI::App& app);
+/// `poolscope pools`: every allocator strategy on one workload, integrity checks, pool report.
+void register_pools(CLI::App& app);
 /// `poolscope bench alloc`: the allocator benchmark.
 void register_bench(CLI::App& app);
 

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"poolscope: GPU memory pools and profiling"};
   app.require_subcommand(1);
   poolscope::tools::register_demo(app);
+  poolscope::tools::register_pools(app);
   poolscope::tools::register_bench(app);
   poolscope::tools::register_replay(app);
   poolscope::tools::register_report(app);

@@ -1,4 +1,4 @@
-#include "demo.hpp"
+#include "pools_demo.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -148,12 +148,12 @@ double ratio_of(const pool::allocator_stats& s) {
 
 demo_report run_demo(const demo_options& o, std::ostream* progress) {
   if (o.steps == 0) {
-    throw invalid_argument("poolscope demo: steps must be at least 1");
+    throw invalid_argument("poolscope pools: steps must be at least 1");
   }
   const auto known = pool::allocator_names();
   for (const auto& a : o.allocators) {
     if (std::find(known.begin(), known.end(), a) == known.end()) {
-      throw invalid_argument("poolscope demo: unknown allocator '" + a + "'");
+      throw invalid_argument("poolscope pools: unknown allocator '" + a + "'");
     }
   }
   demo_report rep;
@@ -221,7 +221,7 @@ bool demo_report::any_error() const {
 }
 
 void demo_report::print(std::ostream& out) const {
-  out << "poolscope demo: " << trace_description << "\n"
+  out << "poolscope pools: " << trace_description << "\n"
       << "resource " << resource << ", seed " << seed << ", " << trace_ops
       << " operations per strategy, peak live " << bench::format_size(peak_live_bytes) << "\n\n";
   bench::text_table t({"strategy", "peak requested", "peak reserved", "res/req", "upstream",

@@ -1,4 +1,4 @@
-// `poolscope demo`: replays one allocation trace (sequence batches, then a random mix) on every
+// `poolscope pools`: replays one allocation trace (sequence batches, then a random mix) on every
 // allocator strategy over one resource, checks that the blocks never overlap and keep their
 // contents, and reports each pool's memory and speed.
 //

@@ -1,0 +1,334 @@
+// backend: the devices a DistributedArray lives on, and the only code that touches their memory.
+// Two implementations run the same planner and executor: CUDA (a compute and a transfer stream per
+// GPU, events, kernels, cuBLAS, peer copies or NCCL) and host (N fake devices, each with a compute
+// and a transfer worker thread, events and memcpy). CI tests everything through the host backend.
+//
+//   auto be = poolscope::darray::make_backend("host:2");      // or "cuda", "cuda:2", "auto"
+//   auto buf = be->allocate(0, 4096);                          // from device 0's pool allocator
+//   view v = view::dense(buf->data(), {1024});
+//   be->fill(0, queue_kind::compute, dtype::f32, v, scalar::of(1.0));
+//   event e = be->record(0, queue_kind::compute);
+//   be->wait(1, queue_kind::transfer, e);                     // device 1's transfer queue waits
+//
+// Queues: every device has a compute and a transfer queue; work on one queue runs in order,
+// queues run concurrently; record()/wait() order work across queues and devices (cudaEvent /
+// cudaStreamWaitEvent, or their host equivalents). Every enqueue returns at once.
+// Memory: buffers come from each device's poolscope allocator (strategy chosen in
+// backend_options), so every chunk allocation goes through the hooks. A buffer is returned to its
+// allocator when its last owner drops it *and* every event recorded with add_use() has completed
+// (checked whenever the backend allocates or synchronizes, and at destruction).
+// Tracing: every copy is an NVTX range of category darray.transfer, every op one of
+// darray.compute, and when a timeline is attached (set_timeline) the host backend adds a slice per
+// executed task (device = the device whose queue ran it); on CUDA the timeline's CUPTI records show
+// the kernels and copies themselves.
+//
+// Arithmetic (both backends compute the same values): floating types use the C++/CUDA math
+// functions of their type. Integer types: unary exp/log/sin/cos/sqrt and binary pow are computed
+// in double and converted back (truncated toward zero, saturated to the type's range, NaN -> 0);
+// div truncates toward zero and x / 0 is 0; abs and neg
+// wrap as two's complement. Reductions of floating types may differ between backends by rounding
+// only (the order of additions differs).
+//
+// Ownership: the backend owns its devices' queues, allocators and worker threads; buffers and
+// events keep the backend state they need alive. Thread safety: enqueue methods may be called
+// from several threads, but work of one queue must be enqueued in one order (the executor calls
+// them from one thread). Errors: bad views (rank, extents, device) throw invalid_argument before
+// anything is enqueued; CUDA failures throw cuda_error; allocation failures out_of_memory.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "poolscope/darray/geometry.hpp"
+#include "poolscope/pool/allocator.hpp"
+
+namespace poolscope::profiler {
+class timeline;
+}
+
+namespace poolscope::darray {
+
+/// Element types of distributed arrays.
+enum class dtype : std::uint8_t { f32, f64, i32, i64 };
+[[nodiscard]] std::size_t size_of(dtype t) noexcept;
+[[nodiscard]] std::string_view to_string(dtype t) noexcept;
+template <typename T>
+inline constexpr bool is_element_type_v =
+    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
+    std::is_same_v<T, std::int64_t>;
+/// The dtype of T (float, double, int32_t, int64_t).
+template <typename T>
+constexpr dtype dtype_of() noexcept {
+  static_assert(is_element_type_v<T>, "DistributedArray holds float, double, int32_t or int64_t");
+  if constexpr (std::is_same_v<T, float>) {
+    return dtype::f32;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return dtype::f64;
+  } else if constexpr (std::is_same_v<T, std::int32_t>) {
+    return dtype::i32;
+  } else {
+    return dtype::i64;
+  }
+}
+
+enum class unary_op : std::uint8_t { neg, abs, exp, log, sin, cos, sqrt };
+enum class binary_op : std::uint8_t { add, sub, mul, div, maximum, minimum, pow };
+/// Reductions, and the modes of partial arrays.
+enum class reduce_op : std::uint8_t { sum, prod, max, min };
+[[nodiscard]] std::string_view to_string(unary_op op) noexcept;
+[[nodiscard]] std::string_view to_string(binary_op op) noexcept;
+[[nodiscard]] std::string_view to_string(reduce_op op) noexcept;
+
+/// A scalar operand, held as both a double and an int64 (the kernel reads the one of its dtype).
+struct scalar {
+  double f = 0.0;
+  std::int64_t i = 0;
+  template <typename T>
+  [[nodiscard]] static scalar of(T v) noexcept {
+    return scalar{static_cast<double>(v), static_cast<std::int64_t>(v)};
+  }
+};
+/// The identity of `op` for `t` (0, 1, lowest, highest).
+[[nodiscard]] scalar identity(reduce_op op, dtype t) noexcept;
+
+/// A strided N-D view of elements in one buffer: element (i0..in) is at
+/// base + (offset + sum(i_k * stride_k)) * element size. Strides are in elements, >= 0.
+struct view {
+  void* base = nullptr;
+  std::int64_t offset = 0;
+  std::size_t rank = 0;
+  std::array<std::int64_t, max_rank> extent{};
+  std::array<std::int64_t, max_rank> stride{};
+
+  /// Number of elements (1 for rank 0).
+  [[nodiscard]] std::int64_t size() const noexcept;
+  /// A dense row-major view of `extents` starting at `base`.
+  [[nodiscard]] static view dense(void* base, const shape_t& extents);
+  /// The elements `part` of a buffer holding `storage` densely (part must be inside storage).
+  [[nodiscard]] static view of_box(void* base, const box& storage, const box& part);
+  /// True if the elements are consecutive in memory in row-major order.
+  [[nodiscard]] bool contiguous() const noexcept;
+  [[nodiscard]] shape_t extents() const { return shape_t(extent.begin(), extent.begin() + rank); }
+};
+
+/// The work queues of a device.
+enum class queue_kind : std::uint8_t { compute, transfer };
+
+namespace detail {
+/// A backend's event (cudaEvent or a host flag). Implemented by each backend.
+class event_state {
+ public:
+  virtual ~event_state() = default;
+  [[nodiscard]] virtual bool ready() const = 0;
+  virtual void wait() const = 0;  ///< blocks the calling thread until complete
+};
+}  // namespace detail
+
+/// A point in one queue's work: complete once everything enqueued before it has run.
+/// An empty event is always complete. Copyable handle. Thread-safe.
+class event {
+ public:
+  event() = default;
+  explicit event(std::shared_ptr<const detail::event_state> s) noexcept : state_(std::move(s)) {}
+  [[nodiscard]] bool empty() const noexcept { return !state_; }
+  /// True once complete (never blocks).
+  [[nodiscard]] bool ready() const { return !state_ || state_->ready(); }
+  /// Blocks the calling thread until complete.
+  void wait() const {
+    if (state_) {
+      state_->wait();
+    }
+  }
+  [[nodiscard]] const detail::event_state* state() const noexcept { return state_.get(); }
+
+ private:
+  std::shared_ptr<const detail::event_state> state_;
+};
+
+class backend;
+
+/// Device memory from a backend's allocator. Returned to the allocator when the last shared_ptr
+/// goes and every use recorded with add_use() is complete. Thread-safe.
+class buffer {
+ public:
+  buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes) noexcept;
+  buffer(const buffer&) = delete;
+  buffer& operator=(const buffer&) = delete;
+  ~buffer();
+  [[nodiscard]] void* data() const noexcept { return ptr_; }
+  [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+  /// Work that reads or writes this buffer: the memory is not reused before `e` completes.
+  void add_use(const event& e);
+
+ private:
+  std::shared_ptr<backend> owner_;
+  int device_;
+  void* ptr_;
+  std::size_t bytes_;
+  std::mutex mutex_;
+  std::vector<event> uses_;
+};
+
+/// How bytes move between devices.
+enum class transport : std::uint8_t {
+  automatic,  ///< the backend chooses per piece by size (CUDA: NCCL above its crossover)
+  peer,       ///< copy engines (cudaMemcpyPeerAsync / 2-D copies; memcpy on host)
+  nccl,       ///< NCCL send/recv (CUDA only; host falls back to memcpy)
+};
+[[nodiscard]] std::string_view to_string(transport t) noexcept;
+
+/// Settings of a backend.
+struct backend_options {
+  std::string allocator = "bfc";  ///< pool strategy per device (pool::allocator_names())
+  std::string resource;           ///< "" -> cuda for CUDA devices, host for host devices
+  transport transfers = transport::automatic;
+};
+
+/// What a backend did.
+struct backend_stats {
+  std::uint64_t copies_local = 0;  ///< copies within a device
+  std::uint64_t copies_peer = 0;   ///< copies between devices
+  std::uint64_t bytes_local = 0;
+  std::uint64_t bytes_peer = 0;
+  std::uint64_t bytes_nccl = 0;  ///< of bytes_peer, moved by NCCL
+  std::uint64_t ops = 0;         ///< compute tasks (fill, unary, binary, reduce, gemm, ...)
+};
+
+/// The interface the executor drives. See the file comment. Public methods check their arguments
+/// and call the private virtual do_* of the implementation.
+class backend : public std::enable_shared_from_this<backend> {
+ public:
+  backend() = default;
+  backend(const backend&) = delete;
+  backend& operator=(const backend&) = delete;
+  virtual ~backend() = default;
+
+  /// "host:2", "cuda:2".
+  [[nodiscard]] std::string name() const { return do_name(); }
+  [[nodiscard]] int device_count() const noexcept { return do_device_count(); }
+  [[nodiscard]] bool is_gpu() const noexcept { return do_is_gpu(); }
+  /// "NVIDIA H200", "host device 1".
+  [[nodiscard]] std::string device_name(int device) const;
+  /// The pool allocator of `device` (its stats, limit, release).
+  [[nodiscard]] pool::allocator& allocator(int device);
+
+  /// `bytes` (> 0) of memory on `device`, from its allocator. Frees completed deferred buffers
+  /// first. Throws out_of_memory.
+  [[nodiscard]] std::shared_ptr<buffer> allocate(int device, std::size_t bytes);
+
+  /// An event after the work enqueued so far on (device, q).
+  [[nodiscard]] event record(int device, queue_kind q);
+  /// Work enqueued later on (device, q) starts after `e` (any device's) completes.
+  void wait(int device, queue_kind q, const event& e);
+  /// Blocks until every queue of every device is idle; then frees deferred buffers.
+  void synchronize();
+
+  /// Copies `src` (on src_device) into `dst` (on dst_device) on (queue_device, q), which must be
+  /// one of the two devices. Views must have equal extents. `how` picks the transport between
+  /// devices (ignored within a device).
+  void copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
+            const view& src, int src_device, transport how = transport::automatic);
+  /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
+  /// until done (the host memory may be reused on return).
+  void upload(int device, dtype t, const view& dst, const view& host_src);
+  /// Copies `src` on `device` into host memory after the work on both of its queues, blocking.
+  void download(int device, dtype t, const view& host_dst, const view& src);
+
+  /// dst[i] = value.
+  void fill(int device, queue_kind q, dtype t, const view& dst, scalar value);
+  /// dst[i] = op(src[i]).
+  void unary(int device, queue_kind q, dtype t, unary_op op, const view& dst, const view& src);
+  /// dst[i] = op(a[i], b[i]); a or b may be a scalar instead (the view is then ignored).
+  void binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
+              const view& b, const scalar* a_scalar = nullptr, const scalar* b_scalar = nullptr);
+  /// acc[i] = op(acc[i], src[i]).
+  void accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                  const view& src);
+  /// Reduces `src` along `axis` (or all axes when axis < 0) and combines the result into `acc`
+  /// (acc = op(acc, reduced)): acc has src's extents without `axis` (rank 0 for all axes).
+  void reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc, const view& src,
+              int axis);
+  /// c += a @ b for 2-D views with unit column stride (a: m x k, b: k x n, c: m x n).
+  void gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
+                       const view& b);
+
+  /// Attaches (or, with nullptr, detaches) a timeline that receives host-side slices of executed
+  /// tasks. The timeline must outlive the attachment.
+  void set_timeline(profiler::timeline* t) noexcept;
+  [[nodiscard]] backend_stats stats() const;
+
+ protected:
+  /// For implementations: the attached timeline (may be null).
+  [[nodiscard]] profiler::timeline* attached_timeline() const noexcept;
+  /// For implementations: counts work in stats().
+  void count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept;
+  void count_op() noexcept;
+  /// For implementations: frees deferred buffers whose uses completed (all of them if `all`,
+  /// after synchronizing). Call from do_synchronize's callers only through the public methods.
+  void collect_deferred(bool all) noexcept;
+
+ private:
+  friend class buffer;
+  void defer_free(int device, void* ptr, std::size_t bytes, std::vector<event> uses) noexcept;
+  void check_device(int device, const char* what) const;
+
+  [[nodiscard]] virtual std::string do_name() const = 0;
+  [[nodiscard]] virtual int do_device_count() const noexcept = 0;
+  [[nodiscard]] virtual bool do_is_gpu() const noexcept = 0;
+  [[nodiscard]] virtual std::string do_device_name(int device) const = 0;
+  [[nodiscard]] virtual pool::allocator& do_allocator(int device) = 0;
+  /// The stream handle allocations on `device` are made with (its compute queue's).
+  [[nodiscard]] virtual stream_view do_alloc_stream(int device) const noexcept = 0;
+  [[nodiscard]] virtual event do_record(int device, queue_kind q) = 0;
+  virtual void do_wait(int device, queue_kind q, const event& e) = 0;
+  virtual void do_synchronize() = 0;
+  virtual void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
+                       const view& src, int src_device, transport how) = 0;
+  virtual void do_upload(int device, dtype t, const view& dst, const view& host_src) = 0;
+  virtual void do_download(int device, dtype t, const view& host_dst, const view& src) = 0;
+  virtual void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) = 0;
+  virtual void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
+                        const view& src) = 0;
+  virtual void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
+                         const view& a, const view& b, const scalar* a_scalar,
+                         const scalar* b_scalar) = 0;
+  virtual void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                             const view& src) = 0;
+  virtual void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                         const view& src, int axis) = 0;
+  virtual void do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
+                                  const view& b) = 0;
+
+  struct deferred {
+    int device;
+    void* ptr;
+    std::size_t bytes;
+    std::vector<event> uses;
+  };
+  mutable std::mutex state_mutex_;
+  std::vector<deferred> deferred_;
+  profiler::timeline* timeline_ = nullptr;
+  backend_stats stats_{};
+};
+
+/// A backend by spec: "host:N" (N fake devices, 1..64), "cuda" (every GPU), "cuda:N" (the first
+/// N GPUs), "auto" (cuda with a GPU, else host:2). Throws invalid_argument naming a bad spec,
+/// device_unavailable for "cuda" without a GPU.
+[[nodiscard]] std::shared_ptr<backend> make_backend(std::string_view spec,
+                                                    const backend_options& options = {});
+/// A host backend of `devices` fake devices.
+[[nodiscard]] std::shared_ptr<backend> make_host_backend(int devices,
+                                                         const backend_options& options = {});
+/// A CUDA backend over GPUs 0..devices-1 (-1: all). Throws device_unavailable without a GPU.
+[[nodiscard]] std::shared_ptr<backend> make_cuda_backend(int devices,
+                                                         const backend_options& options = {});
+
+}  // namespace poolscope::darray

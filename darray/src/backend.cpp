@@ -1,0 +1,579 @@
+// The backend base class: argument checks, buffers and deferred frees, names, make_backend.
+#include "poolscope/darray/backend.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+
+namespace poolscope::darray {
+
+std::size_t size_of(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32:
+    case dtype::i32:
+      return 4;
+    case dtype::f64:
+    case dtype::i64:
+      return 8;
+  }
+  return 0;
+}
+
+std::string_view to_string(dtype t) noexcept {
+  switch (t) {
+    case dtype::f32:
+      return "float32";
+    case dtype::f64:
+      return "float64";
+    case dtype::i32:
+      return "int32";
+    case dtype::i64:
+      return "int64";
+  }
+  return "?";
+}
+
+std::string_view to_string(unary_op op) noexcept {
+  switch (op) {
+    case unary_op::neg:
+      return "neg";
+    case unary_op::abs:
+      return "abs";
+    case unary_op::exp:
+      return "exp";
+    case unary_op::log:
+      return "log";
+    case unary_op::sin:
+      return "sin";
+    case unary_op::cos:
+      return "cos";
+    case unary_op::sqrt:
+      return "sqrt";
+  }
+  return "?";
+}
+
+std::string_view to_string(binary_op op) noexcept {
+  switch (op) {
+    case binary_op::add:
+      return "add";
+    case binary_op::sub:
+      return "sub";
+    case binary_op::mul:
+      return "mul";
+    case binary_op::div:
+      return "div";
+    case binary_op::maximum:
+      return "maximum";
+    case binary_op::minimum:
+      return "minimum";
+    case binary_op::pow:
+      return "pow";
+  }
+  return "?";
+}
+
+std::string_view to_string(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+      return "sum";
+    case reduce_op::prod:
+      return "prod";
+    case reduce_op::max:
+      return "max";
+    case reduce_op::min:
+      return "min";
+  }
+  return "?";
+}
+
+std::string_view to_string(transport t) noexcept {
+  switch (t) {
+    case transport::automatic:
+      return "auto";
+    case transport::peer:
+      return "peer";
+    case transport::nccl:
+      return "nccl";
+  }
+  return "?";
+}
+
+namespace {
+template <typename T>
+scalar identity_of(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+      return scalar::of(T{0});
+    case reduce_op::prod:
+      return scalar::of(T{1});
+    case reduce_op::max:
+      if constexpr (std::is_floating_point_v<T>) {
+        return scalar{-std::numeric_limits<double>::infinity(), 0};
+      } else {
+        return scalar{static_cast<double>(std::numeric_limits<T>::lowest()),
+                      std::numeric_limits<T>::lowest()};
+      }
+    case reduce_op::min:
+      if constexpr (std::is_floating_point_v<T>) {
+        return scalar{std::numeric_limits<double>::infinity(), 0};
+      } else {
+        return scalar{static_cast<double>(std::numeric_limits<T>::max()),
+                      std::numeric_limits<T>::max()};
+      }
+  }
+  return {};
+}
+}  // namespace
+
+scalar identity(reduce_op op, dtype t) noexcept {
+  switch (t) {
+    case dtype::f32:
+      return identity_of<float>(op);
+    case dtype::f64:
+      return identity_of<double>(op);
+    case dtype::i32:
+      return identity_of<std::int32_t>(op);
+    case dtype::i64:
+      return identity_of<std::int64_t>(op);
+  }
+  return {};
+}
+
+// --- view ---
+
+std::int64_t view::size() const noexcept {
+  std::int64_t n = 1;
+  for (std::size_t i = 0; i < rank; ++i) {
+    n *= extent[i];
+  }
+  return n;
+}
+
+view view::dense(void* base, const shape_t& extents) {
+  if (extents.size() > max_rank) {
+    throw invalid_argument("darray view: rank " + std::to_string(extents.size()) +
+                           " exceeds the maximum rank " + std::to_string(max_rank));
+  }
+  view v;
+  v.base = base;
+  v.rank = extents.size();
+  std::int64_t s = 1;
+  for (std::size_t i = v.rank; i-- > 0;) {
+    v.extent[i] = extents[i];
+    v.stride[i] = s;
+    s *= extents[i];
+  }
+  return v;
+}
+
+view view::of_box(void* base, const box& storage, const box& part) {
+  const box local = local_slices(storage, part);
+  const shape_t ext = storage.extents();
+  view dense_view = dense(base, ext);
+  view v;
+  v.base = base;
+  v.rank = local.rank();
+  for (std::size_t i = 0; i < v.rank; ++i) {
+    v.offset += dense_view.stride[i] * local.dims[i].start;
+    v.extent[i] = local.dims[i].size();
+    v.stride[i] = dense_view.stride[i] * local.dims[i].step;
+  }
+  return v;
+}
+
+bool view::contiguous() const noexcept {
+  std::int64_t expect = 1;
+  for (std::size_t i = rank; i-- > 0;) {
+    if (extent[i] == 1) {
+      continue;
+    }
+    if (stride[i] != expect) {
+      return false;
+    }
+    expect *= extent[i];
+  }
+  return true;
+}
+
+// --- buffer ---
+
+buffer::buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes) noexcept
+    : owner_(std::move(owner)), device_(device), ptr_(ptr), bytes_(bytes) {}
+
+buffer::~buffer() {
+  std::vector<event> pending;
+  for (auto& e : uses_) {
+    if (!e.ready()) {
+      pending.push_back(std::move(e));
+    }
+  }
+  owner_->defer_free(device_, ptr_, bytes_, std::move(pending));
+}
+
+void buffer::add_use(const event& e) {
+  if (e.empty()) {
+    return;
+  }
+  const std::lock_guard lock(mutex_);
+  // Keep the list short: drop uses that have completed.
+  if (uses_.size() >= 16) {
+    std::erase_if(uses_, [](const event& u) { return u.ready(); });
+  }
+  uses_.push_back(e);
+}
+
+// --- backend ---
+
+void backend::check_device(int device, const char* what) const {
+  if (device < 0 || device >= device_count()) {
+    throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
+                           " is not one of the " + std::to_string(device_count()) + " devices of " +
+                           name());
+  }
+}
+
+std::string backend::device_name(int device) const {
+  check_device(device, "device_name");
+  return do_device_name(device);
+}
+
+pool::allocator& backend::allocator(int device) {
+  check_device(device, "allocator");
+  return do_allocator(device);
+}
+
+std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
+  check_device(device, "allocate");
+  if (bytes == 0) {
+    throw invalid_argument("darray allocate: 0 bytes requested on device " +
+                           std::to_string(device));
+  }
+  collect_deferred(false);
+  void* p = nullptr;
+  try {
+    p = do_allocator(device).allocate(do_alloc_stream(device), bytes);
+  } catch (const out_of_memory&) {
+    // Memory may be held by buffers waiting for their last use: wait for them and retry once.
+    do_synchronize();
+    collect_deferred(true);
+    p = do_allocator(device).allocate(do_alloc_stream(device), bytes);
+  }
+  return std::make_shared<buffer>(shared_from_this(), device, p, bytes);
+}
+
+event backend::record(int device, queue_kind q) {
+  check_device(device, "record");
+  return do_record(device, q);
+}
+
+void backend::wait(int device, queue_kind q, const event& e) {
+  check_device(device, "wait");
+  if (e.empty() || e.ready()) {
+    return;
+  }
+  do_wait(device, q, e);
+}
+
+void backend::synchronize() {
+  do_synchronize();
+  collect_deferred(true);
+}
+
+namespace {
+void check_same_extents(const view& a, const view& b, const char* what) {
+  bool same = a.rank == b.rank;
+  for (std::size_t i = 0; same && i < a.rank; ++i) {
+    same = a.extent[i] == b.extent[i];
+  }
+  if (!same) {
+    auto str = [](const view& v) {
+      std::string s = "(";
+      for (std::size_t i = 0; i < v.rank; ++i) {
+        s += (i ? ", " : "") + std::to_string(v.extent[i]);
+      }
+      return s + ")";
+    };
+    throw invalid_argument(std::string("darray ") + what + ": extents " + str(a) + " and " +
+                           str(b) + " differ");
+  }
+}
+
+void check_view(const view& v, const char* what) {
+  if (v.rank > max_rank) {
+    throw invalid_argument(std::string("darray ") + what + ": view rank " + std::to_string(v.rank) +
+                           " exceeds " + std::to_string(max_rank));
+  }
+  if (v.base == nullptr && v.size() > 0) {
+    throw invalid_argument(std::string("darray ") + what + ": view of " + std::to_string(v.size()) +
+                           " elements has no memory");
+  }
+  for (std::size_t i = 0; i < v.rank; ++i) {
+    if (v.extent[i] < 0 || v.stride[i] < 0) {
+      throw invalid_argument(std::string("darray ") + what +
+                             ": negative extent or stride on axis " + std::to_string(i));
+    }
+  }
+}
+}  // namespace
+
+void backend::copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
+                   const view& src, int src_device, transport how) {
+  check_device(dst_device, "copy (destination)");
+  check_device(src_device, "copy (source)");
+  if (queue_device != dst_device && queue_device != src_device) {
+    throw invalid_argument("darray copy: queue device " + std::to_string(queue_device) +
+                           " is neither the source " + std::to_string(src_device) +
+                           " nor the destination " + std::to_string(dst_device));
+  }
+  check_view(dst, "copy");
+  check_view(src, "copy");
+  check_same_extents(dst, src, "copy");
+  if (dst.size() == 0) {
+    return;
+  }
+  do_copy(queue_device, q, t, dst, dst_device, src, src_device, how);
+}
+
+void backend::upload(int device, dtype t, const view& dst, const view& host_src) {
+  check_device(device, "upload");
+  check_view(dst, "upload");
+  check_view(host_src, "upload");
+  check_same_extents(dst, host_src, "upload");
+  if (dst.size() == 0) {
+    return;
+  }
+  do_upload(device, t, dst, host_src);
+}
+
+void backend::download(int device, dtype t, const view& host_dst, const view& src) {
+  check_device(device, "download");
+  check_view(host_dst, "download");
+  check_view(src, "download");
+  check_same_extents(host_dst, src, "download");
+  if (src.size() == 0) {
+    return;
+  }
+  do_download(device, t, host_dst, src);
+}
+
+void backend::fill(int device, queue_kind q, dtype t, const view& dst, scalar value) {
+  check_device(device, "fill");
+  check_view(dst, "fill");
+  if (dst.size() == 0) {
+    return;
+  }
+  do_fill(device, q, t, dst, value);
+}
+
+void backend::unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
+                    const view& src) {
+  check_device(device, "unary");
+  check_view(dst, "unary");
+  check_view(src, "unary");
+  check_same_extents(dst, src, "unary");
+  if (dst.size() == 0) {
+    return;
+  }
+  do_unary(device, q, t, op, dst, src);
+}
+
+void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
+                     const view& a, const view& b, const scalar* a_scalar, const scalar* b_scalar) {
+  check_device(device, "binary");
+  check_view(dst, "binary");
+  if (a_scalar != nullptr && b_scalar != nullptr) {
+    throw invalid_argument("darray binary: both operands are scalars");
+  }
+  if (a_scalar == nullptr) {
+    check_view(a, "binary");
+    check_same_extents(dst, a, "binary");
+  }
+  if (b_scalar == nullptr) {
+    check_view(b, "binary");
+    check_same_extents(dst, b, "binary");
+  }
+  if (dst.size() == 0) {
+    return;
+  }
+  do_binary(device, q, t, op, dst, a, b, a_scalar, b_scalar);
+}
+
+void backend::accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                         const view& src) {
+  check_device(device, "accumulate");
+  check_view(acc, "accumulate");
+  check_view(src, "accumulate");
+  check_same_extents(acc, src, "accumulate");
+  if (acc.size() == 0) {
+    return;
+  }
+  do_accumulate(device, q, t, op, acc, src);
+}
+
+void backend::reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                     const view& src, int axis) {
+  check_device(device, "reduce");
+  check_view(acc, "reduce");
+  check_view(src, "reduce");
+  if (axis >= static_cast<int>(src.rank)) {
+    throw invalid_argument("darray reduce: axis " + std::to_string(axis) + " of a rank-" +
+                           std::to_string(src.rank) + " view");
+  }
+  if (axis < 0) {
+    if (acc.size() != 1) {
+      throw invalid_argument("darray reduce: a full reduction needs a 1-element accumulator, got " +
+                             std::to_string(acc.size()));
+    }
+  } else {
+    view expect = src;
+    for (std::size_t i = static_cast<std::size_t>(axis); i + 1 < src.rank; ++i) {
+      expect.extent[i] = src.extent[i + 1];
+    }
+    expect.rank = src.rank - 1;
+    check_same_extents(acc, expect, "reduce");
+  }
+  if (src.size() == 0) {
+    return;
+  }
+  do_reduce(device, q, t, op, acc, src, axis);
+}
+
+void backend::gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
+                              const view& b) {
+  check_device(device, "gemm");
+  check_view(c, "gemm");
+  check_view(a, "gemm");
+  check_view(b, "gemm");
+  if (a.rank != 2 || b.rank != 2 || c.rank != 2) {
+    throw invalid_argument("darray gemm: operands must be 2-D (ranks " + std::to_string(c.rank) +
+                           ", " + std::to_string(a.rank) + ", " + std::to_string(b.rank) + ")");
+  }
+  if (a.extent[1] != b.extent[0] || c.extent[0] != a.extent[0] || c.extent[1] != b.extent[1]) {
+    throw invalid_argument(
+        "darray gemm: shapes (" + std::to_string(a.extent[0]) + ", " + std::to_string(a.extent[1]) +
+        ") @ (" + std::to_string(b.extent[0]) + ", " + std::to_string(b.extent[1]) + ") -> (" +
+        std::to_string(c.extent[0]) + ", " + std::to_string(c.extent[1]) + ") do not match");
+  }
+  for (const view* v : {&a, &b, &c}) {
+    if (v->extent[1] > 1 && v->stride[1] != 1) {
+      throw invalid_argument("darray gemm: operands need unit column stride, got stride " +
+                             std::to_string(v->stride[1]));
+    }
+  }
+  if (c.size() == 0) {
+    return;
+  }
+  do_gemm_accumulate(device, q, t, c, a, b);
+}
+
+void backend::set_timeline(profiler::timeline* t) noexcept {
+  const std::lock_guard lock(state_mutex_);
+  timeline_ = t;
+}
+
+profiler::timeline* backend::attached_timeline() const noexcept {
+  const std::lock_guard lock(state_mutex_);
+  return timeline_;
+}
+
+backend_stats backend::stats() const {
+  const std::lock_guard lock(state_mutex_);
+  return stats_;
+}
+
+void backend::count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept {
+  const std::lock_guard lock(state_mutex_);
+  if (peer) {
+    ++stats_.copies_peer;
+    stats_.bytes_peer += bytes;
+    if (nccl) {
+      stats_.bytes_nccl += bytes;
+    }
+  } else {
+    ++stats_.copies_local;
+    stats_.bytes_local += bytes;
+  }
+}
+
+void backend::count_op() noexcept {
+  const std::lock_guard lock(state_mutex_);
+  ++stats_.ops;
+}
+
+void backend::defer_free(int device, void* ptr, std::size_t bytes,
+                         std::vector<event> uses) noexcept {
+  if (uses.empty()) {
+    do_allocator(device).deallocate(do_alloc_stream(device), ptr, bytes);
+    return;
+  }
+  try {
+    const std::lock_guard lock(state_mutex_);
+    deferred_.push_back(deferred{device, ptr, bytes, std::move(uses)});
+  } catch (...) {
+    // No memory to remember it: wait for its uses instead.
+    for (const auto& e : uses) {
+      e.wait();
+    }
+    do_allocator(device).deallocate(do_alloc_stream(device), ptr, bytes);
+  }
+}
+
+void backend::collect_deferred(bool all) noexcept {
+  std::vector<deferred> done;
+  {
+    const std::lock_guard lock(state_mutex_);
+    auto it = std::partition(deferred_.begin(), deferred_.end(), [all](const deferred& d) {
+      if (all) {
+        return false;
+      }
+      return !std::all_of(d.uses.begin(), d.uses.end(), [](const event& e) { return e.ready(); });
+    });
+    done.assign(std::make_move_iterator(it), std::make_move_iterator(deferred_.end()));
+    deferred_.erase(it, deferred_.end());
+  }
+  for (auto& d : done) {
+    for (const auto& e : d.uses) {
+      e.wait();  // complete already unless `all`
+    }
+    do_allocator(d.device).deallocate(do_alloc_stream(d.device), d.ptr, d.bytes);
+  }
+}
+
+std::shared_ptr<backend> make_backend(std::string_view spec, const backend_options& options) {
+  auto parse_count = [&](std::string_view digits) {
+    int n = 0;
+    const auto* end = digits.data() + digits.size();
+    const auto r = std::from_chars(digits.data(), end, n);
+    if (r.ec != std::errc{} || r.ptr != end || n < 1 || n > 64) {
+      throw invalid_argument("darray backend \"" + std::string(spec) +
+                             "\": the device count must be 1..64");
+    }
+    return n;
+  };
+  if (spec == "auto") {
+    try {
+      return make_cuda_backend(-1, options);
+    } catch (const device_unavailable&) {
+      return make_host_backend(2, options);
+    }
+  }
+  if (spec == "cuda") {
+    return make_cuda_backend(-1, options);
+  }
+  if (spec.starts_with("cuda:")) {
+    return make_cuda_backend(parse_count(spec.substr(5)), options);
+  }
+  if (spec.starts_with("host:")) {
+    return make_host_backend(parse_count(spec.substr(5)), options);
+  }
+  throw invalid_argument("darray backend \"" + std::string(spec) +
+                         "\": expected host:N, cuda, cuda:N or auto");
+}
+
+}  // namespace poolscope::darray

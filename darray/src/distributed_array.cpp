@@ -1,0 +1,691 @@
+// The executor: builds arrays, runs reshard plans and ops on a backend, one enqueue at a time,
+// with per-part events so that work waits only on the data it reads. See distributed_array.hpp.
+#include "poolscope/darray/distributed_array.hpp"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "poolscope/error.hpp"
+#include "poolscope/profiler/scope.hpp"
+
+namespace poolscope::darray {
+
+std::string_view to_string(array_mode m) noexcept {
+  switch (m) {
+    case array_mode::replica:
+      return "replica";
+    case array_mode::sum:
+      return "sum";
+    case array_mode::prod:
+      return "prod";
+    case array_mode::max:
+      return "max";
+    case array_mode::min:
+      return "min";
+  }
+  return "?";
+}
+
+namespace detail {
+struct array_state {
+  std::shared_ptr<backend> be;
+  dtype type = dtype::f32;
+  shape_t shape;
+  darray::index_map map;
+  array_mode mode = array_mode::replica;
+  std::vector<chunk> chunks;  // in map.chunks() order
+  reshard_info info;
+};
+}  // namespace detail
+
+namespace {
+
+using detail::array_state;
+using profiler::category;
+
+reduce_op op_of(array_mode m) {
+  switch (m) {
+    case array_mode::sum:
+      return reduce_op::sum;
+    case array_mode::prod:
+      return reduce_op::prod;
+    case array_mode::max:
+      return reduce_op::max;
+    case array_mode::min:
+      return reduce_op::min;
+    case array_mode::replica:
+      break;
+  }
+  throw logic_error("darray: a replica array has no reduction");
+}
+
+array_mode mode_of(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+      return array_mode::sum;
+    case reduce_op::prod:
+      return array_mode::prod;
+    case reduce_op::max:
+      return array_mode::max;
+    case reduce_op::min:
+      return array_mode::min;
+  }
+  return array_mode::replica;
+}
+
+std::string shape_string(const shape_t& s) {
+  std::string out = "(";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(s[i]);
+  }
+  return out + (s.size() == 1 ? ",)" : ")");
+}
+
+std::vector<chunk_ref> refs_of(const std::vector<chunk>& chunks) {
+  std::vector<chunk_ref> out;
+  out.reserve(chunks.size());
+  std::map<int, std::size_t> next;
+  for (const auto& c : chunks) {
+    out.push_back(chunk_ref{c.device, next[c.device]++, c.region});
+  }
+  return out;
+}
+
+// Empty chunks for every box of `map`, in map.chunks() order.
+std::vector<chunk> chunks_of(const darray::index_map& map) {
+  std::vector<chunk> out;
+  for (const auto& r : map.chunks()) {
+    out.push_back(chunk{r.device, r.region, {}});
+  }
+  return out;
+}
+
+view view_of(const chunk_part& p, const box& region) {
+  return view::of_box(p.storage->data(), p.storage_box, region);
+}
+
+std::shared_ptr<buffer> dense_buffer(backend& be, int device, const box& b, dtype t) {
+  const auto n = static_cast<std::size_t>(b.size());
+  return be.allocate(device, std::max<std::size_t>(n, 1) * size_of(t));
+}
+
+void check_rank(const shape_t& shape) {
+  if (shape.size() > max_rank) {
+    throw invalid_index_map("darray: rank " + std::to_string(shape.size()) +
+                            " exceeds the maximum rank " + std::to_string(max_rank));
+  }
+  (void)element_count(shape);  // negative extents, overflow
+}
+
+// The common checks of two-operand ops.
+void check_pair(const array_state& a, const array_state& b, const char* what) {
+  if (a.be != b.be) {
+    throw invalid_argument(std::string("darray ") + what +
+                           ": operands live on different backends (" + a.be->name() + " and " +
+                           b.be->name() + ")");
+  }
+  if (a.type != b.type) {
+    throw invalid_argument(std::string("darray ") + what + ": dtypes " +
+                           std::string(to_string(a.type)) + " and " +
+                           std::string(to_string(b.type)) + " differ");
+  }
+}
+
+// Runs the plan of a reshard of `src` into `dst_map` (already validated), returning the new state.
+std::shared_ptr<array_state> execute_reshard(const array_state& src,
+                                             const darray::index_map& dst_map,
+                                             const reshard_options& options) {
+  const profiler::scope op_scope{"darray.reshard", category::darray_transfer};
+  backend& be = *src.be;
+  const bool accumulate = src.mode != array_mode::replica;
+  plan_options po;
+  po.element_size = size_of(src.type);
+  po.split_bytes = options.split_bytes;
+  po.accumulate = accumulate;
+  auto out = std::make_shared<array_state>();
+  out->be = src.be;
+  out->type = src.type;
+  out->shape = src.shape;
+  out->map = dst_map;
+  out->mode = array_mode::replica;
+  out->chunks = chunks_of(dst_map);
+  out->info.plan = plan_reshard(refs_of(src.chunks), refs_of(out->chunks), po);
+  const reshard_plan& plan = out->info.plan;
+
+  std::vector<std::shared_ptr<buffer>> dense(out->chunks.size());
+  auto dense_of = [&](std::size_t j) -> const std::shared_ptr<buffer>& {
+    if (!dense[j]) {
+      const chunk& c = out->chunks[j];
+      dense[j] = dense_buffer(be, c.device, c.region, src.type);
+      if (accumulate) {
+        be.fill(c.device, queue_kind::compute, src.type,
+                view::dense(dense[j]->data(), c.region.extents()),
+                identity(op_of(src.mode), src.type));
+      }
+    }
+    return dense[j];
+  };
+
+  std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
+  for (const piece& p : plan.pieces) {
+    chunk& dst = out->chunks[p.dst_chunk];
+    const chunk& from = src.chunks[p.src_chunk];
+    for (const chunk_part& q : from.parts) {
+      auto r = intersect(q.region, p.region);
+      if (!r || r->empty()) {
+        continue;
+      }
+      if (!accumulate && p.local) {
+        // Already on the device: the new chunk reads the source's buffer (no copy).
+        dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
+        continue;
+      }
+      const int d = dst.device;
+      if (!accumulate) {
+        const profiler::scope piece_scope{"darray.piece", category::darray_transfer};
+        const auto& target = dense_of(p.dst_chunk);
+        be.wait(d, queue_kind::transfer, q.ready);
+        be.copy(d, queue_kind::transfer, src.type, view::of_box(target->data(), dst.region, *r), d,
+                view_of(q, *r), from.device, options.how);
+        const event e = be.record(d, queue_kind::transfer);
+        q.storage->add_use(e);
+        target->add_use(e);
+        dst.parts.push_back(chunk_part{*r, target, dst.region, e});
+        ++out->info.transfers;
+        continue;
+      }
+      // Partial source: combine every contribution into the destination's dense buffer.
+      const auto& target = dense_of(p.dst_chunk);
+      const reduce_op op = op_of(src.mode);
+      const view acc = view::of_box(target->data(), dst.region, *r);
+      if (p.local) {
+        be.wait(d, queue_kind::compute, q.ready);
+        be.accumulate(d, queue_kind::compute, src.type, op, acc, view_of(q, *r));
+        used[p.dst_chunk].push_back(q.storage);
+      } else {
+        const profiler::scope piece_scope{"darray.piece", category::darray_transfer};
+        auto staging = dense_buffer(be, d, *r, src.type);
+        const view staged = view::dense(staging->data(), r->extents());
+        be.wait(d, queue_kind::transfer, q.ready);
+        be.copy(d, queue_kind::transfer, src.type, staged, d, view_of(q, *r), from.device,
+                options.how);
+        const event arrived = be.record(d, queue_kind::transfer);
+        q.storage->add_use(arrived);
+        be.wait(d, queue_kind::compute, arrived);
+        be.accumulate(d, queue_kind::compute, src.type, op, acc, staged);
+        used[p.dst_chunk].push_back(std::move(staging));
+        ++out->info.transfers;
+      }
+    }
+  }
+  if (accumulate) {
+    for (std::size_t j = 0; j < out->chunks.size(); ++j) {
+      chunk& c = out->chunks[j];
+      if (c.region.empty()) {
+        continue;
+      }
+      const auto& target = dense_of(j);
+      const event e = be.record(c.device, queue_kind::compute);
+      target->add_use(e);
+      for (const auto& u : used[j]) {
+        u->add_use(e);
+      }
+      c.parts.push_back(chunk_part{c.region, target, c.region, e});
+    }
+  }
+  return out;
+}
+
+// The state of `h`, completed to replica mode if it is partial.
+std::shared_ptr<const array_state> completed(const std::shared_ptr<const array_state>& s) {
+  if (s->mode == array_mode::replica) {
+    return s;
+  }
+  const darray::index_map target = s->map.deduplicated();
+  target.validate(s->shape, s->be->device_count());
+  return execute_reshard(*s, target, {});
+}
+
+}  // namespace
+
+// --- array_handle ---
+
+const array_state& array_handle::state() const {
+  if (!state_) {
+    throw logic_error("darray: use of an empty array handle");
+  }
+  return *state_;
+}
+
+const shape_t& array_handle::shape() const {
+  return state().shape;
+}
+dtype array_handle::type() const {
+  return state().type;
+}
+const darray::index_map& array_handle::index_map() const {
+  return state().map;
+}
+array_mode array_handle::mode() const {
+  return state().mode;
+}
+std::vector<int> array_handle::devices() const {
+  return state().map.devices();
+}
+const std::vector<chunk>& array_handle::chunks() const {
+  return state().chunks;
+}
+const std::shared_ptr<backend>& array_handle::owner() const {
+  return state().be;
+}
+const reshard_info& array_handle::last_reshard() const {
+  return state().info;
+}
+
+void array_handle::wait() const {
+  for (const auto& c : state().chunks) {
+    for (const auto& p : c.parts) {
+      p.ready.wait();
+    }
+  }
+}
+
+array_handle array_handle::from_host(std::shared_ptr<backend> be, dtype t, const void* data,
+                                     std::size_t elements, const shape_t& shape,
+                                     const darray::index_map& map) {
+  if (!be) {
+    throw invalid_argument("darray from_host: no backend");
+  }
+  check_rank(shape);
+  if (static_cast<std::int64_t>(elements) != element_count(shape)) {
+    throw invalid_argument("darray from_host: " + std::to_string(elements) +
+                           " host elements for shape " + shape_string(shape) + " of " +
+                           std::to_string(element_count(shape)));
+  }
+  map.validate(shape, be->device_count());
+  auto s = std::make_shared<array_state>();
+  s->be = be;
+  s->type = t;
+  s->shape = shape;
+  s->map = map;
+  s->chunks = chunks_of(map);
+  const box whole = box::full(shape);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): upload only reads the host view
+  void* host = const_cast<void*>(data);
+  for (auto& c : s->chunks) {
+    if (c.region.empty()) {
+      continue;
+    }
+    auto buf = dense_buffer(*be, c.device, c.region, t);
+    be->upload(c.device, t, view::dense(buf->data(), c.region.extents()),
+               view::of_box(host, whole, c.region));
+    c.parts.push_back(chunk_part{c.region, std::move(buf), c.region, {}});
+  }
+  return array_handle(std::move(s));
+}
+
+array_handle array_handle::full(std::shared_ptr<backend> be, dtype t, scalar value,
+                                const shape_t& shape, const darray::index_map& map) {
+  if (!be) {
+    throw invalid_argument("darray full: no backend");
+  }
+  check_rank(shape);
+  map.validate(shape, be->device_count());
+  auto s = std::make_shared<array_state>();
+  s->be = be;
+  s->type = t;
+  s->shape = shape;
+  s->map = map;
+  s->chunks = chunks_of(map);
+  for (auto& c : s->chunks) {
+    if (c.region.empty()) {
+      continue;
+    }
+    auto buf = dense_buffer(*be, c.device, c.region, t);
+    be->fill(c.device, queue_kind::compute, t, view::dense(buf->data(), c.region.extents()), value);
+    const event e = be->record(c.device, queue_kind::compute);
+    buf->add_use(e);
+    c.parts.push_back(chunk_part{c.region, std::move(buf), c.region, e});
+  }
+  return array_handle(std::move(s));
+}
+
+void array_handle::to_host(void* out, std::size_t elements) const {
+  (void)state();
+  const auto s = completed(state_);
+  if (static_cast<std::int64_t>(elements) != element_count(s->shape)) {
+    throw invalid_argument("darray to_host: room for " + std::to_string(elements) +
+                           " elements, the array has " + std::to_string(element_count(s->shape)));
+  }
+  const box whole = box::full(s->shape);
+  for (const auto& c : s->chunks) {
+    for (const auto& p : c.parts) {
+      p.ready.wait();
+      s->be->download(c.device, s->type, view::of_box(out, whole, p.region), view_of(p, p.region));
+    }
+  }
+}
+
+void array_handle::chunk_to_host(std::size_t index, void* out, std::size_t elements) const {
+  const auto& s = state();
+  if (index >= s.chunks.size()) {
+    throw invalid_argument("darray chunk_to_host: chunk " + std::to_string(index) + " of " +
+                           std::to_string(s.chunks.size()));
+  }
+  const chunk& c = s.chunks[index];
+  if (static_cast<std::int64_t>(elements) != c.region.size()) {
+    throw invalid_argument("darray chunk_to_host: room for " + std::to_string(elements) +
+                           " elements, chunk " + std::to_string(index) + " has " +
+                           std::to_string(c.region.size()));
+  }
+  for (const auto& p : c.parts) {
+    p.ready.wait();
+    s.be->download(c.device, s.type, view::of_box(out, c.region, p.region), view_of(p, p.region));
+  }
+}
+
+array_handle array_handle::reshard(const darray::index_map& map,
+                                   const reshard_options& options) const {
+  const auto& s = state();
+  map.validate(s.shape, s.be->device_count());
+  if (options.split_bytes < 0) {
+    throw invalid_argument("darray reshard: split_bytes " + std::to_string(options.split_bytes) +
+                           " is negative");
+  }
+  return array_handle(execute_reshard(s, map, options));
+}
+
+array_handle array_handle::change_mode(array_mode m) const {
+  const auto& s = state();
+  if (m == s.mode) {
+    return *this;
+  }
+  if (m != array_mode::replica) {
+    throw logic_error("darray change_mode: from " + std::string(to_string(s.mode)) + " to " +
+                      std::string(to_string(m)) + " is not supported (only partial -> replica)");
+  }
+  return array_handle(completed(state_));
+}
+
+array_handle array_handle::unary(unary_op op) const {
+  (void)state();
+  const auto s = completed(state_);
+  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  backend& be = *s->be;
+  auto out = std::make_shared<array_state>();
+  out->be = s->be;
+  out->type = s->type;
+  out->shape = s->shape;
+  out->map = s->map;
+  out->chunks = chunks_of(s->map);
+  for (std::size_t j = 0; j < s->chunks.size(); ++j) {
+    const chunk& c = s->chunks[j];
+    if (c.region.empty()) {
+      continue;
+    }
+    auto o = dense_buffer(be, c.device, c.region, s->type);
+    for (const auto& q : c.parts) {
+      be.wait(c.device, queue_kind::compute, q.ready);
+      be.unary(c.device, queue_kind::compute, s->type, op,
+               view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
+      const event e = be.record(c.device, queue_kind::compute);
+      q.storage->add_use(e);
+      o->add_use(e);
+      out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
+    }
+  }
+  return array_handle(std::move(out));
+}
+
+namespace {
+// Elementwise with a scalar on one side.
+std::shared_ptr<array_state> binary_scalar(binary_op op,
+                                           const std::shared_ptr<const array_state>& s, scalar v,
+                                           bool scalar_left) {
+  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  backend& be = *s->be;
+  auto out = std::make_shared<array_state>();
+  out->be = s->be;
+  out->type = s->type;
+  out->shape = s->shape;
+  out->map = s->map;
+  out->chunks = chunks_of(s->map);
+  for (std::size_t j = 0; j < s->chunks.size(); ++j) {
+    const chunk& c = s->chunks[j];
+    if (c.region.empty()) {
+      continue;
+    }
+    auto o = dense_buffer(be, c.device, c.region, s->type);
+    for (const auto& q : c.parts) {
+      be.wait(c.device, queue_kind::compute, q.ready);
+      const view in = view_of(q, q.region);
+      const view dst = view::of_box(o->data(), c.region, q.region);
+      if (scalar_left) {
+        be.binary(c.device, queue_kind::compute, s->type, op, dst, in, in, &v, nullptr);
+      } else {
+        be.binary(c.device, queue_kind::compute, s->type, op, dst, in, in, nullptr, &v);
+      }
+      const event e = be.record(c.device, queue_kind::compute);
+      q.storage->add_use(e);
+      o->add_use(e);
+      out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
+    }
+  }
+  return out;
+}
+}  // namespace
+
+array_handle array_handle::binary(binary_op op, const array_handle& a, const array_handle& b) {
+  const auto& as = a.state();
+  const auto& bs = b.state();
+  check_pair(as, bs, to_string(op).data());
+  if (as.shape != bs.shape) {
+    throw invalid_index_map("darray " + std::string(to_string(op)) + ": shapes " +
+                            shape_string(as.shape) + " and " + shape_string(bs.shape) + " differ");
+  }
+  const auto x = completed(a.state_);
+  auto y = completed(b.state_);
+  if (!(y->map == x->map)) {
+    y = execute_reshard(*y, x->map, {});
+  }
+  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  backend& be = *x->be;
+  auto out = std::make_shared<array_state>();
+  out->be = x->be;
+  out->type = x->type;
+  out->shape = x->shape;
+  out->map = x->map;
+  out->chunks = chunks_of(x->map);
+  out->info = y->info;
+  for (std::size_t j = 0; j < x->chunks.size(); ++j) {
+    const chunk& c = x->chunks[j];
+    if (c.region.empty()) {
+      continue;
+    }
+    auto o = dense_buffer(be, c.device, c.region, x->type);
+    // The right operand's parts in arrival order (local first, then pieces as they are sent):
+    // each is computed as soon as it and the left operand's data are there.
+    for (const auto& pb : y->chunks[j].parts) {
+      for (const auto& pa : c.parts) {
+        auto r = intersect(pa.region, pb.region);
+        if (!r || r->empty()) {
+          continue;
+        }
+        be.wait(c.device, queue_kind::compute, pa.ready);
+        be.wait(c.device, queue_kind::compute, pb.ready);
+        be.binary(c.device, queue_kind::compute, x->type, op, view::of_box(o->data(), c.region, *r),
+                  view_of(pa, *r), view_of(pb, *r));
+        const event e = be.record(c.device, queue_kind::compute);
+        pa.storage->add_use(e);
+        pb.storage->add_use(e);
+        o->add_use(e);
+        out->chunks[j].parts.push_back(chunk_part{*r, o, c.region, e});
+      }
+    }
+  }
+  return array_handle(std::move(out));
+}
+
+array_handle array_handle::binary(binary_op op, const array_handle& a, scalar b) {
+  (void)a.state();
+  return array_handle(binary_scalar(op, completed(a.state_), b, false));
+}
+
+array_handle array_handle::binary(binary_op op, scalar a, const array_handle& b) {
+  (void)b.state();
+  return array_handle(binary_scalar(op, completed(b.state_), a, true));
+}
+
+array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis) const {
+  const auto& s0 = state();
+  if (axis && *axis >= s0.shape.size()) {
+    throw invalid_argument("darray " + std::string(to_string(op)) + ": axis " +
+                           std::to_string(*axis) + " of an array of shape " +
+                           shape_string(s0.shape));
+  }
+  const auto s = completed(state_);
+  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  backend& be = *s->be;
+  auto out = std::make_shared<array_state>();
+  out->be = s->be;
+  out->type = s->type;
+  out->mode = mode_of(op);
+  if (axis) {
+    out->shape = s->shape;
+    out->shape.erase(out->shape.begin() + static_cast<std::ptrdiff_t>(*axis));
+  }
+  const auto owned = owned_regions(refs_of(s->chunks));
+  for (std::size_t i = 0; i < s->chunks.size(); ++i) {
+    const chunk& c = s->chunks[i];
+    if (owned[i].empty() || c.region.empty()) {
+      continue;
+    }
+    const box out_box = axis ? drop_axis(c.region, *axis) : box{};
+    auto o = dense_buffer(be, c.device, out_box, s->type);
+    be.fill(c.device, queue_kind::compute, s->type, view::dense(o->data(), out_box.extents()),
+            identity(op, s->type));
+    std::vector<std::shared_ptr<buffer>> used;
+    for (const auto& own : owned[i]) {
+      for (const auto& q : c.parts) {
+        auto r = intersect(own, q.region);
+        if (!r || r->empty()) {
+          continue;
+        }
+        be.wait(c.device, queue_kind::compute, q.ready);
+        const view acc = axis ? view::of_box(o->data(), out_box, drop_axis(*r, *axis))
+                              : view::dense(o->data(), {});
+        be.reduce(c.device, queue_kind::compute, s->type, op, acc, view_of(q, *r),
+                  axis ? static_cast<int>(*axis) : -1);
+        used.push_back(q.storage);
+      }
+    }
+    const event e = be.record(c.device, queue_kind::compute);
+    o->add_use(e);
+    for (const auto& u : used) {
+      u->add_use(e);
+    }
+    out->map.add(c.device, out_box);
+    out->chunks.push_back(chunk{c.device, out_box, {chunk_part{out_box, o, out_box, e}}});
+  }
+  // chunks must be in map.chunks() order (by device, then position).
+  std::stable_sort(out->chunks.begin(), out->chunks.end(),
+                   [](const chunk& l, const chunk& r) { return l.device < r.device; });
+  return array_handle(std::move(out));
+}
+
+array_handle array_handle::matmul(const array_handle& a, const array_handle& b) {
+  const auto& as0 = a.state();
+  const auto& bs0 = b.state();
+  check_pair(as0, bs0, "matmul");
+  if (as0.shape.size() != 2 || bs0.shape.size() != 2 || as0.shape[1] != bs0.shape[0]) {
+    throw invalid_index_map("darray matmul: shapes " + shape_string(as0.shape) + " @ " +
+                            shape_string(bs0.shape) + " do not match (2-D, inner extents equal)");
+  }
+  const auto x = completed(a.state_);
+  const auto y = completed(b.state_);
+  for (std::size_t i = 0; i < x->chunks.size(); ++i) {
+    for (const auto& d : x->chunks[i].region.dims) {
+      if (d.step != 1 && d.size() > 1) {
+        throw invalid_index_map("darray matmul: chunk " + std::to_string(i) +
+                                " of the left operand " + x->chunks[i].region.to_string() +
+                                " has step " + std::to_string(d.step) +
+                                " (block maps need step 1)");
+      }
+    }
+  }
+  const profiler::scope op_scope{"darray.matmul", category::darray_compute};
+  backend& be = *x->be;
+  const std::int64_t n = y->shape[1];
+  // Where each owned block of `a` needs rows of `b`: one destination chunk per block.
+  const auto owned = owned_regions(refs_of(x->chunks));
+  darray::index_map need;
+  struct task {
+    std::size_t a_chunk;
+    box a_block;
+  };
+  std::vector<task> tasks;
+  for (std::size_t i = 0; i < x->chunks.size(); ++i) {
+    for (const auto& o : owned[i]) {
+      if (o.empty()) {
+        continue;
+      }
+      need.add(x->chunks[i].device, box{{o.dims[1], slice{0, n}}});
+      tasks.push_back(task{i, o});
+    }
+  }
+  need.validate(y->shape, be.device_count(), /*require_cover=*/false);
+  const auto rows = execute_reshard(*y, need, {});
+
+  auto out = std::make_shared<array_state>();
+  out->be = x->be;
+  out->type = x->type;
+  out->shape = {x->shape[0], n};
+  out->mode = array_mode::sum;
+  out->info = rows->info;
+  for (std::size_t t = 0; t < tasks.size(); ++t) {
+    const chunk& ac = x->chunks[tasks[t].a_chunk];
+    const box& blk = tasks[t].a_block;
+    const box c_box{{blk.dims[0], slice{0, n}}};
+    const int d = ac.device;
+    auto o = dense_buffer(be, d, c_box, x->type);
+    be.fill(d, queue_kind::compute, x->type, view::dense(o->data(), c_box.extents()),
+            scalar::of(0));
+    std::vector<std::shared_ptr<buffer>> used;
+    // Rows of b in arrival order: each block multiplies as soon as it is there.
+    for (const auto& pb : rows->chunks[t].parts) {
+      for (const auto& pa : ac.parts) {
+        auto ra = intersect(pa.region, blk);
+        if (!ra || ra->empty()) {
+          continue;
+        }
+        const slice k = intersect(ra->dims[1], pb.region.dims[0]);
+        if (k.empty()) {
+          continue;
+        }
+        const box a_box{{ra->dims[0], k}};
+        const box b_box{{k, pb.region.dims[1]}};
+        const box out_box{{ra->dims[0], pb.region.dims[1]}};
+        be.wait(d, queue_kind::compute, pa.ready);
+        be.wait(d, queue_kind::compute, pb.ready);
+        be.gemm_accumulate(d, queue_kind::compute, x->type, view::of_box(o->data(), c_box, out_box),
+                           view_of(pa, a_box), view_of(pb, b_box));
+        used.push_back(pa.storage);
+        used.push_back(pb.storage);
+      }
+    }
+    const event e = be.record(d, queue_kind::compute);
+    o->add_use(e);
+    for (const auto& u : used) {
+      u->add_use(e);
+    }
+    out->map.add(d, c_box);
+    out->chunks.push_back(chunk{d, c_box, {chunk_part{c_box, o, c_box, e}}});
+  }
+  std::stable_sort(out->chunks.begin(), out->chunks.end(),
+                   [](const chunk& l, const chunk& r) { return l.device < r.device; });
+  return array_handle(std::move(out));
+}
+
+}  // namespace poolscope::darray

@@ -1,0 +1,661 @@
+// The host backend: N fake devices in host memory, each with a compute and a transfer worker
+// thread. The executor above drives it exactly as it drives the CUDA backend, so CI tests the
+// planner, the scheduling through events and every op without a GPU.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "poolscope/darray/backend.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/event.hpp"
+#include "poolscope/log.hpp"
+#include "poolscope/pool/factory.hpp"
+#include "poolscope/profiler/timeline.hpp"
+
+namespace poolscope::darray {
+namespace {
+
+// --- element arithmetic (the semantics backend.hpp states; kernels.cu mirrors them) ---
+
+template <typename T>
+T from_double(double v) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(v);
+  } else {
+    if (std::isnan(v)) {
+      return T{0};
+    }
+    if (v >= static_cast<double>(std::numeric_limits<T>::max())) {
+      return std::numeric_limits<T>::max();
+    }
+    if (v <= static_cast<double>(std::numeric_limits<T>::lowest())) {
+      return std::numeric_limits<T>::lowest();
+    }
+    return static_cast<T>(v);
+  }
+}
+
+template <typename T>
+T apply(unary_op op, T x) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    switch (op) {
+      case unary_op::neg:
+        return -x;
+      case unary_op::abs:
+        return std::abs(x);
+      case unary_op::exp:
+        return std::exp(x);
+      case unary_op::log:
+        return std::log(x);
+      case unary_op::sin:
+        return std::sin(x);
+      case unary_op::cos:
+        return std::cos(x);
+      case unary_op::sqrt:
+        return std::sqrt(x);
+    }
+  } else {
+    using U = std::make_unsigned_t<T>;
+    const double d = static_cast<double>(x);
+    switch (op) {
+      case unary_op::neg:
+        return static_cast<T>(U{0} - static_cast<U>(x));
+      case unary_op::abs:
+        return x < 0 ? static_cast<T>(U{0} - static_cast<U>(x)) : x;
+      case unary_op::exp:
+        return from_double<T>(std::exp(d));
+      case unary_op::log:
+        return from_double<T>(std::log(d));
+      case unary_op::sin:
+        return from_double<T>(std::sin(d));
+      case unary_op::cos:
+        return from_double<T>(std::cos(d));
+      case unary_op::sqrt:
+        return from_double<T>(std::sqrt(d));
+    }
+  }
+  return x;
+}
+
+template <typename T>
+T apply(binary_op op, T a, T b) noexcept {
+  switch (op) {
+    case binary_op::add:
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+      }
+      return a + b;
+    case binary_op::sub:
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+      }
+      return a - b;
+    case binary_op::mul:
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;
+        return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+      }
+      return a * b;
+    case binary_op::div:
+      if constexpr (std::is_integral_v<T>) {
+        if (b == 0) {
+          return T{0};
+        }
+        if (b == -1) {  // lowest / -1 overflows: wrap like neg
+          using U = std::make_unsigned_t<T>;
+          return static_cast<T>(U{0} - static_cast<U>(a));
+        }
+      }
+      return a / b;
+    case binary_op::maximum:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) {
+          return std::numeric_limits<T>::quiet_NaN();
+        }
+      }
+      return a < b ? b : a;
+    case binary_op::minimum:
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a) || std::isnan(b)) {
+          return std::numeric_limits<T>::quiet_NaN();
+        }
+      }
+      return b < a ? b : a;
+    case binary_op::pow:
+      if constexpr (std::is_floating_point_v<T>) {
+        return std::pow(a, b);
+      } else {
+        return from_double<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+      }
+  }
+  return a;
+}
+
+template <typename T>
+T combine(reduce_op op, T a, T b) noexcept {
+  switch (op) {
+    case reduce_op::sum:
+      return apply(binary_op::add, a, b);
+    case reduce_op::prod:
+      return apply(binary_op::mul, a, b);
+    case reduce_op::max:
+      return apply(binary_op::maximum, a, b);
+    case reduce_op::min:
+      return apply(binary_op::minimum, a, b);
+  }
+  return a;
+}
+
+template <typename T>
+T scalar_value(const scalar& s) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(s.f);
+  } else {
+    return static_cast<T>(s.i);
+  }
+}
+
+// --- strided traversal ---
+
+// Calls inner(offsets, count, strides) for every innermost row of the views (same extents as
+// `shape`; offsets and strides in elements, one per view).
+template <std::size_t K, typename F>
+void walk(const view& shape, const std::array<const view*, K>& vs, F&& inner) {
+  std::array<std::int64_t, K> off{};
+  for (std::size_t k = 0; k < K; ++k) {
+    off[k] = vs[k]->offset;
+  }
+  if (shape.size() == 0) {
+    return;
+  }
+  if (shape.rank == 0) {
+    inner(off, std::int64_t{1}, std::array<std::int64_t, K>{});
+    return;
+  }
+  const std::size_t last = shape.rank - 1;
+  std::array<std::int64_t, K> inner_stride{};
+  for (std::size_t k = 0; k < K; ++k) {
+    inner_stride[k] = vs[k]->stride[last];
+  }
+  std::array<std::int64_t, max_rank> idx{};
+  for (;;) {
+    inner(off, shape.extent[last], inner_stride);
+    // Odometer over the outer axes.
+    std::size_t d = last;
+    for (;;) {
+      if (d == 0) {
+        return;
+      }
+      --d;
+      ++idx[d];
+      for (std::size_t k = 0; k < K; ++k) {
+        off[k] += vs[k]->stride[d];
+      }
+      if (idx[d] < shape.extent[d]) {
+        break;
+      }
+      for (std::size_t k = 0; k < K; ++k) {
+        off[k] -= vs[k]->stride[d] * shape.extent[d];
+      }
+      idx[d] = 0;
+    }
+  }
+}
+
+template <typename T>
+T* at(const view& v, std::int64_t offset) noexcept {
+  return static_cast<T*>(v.base) + offset;
+}
+
+template <typename T>
+void copy_typed(const view& dst, const view& src) {
+  walk<2>(dst, {&dst, &src}, [&](auto off, std::int64_t n, auto st) {
+    T* d = at<T>(dst, off[0]);
+    const T* s = at<T>(src, off[1]);
+    if (st[0] == 1 && st[1] == 1) {
+      std::memcpy(d, s, static_cast<std::size_t>(n) * sizeof(T));
+      return;
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      d[i * st[0]] = s[i * st[1]];
+    }
+  });
+}
+
+template <typename T>
+void fill_typed(const view& dst, scalar value) {
+  const T v = scalar_value<T>(value);
+  walk<1>(dst, {&dst}, [&](auto off, std::int64_t n, auto st) {
+    T* d = at<T>(dst, off[0]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      d[i * st[0]] = v;
+    }
+  });
+}
+
+template <typename T>
+void unary_typed(unary_op op, const view& dst, const view& src) {
+  walk<2>(dst, {&dst, &src}, [&](auto off, std::int64_t n, auto st) {
+    T* d = at<T>(dst, off[0]);
+    const T* s = at<T>(src, off[1]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      d[i * st[0]] = apply(op, s[i * st[1]]);
+    }
+  });
+}
+
+template <typename T>
+void binary_typed(binary_op op, const view& dst, const view& a, const view& b, const scalar* as,
+                  const scalar* bs) {
+  // A scalar operand is a view with stride 0 over a local value.
+  T a_value = as ? scalar_value<T>(*as) : T{};
+  T b_value = bs ? scalar_value<T>(*bs) : T{};
+  view av = a;
+  view bv = b;
+  if (as) {
+    av = dst;
+    av.base = &a_value;
+    av.offset = 0;
+    av.stride.fill(0);
+  }
+  if (bs) {
+    bv = dst;
+    bv.base = &b_value;
+    bv.offset = 0;
+    bv.stride.fill(0);
+  }
+  walk<3>(dst, {&dst, &av, &bv}, [&](auto off, std::int64_t n, auto st) {
+    T* d = at<T>(dst, off[0]);
+    const T* x = at<T>(av, off[1]);
+    const T* y = at<T>(bv, off[2]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      d[i * st[0]] = apply(op, x[i * st[1]], y[i * st[2]]);
+    }
+  });
+}
+
+template <typename T>
+void accumulate_typed(reduce_op op, const view& acc, const view& src) {
+  // `acc` may have zero strides (a reduction's broadcast accumulator): serial loops make that safe.
+  walk<2>(src, {&acc, &src}, [&](auto off, std::int64_t n, auto st) {
+    T* d = at<T>(acc, off[0]);
+    const T* s = at<T>(src, off[1]);
+    for (std::int64_t i = 0; i < n; ++i) {
+      d[i * st[0]] = combine(op, d[i * st[0]], s[i * st[1]]);
+    }
+  });
+}
+
+// The accumulator of a reduction seen with src's extents: stride 0 along the reduced axes.
+view broadcast_accumulator(const view& acc, const view& src, int axis) {
+  view b = src;
+  b.base = acc.base;
+  b.offset = acc.offset;
+  if (axis < 0) {
+    b.stride.fill(0);
+    return b;
+  }
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < src.rank; ++i) {
+    if (static_cast<int>(i) == axis) {
+      b.stride[i] = 0;
+    } else {
+      b.stride[i] = acc.stride[j++];
+    }
+  }
+  return b;
+}
+
+template <typename T>
+void gemm_typed(const view& c, const view& a, const view& b) {
+  const std::int64_t m = a.extent[0];
+  const std::int64_t k = a.extent[1];
+  const std::int64_t n = b.extent[1];
+  for (std::int64_t i = 0; i < m; ++i) {
+    T* crow = at<T>(c, c.offset + i * c.stride[0]);
+    for (std::int64_t p = 0; p < k; ++p) {
+      const T aval = *at<T>(a, a.offset + i * a.stride[0] + p * a.stride[1]);
+      const T* brow = at<T>(b, b.offset + p * b.stride[0]);
+      for (std::int64_t j = 0; j < n; ++j) {
+        crow[j] = apply(binary_op::add, crow[j], apply(binary_op::mul, aval, brow[j]));
+      }
+    }
+  }
+}
+
+template <template <typename> class Fn, typename... Args>
+void dispatch(dtype t, Args&&... args) {
+  switch (t) {
+    case dtype::f32:
+      Fn<float>{}(std::forward<Args>(args)...);
+      return;
+    case dtype::f64:
+      Fn<double>{}(std::forward<Args>(args)...);
+      return;
+    case dtype::i32:
+      Fn<std::int32_t>{}(std::forward<Args>(args)...);
+      return;
+    case dtype::i64:
+      Fn<std::int64_t>{}(std::forward<Args>(args)...);
+      return;
+  }
+}
+
+template <typename T>
+struct copy_fn {
+  void operator()(const view& d, const view& s) const { copy_typed<T>(d, s); }
+};
+template <typename T>
+struct fill_fn {
+  void operator()(const view& d, scalar v) const { fill_typed<T>(d, v); }
+};
+template <typename T>
+struct unary_fn {
+  void operator()(unary_op op, const view& d, const view& s) const { unary_typed<T>(op, d, s); }
+};
+template <typename T>
+struct binary_fn {
+  void operator()(binary_op op, const view& d, const view& a, const view& b, const scalar* as,
+                  const scalar* bs) const {
+    binary_typed<T>(op, d, a, b, as, bs);
+  }
+};
+template <typename T>
+struct accumulate_fn {
+  void operator()(reduce_op op, const view& acc, const view& s) const {
+    accumulate_typed<T>(op, acc, s);
+  }
+};
+template <typename T>
+struct gemm_fn {
+  void operator()(const view& c, const view& a, const view& b) const { gemm_typed<T>(c, a, b); }
+};
+
+// --- events and queues ---
+
+class host_event final : public detail::event_state {
+ public:
+  [[nodiscard]] bool ready() const override { return done_.load(std::memory_order_acquire); }
+  void wait() const override {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return done_.load(std::memory_order_acquire); });
+  }
+  void complete() {
+    {
+      const std::lock_guard lock(mutex_);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+};
+
+// One in-order work queue run by its own thread (a stream of a fake device).
+class work_queue {
+ public:
+  struct task {
+    std::function<void()> run;
+    std::string name;  // empty: bookkeeping (events), not traced
+    std::string_view category;
+  };
+
+  work_queue(int device, queue_kind kind, std::function<profiler::timeline*()> timeline)
+      : device_(device), kind_(kind), timeline_(std::move(timeline)), thread_([this] { loop(); }) {}
+  work_queue(const work_queue&) = delete;
+  work_queue& operator=(const work_queue&) = delete;
+  ~work_queue() {
+    {
+      const std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void push(task t) {
+    {
+      const std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(t));
+      ++pending_;
+    }
+    cv_.notify_all();
+  }
+
+  void drain() {
+    std::unique_lock lock(mutex_);
+    idle_cv_.wait(lock, [this] { return pending_ == 0; });
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      task t;
+      {
+        std::unique_lock lock(mutex_);
+        cv_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) {
+          return;  // stop_ and nothing left
+        }
+        t = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      run(t);
+      {
+        const std::lock_guard lock(mutex_);
+        --pending_;
+      }
+      idle_cv_.notify_all();
+    }
+  }
+
+  void run(const task& t) noexcept {
+    profiler::timeline* tl = t.name.empty() ? nullptr : timeline_();
+    const std::uint64_t begin = tl ? hooks::now_ns() : 0;
+    try {
+      t.run();
+    } catch (const std::exception& e) {
+      log(log_level::error, "darray host device " + std::to_string(device_) + ": task " + t.name +
+                                " failed: " + e.what());
+    } catch (...) {
+      log(log_level::error,
+          "darray host device " + std::to_string(device_) + ": task " + t.name + " failed");
+    }
+    if (tl != nullptr) {
+      tl->add_host_slice({.name = t.name,
+                          .category = t.category,
+                          .thread = 0,
+                          .begin_ns = begin,
+                          .end_ns = hooks::now_ns(),
+                          .device = device_});
+    }
+  }
+
+  int device_;
+  [[maybe_unused]] queue_kind kind_;
+  std::function<profiler::timeline*()> timeline_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::deque<task> tasks_;
+  std::size_t pending_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the rest is built
+};
+
+std::string format_mib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+// Host backend. Thread-safe as backend.hpp says: each queue's push is locked.
+class host_backend final : public backend {
+ public:
+  host_backend(int devices, const backend_options& options) : options_(options) {
+    const std::string res = options.resource.empty() ? "host" : options.resource;
+    for (int d = 0; d < devices; ++d) {
+      auto dev = std::make_unique<fake_device>();
+      dev->resource = pool::make_resource(res, d);
+      dev->allocator = pool::make_allocator(options.allocator, *dev->resource);
+      auto tl = [this] { return attached_timeline(); };
+      dev->compute = std::make_unique<work_queue>(d, queue_kind::compute, tl);
+      dev->transfer = std::make_unique<work_queue>(d, queue_kind::transfer, tl);
+      devices_.push_back(std::move(dev));
+    }
+  }
+
+  ~host_backend() override {
+    for (auto& d : devices_) {
+      d->compute->drain();
+      d->transfer->drain();
+    }
+    collect_deferred(true);
+    for (auto& d : devices_) {
+      d->compute.reset();
+      d->transfer.reset();
+    }
+  }
+
+ private:
+  struct fake_device {
+    std::unique_ptr<pool::resource> resource;
+    std::unique_ptr<pool::allocator> allocator;
+    std::unique_ptr<work_queue> compute;
+    std::unique_ptr<work_queue> transfer;
+  };
+
+  work_queue& queue(int d, queue_kind q) {
+    return q == queue_kind::compute ? *devices_[static_cast<std::size_t>(d)]->compute
+                                    : *devices_[static_cast<std::size_t>(d)]->transfer;
+  }
+  void push(int d, queue_kind q, std::string name, std::function<void()> fn) {
+    const std::string_view cat =
+        q == queue_kind::transfer ? std::string_view("darray.transfer") : "darray.compute";
+    queue(d, q).push({std::move(fn), std::move(name), cat});
+  }
+
+  std::string do_name() const override { return "host:" + std::to_string(devices_.size()); }
+  int do_device_count() const noexcept override { return static_cast<int>(devices_.size()); }
+  bool do_is_gpu() const noexcept override { return false; }
+  std::string do_device_name(int device) const override {
+    return "host device " + std::to_string(device);
+  }
+  pool::allocator& do_allocator(int device) override {
+    return *devices_[static_cast<std::size_t>(device)]->allocator;
+  }
+  stream_view do_alloc_stream(int device) const noexcept override {
+    // A stable per-device key (stream pools keep a pool per key).
+    return stream_view(devices_[static_cast<std::size_t>(device)]->compute.get());
+  }
+
+  event do_record(int device, queue_kind q) override {
+    auto e = std::make_shared<host_event>();
+    queue(device, q).push({[e] { e->complete(); }, {}, {}});
+    return event(e);
+  }
+  void do_wait(int device, queue_kind q, const event& e) override {
+    queue(device, q).push({[e] { e.wait(); }, {}, {}});
+  }
+  void do_synchronize() override {
+    for (auto& d : devices_) {
+      d->compute->drain();
+      d->transfer->drain();
+    }
+  }
+
+  void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
+               const view& src, int src_device, transport) override {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(dst.size()) * size_of(t);
+    const bool peer = dst_device != src_device;
+    count_copy(peer, bytes, false);
+    std::string name = peer ? "darray.copy " + std::to_string(src_device) + "->" +
+                                  std::to_string(dst_device) + " " + format_mib(bytes)
+                            : "darray.copy local " + format_mib(bytes);
+    push(queue_device, q, std::move(name), [t, dst, src] { dispatch<copy_fn>(t, dst, src); });
+  }
+
+  void do_upload(int device, dtype t, const view& dst, const view& host_src) override {
+    // Into freshly allocated memory in practice; ordered after the device's queued work anyway.
+    queue(device, queue_kind::compute).drain();
+    queue(device, queue_kind::transfer).drain();
+    dispatch<copy_fn>(t, dst, host_src);
+  }
+  void do_download(int device, dtype t, const view& host_dst, const view& src) override {
+    queue(device, queue_kind::compute).drain();
+    queue(device, queue_kind::transfer).drain();
+    dispatch<copy_fn>(t, host_dst, src);
+  }
+
+  void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) override {
+    count_op();
+    push(device, q, "darray.fill", [t, dst, value] { dispatch<fill_fn>(t, dst, value); });
+  }
+  void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
+                const view& src) override {
+    count_op();
+    push(device, q, "darray." + std::string(to_string(op)),
+         [t, op, dst, src] { dispatch<unary_fn>(t, op, dst, src); });
+  }
+  void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
+                 const view& b, const scalar* a_scalar, const scalar* b_scalar) override {
+    count_op();
+    const bool has_a = a_scalar != nullptr;
+    const bool has_b = b_scalar != nullptr;
+    const scalar as = has_a ? *a_scalar : scalar{};
+    const scalar bs = has_b ? *b_scalar : scalar{};
+    push(device, q, "darray." + std::string(to_string(op)),
+         [t, op, dst, a, b, has_a, has_b, as, bs] {
+           dispatch<binary_fn>(t, op, dst, a, b, has_a ? &as : nullptr, has_b ? &bs : nullptr);
+         });
+  }
+  void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
+                     const view& src) override {
+    count_op();
+    push(device, q, "darray.accumulate " + std::string(to_string(op)),
+         [t, op, acc, src] { dispatch<accumulate_fn>(t, op, acc, src); });
+  }
+  void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc, const view& src,
+                 int axis) override {
+    count_op();
+    const view b = broadcast_accumulator(acc, src, axis);
+    push(device, q, "darray.reduce " + std::string(to_string(op)),
+         [t, op, b, src] { dispatch<accumulate_fn>(t, op, b, src); });
+  }
+  void do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
+                          const view& b) override {
+    count_op();
+    push(device, q, "darray.gemm", [t, c, a, b] { dispatch<gemm_fn>(t, c, a, b); });
+  }
+
+  backend_options options_;
+  std::vector<std::unique_ptr<fake_device>> devices_;
+};
+
+}  // namespace
+
+std::shared_ptr<backend> make_host_backend(int devices, const backend_options& options) {
+  if (devices < 1 || devices > 64) {
+    throw invalid_argument("darray host backend: " + std::to_string(devices) +
+                           " devices (expected 1..64)");
+  }
+  return std::make_shared<host_backend>(devices, options);
+}
+
+}  // namespace poolscope::darray

@@ -1,0 +1,342 @@
+// DistributedArray on the host backend: the seed example, partial modes, matmul, bad input, and
+// randomized sequences of reshards and ops on host:2..4, every result against a host reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "poolscope/darray/distributed_array.hpp"
+#include "poolscope/error.hpp"
+
+namespace poolscope::darray {
+namespace {
+
+using i64 = std::int64_t;
+
+std::vector<i64> iota_values(i64 n, i64 start = 0) {
+  std::vector<i64> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+std::size_t in_use(backend& be) {
+  std::size_t total = 0;
+  for (int d = 0; d < be.device_count(); ++d) {
+    total += be.allocator(d).stats().in_use;
+  }
+  return total;
+}
+
+TEST(darray_array, seed_example_moves_only_what_must_move) {
+  auto be = make_host_backend(2);
+  const i64 n = 1000;
+  auto ha = iota_values(n);
+  auto hc = iota_values(n, 5000);
+  const auto a_map = index_map::split({n}, 0, {{0, 0, 500}, {1, 500, 1000}});
+  const auto c_map = index_map::split({n}, 0, {{0, 0, 700}, {1, 700, 1000}});
+  auto a = distributed_array<i64>::from_host(be, ha, {n}, a_map);
+  auto c = distributed_array<i64>::from_host(be, hc, {n}, c_map);
+
+  auto moved = c.reshard(a.index_map());
+  const auto& plan = moved.handle().last_reshard().plan;
+  EXPECT_EQ(plan.bytes_remote, 200 * 8) << plan.to_string();  // [500, 700) from device 0 to 1
+  EXPECT_EQ(plan.bytes_local, 800 * 8);
+  EXPECT_EQ(moved.handle().last_reshard().transfers, 1U);
+  EXPECT_EQ(moved.to_host(), hc);
+  // The chunk of device 0 reads C's own buffer (no copy): same storage.
+  EXPECT_EQ(moved.chunks()[0].parts[0].storage, c.chunks()[0].parts[0].storage);
+
+  auto sum = a + c.reshard(a.index_map());
+  std::vector<i64> want(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    want[i] = ha[i] + hc[i];
+  }
+  EXPECT_EQ(sum.to_host(), want);
+  EXPECT_EQ(sum.index_map(), a_map);
+  EXPECT_EQ(be->stats().copies_peer, 2U);  // one piece per reshard
+}
+
+TEST(darray_array, elementwise_ops_and_scalars_match_the_host) {
+  auto be = make_host_backend(3);
+  const i64 n = 300;
+  std::vector<double> ha(static_cast<std::size_t>(n)), hb(ha.size());
+  for (std::size_t i = 0; i < ha.size(); ++i) {
+    ha[i] = 0.5 + static_cast<double>(i) * 0.01;
+    hb[i] = 2.0 - static_cast<double>(i) * 0.003;
+  }
+  auto a = distributed_array<double>::from_host(be, ha, {n}, index_map::blocks({n}, 0, 3));
+  auto b = distributed_array<double>::from_host(
+      be, hb, {n}, index_map::split({n}, 0, {{2, 0, 100}, {0, 100, 250}, {1, 250, 300}}));
+  const auto r1 = (a * b - a / b).to_host();
+  const auto r2 = pow(a, 2.0).to_host();
+  const auto r3 = (1.0 - exp(log(a))).to_host();
+  const auto r4 = maximum(sin(a), cos(b)).to_host();
+  const auto r5 = (-sqrt(abs(a))).to_host();
+  for (std::size_t i = 0; i < ha.size(); ++i) {
+    EXPECT_DOUBLE_EQ(r1[i], ha[i] * hb[i] - ha[i] / hb[i]) << i;
+    EXPECT_DOUBLE_EQ(r2[i], std::pow(ha[i], 2.0)) << i;
+    EXPECT_NEAR(r3[i], 1.0 - std::exp(std::log(ha[i])), 1e-12) << i;
+    EXPECT_DOUBLE_EQ(r4[i], std::max(std::sin(ha[i]), std::cos(hb[i]))) << i;
+    EXPECT_DOUBLE_EQ(r5[i], -std::sqrt(std::abs(ha[i]))) << i;
+  }
+}
+
+TEST(darray_array, integer_semantics_are_defined) {
+  auto be = make_host_backend(2);
+  std::vector<i64> ha{7, -7, 5, 0};
+  std::vector<i64> hb{2, 2, 0, 3};
+  auto m = index_map::blocks({4}, 0, 2);
+  auto a = distributed_array<i64>::from_host(be, ha, {4}, m);
+  auto b = distributed_array<i64>::from_host(be, hb, {4}, m);
+  EXPECT_EQ((a / b).to_host(), (std::vector<i64>{3, -3, 0, 0}));  // truncation; x / 0 = 0
+  EXPECT_EQ(pow(a, b).to_host(), (std::vector<i64>{49, 49, 1, 0}));
+}
+
+TEST(darray_array, reductions_give_partial_arrays_completed_by_change_mode) {
+  auto be = make_host_backend(2);
+  const shape_t shape{6, 5};
+  auto h = iota_values(30, 1);
+  // Rows 0..3 on device 0, rows 2..5 on device 1: rows 2 and 3 are replicas.
+  index_map m;
+  m.add(0, box{{slice{0, 4}, slice{0, 5}}});
+  m.add(1, box{{slice{2, 6}, slice{0, 5}}});
+  auto x = distributed_array<i64>::from_host(be, h, shape, m);
+
+  auto total = sum(x);
+  EXPECT_EQ(total.mode(), array_mode::sum);
+  EXPECT_EQ(total.shape(), shape_t{});
+  EXPECT_EQ(total.to_host(), std::vector<i64>{465});  // replicas counted once
+  EXPECT_EQ(total.change_mode(array_mode::replica).to_host(), std::vector<i64>{465});
+  EXPECT_EQ(max(x).to_host(), std::vector<i64>{30});
+  EXPECT_EQ(min(x).to_host(), std::vector<i64>{1});
+  EXPECT_EQ(
+      prod(distributed_array<i64>::full(be, 2, {3, 3}, index_map::blocks({3, 3}, 1, 2))).to_host(),
+      std::vector<i64>{512});
+
+  for (std::size_t axis = 0; axis < 2; ++axis) {
+    std::vector<i64> want(static_cast<std::size_t>(shape[1 - axis]), 0);
+    for (i64 i = 0; i < 6; ++i) {
+      for (i64 j = 0; j < 5; ++j) {
+        want[static_cast<std::size_t>(axis == 0 ? j : i)] += h[static_cast<std::size_t>(i * 5 + j)];
+      }
+    }
+    auto partial = sum(x, axis);
+    EXPECT_EQ(partial.mode(), array_mode::sum);
+    EXPECT_EQ(partial.to_host(), want) << "axis " << axis;
+    // Reduce-scatter: complete into a disjoint map.
+    const i64 len = shape[1 - axis];
+    auto scattered =
+        partial.reshard(index_map::split({len}, 0, {{1, 0, len / 2}, {0, len / 2, len}}));
+    EXPECT_EQ(scattered.mode(), array_mode::replica);
+    EXPECT_EQ(scattered.to_host(), want) << "axis " << axis;
+  }
+}
+
+TEST(darray_array, block_matmul_matches_the_host) {
+  auto be = make_host_backend(3);
+  const i64 m = 7, k = 9, n = 5;
+  auto ha = iota_values(m * k, -20);
+  auto hb = iota_values(k * n, 3);
+  auto a = distributed_array<i64>::from_host(
+      be, ha, {m, k}, index_map::grid({m, k}, 3, 2, {{0, 1}, {1, 2}, {2, 0}}));
+  auto b = distributed_array<i64>::from_host(be, hb, {k, n},
+                                             index_map::grid({k, n}, 2, 2, {{2, 2}, {1, 0}}));
+  auto c = matmul(a, b);
+  EXPECT_EQ(c.mode(), array_mode::sum);
+  std::vector<i64> want(static_cast<std::size_t>(m * n), 0);
+  for (i64 i = 0; i < m; ++i) {
+    for (i64 p = 0; p < k; ++p) {
+      for (i64 j = 0; j < n; ++j) {
+        want[static_cast<std::size_t>(i * n + j)] +=
+            ha[static_cast<std::size_t>(i * k + p)] * hb[static_cast<std::size_t>(p * n + j)];
+      }
+    }
+  }
+  EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
+}
+
+TEST(darray_array, bad_input_is_a_typed_error_and_leaves_nothing_behind) {
+  auto be = make_host_backend(2);
+  auto other = make_host_backend(2);
+  auto h = iota_values(10);
+  const auto good = index_map::blocks({10}, 0, 2);
+  auto a = distributed_array<i64>::from_host(be, h, {10}, good);
+  auto b =
+      distributed_array<i64>::from_host(be, iota_values(12), {12}, index_map::blocks({12}, 0, 2));
+  auto c = distributed_array<i64>::from_host(other, h, {10}, good);
+  auto sq = distributed_array<i64>::from_host(be, iota_values(9), {3, 3},
+                                              index_map::blocks({3, 3}, 0, 2));
+  be->synchronize();
+  const std::size_t before = in_use(*be);
+
+  index_map uncovered;
+  uncovered.add(0, box{{slice{0, 4}}});
+  uncovered.add(1, box{{slice{5, 10}}});
+  EXPECT_THROW((void)a.reshard(uncovered), invalid_index_map);
+  index_map absent;
+  absent.add(2, box{{slice{0, 10}}});
+  EXPECT_THROW((void)a.reshard(absent), invalid_index_map);
+  index_map oob;
+  oob.add(0, box{{slice{0, 11}}});
+  EXPECT_THROW((void)distributed_array<i64>::from_host(be, h, {10}, oob), invalid_index_map);
+  EXPECT_THROW((void)distributed_array<i64>::from_host(be, h, {11}, good), invalid_argument);
+  EXPECT_THROW((void)(a + b), invalid_index_map);
+  EXPECT_THROW((void)(a + c), invalid_argument);
+  EXPECT_THROW((void)sum(a, 1), invalid_argument);
+  EXPECT_THROW((void)a.change_mode(array_mode::sum), logic_error);
+  EXPECT_THROW((void)matmul(a, sq), invalid_index_map);
+  EXPECT_THROW((void)a.reshard(good, {.split_bytes = -1}), invalid_argument);
+
+  be->synchronize();
+  EXPECT_EQ(in_use(*be), before) << "a failed operation left memory behind";
+  EXPECT_EQ(a.to_host(), h);  // the operands are intact
+}
+
+TEST(darray_array, memory_returns_to_the_pools) {
+  auto be = make_host_backend(2);
+  {
+    auto a = distributed_array<float>::full(be, 1.5f, {1000}, index_map::blocks({1000}, 0, 2));
+    auto c = distributed_array<float>::full(
+        be, 2.0f, {1000}, index_map::split({1000}, 0, {{0, 0, 700}, {1, 700, 1000}}));
+    auto s = sum(a * 2.0f + c.reshard(a.index_map()));
+    EXPECT_EQ(s.to_host(), std::vector<float>{5000.0f});
+    EXPECT_GT(in_use(*be), 0U);
+  }
+  be->synchronize();
+  EXPECT_EQ(in_use(*be), 0U);
+}
+
+// --- randomized ---
+
+// A random map of `shape` over `devices`: a partition along a random axis (so every element is
+// covered), plus random strided replicas.
+index_map random_map(std::mt19937_64& rng, const shape_t& shape, int devices) {
+  auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
+  index_map m;
+  const auto axis = static_cast<std::size_t>(pick(0, static_cast<i64>(shape.size()) - 1));
+  const i64 parts = pick(1, std::min<i64>(4, shape[axis]));
+  std::vector<i64> cuts{0, shape[axis]};
+  while (static_cast<i64>(cuts.size()) < parts + 1) {
+    cuts.push_back(pick(1, shape[axis] - 1));
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  }
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    box b = box::full(shape);
+    b.dims[axis] = slice{cuts[i], cuts[i + 1]};
+    m.add(static_cast<int>(pick(0, devices - 1)), b);
+  }
+  const i64 replicas = pick(0, 2);
+  for (i64 r = 0; r < replicas; ++r) {
+    box b;
+    for (i64 extent : shape) {
+      const i64 start = pick(0, extent - 1);
+      const i64 stop = pick(start + 1, extent);
+      b.dims.push_back(slice{start, stop, pick(1, 3)});
+    }
+    m.add(static_cast<int>(pick(0, devices - 1)), b);
+  }
+  return m;
+}
+
+class darray_random : public ::testing::TestWithParam<int> {};
+
+TEST_P(darray_random, reshards_and_ops_match_the_host) {
+  const int devices = GetParam();
+  const auto seed =
+      static_cast<std::uint64_t>(std::random_device{}()) ^ (std::uint64_t(devices) << 32);
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (host:" + std::to_string(devices) + ")");
+  std::printf("darray_random seed %llu on host:%d\n", static_cast<unsigned long long>(seed),
+              devices);
+  std::mt19937_64 rng(seed);
+  auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
+  auto be = make_host_backend(devices);
+  for (int round = 0; round < 12; ++round) {
+    shape_t shape;
+    const i64 rank = pick(1, 3);
+    for (i64 r = 0; r < rank; ++r) {
+      shape.push_back(pick(1, rank == 1 ? 40 : 9));
+    }
+    const i64 count = element_count(shape);
+    std::vector<i64> hx(static_cast<std::size_t>(count)), hy(hx.size());
+    for (std::size_t i = 0; i < hx.size(); ++i) {
+      hx[i] = pick(-50, 50);
+      hy[i] = pick(-50, 50);
+    }
+    auto x = distributed_array<i64>::from_host(be, hx, shape, random_map(rng, shape, devices));
+    auto y = distributed_array<i64>::from_host(be, hy, shape, random_map(rng, shape, devices));
+    for (int step = 0; step < 6; ++step) {
+      SCOPED_TRACE("round " + std::to_string(round) + " step " + std::to_string(step) + " x " +
+                   x.index_map().to_string() + " y " + y.index_map().to_string());
+      switch (pick(0, 5)) {
+        case 0: {
+          x = x.reshard(random_map(rng, shape, devices), {.split_bytes = pick(0, 1) * 64});
+          break;
+        }
+        case 1: {
+          x = x + y;
+          for (std::size_t i = 0; i < hx.size(); ++i) {
+            hx[i] += hy[i];
+          }
+          break;
+        }
+        case 2: {
+          x = y * x - i64{3};
+          for (std::size_t i = 0; i < hx.size(); ++i) {
+            hx[i] = hy[i] * hx[i] - 3;
+          }
+          break;
+        }
+        case 3: {
+          x = maximum(-x, y.reshard(random_map(rng, shape, devices)));
+          for (std::size_t i = 0; i < hx.size(); ++i) {
+            hx[i] = std::max(-hx[i], hy[i]);
+          }
+          break;
+        }
+        case 4: {
+          const auto axis = static_cast<std::size_t>(pick(0, rank - 1));
+          auto s = sum(x, axis);
+          shape_t rs = shape;
+          rs.erase(rs.begin() + static_cast<std::ptrdiff_t>(axis));
+          std::vector<i64> want(static_cast<std::size_t>(element_count(rs)), 0);
+          // Row-major index arithmetic for the reference.
+          std::vector<i64> idx(shape.size(), 0);
+          for (std::size_t lin = 0; lin < hx.size(); ++lin) {
+            i64 rem = static_cast<i64>(lin);
+            for (std::size_t d = shape.size(); d-- > 0;) {
+              idx[d] = rem % shape[d];
+              rem /= shape[d];
+            }
+            i64 out = 0;
+            for (std::size_t d = 0; d < shape.size(); ++d) {
+              if (d != axis) {
+                out = out * shape[d] + idx[d];
+              }
+            }
+            want[static_cast<std::size_t>(out)] += hx[lin];
+          }
+          ASSERT_EQ(s.to_host(), want);
+          ASSERT_EQ(s.change_mode(array_mode::replica).to_host(), want);
+          break;
+        }
+        default: {
+          auto total = max(x);
+          ASSERT_EQ(total.to_host(), std::vector<i64>{*std::max_element(hx.begin(), hx.end())});
+          break;
+        }
+      }
+      ASSERT_EQ(x.to_host(), hx);
+    }
+  }
+  be->synchronize();
+}
+
+INSTANTIATE_TEST_SUITE_P(host, darray_random, ::testing::Values(2, 3, 4),
+                         [](const auto& p) { return "host" + std::to_string(p.param); });
+
+}  // namespace
+}  // namespace poolscope::darray

@@ -1,0 +1,117 @@
+// The backend interface through the host backend: argument checks, strided views, reductions
+// along axes, gemm with leading dimensions, ordering through events across devices.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "poolscope/darray/backend.hpp"
+#include "poolscope/error.hpp"
+
+namespace poolscope::darray {
+namespace {
+
+std::vector<double> download(backend& be, int d, const view& v) {
+  std::vector<double> out(static_cast<std::size_t>(v.size()));
+  be.download(d, dtype::f64, view::dense(out.data(), v.extents()), v);
+  return out;
+}
+
+TEST(darray_backend, specs_and_arguments_are_checked) {
+  EXPECT_THROW((void)make_backend("host:0"), invalid_argument);
+  EXPECT_THROW((void)make_backend("host:x"), invalid_argument);
+  EXPECT_THROW((void)make_backend("tpu:2"), invalid_argument);
+  auto be = make_backend("host:2");
+  EXPECT_EQ(be->name(), "host:2");
+  EXPECT_EQ(be->device_count(), 2);
+  EXPECT_FALSE(be->is_gpu());
+  EXPECT_THROW((void)be->allocate(2, 64), invalid_argument);
+  EXPECT_THROW((void)be->allocate(0, 0), invalid_argument);
+  auto buf = be->allocate(0, 64 * sizeof(double));
+  const view v8 = view::dense(buf->data(), {8});
+  const view v4x2 = view::dense(buf->data(), {4, 2});
+  EXPECT_THROW(be->unary(0, queue_kind::compute, dtype::f64, unary_op::neg, v8, v4x2),
+               invalid_argument);
+  EXPECT_THROW(be->copy(1, queue_kind::transfer, dtype::f64, v8, 0, v8, 0), invalid_argument);
+  EXPECT_THROW(be->reduce(0, queue_kind::compute, dtype::f64, reduce_op::sum, v8, v4x2, 2),
+               invalid_argument);
+  be->synchronize();
+}
+
+TEST(darray_backend, strided_views_reductions_and_gemm_match_the_host) {
+  auto be = make_host_backend(2);
+  // A 4x6 matrix on device 0; its columns 1,3,5 as a strided view.
+  std::vector<double> h(24);
+  for (std::size_t i = 0; i < h.size(); ++i) {
+    h[i] = static_cast<double>(i) * 0.5 - 3.0;
+  }
+  auto src = be->allocate(0, h.size() * sizeof(double));
+  const box whole{{slice{0, 4}, slice{0, 6}}};
+  be->upload(0, dtype::f64, view::dense(src->data(), {4, 6}), view::dense(h.data(), {4, 6}));
+  const view odd = view::of_box(src->data(), whole, box{{slice{0, 4}, slice{1, 6, 2}}});
+  EXPECT_EQ(odd.stride[1], 2);
+  EXPECT_FALSE(odd.contiguous());
+
+  // Copy the strided view to device 1 (densely), negate it there.
+  auto dst = be->allocate(1, 12 * sizeof(double));
+  const view dense12 = view::dense(dst->data(), {4, 3});
+  be->copy(1, queue_kind::transfer, dtype::f64, dense12, 1, odd, 0);
+  const event copied = be->record(1, queue_kind::transfer);
+  be->wait(1, queue_kind::compute, copied);
+  be->unary(1, queue_kind::compute, dtype::f64, unary_op::neg, dense12, dense12);
+  const auto got = download(*be, 1, dense12);
+  for (std::size_t r = 0; r < 4; ++r) {
+    for (std::size_t c = 0; c < 3; ++c) {
+      EXPECT_EQ(got[r * 3 + c], -h[r * 6 + 2 * c + 1]);
+    }
+  }
+
+  // Reduce the strided view along each axis and entirely, into accumulators holding 1.
+  auto acc = be->allocate(0, 8 * sizeof(double));
+  for (int axis = -1; axis < 2; ++axis) {
+    const shape_t ext = axis < 0 ? shape_t{} : (axis == 0 ? shape_t{3} : shape_t{4});
+    const view a = view::dense(acc->data(), ext);
+    be->fill(0, queue_kind::compute, dtype::f64, a, scalar::of(1.0));
+    be->reduce(0, queue_kind::compute, dtype::f64, reduce_op::sum, a, odd, axis);
+    std::vector<double> want(static_cast<std::size_t>(a.size()), 1.0);
+    for (std::size_t r = 0; r < 4; ++r) {
+      for (std::size_t c = 0; c < 3; ++c) {
+        const double v = h[r * 6 + 2 * c + 1];
+        want[axis < 0 ? 0 : (axis == 0 ? c : r)] += v;
+      }
+    }
+    EXPECT_EQ(download(*be, 0, a), want) << "axis " << axis;
+  }
+
+  // gemm on sub-blocks with leading dimensions: C(2x2) += A[0:2, 0:3] @ B[1:4, 4:6].
+  auto c = be->allocate(0, 4 * sizeof(double));
+  const view cv = view::dense(c->data(), {2, 2});
+  be->fill(0, queue_kind::compute, dtype::f64, cv, scalar::of(10.0));
+  const view av = view::of_box(src->data(), whole, box{{slice{0, 2}, slice{0, 3}}});
+  const view bv = view::of_box(src->data(), whole, box{{slice{1, 4}, slice{4, 6}}});
+  be->gemm_accumulate(0, queue_kind::compute, dtype::f64, cv, av, bv);
+  const auto cg = download(*be, 0, cv);
+  for (std::size_t i = 0; i < 2; ++i) {
+    for (std::size_t j = 0; j < 2; ++j) {
+      double want = 10.0;
+      for (std::size_t p = 0; p < 3; ++p) {
+        want += h[i * 6 + p] * h[(1 + p) * 6 + 4 + j];
+      }
+      EXPECT_DOUBLE_EQ(cg[i * 2 + j], want);
+    }
+  }
+  be->synchronize();
+}
+
+TEST(darray_backend, identities_and_names) {
+  EXPECT_EQ(identity(reduce_op::sum, dtype::i32).i, 0);
+  EXPECT_EQ(identity(reduce_op::prod, dtype::f64).f, 1.0);
+  EXPECT_EQ(identity(reduce_op::max, dtype::i64).i, INT64_MIN);
+  EXPECT_EQ(identity(reduce_op::min, dtype::i32).i, INT32_MAX);
+  EXPECT_EQ(to_string(dtype::f32), "float32");
+  EXPECT_EQ(size_of(dtype::i64), 8U);
+}
+
+}  // namespace
+}  // namespace poolscope::darray

@@ -1,0 +1,81 @@
+// `poolscope demo` on host devices, run as a subprocess: every check passes, the trace passes the
+// checker and shows darray transfers and compute per device, the report holds the demo's figures
+// and eta is the formula of its own times.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "subprocess.hpp"
+
+#if defined(POOLSCOPE_CLI_PATH) && __has_include("poolscope/profiler/trace_check.hpp")
+#include "poolscope/profiler/overlap.hpp"
+#include "poolscope/profiler/trace_check.hpp"
+
+namespace {
+
+using nlohmann::json;
+using poolscope::testing::read_file;
+using poolscope::testing::run_process;
+using poolscope::testing::temp_path;
+
+TEST(cli_darray_demo, host_devices_trace_and_report) {
+  const std::string trace = temp_path("poolscope-demo-trace") + ".json";
+  const std::string report = temp_path("poolscope-demo-report") + ".json";
+  const auto r =
+      run_process({POOLSCOPE_CLI_PATH, "demo", "--devices", "host:2", "--n", "200000", "--matmul-n",
+                   "48", "--repeat", "1", "--trace", trace, "--report", report},
+                  {{"POOLSCOPE_LOG", "warn"}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("summary: all"), std::string::npos) << r.out;
+
+  const auto check = poolscope::profiler::check_trace(trace);
+  EXPECT_TRUE(check.ok()) << check.to_text();
+
+  const json rep = json::parse(read_file(report));
+  const json& demo = rep.at("run").at("demo");
+  EXPECT_EQ(demo.at("backend"), "host:2");
+  EXPECT_EQ(demo.at("n"), 200000);
+  // C split at 0.7 N, A at N/2: 0.2 N floats move from device 0 to device 1.
+  EXPECT_EQ(demo.at("bytes_moved").get<std::int64_t>(), 40000 * 4);
+  const double add = demo.at("t_add_ms"), reshard = demo.at("t_reshard_ms");
+  const double fused = demo.at("t_fused_ms");
+  EXPECT_NEAR(demo.at("eta").get<double>(), (add + reshard - fused) / std::min(add, reshard), 1e-9);
+  for (const auto& c : demo.at("checks")) {
+    EXPECT_TRUE(c.at("ok").get<bool>()) << c.dump();
+  }
+  // Both devices did darray work that the trace summary attributes to them.
+  const auto s = poolscope::profiler::summarize_trace(trace);
+  int with_transfer = 0;
+  int with_compute = 0;
+  for (const auto& d : s.devices) {
+    with_transfer += d.transfer_ns > 0 ? 1 : 0;
+    with_compute += d.compute_ns > 0 ? 1 : 0;
+  }
+  EXPECT_GE(with_transfer, 1);
+  EXPECT_GE(with_compute, 2);
+  std::remove(trace.c_str());
+  std::remove(report.c_str());
+}
+
+TEST(cli_darray_demo, bad_options_fail_cleanly) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"demo", "--devices", "host:0"},
+           {"demo", "--devices", "tpu"},
+           {"demo", "--transport", "pigeon"},
+           {"demo", "--n", "0"},
+       }) {
+    std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const auto r = run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
+    EXPECT_NE(r.exit_code, 0) << args[2];
+    EXPECT_EQ(r.signal, 0) << args[2];
+    EXPECT_FALSE(r.err.empty()) << args[2];
+  }
+}
+
+}  // namespace
+#endif

@@ -1,0 +1,47 @@
+// `poolscope demo`: the distributed-array demo (see darray_demo.hpp). Exit code 2 when a check
+// against the host fails.
+#include <iostream>
+#include <memory>
+
+#include "commands.hpp"
+#include "darray_demo.hpp"
+#include "poolscope/pool/factory.hpp"
+
+namespace poolscope::tools {
+
+void register_demo(CLI::App& app) {
+  auto o = std::make_shared<darray_demo_options>();
+  auto* sub = app.add_subcommand(
+      "demo",
+      "the seed example at scale on every GPU (host:2 without one): A + B, A + "
+      "C.reshard(A.index_map()), reductions and a block matmul, checked against the host, with a "
+      "Chrome trace and a JSON report");
+  sub->add_option("--devices", o->devices, "auto, cuda, cuda:N or host:N")->capture_default_str();
+  sub->add_option("--n", o->n, "elements of the 1-D arrays (default 2^26 on GPUs, 2^20 on host)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 34));
+  sub->add_option("--matmul-n", o->matmul_n, "size of the square matmul (default 2048 / 192)")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));
+  sub->add_option("--allocator", o->allocator, "pool strategy of every device")
+      ->check(CLI::IsMember(pool::allocator_names()))
+      ->capture_default_str();
+  sub->add_option("--transport", o->transport, "how pieces move between GPUs")
+      ->check(CLI::IsMember({"auto", "peer", "nccl"}))
+      ->capture_default_str();
+  sub->add_option("--trace", o->trace_path, "Chrome trace to write (.gz compresses)")
+      ->capture_default_str();
+  sub->add_option("--report", o->report_path, "JSON report to write")->capture_default_str();
+  sub->add_option("--repeat", o->repeat, "timed runs of each step (best is kept)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed of the data")->capture_default_str();
+  sub->add_flag("!--no-cupti", o->cupti, "do not collect CUPTI activity");
+  sub->callback([o] {
+    const darray_demo_result r = run_darray_demo(*o, &std::cerr);
+    std::cout << r.text;
+    if (!r.ok()) {
+      throw CLI::RuntimeError(2);
+    }
+  });
+}
+
+}  // namespace poolscope::tools

@@ -1,0 +1,414 @@
+#include "darray_demo.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <sstream>
+
+#include "poolscope/darray/distributed_array.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+#include "poolscope/profiler/function_profiler.hpp"
+#include "poolscope/profiler/line_profiler.hpp"
+#include "poolscope/profiler/report.hpp"
+#include "poolscope/profiler/scope.hpp"
+#include "poolscope/profiler/timeline.hpp"
+#include "poolscope/profiler/trace_check.hpp"
+
+namespace poolscope::tools {
+
+bool darray_demo_result::ok() const {
+  return !checks.empty() &&
+         std::all_of(checks.begin(), checks.end(), [](const demo_check& c) { return c.ok; });
+}
+
+namespace {
+
+using darray::distributed_array;
+using darray::index_map;
+using darray::shape_t;
+using farray = distributed_array<float>;
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string mib(std::int64_t bytes) {
+  return fmt("%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+}
+
+// Wall time of `fn` (which returns once its result is complete), best of `repeat` after a warm-up.
+double best_ms(int repeat, const std::function<void()>& fn) {
+  fn();
+  double best = 1e300;
+  for (int i = 0; i < repeat; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return best;
+}
+
+// Boundaries of `parts` equal blocks of n, shifted by `shift` (a fraction of a block).
+index_map split_map(std::int64_t n, int parts, double shift) {
+  std::vector<std::tuple<int, std::int64_t, std::int64_t>> ranges;
+  std::int64_t start = 0;
+  for (int d = 0; d < parts; ++d) {
+    std::int64_t stop = n;
+    if (d + 1 < parts) {
+      const double b = (static_cast<double>(d + 1) + shift) * static_cast<double>(n) / parts;
+      stop = std::clamp<std::int64_t>(static_cast<std::int64_t>(b), start, n);
+    }
+    ranges.emplace_back(d, start, stop);
+    start = stop;
+  }
+  return index_map::split({n}, 0, ranges);
+}
+
+demo_check compare(const std::string& what, const std::vector<float>& got,
+                   const std::vector<double>& want, double rel_tol) {
+  demo_check c{what, true, 0.0, {}};
+  if (got.size() != want.size()) {
+    c.ok = false;
+    c.detail = "size " + std::to_string(got.size()) + " != " + std::to_string(want.size());
+    return c;
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(static_cast<double>(got[i]) - want[i]);
+    const double tol = rel_tol * std::max(1.0, std::abs(want[i]));
+    c.max_error = std::max(c.max_error, err / std::max(1.0, std::abs(want[i])));
+    if (!(err <= tol) && c.ok) {
+      c.ok = false;
+      c.detail = "element " + std::to_string(i) + ": " + fmt("%.9g", got[i]) + " != host " +
+                 fmt("%.9g", want[i]);
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* progress) {
+  auto say = [&](const std::string& s) {
+    if (progress != nullptr) {
+      *progress << "[demo] " << s << '\n';
+    }
+  };
+  darray::backend_options bo;
+  bo.allocator = o.allocator;
+  if (o.transport == "auto") {
+    bo.transfers = darray::transport::automatic;
+  } else if (o.transport == "peer") {
+    bo.transfers = darray::transport::peer;
+  } else if (o.transport == "nccl") {
+    bo.transfers = darray::transport::nccl;
+  } else {
+    throw invalid_argument("poolscope demo: transport '" + o.transport +
+                           "' (expected auto, peer or nccl)");
+  }
+  if (o.repeat < 1) {
+    throw invalid_argument("poolscope demo: repeat " + std::to_string(o.repeat) + " (at least 1)");
+  }
+  auto be = darray::make_backend(o.devices, bo);
+  const int devs = be->device_count();
+  const bool gpu = be->is_gpu();
+  const std::int64_t n = o.n > 0 ? o.n : (gpu ? std::int64_t{1} << 26 : std::int64_t{1} << 20);
+  const std::int64_t mm = o.matmul_n > 0 ? o.matmul_n : (gpu ? 2048 : 192);
+  if (n < devs) {
+    throw invalid_argument("poolscope demo: n " + std::to_string(n) + " is below the " +
+                           std::to_string(devs) + " devices");
+  }
+  say("backend " + be->name() + ", n = " + std::to_string(n));
+
+  darray_demo_result res;
+  profiler::timeline_options to;
+  to.trace_path = o.trace_path;
+  to.cupti = gpu && o.cupti;
+  profiler::timeline tl{to};
+  profiler::line_profiler lines;
+  tl.start();
+  be->set_timeline(&tl);
+  profiler::function_profiler scopes;
+  {
+    hooks::scoped_hook line_hook{lines};
+
+    std::mt19937_64 rng(o.seed);
+    std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+    std::vector<float> ha(static_cast<std::size_t>(n)), hb(ha.size()), hc(ha.size());
+    for (std::size_t i = 0; i < ha.size(); ++i) {
+      ha[i] = uni(rng);
+      hb[i] = uni(rng);
+      hc[i] = uni(rng);
+    }
+    const index_map a_map = split_map(n, devs, 0.0);
+    const index_map c_map = split_map(n, devs, devs > 1 ? 0.4 : 0.0);
+    say("A, B: " + a_map.to_string() + "; C: " + c_map.to_string());
+    farray a, b, c;
+    {
+      POOLSCOPE_SCOPE("demo.build");
+      a = farray::from_host(be, ha, {n}, a_map);
+      b = farray::from_host(be, hb, {n}, a_map);
+      c = farray::from_host(be, hc, {n}, c_map);
+    }
+
+    farray sum_ab, fused;
+    {
+      POOLSCOPE_SCOPE("demo.add");
+      res.t_add_ms = best_ms(o.repeat, [&] {
+        sum_ab = a + b;
+        sum_ab.wait();
+      });
+    }
+    {
+      POOLSCOPE_SCOPE("demo.reshard");
+      res.t_reshard_ms = best_ms(o.repeat, [&] {
+        auto moved = c.reshard(a.index_map());
+        moved.wait();
+        res.bytes_moved = moved.handle().last_reshard().plan.bytes_remote;
+        res.bytes_local = moved.handle().last_reshard().plan.bytes_local;
+      });
+    }
+    {
+      POOLSCOPE_SCOPE("demo.fused");
+      res.t_fused_ms = best_ms(o.repeat, [&] {
+        fused = a + c.reshard(a.index_map());
+        fused.wait();
+      });
+    }
+    const double lo = std::min(res.t_add_ms, res.t_reshard_ms);
+    res.eta = lo > 0 ? (res.t_reshard_ms + res.t_add_ms - res.t_fused_ms) / lo : 0.0;
+    say("A+B " + fmt("%.3f", res.t_add_ms) + " ms, reshard " + fmt("%.3f", res.t_reshard_ms) +
+        " ms, fused " + fmt("%.3f", res.t_fused_ms) + " ms, eta " + fmt("%.2f", res.eta));
+
+    // Checks against the host.
+    {
+      POOLSCOPE_SCOPE("demo.check");
+      std::vector<double> want(ha.size());
+      for (std::size_t i = 0; i < ha.size(); ++i) {
+        want[i] = static_cast<double>(ha[i] + hb[i]);
+      }
+      res.checks.push_back(compare("A + B", sum_ab.to_host(), want, 0.0));
+      for (std::size_t i = 0; i < ha.size(); ++i) {
+        want[i] = static_cast<double>(ha[i] + hc[i]);
+      }
+      res.checks.push_back(compare("A + C.reshard(A.index_map())", fused.to_host(), want, 0.0));
+
+      // Elementwise chain with scalars and unary ops.
+      auto chain = darray::sqrt(darray::abs(fused)) * 2.0f - darray::sin(a);
+      for (std::size_t i = 0; i < ha.size(); ++i) {
+        want[i] = static_cast<double>(std::sqrt(std::abs(ha[i] + hc[i])) * 2.0f - std::sin(ha[i]));
+      }
+      res.checks.push_back(compare("sqrt(abs(A + C')) * 2 - sin(A)", chain.to_host(), want, 1e-5));
+
+      // Reductions: partial per device, completed by an all-reduce.
+      double s = 0, mx = -1e300, mn = 1e300, abs_sum = 0;
+      for (std::size_t i = 0; i < ha.size(); ++i) {
+        const double v = static_cast<double>(ha[i] + hc[i]);
+        s += v;
+        abs_sum += std::abs(v);
+        mx = std::max(mx, v);
+        mn = std::min(mn, v);
+      }
+      auto total = darray::sum(fused).change_mode(darray::array_mode::replica).to_host();
+      demo_check cs{"sum(A + C')", true, 0, {}};
+      cs.max_error = std::abs(static_cast<double>(total.at(0)) - s) / std::max(1.0, abs_sum);
+      cs.ok = cs.max_error <= 1e-5;
+      cs.detail = "device " + fmt("%.6g", total.at(0)) + ", host " + fmt("%.6g", s);
+      res.checks.push_back(cs);
+      res.checks.push_back(compare("max(A + C')", darray::max(fused).to_host(), {mx}, 0.0));
+      res.checks.push_back(compare("min(A + C')", darray::min(fused).to_host(), {mn}, 0.0));
+    }
+
+    // A 2-D array split by rows: reductions along each axis, and a block matmul.
+    {
+      POOLSCOPE_SCOPE("demo.matmul");
+      const std::int64_t m = mm;
+      std::vector<float> hx(static_cast<std::size_t>(m * m)), hy(hx.size());
+      for (std::size_t i = 0; i < hx.size(); ++i) {
+        hx[i] = uni(rng);
+        hy[i] = uni(rng);
+      }
+      const shape_t sq{m, m};
+      // x: a grid of devs x 2 blocks; y: 2 x devs blocks; block (i, j) on device (i + j) % devs.
+      std::vector<std::vector<int>> gx(static_cast<std::size_t>(devs), std::vector<int>(2));
+      std::vector<std::vector<int>> gy(2, std::vector<int>(static_cast<std::size_t>(devs)));
+      for (int i = 0; i < devs; ++i) {
+        for (int j = 0; j < 2; ++j) {
+          gx[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = (i + j) % devs;
+          gy[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)] = (i + j) % devs;
+        }
+      }
+      auto x = farray::from_host(be, hx, sq, index_map::grid(sq, devs, 2, gx));
+      auto y = farray::from_host(be, hy, sq, index_map::grid(sq, 2, devs, gy));
+      auto prod = darray::matmul(x, y).change_mode(darray::array_mode::replica);
+      std::vector<double> want(hx.size(), 0.0);
+      for (std::int64_t i = 0; i < m; ++i) {
+        for (std::int64_t k = 0; k < m; ++k) {
+          const double xv = hx[static_cast<std::size_t>(i * m + k)];
+          for (std::int64_t j = 0; j < m; ++j) {
+            want[static_cast<std::size_t>(i * m + j)] +=
+                xv * hy[static_cast<std::size_t>(k * m + j)];
+          }
+        }
+      }
+      res.checks.push_back(
+          compare("matmul " + std::to_string(m) + "^3 (block maps)", prod.to_host(), want, 1e-3));
+      for (std::size_t axis = 0; axis < 2; ++axis) {
+        auto r = darray::sum(x, axis).change_mode(darray::array_mode::replica).to_host();
+        std::vector<double> w(static_cast<std::size_t>(m), 0.0);
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t j = 0; j < m; ++j) {
+            w[static_cast<std::size_t>(axis == 0 ? j : i)] +=
+                hx[static_cast<std::size_t>(i * m + j)];
+          }
+        }
+        res.checks.push_back(compare("sum(X, axis=" + std::to_string(axis) + ")", r, w, 1e-4));
+      }
+    }
+    be->synchronize();
+  }
+  scopes.stop();
+  be->set_timeline(nullptr);
+  tl.stop();
+
+  // Report.
+  auto rep = profiler::run_report::from(tl);
+  rep.add_profile("function", nlohmann::json::parse(scopes.report().to_json()));
+  const auto line_profile = lines.report();
+  rep.add_profile("line", nlohmann::json::parse(line_profile.to_json()));
+  nlohmann::json demo;
+  demo["backend"] = be->name();
+  demo["devices"] = devs;
+  demo["n"] = n;
+  demo["matmul_n"] = mm;
+  demo["allocator"] = o.allocator;
+  demo["transport"] = o.transport;
+  demo["t_add_ms"] = res.t_add_ms;
+  demo["t_reshard_ms"] = res.t_reshard_ms;
+  demo["t_fused_ms"] = res.t_fused_ms;
+  demo["eta"] = res.eta;
+  demo["bytes_moved"] = res.bytes_moved;
+  demo["bytes_local"] = res.bytes_local;
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& c : res.checks) {
+    checks.push_back(
+        {{"what", c.what}, {"ok", c.ok}, {"max_error", c.max_error}, {"detail", c.detail}});
+  }
+  demo["checks"] = checks;
+  nlohmann::json mem = nlohmann::json::array();
+  for (int d = 0; d < devs; ++d) {
+    const auto st = be->allocator(d).stats();
+    mem.push_back({{"device", d},
+                   {"peak_in_use", st.peak_in_use},
+                   {"peak_reserved", st.peak_reserved},
+                   {"upstream_allocs", st.upstream_allocs}});
+  }
+  demo["allocators"] = mem;
+  rep.set_metadata("demo", demo);
+  rep.write(o.report_path);
+  res.report = rep.to_json();
+
+  const auto summary = rep.summary();
+  res.overlap.assign(static_cast<std::size_t>(devs), 0.0);
+  for (const auto& ov : summary.overlap) {
+    if (ov.device >= 0 && ov.device < devs) {
+      res.overlap[static_cast<std::size_t>(ov.device)] = ov.overlap_ratio;
+    }
+  }
+  const auto check = profiler::check_trace(o.trace_path);
+  res.checks.push_back(demo_check{"trace passes `poolscope trace check`", check.ok(), 0,
+                                  check.ok() ? "" : check.to_text()});
+
+  std::ostringstream t;
+  t << "poolscope demo on " << be->name() << " (";
+  for (int d = 0; d < devs; ++d) {
+    t << (d ? ", " : "") << be->device_name(d);
+  }
+  t << "), N = " << n << " float32, allocator " << o.allocator << ", transport " << o.transport
+    << "\n\n";
+  t << fmt("  A + B                      %9.3f ms\n", res.t_add_ms);
+  t << fmt("  C.reshard(A.index_map())   %9.3f ms", res.t_reshard_ms) << "   moved "
+    << mib(res.bytes_moved) << ", already in place " << mib(res.bytes_local) << "\n";
+  t << fmt("  A + C.reshard(A.index_map) %9.3f ms", res.t_fused_ms)
+    << fmt("   eta = %.2f  (1: the transfer is hidden behind the add)\n", res.eta);
+  t << "  overlap in the trace (transfer time with compute running, per device):";
+  for (int d = 0; d < devs; ++d) {
+    t << fmt(" %.2f", res.overlap[static_cast<std::size_t>(d)]);
+  }
+  t << "\n\n  checks against the host:\n";
+  for (const auto& c : res.checks) {
+    t << "    " << (c.ok ? "ok   " : "FAIL ") << c.what;
+    if (c.max_error > 0) {
+      t << fmt("  (max error %.2g)", c.max_error);
+    }
+    if (!c.ok) {
+      t << "  " << c.detail;
+    }
+    t << "\n";
+  }
+  t << "\n  allocators (" << o.allocator << "):\n";
+  for (const auto& m : mem) {
+    t << "    device " << m["device"].get<int>() << ": peak in use "
+      << mib(m["peak_in_use"].get<std::int64_t>()) << ", peak reserved "
+      << mib(m["peak_reserved"].get<std::int64_t>()) << ", upstream allocations "
+      << m["upstream_allocs"].get<std::int64_t>() << "\n";
+  }
+  t << "\n  top scopes (function profiler):\n";
+  {
+    std::istringstream table(scopes.report().to_table());
+    std::string line;
+    for (int i = 0; i < 8 && std::getline(table, line); ++i) {
+      t << "    " << line << "\n";
+    }
+  }
+  t << "\n  top call sites in the demo (line profiler: bytes used / acquired below each line):\n";
+  {
+    // The demo's own frames, wherever they sit in the tree, by bytes used.
+    std::vector<std::pair<std::uint64_t, std::string>> sites;
+    std::function<void(const profiler::profile_node&)> visit =
+        [&](const profiler::profile_node& nd) {
+          if (nd.file.find("darray_demo.cpp") != std::string::npos && nd.total.used > 0) {
+            sites.emplace_back(nd.total.used,
+                               "line " + std::to_string(nd.line) + ": " +
+                                   mib(static_cast<std::int64_t>(nd.total.used)) + " used, " +
+                                   mib(static_cast<std::int64_t>(nd.total.acquired)) +
+                                   " acquired in " + std::to_string(nd.total.count) +
+                                   " allocations");
+          }
+          for (const auto& ch : nd.children) {
+            visit(ch);
+          }
+        };
+    visit(line_profile.root);
+    std::sort(sites.begin(), sites.end(),
+              [](const auto& l, const auto& r) { return l.first > r.first; });
+    if (sites.empty()) {
+      t << "    (no symbols for the demo's frames)\n";
+    }
+    for (std::size_t i = 0; i < sites.size() && i < 6; ++i) {
+      t << "    darray_demo.cpp " << sites[i].second << "\n";
+    }
+  }
+  t << "\n  trace: " << o.trace_path << " (" << check.events << " events; open in Perfetto)"
+    << ", report: " << o.report_path << "\n";
+  const std::size_t failed = static_cast<std::size_t>(
+      std::count_if(res.checks.begin(), res.checks.end(), [](const auto& c) { return !c.ok; }));
+  t << "summary: "
+    << (failed == 0 ? "all " + std::to_string(res.checks.size()) + " checks passed"
+                    : std::to_string(failed) + " checks FAILED")
+    << fmt("; eta %.2f", res.eta) << "; overlap";
+  for (double ov : res.overlap) {
+    t << fmt(" %.2f", ov);
+  }
+  t << "; moved " << mib(res.bytes_moved) << "\n";
+  res.text = t.str();
+  return res;
+}
+
+}  // namespace poolscope::tools

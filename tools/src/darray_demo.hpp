@@ -1,0 +1,65 @@
+// `poolscope demo`: the seed example at scale on every GPU present (host:2 without one) —
+// A and B split at N/2, C split at 0.7 N; A + B; A + C.reshard(A.index_map()); reductions; a
+// block matmul — every result checked against a host computation, under the timeline, the line
+// profiler and the function profiler, writing a Chrome trace and a JSON report.
+//
+//   poolscope::tools::darray_demo_options o;
+//   o.devices = "host:2";
+//   auto r = poolscope::tools::run_darray_demo(o, &std::cerr);
+//   std::cout << r.text;
+//   return r.ok() ? 0 : 2;
+//
+// Times are wall-clock on the host from the first enqueue to the end of the last piece of work
+// (best of `repeat` runs after a warm-up). eta = (T_reshard + T_add - T_fused) / min(T_reshard,
+// T_add), DESIGN.md §4 (D1): 1 when the fused op costs no more than the longer of its parts.
+// Thread safety: run_darray_demo runs on the calling thread. The result is a plain value.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace poolscope::tools {
+
+/// What the demo runs.
+struct darray_demo_options {
+  std::string devices = "auto";  ///< backend spec: auto, cuda, cuda:N, host:N
+  std::int64_t n = 0;            ///< elements of A, B, C (0: 2^26 on GPUs, 2^20 on host devices)
+  std::int64_t matmul_n = 0;     ///< matmul size (0: 2048 on GPUs, 192 on host devices)
+  std::string allocator = "bfc";
+  std::string transport = "auto";  ///< auto, peer, nccl
+  std::string trace_path = "trace.json";
+  std::string report_path = "report.json";
+  int repeat = 3;
+  std::uint64_t seed = 1;
+  bool cupti = true;  ///< collect CUPTI activity on GPUs
+};
+
+/// One check against the host reference.
+struct demo_check {
+  std::string what;
+  bool ok = false;
+  double max_error = 0.0;  ///< largest |device - host| (relative for floating sums)
+  std::string detail;
+};
+
+/// What the demo found.
+struct darray_demo_result {
+  std::vector<demo_check> checks;
+  double t_add_ms = 0, t_reshard_ms = 0, t_fused_ms = 0, eta = 0;
+  std::int64_t bytes_moved = 0;  ///< remote bytes of C.reshard(A.index_map())
+  std::int64_t bytes_local = 0;  ///< bytes already in place
+  std::vector<double> overlap;   ///< per device: overlap ratio from the trace
+  nlohmann::json report;         ///< what was written to report_path
+  std::string text;              ///< the printed summary (last line sums it up)
+  [[nodiscard]] bool ok() const;
+};
+
+/// Runs the demo. Throws invalid_argument for bad options, device_unavailable for "cuda"
+/// without a GPU; a failed check is reported in the result, not thrown.
+[[nodiscard]] darray_demo_result run_darray_demo(const darray_demo_options& options,
+                                                 std::ostream* progress = nullptr);
+
+}  // namespace poolscope::tools
