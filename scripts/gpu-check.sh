@@ -2,14 +2,22 @@
 # The one script for a lent GPU machine: configure, build for sm_90, run every test (GPU tests
 # included), the GPU allocator tests under compute-sanitizer memcheck, the benchmarks and the
 # PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last.
-#   scripts/gpu-check.sh [--quick]      (--quick: shorter benchmarks)
+#   scripts/gpu-check.sh [--quick] [--darray]
+#     --quick: shorter benchmarks; --darray: build, then only the darray tests, demo and benchmark
+#     (for a multi-GPU machine when the single-GPU parts already ran).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:-$root/gpu-out}"
 mkdir -p "$out"
 build="$root/build-gpu"
 quick=""
-[ "${1:-}" = "--quick" ] && quick="--quick"
+only=""
+for a in "$@"; do
+  case "$a" in
+    --quick) quick="--quick" ;;
+    --darray) only="darray" ;;
+  esac
+done
 # Never use NVLink multicast on the shared machines (KINDS.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
@@ -38,9 +46,37 @@ step "configure+build (sm_90)" "$out/build.log" bash -c "
     -DPOOLSCOPE_WERROR=OFF && cmake --build '$build' -j \$(nproc) -- -k 0" || {
   grep -E 'error|FAILED' "$out/build.log" | head -40; }
 
-step "ctest (all, GPU present)" "$out/tests.log" \
-  ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
+if [ "$only" = darray ]; then
+  step "ctest darray+tools (GPUs present)" "$out/tests.log" \
+    ctest --test-dir "$build" --output-on-failure -j 2 --timeout 600 -R 'darray|cli_darray'
+else
+  step "ctest (all, GPU present)" "$out/tests.log" \
+    ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
+fi
 grep -E "tests passed|tests failed|Skipped|SKIPPED" "$out/tests.log" | tail -5
+
+# darray on every GPU: the CUDA backend tests under memcheck (small cases), the demo (trace and
+# report come back under $OUT), its CUPTI overhead (the demo's times without CUPTI beside them)
+# and the D1-D5 benchmark.
+cli="$build/bin/poolscope"
+step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
+  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+  "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
+step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda \
+  --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
+step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --no-cupti \
+  --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
+step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
+if "$cli" bench darray --help >/dev/null 2>&1; then
+  step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
+    --json "$out/bench_darray.json"
+fi
+if [ "$only" = darray ]; then
+  echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
+  echo "---- bench darray ----"; tail -30 "$out/bench_darray.log" 2>/dev/null
+  echo "---- summary ----"; printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
+  exit 0
+fi
 
 # compute-sanitizer on the GPU allocator tests (device memory paths only: host tests add nothing).
 for exe in "$build"/bin/poolscope_pool_tests; do
