@@ -1,6 +1,11 @@
 #include "cuda_seam.hpp"
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
 
 #include "poolscope/error.hpp"
 
@@ -12,6 +17,16 @@
                                            cudaGetErrorName(poolscope_err_), #call, __FILE__, \
                                            __LINE__);                                         \
     }                                                                                         \
+  } while (0)
+
+#define POOLSCOPE_BENCH_NCCL_CHECK(call)                                                        \
+  do {                                                                                          \
+    const ncclResult_t poolscope_res_ = (call);                                                 \
+    if (poolscope_res_ != ncclSuccess) {                                                        \
+      ::poolscope::detail::throw_api_error("NCCL", static_cast<int>(poolscope_res_),            \
+                                           ncclGetErrorString(poolscope_res_), #call, __FILE__, \
+                                           __LINE__);                                           \
+    }                                                                                           \
   } while (0)
 
 namespace poolscope::bench::detail {
@@ -31,6 +46,235 @@ void copy_to_device(void* dst, const void* src, std::size_t bytes) {
 
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
   POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+}  // namespace poolscope::bench::detail
+
+namespace poolscope::bench::detail {
+
+namespace {
+
+// Restores the calling thread's current device on scope exit.
+class current_device_guard {
+ public:
+  current_device_guard() { POOLSCOPE_BENCH_CUDA_CHECK(cudaGetDevice(&previous_)); }
+  current_device_guard(const current_device_guard&) = delete;
+  current_device_guard& operator=(const current_device_guard&) = delete;
+  ~current_device_guard() { (void)cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+// cudaMalloc'd memory on one GPU, freed on scope exit (errors there are ignored: noexcept).
+class device_memory {
+ public:
+  device_memory(int device, std::size_t bytes) : device_(device) {
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 1)));
+    // Touch the pages so the first timed copy does not pay for their mapping.
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaMemset(ptr_, 1, std::max<std::size_t>(bytes, 1)));
+  }
+  device_memory(device_memory&& o) noexcept
+      : device_(o.device_), ptr_(std::exchange(o.ptr_, nullptr)) {}
+  device_memory(const device_memory&) = delete;
+  device_memory& operator=(const device_memory&) = delete;
+  device_memory& operator=(device_memory&&) = delete;
+  ~device_memory() {
+    if (ptr_ != nullptr) {
+      (void)cudaSetDevice(device_);
+      (void)cudaFree(ptr_);
+    }
+  }
+  [[nodiscard]] void* get() const noexcept { return ptr_; }
+
+ private:
+  int device_;
+  void* ptr_ = nullptr;
+};
+
+// A non-blocking stream on one GPU, destroyed on scope exit.
+class device_stream {
+ public:
+  explicit device_stream(int device) : device_(device) {
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  device_stream(device_stream&& o) noexcept
+      : device_(o.device_), stream_(std::exchange(o.stream_, nullptr)) {}
+  device_stream(const device_stream&) = delete;
+  device_stream& operator=(const device_stream&) = delete;
+  device_stream& operator=(device_stream&&) = delete;
+  ~device_stream() {
+    if (stream_ != nullptr) {
+      (void)cudaSetDevice(device_);
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaStreamDestroy(stream_);
+    }
+  }
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+  [[nodiscard]] int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// The communicators of ncclCommInitAll, destroyed on scope exit.
+class nccl_comms {
+ public:
+  explicit nccl_comms(int devices) : comms_(static_cast<std::size_t>(devices), nullptr) {
+    POOLSCOPE_BENCH_NCCL_CHECK(ncclCommInitAll(comms_.data(), devices, nullptr));
+  }
+  nccl_comms(const nccl_comms&) = delete;
+  nccl_comms& operator=(const nccl_comms&) = delete;
+  ~nccl_comms() {
+    for (ncclComm_t c : comms_) {
+      if (c != nullptr) {
+        (void)ncclCommDestroy(c);
+      }
+    }
+  }
+  [[nodiscard]] ncclComm_t operator[](int device) const noexcept {
+    return comms_[static_cast<std::size_t>(device)];
+  }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+};
+
+// Lets `accessor` read and write `owner`'s memory directly, where the hardware allows it.
+void enable_peer_access(int accessor, int owner) {
+  if (accessor == owner) {
+    return;
+  }
+  int can = 0;
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, accessor, owner));
+  if (can == 0) {
+    return;  // cudaMemcpyPeerAsync then stages through the host: still the raw copy
+  }
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(accessor));
+  const cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // enabled earlier (by darray's backend, say): not an error here
+    return;
+  }
+  POOLSCOPE_BENCH_CUDA_CHECK(e);
+}
+
+void synchronize_all(const std::vector<device_stream>& streams) {
+  for (const auto& s : streams) {
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(s.device()));
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+  }
+}
+
+// One untimed warm-up of `enqueue` + sync, then `repeat` timed ones (wall clock).
+template <typename Enqueue, typename Sync>
+baseline_seconds time_repeated(int repeat, Enqueue&& enqueue, Sync&& sync) {
+  enqueue();
+  sync();
+  std::vector<double> samples;
+  for (int i = 0; i < std::max(repeat, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    enqueue();
+    sync();
+    const auto t1 = std::chrono::steady_clock::now();
+    samples.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  std::sort(samples.begin(), samples.end());
+  baseline_seconds out;
+  out.samples = static_cast<int>(samples.size());
+  out.best = samples.front();
+  const std::size_t mid = samples.size() / 2;
+  out.median = samples.size() % 2 == 1 ? samples[mid] : 0.5 * (samples[mid - 1] + samples[mid]);
+  return out;
+}
+
+}  // namespace
+
+baseline_seconds time_peer_copies(const std::vector<device_link>& links, int repeat) {
+  const current_device_guard guard;
+  std::vector<device_memory> src;
+  std::vector<device_memory> dst;
+  std::vector<device_stream> streams;
+  for (const auto& l : links) {
+    enable_peer_access(l.src, l.dst);
+    enable_peer_access(l.dst, l.src);
+    src.emplace_back(l.src, l.bytes);
+    dst.emplace_back(l.dst, l.bytes);
+    streams.emplace_back(l.src);
+  }
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  return time_repeated(
+      repeat,
+      [&] {
+        for (std::size_t i = 0; i < links.size(); ++i) {
+          const auto& l = links[i];
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(l.src));
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyPeerAsync(dst[i].get(), l.dst, src[i].get(), l.src,
+                                                         l.bytes, streams[i].get()));
+        }
+      },
+      [&] { synchronize_all(streams); });
+}
+
+baseline_seconds time_nccl_send_recv(const std::vector<device_link>& links, int devices,
+                                     int repeat) {
+  const current_device_guard guard;
+  std::vector<device_memory> src;
+  std::vector<device_memory> dst;
+  for (const auto& l : links) {
+    src.emplace_back(l.src, l.bytes);
+    dst.emplace_back(l.dst, l.bytes);
+  }
+  std::vector<device_stream> streams;
+  for (int d = 0; d < devices; ++d) {
+    streams.emplace_back(d);
+  }
+  const nccl_comms comms(devices);
+  return time_repeated(
+      repeat,
+      [&] {
+        POOLSCOPE_BENCH_NCCL_CHECK(ncclGroupStart());
+        bool group_open = true;
+        try {
+          for (std::size_t i = 0; i < links.size(); ++i) {
+            const auto& l = links[i];
+            POOLSCOPE_BENCH_NCCL_CHECK(ncclSend(src[i].get(), l.bytes, ncclUint8, l.dst,
+                                                comms[l.src],
+                                                streams[static_cast<std::size_t>(l.src)].get()));
+            POOLSCOPE_BENCH_NCCL_CHECK(ncclRecv(dst[i].get(), l.bytes, ncclUint8, l.src,
+                                                comms[l.dst],
+                                                streams[static_cast<std::size_t>(l.dst)].get()));
+          }
+          group_open = false;
+          POOLSCOPE_BENCH_NCCL_CHECK(ncclGroupEnd());
+        } catch (...) {
+          if (group_open) {
+            (void)ncclGroupEnd();  // close the group; the first error is the one reported
+          }
+          throw;
+        }
+      },
+      [&] { synchronize_all(streams); });
+}
+
+baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat) {
+  const current_device_guard guard;
+  const device_memory src(device, bytes);
+  const device_memory dst(device, bytes);
+  std::vector<device_stream> streams;
+  streams.emplace_back(device);
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  return time_repeated(
+      repeat,
+      [&] {
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes,
+                                                   cudaMemcpyDeviceToDevice, streams[0].get()));
+      },
+      [&] { synchronize_all(streams); });
 }
 
 }  // namespace poolscope::bench::detail

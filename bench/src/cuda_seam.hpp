@@ -1,10 +1,14 @@
 // The bench component's one seam to CUDA. Everything else in bench/ is CUDA-free.
 // Preconditions: pointers passed to the copy functions are device memory of the current device
-// (or host memory, for the host side). Errors: device_count never throws (0 on any error); the
-// copies throw poolscope::cuda_error naming the failed call.
+// (or host memory, for the host side); the timed baselines name GPUs in [0, device_count()) and
+// must only be called when a GPU is present. Errors: device_count never throws (0 on any error);
+// the copies and baselines throw poolscope::cuda_error naming the failed CUDA or NCCL call (the
+// baselines free what they allocated before throwing). The baselines leave the current device as
+// they found it.
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 namespace poolscope::bench::detail {
 
@@ -14,5 +18,34 @@ namespace poolscope::bench::detail {
 void copy_to_device(void* dst, const void* src, std::size_t bytes);
 /// cudaMemcpy device -> host (synchronous).
 void copy_to_host(void* dst, const void* src, std::size_t bytes);
+
+/// One copy of a baseline pattern: `bytes` from GPU `src` to GPU `dst` (src == dst: within one).
+struct device_link {
+  int src = 0;
+  int dst = 0;
+  std::size_t bytes = 0;
+};
+
+/// Wall-clock seconds of the timed repetitions of a baseline (after one untimed warm-up).
+struct baseline_seconds {
+  double best = 0.0;
+  double median = 0.0;
+  int samples = 0;
+};
+
+/// Raw cudaMemcpyPeerAsync of every link at once (one non-blocking stream per link, on its
+/// source GPU; peer access enabled where the GPUs allow it), timed from the first enqueue to the
+/// end of the last copy, `repeat` (>= 1) times. Buffers come from cudaMalloc and are freed.
+[[nodiscard]] baseline_seconds time_peer_copies(const std::vector<device_link>& links, int repeat);
+
+/// NCCL send/recv of every link at once in one group (communicators from ncclCommInitAll over
+/// GPUs 0..devices-1, one stream per GPU), timed as time_peer_copies. Links must join distinct
+/// GPUs below `devices`.
+[[nodiscard]] baseline_seconds time_nccl_send_recv(const std::vector<device_link>& links,
+                                                   int devices, int repeat);
+
+/// Raw cudaMemcpyAsync device-to-device of `bytes` within GPU `device` (1 read + 1 write per
+/// byte), timed as time_peer_copies.
+[[nodiscard]] baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat);
 
 }  // namespace poolscope::bench::detail

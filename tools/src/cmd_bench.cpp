@@ -1,10 +1,16 @@
 // `poolscope bench alloc`: the allocator benchmark (bench/, the same code and options as the
-// poolscope_bench_alloc program). Exit code 3 if a row failed.
+// poolscope_bench_alloc program). `poolscope bench darray`: the distributed-array benchmark D1-D5
+// (bench/darray_bench.hpp). Exit code 3 if a row or workload failed.
+#include <cstdint>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <string>
 
 #include "commands.hpp"
 #include "poolscope/bench/alloc_bench_cli.hpp"
+#include "poolscope/bench/darray_bench.hpp"
+#include "poolscope/error.hpp"
 
 namespace poolscope::tools {
 
@@ -21,6 +27,54 @@ void register_bench(CLI::App& app) {
     const int rc = cmd->run(std::cout, std::cerr);
     if (rc != 0) {
       throw CLI::RuntimeError(rc);
+    }
+  });
+
+  struct darray_cli {
+    bench::darray_bench_options options;
+    std::string json_path;
+  };
+  auto d = std::make_shared<darray_cli>();
+  auto* darray_cmd = bench->add_subcommand(
+      "darray",
+      "distributed-array benchmark: D1-D5 (reshard, fused ops, overhead, bandwidth, matmul) "
+      "beside raw peer-copy / NCCL / d2d baselines (memcpy on host devices)");
+  darray_cmd->add_option("--devices", d->options.devices, "backend: auto, cuda, cuda:N, host:N")
+      ->capture_default_str();
+  darray_cmd
+      ->add_option("--n", d->options.n,
+                   "D1 elements; D2 uses the largest power-of-two side <= sqrt(n/2) (default "
+                   "2^29 on GPUs, 2^20 on host devices)")
+      ->check(CLI::PositiveNumber);
+  darray_cmd
+      ->add_option("--matmul-n", d->options.matmul_n,
+                   "D5 matrix side (default 8192 on GPUs, 256 on host devices)")
+      ->check(CLI::PositiveNumber);
+  darray_cmd->add_option("--repeat", d->options.repeat, "timed runs per figure after a warm-up")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  darray_cmd->add_option("--transport", d->options.transport, "how reshards move data")
+      ->check(CLI::IsMember({"auto", "peer", "nccl"}))
+      ->capture_default_str();
+  darray_cmd->add_option("--allocator", d->options.allocator, "pool strategy per device")
+      ->check(CLI::IsMember(pool::allocator_names()))
+      ->capture_default_str();
+  darray_cmd->add_option("--only", d->options.only, "comma-separated workloads: D1,D2,D3,D4,D5")
+      ->delimiter(',')
+      ->check(CLI::IsMember(bench::darray_workload_names()));
+  darray_cmd->add_option("--json", d->json_path, "also write the results as JSON to this file");
+  darray_cmd->callback([d] {
+    const auto rep = bench::run_darray_bench(d->options, &std::cerr);
+    rep.print_table(std::cout);
+    if (!d->json_path.empty()) {
+      std::ofstream f(d->json_path);
+      f << rep.to_json() << '\n';
+      if (!f) {
+        throw runtime_error("poolscope bench darray: cannot write " + d->json_path);
+      }
+    }
+    if (rep.any_error()) {
+      throw CLI::RuntimeError(3);
     }
   });
 }

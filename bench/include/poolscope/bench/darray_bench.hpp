@@ -1,0 +1,119 @@
+// The distributed-array benchmark (DESIGN.md §4, D1-D5): darray's reshard, fused ops, small-op
+// overhead, elementwise bandwidth and block matmul, each beside its baseline measured in the same
+// run. `poolscope bench darray` runs this.
+//
+//   poolscope::bench::darray_bench_options o;
+//   o.devices = "host:2";
+//   o.n = 1 << 16;
+//   auto report = poolscope::bench::run_darray_bench(o, &std::cerr);
+//   report.print_table(std::cout);          // one row per figure, then the summary line
+//   std::ofstream("darray.json") << report.to_json();
+//
+// Workloads (float32; "maps" are darray index maps over the backend's devices):
+//   D1  1-D, n elements. A and B in equal blocks (split at n/2 on two devices), C in blocks shifted
+//       by 0.4 of a block (split at 0.7 n on two devices). T_add = A + B, T_reshard =
+//       C.reshard(A.index_map()), T_fused = A + C.reshard(A.index_map()),
+//       eta = (T_reshard + T_add - T_fused) / min(T_reshard, T_add). Reshard bandwidth (remote
+//       bytes / T_reshard) over the raw copies of the plan's links (cudaMemcpyPeerAsync, and NCCL
+//       send/recv), and raw peer bandwidth 0 -> 1 and 0 <-> 1 of the same bytes.
+//   D2  2-D side x side (side: the largest power of two <= sqrt(n / 2), 16384 at n = 2^29), rows
+//       in blocks -> columns in blocks, fused with an add: X.reshard(cols) + Z (Z column-split),
+//       beside the raw all-to-all copies of the plan's links.
+//   D3  D1's ops at n = 4096: medians of T_add and T_fused in µs (the per-op overhead), beside the
+//       raw copy of the fused op's remote bytes.
+//   D4  one device: A + B (2 reads + 1 write per element) effective bandwidth over the raw d2d
+//       copy bandwidth of an array of the same size (1 read + 1 write).
+//   D5  block matmul of two square matrices on grid maps over the devices,
+//       matmul(x, y).change_mode(replica), in TFLOP/s, beside the same matmul on device 0 alone.
+// Baselines: on GPUs raw CUDA/NCCL calls (bench's CUDA seam); on host devices memcpy, one thread
+// per link (the table says which). Timing: wall clock from the first enqueue to the end of wait(),
+// one untimed warm-up, then `repeat` runs (D3: max(100, 20 * repeat)); figures use the best run,
+// the JSON also holds the median. Targets are DESIGN.md §5's, checked on GPUs only.
+// Thread safety: run_darray_bench runs on the calling thread and owns its backend; the report is a
+// plain value. Cost: about 5 x (repeat + 1) x the largest op; minutes at GPU sizes on a host.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace poolscope::bench {
+
+/// What to run. Zero sizes mean "the default".
+struct darray_bench_options {
+  std::string devices = "auto";    ///< backend spec: auto, cuda, cuda:N, host:N
+  std::int64_t n = 0;              ///< D1 elements (0: 2^29 on GPUs, 2^20 on host devices)
+  std::int64_t matmul_n = 0;       ///< D5 matrix side (0: 8192 on GPUs, 256 on host devices)
+  int repeat = 5;                  ///< timed runs per figure, after one warm-up
+  std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
+  std::string allocator = "bfc";   ///< darray's pool strategy per device
+  std::vector<std::string> only;   ///< subset of darray_workload_names() (empty: all)
+};
+
+/// One baseline: what was timed, on how many bytes, and how fast.
+struct darray_baseline {
+  std::string method;      ///< "cudaMemcpyPeerAsync", "ncclSend/ncclRecv", "memcpy", ...
+  std::int64_t bytes = 0;  ///< bytes moved per run (all links together)
+  double best_ms = 0.0;
+  double median_ms = 0.0;
+  double gbps = 0.0;  ///< bytes / best, in GB/s (1e9 B/s)
+};
+
+/// What one workload measured. Figures are named in snake_case with their unit as suffix
+/// (t_add_ms, reshard_gbps, eta, bytes_moved, ...); see the workload list in the file comment.
+struct darray_workload_result {
+  std::string name;  ///< "D1" ... "D5"
+  std::string what;  ///< one line
+  std::map<std::string, double> figures;
+  std::map<std::string, darray_baseline> baselines;  ///< "peer", "peer_bidirectional", "nccl", ...
+  std::string error;                                 ///< non-empty if the workload failed
+};
+
+/// One line of the table.
+struct darray_bench_row {
+  std::string workload;
+  std::string figure;
+  std::string value;
+  std::string baseline;
+  std::string ratio;
+  std::string target;
+  std::optional<bool> met;  ///< set where a target applies (GPUs only)
+};
+
+/// Everything a run measured.
+struct darray_bench_report {
+  std::string backend;  ///< "host:2", "cuda:2"
+  int devices = 0;
+  bool gpu = false;
+  std::vector<std::string> device_names;
+  std::string baselines;  ///< "cuda" or "memcpy"
+  std::string allocator;
+  std::string transport;
+  int repeat = 0;
+  std::int64_t n = 0;  ///< D1 elements
+  std::vector<darray_workload_result> workloads;
+  std::vector<darray_bench_row> rows;
+  std::string summary;  ///< one line
+  std::string text;     ///< the table, then the summary line last
+
+  /// Prints `text`.
+  void print_table(std::ostream& out) const;
+  /// The report as a JSON document: options, workloads (figures, baselines), rows, summary.
+  [[nodiscard]] std::string to_json() const;
+  /// True if a workload failed.
+  [[nodiscard]] bool any_error() const;
+};
+
+/// "D1", "D2", "D3", "D4", "D5".
+[[nodiscard]] std::vector<std::string> darray_workload_names();
+
+/// Runs the benchmark. Progress lines go to `progress` if given. Throws invalid_argument for bad
+/// options (naming the value), device_unavailable for "cuda" without a GPU; a failure inside a
+/// workload (out of memory, say) is recorded in that workload and the run goes on.
+[[nodiscard]] darray_bench_report run_darray_bench(const darray_bench_options& options,
+                                                   std::ostream* progress = nullptr);
+
+}  // namespace poolscope::bench

@@ -1,0 +1,738 @@
+#include "poolscope/bench/darray_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+#include <tuple>
+#include <utility>
+
+#include "cuda_seam.hpp"
+#include "poolscope/bench/text_table.hpp"
+#include "poolscope/darray/distributed_array.hpp"
+#include "poolscope/error.hpp"
+
+namespace poolscope::bench {
+
+namespace {
+
+using darray::index_map;
+using darray::shape_t;
+using farray = darray::distributed_array<float>;
+using detail::baseline_seconds;
+using detail::device_link;
+
+constexpr std::int64_t f32_bytes = 4;
+
+std::string fmt(const char* f, double v) {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string mib(double bytes) {
+  return fmt("%.2f MiB", bytes / (1024.0 * 1024.0));
+}
+
+// Wall time of `op` (which returns once its work is complete): one untimed warm-up, then `runs`.
+baseline_seconds time_op(int runs, const std::function<void()>& op) {
+  op();
+  std::vector<double> s;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    op();
+    const auto t1 = std::chrono::steady_clock::now();
+    s.push_back(std::chrono::duration<double>(t1 - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  baseline_seconds out;
+  out.samples = static_cast<int>(s.size());
+  out.best = s.front();
+  const std::size_t mid = s.size() / 2;
+  out.median = s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
+  return out;
+}
+
+// The memcpy stand-in for raw device copies on host devices: every link copied at once, one thread
+// per link (the calling thread takes the first), between buffers touched beforehand.
+baseline_seconds time_host_copies(const std::vector<device_link>& links, int runs) {
+  std::vector<std::vector<char>> src;
+  std::vector<std::vector<char>> dst;
+  for (const auto& l : links) {
+    src.emplace_back(std::max<std::size_t>(l.bytes, 1), '\1');
+    dst.emplace_back(std::max<std::size_t>(l.bytes, 1), '\0');
+  }
+  volatile char sink = 0;
+  const auto copy = [&](std::size_t i) {
+    std::memcpy(dst[i].data(), src[i].data(), links[i].bytes);
+  };
+  const auto t = time_op(runs, [&] {
+    std::vector<std::thread> helpers;
+    for (std::size_t i = 1; i < links.size(); ++i) {
+      helpers.emplace_back(copy, i);
+    }
+    if (!links.empty()) {
+      copy(0);
+    }
+    for (auto& h : helpers) {
+      h.join();
+    }
+    // Reading the copies keeps the compiler from dropping them as dead stores.
+    for (const auto& d : dst) {
+      sink = static_cast<char>(sink + d.back());
+    }
+  });
+  (void)sink;
+  return t;
+}
+
+// Equal blocks of [0, n) over `parts` devices, each boundary moved right by `shift_tenths` tenths
+// of a block (integer arithmetic, so 2 parts shifted by 4 split at exactly 0.7 n for n % 20 == 0).
+index_map shifted_blocks(std::int64_t n, int parts, std::int64_t shift_tenths) {
+  std::vector<std::tuple<int, std::int64_t, std::int64_t>> ranges;
+  std::int64_t start = 0;
+  for (int d = 0; d < parts; ++d) {
+    std::int64_t stop = n;
+    if (d + 1 < parts) {
+      stop = std::clamp<std::int64_t>(((d + 1) * 10 + shift_tenths) * n / (10 * parts), start, n);
+    }
+    ranges.emplace_back(d, start, stop);
+    start = stop;
+  }
+  return index_map::split({n}, 0, ranges);
+}
+
+// [start, stop) of each device's single chunk along `axis` of a map built by split/blocks.
+std::vector<std::pair<std::int64_t, std::int64_t>> ranges_of(const index_map& m, std::size_t axis,
+                                                             int devices) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out(static_cast<std::size_t>(devices), {0, 0});
+  for (const auto& c : m.chunks()) {
+    const auto& s = c.region.dims.at(axis);
+    out.at(static_cast<std::size_t>(c.device)) = {s.start, s.stop};
+  }
+  return out;
+}
+
+std::int64_t overlap(std::pair<std::int64_t, std::int64_t> a,
+                     std::pair<std::int64_t, std::int64_t> b) {
+  return std::max<std::int64_t>(0, std::min(a.second, b.second) - std::max(a.first, b.first));
+}
+
+// The links (src, dst, bytes) of a reshard plan, zero-byte ones dropped.
+std::vector<device_link> links_of(const darray::reshard_plan& p) {
+  std::vector<device_link> out;
+  for (const auto& [src, dst, bytes] : p.link_bytes) {
+    if (bytes > 0) {
+      out.push_back({src, dst, static_cast<std::size_t>(bytes)});
+    }
+  }
+  return out;
+}
+
+std::int64_t total_bytes(const std::vector<device_link>& links) {
+  std::int64_t b = 0;
+  for (const auto& l : links) {
+    b += static_cast<std::int64_t>(l.bytes);
+  }
+  return b;
+}
+
+darray_baseline make_baseline(std::string method, std::int64_t bytes, const baseline_seconds& t) {
+  darray_baseline b;
+  b.method = std::move(method);
+  b.bytes = bytes;
+  b.best_ms = t.best * 1e3;
+  b.median_ms = t.median * 1e3;
+  b.gbps = t.best > 0 ? static_cast<double>(bytes) / t.best / 1e9 : 0.0;
+  return b;
+}
+
+// Runs a workload's body, turning a failure into the workload's error (the run goes on).
+class bench_run {
+ public:
+  bench_run(const darray_bench_options& o, std::shared_ptr<darray::backend> be,
+            std::ostream* progress)
+      : o_(o), be_(std::move(be)), progress_(progress) {
+    devs_ = be_->device_count();
+    gpu_ = be_->is_gpu();
+    n_ = o.n > 0 ? o.n : (gpu_ ? std::int64_t{1} << 29 : std::int64_t{1} << 20);
+    mm_ = o.matmul_n > 0 ? o.matmul_n : (gpu_ ? 8192 : 256);
+    how_ = o.transport == "peer"   ? darray::transport::peer
+           : o.transport == "nccl" ? darray::transport::nccl
+                                   : darray::transport::automatic;
+  }
+
+  [[nodiscard]] std::int64_t n() const noexcept { return n_; }
+
+  darray_workload_result run(const std::string& name) {
+    darray_workload_result w;
+    w.name = name;
+    say(name + " ...");
+    try {
+      if (name == "D1") {
+        d1(w);
+      } else if (name == "D2") {
+        d2(w);
+      } else if (name == "D3") {
+        d3(w);
+      } else if (name == "D4") {
+        d4(w);
+      } else {
+        d5(w);
+      }
+    } catch (const std::exception& e) {
+      w.error = e.what();
+      say(name + " failed: " + w.error);
+    }
+    try {
+      be_->synchronize();  // return every buffer of this workload before the next one
+    } catch (const std::exception& e) {
+      if (w.error.empty()) {
+        w.error = e.what();
+      }
+    }
+    return w;
+  }
+
+ private:
+  void say(const std::string& s) const {
+    if (progress_ != nullptr) {
+      *progress_ << "[bench darray] " << s << '\n' << std::flush;
+    }
+  }
+
+  [[nodiscard]] darray::reshard_options reshard_options() const {
+    darray::reshard_options r;
+    r.how = how_;
+    return r;
+  }
+
+  // Raw copies of `links` with the baseline of this machine (CUDA peer copies or memcpy).
+  [[nodiscard]] darray_baseline raw_copies(const std::vector<device_link>& links, int runs) const {
+    const std::int64_t bytes = total_bytes(links);
+    if (gpu_) {
+      return make_baseline("cudaMemcpyPeerAsync", bytes, detail::time_peer_copies(links, runs));
+    }
+    return make_baseline("memcpy", bytes, time_host_copies(links, runs));
+  }
+
+  // The baselines of a reshard's links: raw copies, and on GPUs NCCL send/recv.
+  void link_baselines(darray_workload_result& w, const std::vector<device_link>& links) const {
+    if (links.empty()) {
+      return;
+    }
+    w.baselines["peer"] = raw_copies(links, o_.repeat);
+    if (gpu_) {
+      w.baselines["nccl"] = make_baseline("ncclSend/ncclRecv", total_bytes(links),
+                                          detail::time_nccl_send_recv(links, devs_, o_.repeat));
+    }
+  }
+
+  void d1(darray_workload_result& w) {
+    w.what = "1-D float32 A + C.reshard(A.index_map()), A at n/2, C at 0.7 n (2 devices)";
+    const shape_t shape{n_};
+    const index_map a_map = shifted_blocks(n_, devs_, 0);
+    const index_map c_map = shifted_blocks(n_, devs_, devs_ > 1 ? 4 : 0);
+    const auto a = farray::full(be_, 1.0f, shape, a_map);
+    const auto b = farray::full(be_, 2.0f, shape, a_map);
+    const auto c = farray::full(be_, 3.0f, shape, c_map);
+    a.wait();
+    b.wait();
+    c.wait();
+    const auto t_add = time_op(o_.repeat, [&] { (a + b).wait(); });
+    darray::reshard_plan plan;
+    const auto t_reshard = time_op(o_.repeat, [&] {
+      const auto moved = c.reshard(a.index_map(), reshard_options());
+      moved.wait();
+      plan = moved.handle().last_reshard().plan;
+    });
+    const auto t_fused =
+        time_op(o_.repeat, [&] { (a + c.reshard(a.index_map(), reshard_options())).wait(); });
+
+    // What must move, from the maps alone: each device's A range minus its C range.
+    const auto ar = ranges_of(a_map, 0, devs_);
+    const auto cr = ranges_of(c_map, 0, devs_);
+    std::int64_t expected = 0;
+    for (std::size_t d = 0; d < ar.size(); ++d) {
+      expected += (ar[d].second - ar[d].first - overlap(ar[d], cr[d])) * f32_bytes;
+    }
+    auto& f = w.figures;
+    f["n"] = static_cast<double>(n_);
+    f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
+    f["bytes_local"] = static_cast<double>(plan.bytes_local);
+    f["bytes_expected"] = static_cast<double>(expected);
+    f["t_add_ms"] = t_add.best * 1e3;
+    f["t_reshard_ms"] = t_reshard.best * 1e3;
+    f["t_fused_ms"] = t_fused.best * 1e3;
+    f["t_add_median_ms"] = t_add.median * 1e3;
+    f["t_reshard_median_ms"] = t_reshard.median * 1e3;
+    f["t_fused_median_ms"] = t_fused.median * 1e3;
+    const double lo = std::min(f["t_add_ms"], f["t_reshard_ms"]);
+    f["eta"] = lo > 0 ? (f["t_reshard_ms"] + f["t_add_ms"] - f["t_fused_ms"]) / lo : 0.0;
+    f["reshard_gbps"] = static_cast<double>(plan.bytes_remote) / t_reshard.best / 1e9;
+
+    link_baselines(w, links_of(plan));
+    if (devs_ > 1 && plan.bytes_remote > 0) {
+      // The bare link between devices 0 and 1 with the same bytes: one way, and both at once.
+      const auto bytes = static_cast<std::size_t>(plan.bytes_remote);
+      w.baselines["peer_one_way"] = raw_copies({{0, 1, bytes}}, o_.repeat);
+      w.baselines["peer_bidirectional"] = raw_copies({{0, 1, bytes}, {1, 0, bytes}}, o_.repeat);
+    }
+    for (const char* k : {"peer", "nccl"}) {
+      const auto it = w.baselines.find(k);
+      if (it != w.baselines.end() && it->second.gbps > 0) {
+        f[std::string("ratio_") + k] = f["reshard_gbps"] / it->second.gbps;
+      }
+    }
+  }
+
+  void d2(darray_workload_result& w) {
+    w.what = "2-D float32 full swap rows -> columns, fused with an add: X.reshard(cols) + Z";
+    std::int64_t side = 1;
+    while ((2 * side) * (2 * side) <= n_ / 2) {
+      side *= 2;
+    }
+    side = std::max<std::int64_t>(side, devs_);
+    const shape_t shape{side, side};
+    const index_map rows = index_map::blocks(shape, 0, devs_);
+    const index_map cols = index_map::blocks(shape, 1, devs_);
+    const auto x = farray::full(be_, 1.0f, shape, rows);
+    const auto z = farray::full(be_, 2.0f, shape, cols);
+    x.wait();
+    z.wait();
+    darray::reshard_plan plan;
+    const auto t_reshard = time_op(o_.repeat, [&] {
+      const auto moved = x.reshard(cols, reshard_options());
+      moved.wait();
+      plan = moved.handle().last_reshard().plan;
+    });
+    const auto t_fused =
+        time_op(o_.repeat, [&] { (x.reshard(cols, reshard_options()) + z).wait(); });
+
+    // Device d keeps the rows-block d x cols-block d square; the rest of its column block moves.
+    const auto rr = ranges_of(rows, 0, devs_);
+    const auto cr = ranges_of(cols, 1, devs_);
+    std::int64_t expected = 0;
+    for (std::size_t d = 0; d < rr.size(); ++d) {
+      expected += (side - (rr[d].second - rr[d].first)) * (cr[d].second - cr[d].first) * f32_bytes;
+    }
+    auto& f = w.figures;
+    f["side"] = static_cast<double>(side);
+    f["bytes_array"] = static_cast<double>(side * side * f32_bytes);
+    f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
+    f["bytes_expected"] = static_cast<double>(expected);
+    f["t_reshard_ms"] = t_reshard.best * 1e3;
+    f["t_fused_ms"] = t_fused.best * 1e3;
+    f["t_reshard_median_ms"] = t_reshard.median * 1e3;
+    f["t_fused_median_ms"] = t_fused.median * 1e3;
+    f["reshard_gbps"] = static_cast<double>(plan.bytes_remote) / t_reshard.best / 1e9;
+    link_baselines(w, links_of(plan));
+    for (const char* k : {"peer", "nccl"}) {
+      const auto it = w.baselines.find(k);
+      if (it != w.baselines.end() && f["t_fused_ms"] > 0) {
+        f[std::string("ratio_") + k] = it->second.best_ms / f["t_fused_ms"];
+      }
+    }
+  }
+
+  void d3(darray_workload_result& w) {
+    w.what = "D1's ops at n = 4096: per-op overhead";
+    const std::int64_t n = 4096;
+    const int runs = std::max(100, 20 * o_.repeat);
+    const shape_t shape{n};
+    const index_map a_map = shifted_blocks(n, devs_, 0);
+    const index_map c_map = shifted_blocks(n, devs_, devs_ > 1 ? 4 : 0);
+    const auto a = farray::full(be_, 1.0f, shape, a_map);
+    const auto b = farray::full(be_, 2.0f, shape, a_map);
+    const auto c = farray::full(be_, 3.0f, shape, c_map);
+    a.wait();
+    b.wait();
+    c.wait();
+    const auto t_add = time_op(runs, [&] { (a + b).wait(); });
+    darray::reshard_plan plan;
+    const auto t_fused = time_op(runs, [&] {
+      const auto moved = c.reshard(a.index_map(), reshard_options());
+      (a + moved).wait();
+      plan = moved.handle().last_reshard().plan;
+    });
+    // The values too: a wrong result at this size would make the times meaningless.
+    const auto got = (a + c.reshard(a.index_map(), reshard_options())).to_host();
+    if (!std::all_of(got.begin(), got.end(), [](float v) { return v == 4.0f; })) {
+      throw runtime_error("bench darray D3: A + C.reshard(A.index_map()) is not 4 everywhere");
+    }
+    auto& f = w.figures;
+    f["n"] = static_cast<double>(n);
+    f["runs"] = runs;
+    f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
+    f["t_add_us"] = t_add.median * 1e6;
+    f["t_fused_us"] = t_fused.median * 1e6;
+    f["t_add_best_us"] = t_add.best * 1e6;
+    f["t_fused_best_us"] = t_fused.best * 1e6;
+    const auto links = links_of(plan);
+    if (!links.empty()) {
+      w.baselines["peer"] = raw_copies(links, runs);
+    }
+  }
+
+  void d4(darray_workload_result& w) {
+    w.what = "one device: A + B bandwidth (2 reads + 1 write) over copy bandwidth (1 + 1)";
+    const shape_t shape{n_};
+    const index_map one = index_map::split(shape, 0, {{0, 0, n_}});
+    const auto a = farray::full(be_, 1.0f, shape, one);
+    const auto b = farray::full(be_, 2.0f, shape, one);
+    a.wait();
+    b.wait();
+    const auto t_add = time_op(o_.repeat, [&] { (a + b).wait(); });
+    const auto bytes = static_cast<std::size_t>(n_ * f32_bytes);
+    const darray_baseline copy = gpu_ ? make_baseline("cudaMemcpyAsync d2d", n_ * f32_bytes,
+                                                      detail::time_d2d_copy(0, bytes, o_.repeat))
+                                      : make_baseline("memcpy", n_ * f32_bytes,
+                                                      time_host_copies({{0, 0, bytes}}, o_.repeat));
+    auto& f = w.figures;
+    f["n"] = static_cast<double>(n_);
+    f["t_add_ms"] = t_add.best * 1e3;
+    f["t_add_median_ms"] = t_add.median * 1e3;
+    f["add_gbps"] = 3.0 * static_cast<double>(n_ * f32_bytes) / t_add.best / 1e9;
+    // A copy moves each byte twice (read + write): its bandwidth counts both, like the add's.
+    f["copy_gbps"] = 2.0 * copy.gbps;
+    f["ratio"] = f["copy_gbps"] > 0 ? f["add_gbps"] / f["copy_gbps"] : 0.0;
+    w.baselines["copy"] = copy;
+  }
+
+  void d5(darray_workload_result& w) {
+    w.what = "block matmul on grid maps, matmul(x, y).change_mode(replica)";
+    const std::int64_t m = mm_;
+    const shape_t sq{m, m};
+    // x: devs x 2 blocks, y: 2 x devs blocks; block (i, j) on device (i + j) % devs.
+    std::vector<std::vector<int>> gx(static_cast<std::size_t>(devs_), std::vector<int>(2));
+    std::vector<std::vector<int>> gy(2, std::vector<int>(static_cast<std::size_t>(devs_)));
+    for (int i = 0; i < devs_; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        gx[static_cast<std::size_t>(i)][static_cast<std::size_t>(j)] = (i + j) % devs_;
+        gy[static_cast<std::size_t>(j)][static_cast<std::size_t>(i)] = (i + j) % devs_;
+      }
+    }
+    const auto x = farray::full(be_, 0.5f, sq, index_map::grid(sq, devs_, 2, gx));
+    const auto y = farray::full(be_, 0.25f, sq, index_map::grid(sq, 2, devs_, gy));
+    const index_map one = index_map::split(sq, 0, {{0, 0, m}});
+    const auto x1 = farray::full(be_, 0.5f, sq, one);
+    const auto y1 = farray::full(be_, 0.25f, sq, one);
+    x.wait();
+    y.wait();
+    x1.wait();
+    y1.wait();
+    const auto replica = darray::array_mode::replica;
+    const auto t = time_op(o_.repeat, [&] { darray::matmul(x, y).change_mode(replica).wait(); });
+    const auto t1 = time_op(o_.repeat, [&] { darray::matmul(x1, y1).change_mode(replica).wait(); });
+    const double flop =
+        2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(m);
+    auto& f = w.figures;
+    f["m"] = static_cast<double>(m);
+    f["t_ms"] = t.best * 1e3;
+    f["t_median_ms"] = t.median * 1e3;
+    f["tflops"] = flop / t.best / 1e12;
+    f["t_one_device_ms"] = t1.best * 1e3;
+    f["tflops_one_device"] = flop / t1.best / 1e12;
+    f["speedup"] = t1.best / t.best;
+    w.baselines["one_device"] =
+        darray_baseline{"darray matmul on device 0", 0, t1.best * 1e3, t1.median * 1e3, 0.0};
+  }
+
+  const darray_bench_options& o_;
+  std::shared_ptr<darray::backend> be_;
+  std::ostream* progress_;
+  int devs_ = 0;
+  bool gpu_ = false;
+  std::int64_t n_ = 0;
+  std::int64_t mm_ = 0;
+  darray::transport how_ = darray::transport::automatic;
+};
+
+// --- the table ---
+
+std::string ms(double v) {
+  return fmt("%.3f ms", v);
+}
+std::string gbps(double v) {
+  return fmt("%.1f GB/s", v);
+}
+
+const darray_baseline* find_baseline(const darray_workload_result& w, const std::string& k) {
+  const auto it = w.baselines.find(k);
+  return it == w.baselines.end() ? nullptr : &it->second;
+}
+
+double figure(const darray_workload_result& w, const std::string& k) {
+  const auto it = w.figures.find(k);
+  return it == w.figures.end() ? 0.0 : it->second;
+}
+
+// Adds the rows of one workload. `gpu` decides whether targets are checked; `at_scale` whether
+// the absolute-time targets (set for 2^29 elements / 16384^2 on two GPUs) apply.
+void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const std::string& raw,
+              std::vector<darray_bench_row>& rows) {
+  const auto row = [&](std::string figure_name, std::string value, std::string baseline = "",
+                       std::string ratio = "", std::string target = "",
+                       std::optional<bool> met = std::nullopt) {
+    rows.push_back(darray_bench_row{w.name, std::move(figure_name), std::move(value),
+                                    std::move(baseline), std::move(ratio), std::move(target),
+                                    gpu ? met : std::nullopt});
+  };
+  if (!w.error.empty()) {
+    row("FAILED", w.error);
+    return;
+  }
+  if (w.name == "D1") {
+    const double fused = figure(w, "t_fused_ms");
+    const double eta = figure(w, "eta");
+    row("A + B", ms(figure(w, "t_add_ms")));
+    row("C.reshard(A.index_map())", ms(figure(w, "t_reshard_ms")),
+        "moves " + mib(figure(w, "bytes_moved")));
+    row("A + C.reshard(A.index_map())", ms(fused), "", "", at_scale ? "<= 1.3 ms" : "",
+        at_scale ? std::optional<bool>(fused <= 1.3) : std::nullopt);
+    row("eta", fmt("%.2f", eta), "", "", ">= 0.85", eta >= 0.85);
+    if (const auto* p = find_baseline(w, "peer")) {
+      const double r = figure(w, "ratio_peer");
+      row("reshard bandwidth / raw copy", gbps(figure(w, "reshard_gbps")),
+          gbps(p->gbps) + " " + raw, format_ratio(r), ">= 0.95", r >= 0.95);
+    }
+    if (const auto* p = find_baseline(w, "nccl")) {
+      row("reshard bandwidth / NCCL", gbps(figure(w, "reshard_gbps")),
+          gbps(p->gbps) + " NCCL send/recv", format_ratio(figure(w, "ratio_nccl")));
+    }
+    if (const auto* p = find_baseline(w, "peer_one_way")) {
+      row("raw link 0 -> 1, same bytes", gbps(p->gbps), raw);
+    }
+    if (const auto* p = find_baseline(w, "peer_bidirectional")) {
+      row("raw link 0 <-> 1 at once, total", gbps(p->gbps), raw);
+    }
+  } else if (w.name == "D2") {
+    const double fused = figure(w, "t_fused_ms");
+    row("side x side", fmt("%.0f^2", figure(w, "side")), mib(figure(w, "bytes_array")));
+    row("X.reshard(cols)", ms(figure(w, "t_reshard_ms")), "moves " + mib(figure(w, "bytes_moved")));
+    const auto* p = find_baseline(w, "peer");
+    row("X.reshard(cols) + Z", ms(fused), p != nullptr ? ms(p->best_ms) + " " + raw : "",
+        p != nullptr ? format_ratio(figure(w, "ratio_peer")) : "", at_scale ? "<= 0.9 ms" : "",
+        at_scale ? std::optional<bool>(fused <= 0.9) : std::nullopt);
+    if (const auto* q = find_baseline(w, "nccl")) {
+      row("X.reshard(cols) + Z vs NCCL", ms(fused), ms(q->best_ms) + " NCCL send/recv",
+          format_ratio(figure(w, "ratio_nccl")));
+    }
+  } else if (w.name == "D3") {
+    const double add = figure(w, "t_add_us");
+    const double fused = figure(w, "t_fused_us");
+    row("A + B, n = 4096 (median)", fmt("%.1f us", add), "", "", "<= 8 us", add <= 8.0);
+    const auto* p = find_baseline(w, "peer");
+    row("A + C.reshard(A.index_map()) (median)", fmt("%.1f us", fused),
+        p != nullptr ? fmt("%.1f us ", p->median_ms * 1e3) + raw : "",
+        p != nullptr && fused > 0 ? format_ratio(p->median_ms * 1e3 / fused) : "", "<= 20 us",
+        fused <= 20.0);
+  } else if (w.name == "D4") {
+    const double r = figure(w, "ratio");
+    const auto* p = find_baseline(w, "copy");
+    row("A + B on one device", ms(figure(w, "t_add_ms")), p != nullptr ? ms(p->best_ms) : "");
+    row("add bandwidth / copy bandwidth", gbps(figure(w, "add_gbps")),
+        gbps(figure(w, "copy_gbps")) + " " + (p != nullptr ? p->method : ""), format_ratio(r),
+        ">= 0.90", r >= 0.9);
+  } else if (w.name == "D5") {
+    row("matmul " + fmt("%.0f", figure(w, "m")) + "^2, change_mode(replica)", ms(figure(w, "t_ms")),
+        ms(figure(w, "t_one_device_ms")) + " on device 0", format_ratio(figure(w, "speedup")));
+    row("achieved", fmt("%.3f TFLOP/s", figure(w, "tflops")),
+        fmt("%.3f TFLOP/s", figure(w, "tflops_one_device")));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> darray_workload_names() {
+  return {"D1", "D2", "D3", "D4", "D5"};
+}
+
+void darray_bench_report::print_table(std::ostream& out) const {
+  out << text;
+}
+
+bool darray_bench_report::any_error() const {
+  return std::any_of(workloads.begin(), workloads.end(),
+                     [](const darray_workload_result& w) { return !w.error.empty(); });
+}
+
+std::string darray_bench_report::to_json() const {
+  nlohmann::json j;
+  j["benchmark"] = "darray";
+  j["backend"] = backend;
+  j["devices"] = devices;
+  j["gpu"] = gpu;
+  j["device_names"] = device_names;
+  j["baselines"] = baselines;
+  j["allocator"] = allocator;
+  j["transport"] = transport;
+  j["repeat"] = repeat;
+  j["n"] = n;
+  j["timing"] =
+      "wall clock from the first enqueue to the end of wait(); one untimed warm-up, then repeat "
+      "runs (D3: max(100, 20 * repeat)); *_ms figures are the best run, *_median_ms the median; "
+      "D3's *_us figures are medians";
+  nlohmann::json ws = nlohmann::json::object();
+  for (const auto& w : workloads) {
+    nlohmann::json jw;
+    jw["what"] = w.what;
+    jw["figures"] = w.figures;
+    nlohmann::json bs = nlohmann::json::object();
+    for (const auto& [k, b] : w.baselines) {
+      bs[k] = {{"method", b.method},
+               {"bytes", b.bytes},
+               {"best_ms", b.best_ms},
+               {"median_ms", b.median_ms},
+               {"gbps", b.gbps}};
+    }
+    jw["baselines"] = bs;
+    jw["error"] = w.error;
+    ws[w.name] = jw;
+  }
+  j["workloads"] = ws;
+  nlohmann::json rs = nlohmann::json::array();
+  for (const auto& r : rows) {
+    nlohmann::json jr{{"workload", r.workload}, {"figure", r.figure}, {"value", r.value},
+                      {"baseline", r.baseline}, {"ratio", r.ratio},   {"target", r.target}};
+    if (r.met) {
+      jr["met"] = *r.met;
+    }
+    rs.push_back(jr);
+  }
+  j["rows"] = rs;
+  j["summary"] = summary;
+  return j.dump(2);
+}
+
+darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream* progress) {
+  if (o.transport != "auto" && o.transport != "peer" && o.transport != "nccl") {
+    throw invalid_argument("poolscope bench darray: transport '" + o.transport +
+                           "' (expected auto, peer or nccl)");
+  }
+  if (o.repeat < 1) {
+    throw invalid_argument("poolscope bench darray: repeat " + std::to_string(o.repeat) +
+                           " (at least 1)");
+  }
+  if (o.n < 0 || o.matmul_n < 0) {
+    throw invalid_argument("poolscope bench darray: n " + std::to_string(o.n) + ", matmul_n " +
+                           std::to_string(o.matmul_n) + " (must not be negative)");
+  }
+  const auto all = darray_workload_names();
+  for (const auto& w : o.only) {
+    if (std::find(all.begin(), all.end(), w) == all.end()) {
+      throw invalid_argument("poolscope bench darray: workload '" + w +
+                             "' (expected D1, D2, D3, D4 or D5)");
+    }
+  }
+  darray::backend_options bo;
+  bo.allocator = o.allocator;
+  bo.transfers = o.transport == "peer"   ? darray::transport::peer
+                 : o.transport == "nccl" ? darray::transport::nccl
+                                         : darray::transport::automatic;
+  auto be = darray::make_backend(o.devices, bo);
+
+  darray_bench_report rep;
+  rep.backend = be->name();
+  rep.devices = be->device_count();
+  rep.gpu = be->is_gpu();
+  for (int d = 0; d < rep.devices; ++d) {
+    rep.device_names.push_back(be->device_name(d));
+  }
+  rep.baselines = rep.gpu ? "cuda" : "memcpy";
+  rep.allocator = o.allocator;
+  rep.transport = o.transport;
+  rep.repeat = o.repeat;
+  bench_run run(o, be, progress);
+  rep.n = run.n();
+  if (rep.n < rep.devices) {
+    throw invalid_argument("poolscope bench darray: n " + std::to_string(rep.n) + " is below the " +
+                           std::to_string(rep.devices) + " devices");
+  }
+  for (const auto& name : all) {
+    if (o.only.empty() || std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {
+      rep.workloads.push_back(run.run(name));
+    }
+  }
+
+  const bool at_scale = rep.gpu && rep.devices == 2 && rep.n == (std::int64_t{1} << 29);
+  const std::string raw = rep.gpu ? "raw cudaMemcpyPeerAsync" : "memcpy";
+  for (const auto& w : rep.workloads) {
+    add_rows(w, rep.gpu, at_scale, raw, rep.rows);
+  }
+
+  std::ostringstream t;
+  t << "poolscope bench darray on " << rep.backend << " (";
+  for (std::size_t d = 0; d < rep.device_names.size(); ++d) {
+    t << (d > 0 ? ", " : "") << rep.device_names[d];
+  }
+  t << "), n = " << rep.n << " float32, allocator " << rep.allocator << ", transport "
+    << rep.transport << ", best of " << rep.repeat << " after a warm-up\n";
+  t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
+                : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread per "
+                  "link); targets apply to GPUs and are not checked\n");
+  t << '\n';
+  text_table table({"workload", "figure", "value", "baseline", "ratio", "target"}, 2);
+  std::string last;
+  for (const auto& r : rep.rows) {
+    if (!last.empty() && r.workload != last) {
+      table.add_rule();
+    }
+    last = r.workload;
+    std::string target = r.target;
+    if (r.met) {
+      target += *r.met ? "  ok" : "  MISSED";
+    }
+    table.add_row({r.workload, r.figure, r.value, r.baseline, r.ratio, target});
+  }
+  std::ostringstream tt;
+  table.print(tt);
+  t << tt.str();
+
+  // The summary line: the headline figure of each workload, then failures and targets.
+  std::ostringstream s;
+  s << "summary: darray on " << rep.backend << " (" << rep.baselines << " baselines):";
+  for (const auto& w : rep.workloads) {
+    s << ' ' << w.name << ' ';
+    if (!w.error.empty()) {
+      s << "FAILED;";
+      continue;
+    }
+    if (w.name == "D1") {
+      s << "fused " << ms(figure(w, "t_fused_ms")) << fmt(", eta %.2f", figure(w, "eta"));
+      if (w.figures.count("ratio_peer") != 0) {
+        s << fmt(", reshard/raw %.2f", figure(w, "ratio_peer"));
+      }
+    } else if (w.name == "D2") {
+      s << "swap+add " << ms(figure(w, "t_fused_ms"));
+    } else if (w.name == "D3") {
+      s << fmt("%.1f", figure(w, "t_add_us")) << fmt("/%.1f us", figure(w, "t_fused_us"));
+    } else if (w.name == "D4") {
+      s << "add/copy " << format_ratio(figure(w, "ratio"));
+    } else {
+      s << fmt("%.3f TFLOP/s", figure(w, "tflops"));
+    }
+    s << ';';
+  }
+  const auto checked = std::count_if(rep.rows.begin(), rep.rows.end(),
+                                     [](const darray_bench_row& r) { return r.met.has_value(); });
+  const auto met = std::count_if(rep.rows.begin(), rep.rows.end(),
+                                 [](const darray_bench_row& r) { return r.met.value_or(false); });
+  if (rep.gpu) {
+    s << ' ' << met << '/' << checked << " targets met";
+  } else {
+    s << " targets not checked (no GPU)";
+  }
+  rep.summary = s.str();
+  t << rep.summary << '\n';
+  rep.text = t.str();
+  return rep;
+}
+
+}  // namespace poolscope::bench

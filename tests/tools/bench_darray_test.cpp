@@ -1,0 +1,216 @@
+// `poolscope bench darray`, run as a subprocess on two host devices at small sizes: the JSON it
+// writes is checked for every workload, for figures derived from its own reported times by their
+// documented formulas, for bytes moved equal to what the maps imply (computed here), and for the
+// baselines beside them. Nothing here asserts on how fast anything is.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "subprocess.hpp"
+
+#if defined(POOLSCOPE_CLI_PATH)
+
+namespace {
+
+using nlohmann::json;
+using poolscope::testing::last_line;
+using poolscope::testing::process_result;
+using poolscope::testing::run_process;
+using poolscope::testing::temp_path;
+
+constexpr std::int64_t n = 100000;  // a multiple of 20: C's split at 0.7 n is exact
+constexpr std::int64_t matmul_n = 64;
+
+/// Runs `poolscope bench darray args... --json FILE`; returns the parsed JSON (null if none).
+json run_bench(const std::vector<std::string>& args, process_result& r) {
+  const std::string path = temp_path("poolscope-darray-json");
+  std::vector<std::string> argv{POOLSCOPE_CLI_PATH, "bench", "darray"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--json");
+  argv.push_back(path);
+  r = run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
+  const std::string text = poolscope::testing::read_file(path);
+  std::remove(path.c_str());
+  return text.empty() ? json() : json::parse(text);
+}
+
+double fig(const json& w, const char* name) {
+  const auto& f = w.at("figures");
+  EXPECT_TRUE(f.contains(name)) << "figure " << name << " missing in " << f.dump();
+  return f.contains(name) ? f.at(name).get<double>() : 0.0;
+}
+
+void expect_near_rel(double got, double want, const char* what) {
+  EXPECT_NEAR(got, want, 1e-9 * std::max(1.0, std::abs(want))) << what;
+}
+
+void expect_baseline(const json& w, const char* name, double bytes) {
+  ASSERT_TRUE(w.at("baselines").contains(name)) << w.at("baselines").dump();
+  const json& b = w.at("baselines").at(name);
+  EXPECT_EQ(b.at("method"), "memcpy") << "no GPU: memcpy stands in for the CUDA baselines";
+  EXPECT_GT(b.at("best_ms").get<double>(), 0.0);
+  EXPECT_GE(b.at("median_ms").get<double>(), b.at("best_ms").get<double>());
+  EXPECT_EQ(b.at("bytes").get<double>(), bytes);
+  expect_near_rel(b.at("gbps").get<double>(), bytes / (b.at("best_ms").get<double>() * 1e6), name);
+}
+
+class bench_darray_cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    report_ = new json(run_bench({"--devices", "host:2", "--n", std::to_string(n), "--matmul-n",
+                                  std::to_string(matmul_n), "--repeat", "2"},
+                                 result_));
+  }
+  static void TearDownTestSuite() {
+    delete report_;
+    report_ = nullptr;
+  }
+  static process_result result_;
+  static json* report_;
+};
+
+process_result bench_darray_cli::result_;
+json* bench_darray_cli::report_ = nullptr;
+
+TEST_F(bench_darray_cli, runs_every_workload_on_host_devices) {
+  ASSERT_EQ(result_.exit_code, 0) << result_.out << result_.err;
+  const json& j = *report_;
+  ASSERT_TRUE(j.is_object()) << result_.out;
+  EXPECT_EQ(j.at("backend"), "host:2");
+  EXPECT_EQ(j.at("devices"), 2);
+  EXPECT_EQ(j.at("gpu"), false);
+  EXPECT_EQ(j.at("baselines"), "memcpy");
+  EXPECT_EQ(j.at("n"), n);
+  EXPECT_EQ(last_line(result_.out), j.at("summary").get<std::string>()) << "summary line last";
+  EXPECT_NE(result_.out.find("memcpy"), std::string::npos) << "the table says what stands in";
+  for (const char* w : {"D1", "D2", "D3", "D4", "D5"}) {
+    ASSERT_TRUE(j.at("workloads").contains(w)) << w;
+    EXPECT_EQ(j.at("workloads").at(w).at("error"), "") << w;
+    bool has_row = false;
+    for (const auto& r : j.at("rows")) {
+      has_row = has_row || r.at("workload") == w;
+    }
+    EXPECT_TRUE(has_row) << "no table row for " << w;
+  }
+}
+
+TEST_F(bench_darray_cli, d1_times_eta_bytes_and_baselines) {
+  ASSERT_TRUE(report_->is_object()) << result_.out << result_.err;
+  const json& w = report_->at("workloads").at("D1");
+  const double add = fig(w, "t_add_ms");
+  const double reshard = fig(w, "t_reshard_ms");
+  const double fused = fig(w, "t_fused_ms");
+  EXPECT_GT(add, 0.0);
+  EXPECT_GT(reshard, 0.0);
+  EXPECT_GT(fused, 0.0);
+  expect_near_rel(fig(w, "eta"), (reshard + add - fused) / std::min(reshard, add), "eta");
+  // A split at n/2, C at 0.7 n: device 1 needs [n/2, 0.7 n) from device 0.
+  const double moved = static_cast<double>((7 * n / 10 - n / 2) * 4);
+  EXPECT_EQ(fig(w, "bytes_moved"), moved);
+  EXPECT_EQ(fig(w, "bytes_expected"), moved);
+  EXPECT_DOUBLE_EQ(moved, (0.7 - 0.5) * static_cast<double>(n) * 4.0);
+  EXPECT_EQ(fig(w, "bytes_local"), static_cast<double>(n * 4) - moved);
+  expect_near_rel(fig(w, "reshard_gbps"), moved / (reshard * 1e6), "reshard_gbps");
+  expect_baseline(w, "peer", moved);
+  expect_baseline(w, "peer_one_way", moved);
+  expect_baseline(w, "peer_bidirectional", 2 * moved);
+  EXPECT_FALSE(w.at("baselines").contains("nccl")) << "no NCCL baseline without a GPU";
+  expect_near_rel(fig(w, "ratio_peer"),
+                  fig(w, "reshard_gbps") / w.at("baselines").at("peer").at("gbps").get<double>(),
+                  "ratio_peer");
+}
+
+TEST_F(bench_darray_cli, d2_full_swap_moves_half_the_array) {
+  ASSERT_TRUE(report_->is_object()) << result_.out << result_.err;
+  const json& w = report_->at("workloads").at("D2");
+  // The largest power-of-two side with side^2 <= n / 2.
+  std::int64_t side = 1;
+  while (4 * side * side <= n / 2) {
+    side *= 2;
+  }
+  EXPECT_EQ(fig(w, "side"), static_cast<double>(side));
+  const double half = static_cast<double>(side * side * 4 / 2);
+  EXPECT_EQ(fig(w, "bytes_moved"), half) << "rows -> columns on 2 devices moves two quarters";
+  EXPECT_EQ(fig(w, "bytes_expected"), half);
+  EXPECT_GT(fig(w, "t_reshard_ms"), 0.0);
+  EXPECT_GT(fig(w, "t_fused_ms"), 0.0);
+  expect_baseline(w, "peer", half);
+  expect_near_rel(fig(w, "ratio_peer"),
+                  w.at("baselines").at("peer").at("best_ms").get<double>() / fig(w, "t_fused_ms"),
+                  "ratio_peer");
+}
+
+TEST_F(bench_darray_cli, d3_small_ops) {
+  ASSERT_TRUE(report_->is_object()) << result_.out << result_.err;
+  const json& w = report_->at("workloads").at("D3");
+  EXPECT_EQ(fig(w, "n"), 4096.0);
+  EXPECT_GT(fig(w, "t_add_us"), 0.0);
+  EXPECT_GT(fig(w, "t_fused_us"), 0.0);
+  EXPECT_GE(fig(w, "t_add_us"), fig(w, "t_add_best_us")) << "median >= best";
+  const double moved = static_cast<double>((14 * 4096 / 20 - 2048) * 4);
+  EXPECT_EQ(fig(w, "bytes_moved"), moved);
+  expect_baseline(w, "peer", moved);
+}
+
+TEST_F(bench_darray_cli, d4_bandwidth_ratio) {
+  ASSERT_TRUE(report_->is_object()) << result_.out << result_.err;
+  const json& w = report_->at("workloads").at("D4");
+  const double bytes = static_cast<double>(n * 4);
+  const double add = fig(w, "t_add_ms");
+  EXPECT_GT(add, 0.0);
+  expect_near_rel(fig(w, "add_gbps"), 3.0 * bytes / (add * 1e6), "add_gbps: 2 reads + 1 write");
+  expect_baseline(w, "copy", bytes);
+  expect_near_rel(fig(w, "copy_gbps"), 2.0 * w.at("baselines").at("copy").at("gbps").get<double>(),
+                  "copy_gbps: 1 read + 1 write");
+  expect_near_rel(fig(w, "ratio"), fig(w, "add_gbps") / fig(w, "copy_gbps"), "ratio");
+}
+
+TEST_F(bench_darray_cli, d5_matmul_flops) {
+  ASSERT_TRUE(report_->is_object()) << result_.out << result_.err;
+  const json& w = report_->at("workloads").at("D5");
+  EXPECT_EQ(fig(w, "m"), static_cast<double>(matmul_n));
+  const double t = fig(w, "t_ms");
+  EXPECT_GT(t, 0.0);
+  const double m = static_cast<double>(matmul_n);
+  expect_near_rel(fig(w, "tflops"), 2.0 * m * m * m / (t * 1e-3) / 1e12, "tflops");
+  ASSERT_TRUE(w.at("baselines").contains("one_device"));
+  EXPECT_GT(w.at("baselines").at("one_device").at("best_ms").get<double>(), 0.0);
+  expect_near_rel(fig(w, "speedup"), fig(w, "t_one_device_ms") / t, "speedup");
+}
+
+TEST(bench_darray_cli_options, only_runs_the_named_workloads) {
+  process_result r;
+  const json j = run_bench({"--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
+                            "D1,D4", "--transport", "peer", "--allocator", "best_fit"},
+                           r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.at("workloads").size(), 2u);
+  EXPECT_TRUE(j.at("workloads").contains("D1"));
+  EXPECT_TRUE(j.at("workloads").contains("D4"));
+  EXPECT_EQ(j.at("transport"), "peer");
+  EXPECT_EQ(j.at("allocator"), "best_fit");
+  EXPECT_EQ(j.at("workloads").at("D1").at("figures").at("bytes_moved").get<double>(), 800 * 4.0);
+}
+
+TEST(bench_darray_cli_options, rejects_bad_options) {
+  for (const std::vector<std::string>& bad :
+       {std::vector<std::string>{"--only", "D9"}, std::vector<std::string>{"--transport", "smoke"},
+        std::vector<std::string>{"--repeat", "0"}, std::vector<std::string>{"--devices", "tpu"}}) {
+    std::vector<std::string> argv{POOLSCOPE_CLI_PATH, "bench", "darray", "--n", "4000"};
+    argv.insert(argv.end(), bad.begin(), bad.end());
+    const auto r = run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
+    EXPECT_NE(r.exit_code, 0) << bad[0] << ' ' << bad[1] << ": " << r.out;
+    EXPECT_FALSE(r.err.empty()) << bad[0] << ' ' << bad[1];
+  }
+}
+
+}  // namespace
+
+#endif  // POOLSCOPE_CLI_PATH
