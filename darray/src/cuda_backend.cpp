@@ -491,9 +491,9 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::uint64_t>(dst.size()) * es;
   const cudaStream_t s = stream(queue_device, q);
+  const device_guard guard(queue_device);
   const profiler::scope scope{dev(src_device).copy_names[static_cast<std::size_t>(dst_device)],
                               category::darray_transfer, stream_view{s}};
-  const device_guard guard(queue_device);
   std::array<view, 2> v{dst, src};
   detail::collapse_jointly(v.data(), v.size());
   if (dst_device == src_device) {
@@ -693,8 +693,8 @@ void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& h
   static const profiler::scope_site site{"darray.upload", category::darray_transfer};
   device_state& d = dev(device);
   const cudaStream_t s = d.streams[1];
-  const profiler::scope scope{site, stream_view{s}};
   const device_guard guard(device);
+  const profiler::scope scope{site, stream_view{s}};
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(dst.size()) * es;
   order_after(s, d.streams[0], device);  // after the work of both queues
@@ -735,8 +735,8 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
   static const profiler::scope_site site{"darray.download", category::darray_transfer};
   device_state& d = dev(device);
   const cudaStream_t s = d.streams[1];
-  const profiler::scope scope{site, stream_view{s}};
   const device_guard guard(device);
+  const profiler::scope scope{site, stream_view{s}};
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(src.size()) * es;
   order_after(s, d.streams[0], device);  // after the work of both queues
@@ -783,16 +783,16 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
 
 void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) {
   static const profiler::scope_site site{"darray.fill", category::darray_compute};
-  const profiler::scope scope{site, stream_view{stream(device, q)}};
   const device_guard guard(device);
+  const profiler::scope scope{site, stream_view{stream(device, q)}};
   detail::launch_fill(target(device, q), t, dst, value);
   count_op();
 }
 
 void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
                             const view& src) {
-  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   const device_guard guard(device);
+  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   detail::launch_unary(target(device, q), t, op, dst, src);
   count_op();
 }
@@ -800,24 +800,24 @@ void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, cons
 void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                              const view& a, const view& b, const scalar* a_scalar,
                              const scalar* b_scalar) {
-  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   const device_guard guard(device);
+  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   detail::launch_binary(target(device, q), t, op, dst, a, b, a_scalar, b_scalar);
   count_op();
 }
 
 void cuda_backend::do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                                  const view& src) {
-  const profiler::scope scope{accumulate_site(op), stream_view{stream(device, q)}};
   const device_guard guard(device);
+  const profiler::scope scope{accumulate_site(op), stream_view{stream(device, q)}};
   detail::launch_accumulate(target(device, q), t, op, acc, src);
   count_op();
 }
 
 void cuda_backend::do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                              const view& src, int axis) {
-  const profiler::scope scope{reduce_site(op), stream_view{stream(device, q)}};
   const device_guard guard(device);
+  const profiler::scope scope{reduce_site(op), stream_view{stream(device, q)}};
   device_state& d = dev(device);
   // The scratch of this queue: launches of two threads on one queue must not interleave.
   const std::lock_guard lock(d.scratch_mutex[index_of(q)]);
@@ -855,8 +855,8 @@ std::int64_t leading_dimension(const view& v) noexcept {
 void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c,
                                       const view& a, const view& b) {
   static const profiler::scope_site site{"darray.gemm", category::darray_compute};
-  const profiler::scope scope{site, stream_view{stream(device, q)}};
   const device_guard guard(device);
+  const profiler::scope scope{site, stream_view{stream(device, q)}};
   const std::int64_t m = c.extent[0];
   const std::int64_t n = c.extent[1];
   const std::int64_t k = a.extent[1];

@@ -11,6 +11,9 @@ namespace poolscope::profiler::detail::cuda_timing {
 namespace {
 
 bool fail(cudaError_t rc, const char** error) noexcept {
+  // Leave no error behind in the runtime's last-error state: the application's next
+  // cudaGetLastError() must not report the profiler's failure as its own.
+  (void)cudaGetLastError();
   if (error != nullptr) {
     *error = cudaGetErrorName(rc);
   }
