@@ -381,6 +381,14 @@ trace_summary summarize_trace(const std::string& path) {
     }
     const int device = dev->get<int>();
     analyzer.add(device, *cls, begin, end);
+    // A peer copy is transfer time on both of its devices (see timeline.cpp).
+    for (const char* key : {"src_device", "dst_device"}) {
+      const auto other = args->find(key);
+      if (other != args->end() && other->is_number_integer() && other->get<int>() != device &&
+          args->contains("src_device") && args->contains("dst_device")) {
+        analyzer.add(other->get<int>(), *cls, begin, end);
+      }
+    }
     const std::string name = e.value("name", "");
     std::uint64_t bytes = 0;
     if (const auto b = args->find("bytes"); b != args->end() && b->is_number_unsigned()) {

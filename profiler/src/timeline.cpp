@@ -378,6 +378,16 @@ struct timeline::impl {
     }
     overlap.add(dev, *cls, static_cast<std::int64_t>(a.start_ns),
                 static_cast<std::int64_t>(a.end_ns));
+    // A peer copy moves data into (or out of) the other device as well: it is transfer time there
+    // too (the receiving device is where a reshard's overlap with compute matters).
+    if (a.peer) {
+      for (const auto other : {a.src_device, a.dst_device}) {
+        if (static_cast<int>(other) != dev) {
+          overlap.add(static_cast<int>(other), *cls, static_cast<std::int64_t>(a.start_ns),
+                      static_cast<std::int64_t>(a.end_ns));
+        }
+      }
+    }
 
     const std::int64_t pid = device_pid(dev);
     const auto tid = static_cast<std::int64_t>(a.stream);

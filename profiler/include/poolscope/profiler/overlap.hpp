@@ -13,7 +13,8 @@
 // Classes (docs/trace.md): compute = kernels (cat "kernel") and host slices of category
 // "darray.compute"; transfer = copies of every kind, peer copies included (cat "memcpy"), NCCL
 // kernels (cat "nccl": names starting "ncclDevKernel" or "ncclKernel") and host slices of
-// category "darray.transfer"; other = memsets (cat "memset": the device is busy, nothing moves
+// category "darray.transfer" (a peer copy counts as transfer on both its source and destination
+// device); other = memsets (cat "memset": the device is busy, nothing moves
 // between memories). Per device, each class's intervals are merged (their union), so concurrent
 // kernels on several streams count once:
 // - compute_ns, transfer_ns: length of each union;
