@@ -28,11 +28,11 @@ using detail::seam::device_guard;
 using detail::seam::log_failure;
 using profiler::category;
 
-/// Bytes from which transport::automatic moves a contiguous piece between GPUs with NCCL
-/// send/recv instead of the copy engines (cudaMemcpyPeerAsync). 64 MiB is a starting point: the
-/// crossover is to be measured on the lent 2- and 4-GPU machines (raw peer copy against NCCL
-/// send/recv of the same bytes, as in bench D1) and this constant set from docs/perf.md.
-constexpr std::size_t nccl_crossover_bytes = std::size_t{64} << 20;
+/// transport::automatic moves pieces between GPUs with the copy engines: measured on 2 x H200
+/// (docs/perf.md, bench D1, 409.6 MiB) raw cudaMemcpyPeerAsync reaches 394.7 GB/s against
+/// 359.7 GB/s for NCCL send/recv of the same bytes, and NCCL's kernels take SMs from the compute
+/// a reshard should overlap with. NCCL is used when asked for (transport::nccl).
+constexpr bool automatic_uses_nccl = false;
 
 /// Events kept for reuse per device; more are destroyed when released.
 constexpr std::size_t event_free_list_capacity = 256;
@@ -504,7 +504,7 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const transport chosen = how == transport::automatic ? default_transport_ : how;
   const bool line = is_dense_line(v[0]) && is_dense_line(v[1]);
   const bool nccl = line && (chosen == transport::nccl ||
-                             (chosen == transport::automatic && bytes >= nccl_crossover_bytes));
+                             (chosen == transport::automatic && automatic_uses_nccl));
   if (nccl) {
     copy_nccl(queue_device, s, element_ptr<void>(v[0], es), dst_device,
               element_ptr<const void>(v[1], es), src_device, bytes);

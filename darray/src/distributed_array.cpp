@@ -183,13 +183,15 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         continue;
       }
       const int d = dst.device;
+      // The queue that issues the copy: the sender's or the receiver's transfer queue.
+      const int qd = options.issue_on == copy_queue::source ? from.device : d;
       if (!accumulate) {
         const profiler::scope piece_scope{"darray.piece", category::darray_transfer};
         const auto& target = dense_of(p.dst_chunk);
-        be.wait(d, queue_kind::transfer, q.ready);
-        be.copy(d, queue_kind::transfer, src.type, view::of_box(target->data(), dst.region, *r), d,
+        be.wait(qd, queue_kind::transfer, q.ready);
+        be.copy(qd, queue_kind::transfer, src.type, view::of_box(target->data(), dst.region, *r), d,
                 view_of(q, *r), from.device, options.how);
-        const event e = be.record(d, queue_kind::transfer);
+        const event e = be.record(qd, queue_kind::transfer);
         q.storage->add_use(e);
         target->add_use(e);
         dst.parts.push_back(chunk_part{*r, target, dst.region, e});
@@ -208,10 +210,10 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         const profiler::scope piece_scope{"darray.piece", category::darray_transfer};
         auto staging = dense_buffer(be, d, *r, src.type);
         const view staged = view::dense(staging->data(), r->extents());
-        be.wait(d, queue_kind::transfer, q.ready);
-        be.copy(d, queue_kind::transfer, src.type, staged, d, view_of(q, *r), from.device,
+        be.wait(qd, queue_kind::transfer, q.ready);
+        be.copy(qd, queue_kind::transfer, src.type, staged, d, view_of(q, *r), from.device,
                 options.how);
-        const event arrived = be.record(d, queue_kind::transfer);
+        const event arrived = be.record(qd, queue_kind::transfer);
         q.storage->add_use(arrived);
         be.wait(d, queue_kind::compute, arrived);
         be.accumulate(d, queue_kind::compute, src.type, op, acc, staged);

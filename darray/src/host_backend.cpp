@@ -414,6 +414,7 @@ class work_queue {
     std::function<void()> run;
     std::string name;  // empty: bookkeeping (events), not traced
     std::string_view category;
+    int device = -1;  // the device the slice is attributed to (-1: the queue's)
   };
 
   work_queue(int device, queue_kind kind, std::function<profiler::timeline*()> timeline)
@@ -483,7 +484,7 @@ class work_queue {
                           .thread = 0,
                           .begin_ns = begin,
                           .end_ns = hooks::now_ns(),
-                          .device = device_});
+                          .device = t.device >= 0 ? t.device : device_});
     }
   }
 
@@ -545,10 +546,11 @@ class host_backend final : public backend {
     return q == queue_kind::compute ? *devices_[static_cast<std::size_t>(d)]->compute
                                     : *devices_[static_cast<std::size_t>(d)]->transfer;
   }
-  void push(int d, queue_kind q, std::string name, std::function<void()> fn) {
+  void push(int d, queue_kind q, std::string name, std::function<void()> fn,
+            int slice_device = -1) {
     const std::string_view cat =
         q == queue_kind::transfer ? std::string_view("darray.transfer") : "darray.compute";
-    queue(d, q).push({std::move(fn), std::move(name), cat});
+    queue(d, q).push({std::move(fn), std::move(name), cat, slice_device});
   }
 
   std::string do_name() const override { return "host:" + std::to_string(devices_.size()); }
@@ -588,7 +590,11 @@ class host_backend final : public backend {
     std::string name = peer ? "darray.copy " + std::to_string(src_device) + "->" +
                                   std::to_string(dst_device) + " " + format_mib(bytes)
                             : "darray.copy local " + format_mib(bytes);
-    push(queue_device, q, std::move(name), [t, dst, src] { dispatch<copy_fn>(t, dst, src); });
+    // A copy between devices is traced on the receiving device, whichever queue ran it: that is
+    // where it overlaps (or not) with the compute waiting for it.
+    push(
+        queue_device, q, std::move(name), [t, dst, src] { dispatch<copy_fn>(t, dst, src); },
+        peer ? dst_device : -1);
   }
 
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override {

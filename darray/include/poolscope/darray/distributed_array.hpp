@@ -71,11 +71,20 @@ struct chunk {
   std::vector<chunk_part> parts;  ///< disjoint, covering `region` (replica mode)
 };
 
+/// Which device's transfer queue issues a copy between two devices.
+enum class copy_queue : std::uint8_t {
+  source,       ///< the sender pushes (copy engines write over the link)
+  destination,  ///< the receiver pulls
+};
+
 /// How a reshard moves data.
 struct reshard_options {
   transport how = transport::automatic;
   /// Remote pieces above this are split so compute on the first part starts early (0: never).
-  std::int64_t split_bytes = std::int64_t{64} << 20;
+  std::int64_t split_bytes = std::int64_t{32} << 20;
+  /// Who issues each copy (either way both link directions run at once: each device's queue
+  /// carries its own pieces).
+  copy_queue issue_on = copy_queue::source;
 };
 
 /// What the last reshard of an array did (for demos, reports and tests).
