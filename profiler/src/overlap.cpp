@@ -336,7 +336,7 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   return j;
 }
 
-trace_summary summarize_trace(const std::string& path) {
+trace_summary summarize_trace(const std::string& path, std::optional<interval> window) {
   trace_summary s;
   overlap_analyzer analyzer;
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
@@ -352,7 +352,7 @@ trace_summary summarize_trace(const std::string& path) {
     if (ph == e.end() || !ph->is_string() || *ph == "M" || ts == e.end() || !ts->is_number()) {
       return;
     }
-    const std::int64_t begin = us_to_ns(ts->get<double>());
+    std::int64_t begin = us_to_ns(ts->get<double>());
     std::int64_t end = begin;
     const bool complete = *ph == "X";
     if (complete) {
@@ -378,6 +378,14 @@ trace_summary summarize_trace(const std::string& path) {
     const auto dev = args->find("device");
     if (dev == args->end() || !dev->is_number_integer()) {
       return;
+    }
+    if (window) {
+      // Only the part inside the window counts.
+      begin = std::max(begin, window->begin_ns);
+      end = std::min(end, window->end_ns);
+      if (end <= begin) {
+        return;
+      }
     }
     const int device = dev->get<int>();
     analyzer.add(device, *cls, begin, end);
@@ -410,6 +418,10 @@ trace_summary summarize_trace(const std::string& path) {
     }
   });
   s.events = info.events;
+  if (window) {
+    lo = window->begin_ns;
+    hi = window->end_ns;
+  }
   if (lo <= hi) {
     s.window_begin_ns = lo;
     s.window_end_ns = hi;

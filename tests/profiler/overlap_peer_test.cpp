@@ -58,6 +58,15 @@ TEST(overlap_peer, a_peer_copy_counts_on_source_and_destination) {
     EXPECT_EQ(d.transfer_ns, 4000U) << "device " << d.device;
     EXPECT_EQ(d.both_ns, d.device == 1 ? 2000U : 0U) << "device " << d.device;
   }
+  // A window counts only what lies inside it: [2000, 4000) holds 2000 ns of the copy, of which
+  // 1000 with device 1's kernel running.
+  const auto w = summarize_trace(f.path(), interval{2000, 4000});
+  ASSERT_EQ(w.devices.size(), 2U);
+  for (const auto& d : w.devices) {
+    EXPECT_EQ(d.window_ns, 2000U);
+    EXPECT_EQ(d.transfer_ns, 2000U) << "device " << d.device;
+    EXPECT_EQ(d.both_ns, d.device == 1 ? 1000U : 0U) << "device " << d.device;
+  }
 }
 
 }  // namespace

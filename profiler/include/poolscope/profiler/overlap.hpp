@@ -165,6 +165,9 @@ struct trace_summary {
 /// Reads the trace at `path` (plain or gzip, streamed) and summarises its device activity: X
 /// events whose cat classify_category knows, on the device in their args "device" (events
 /// without one are not counted). Throws runtime_error if the file cannot be read or parsed.
-[[nodiscard]] trace_summary summarize_trace(const std::string& path);
+/// With a `window` (ns since the trace's origin, as `ts` * 1000), only the parts of the slices
+/// inside it count and it is the window of every device (an op's overlap, not the whole run's).
+[[nodiscard]] trace_summary summarize_trace(const std::string& path,
+                                            std::optional<interval> window = std::nullopt);
 
 }  // namespace poolscope::profiler
