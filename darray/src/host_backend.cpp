@@ -168,6 +168,29 @@ T scalar_value(const scalar& s) noexcept {
   }
 }
 
+// Calls f(std::integral_constant<E, op>) for the runtime `op`, so that loops are compiled once
+// per operation with the switch in apply() folded away.
+template <typename E, E... Vs, typename F>
+void with_op(E op, F&& f) {
+  (void)((op == Vs ? (f(std::integral_constant<E, Vs>{}), true) : false) || ...);
+}
+
+template <typename F>
+void with_unary(unary_op op, F&& f) {
+  with_op<unary_op, unary_op::neg, unary_op::abs, unary_op::exp, unary_op::log, unary_op::sin,
+          unary_op::cos, unary_op::sqrt>(op, std::forward<F>(f));
+}
+template <typename F>
+void with_binary(binary_op op, F&& f) {
+  with_op<binary_op, binary_op::add, binary_op::sub, binary_op::mul, binary_op::div,
+          binary_op::maximum, binary_op::minimum, binary_op::pow>(op, std::forward<F>(f));
+}
+template <typename F>
+void with_reduce(reduce_op op, F&& f) {
+  with_op<reduce_op, reduce_op::sum, reduce_op::prod, reduce_op::max, reduce_op::min>(
+      op, std::forward<F>(f));
+}
+
 // --- strided traversal ---
 
 // Calls inner(offsets, count, strides) for every innermost row of the views (same extents as
@@ -248,13 +271,40 @@ void fill_typed(const view& dst, scalar value) {
 
 template <typename T>
 void unary_typed(unary_op op, const view& dst, const view& src) {
-  walk<2>(dst, {&dst, &src}, [&](auto off, std::int64_t n, auto st) {
-    T* d = at<T>(dst, off[0]);
-    const T* s = at<T>(src, off[1]);
-    for (std::int64_t i = 0; i < n; ++i) {
-      d[i * st[0]] = apply(op, s[i * st[1]]);
-    }
+  with_unary(op, [&](auto c) {
+    walk<2>(dst, {&dst, &src}, [&](auto off, std::int64_t n, auto st) {
+      T* d = at<T>(dst, off[0]);
+      const T* s = at<T>(src, off[1]);
+      if (st[0] == 1 && st[1] == 1) {
+        for (std::int64_t i = 0; i < n; ++i) {
+          d[i] = apply(c.value, s[i]);
+        }
+        return;
+      }
+      for (std::int64_t i = 0; i < n; ++i) {
+        d[i * st[0]] = apply(c.value, s[i * st[1]]);
+      }
+    });
   });
+}
+
+// The dense case, vectorisable: the output may be one of the inputs (in place) but then it is
+// the same element, which the loop reads before it writes.
+template <typename T, typename C>
+void contiguous_binary(C c, T* d, const T* x, const T* y, std::int64_t n) {
+  if (d != x && d != y) {
+    T* __restrict dr = d;
+    const T* __restrict xr = x;
+    const T* __restrict yr = y;
+#pragma GCC ivdep
+    for (std::int64_t i = 0; i < n; ++i) {
+      dr[i] = apply(c.value, xr[i], yr[i]);
+    }
+    return;
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    d[i] = apply(c.value, x[i], y[i]);
+  }
 }
 
 template <typename T>
@@ -277,25 +327,33 @@ void binary_typed(binary_op op, const view& dst, const view& a, const view& b, c
     bv.offset = 0;
     bv.stride.fill(0);
   }
-  walk<3>(dst, {&dst, &av, &bv}, [&](auto off, std::int64_t n, auto st) {
-    T* d = at<T>(dst, off[0]);
-    const T* x = at<T>(av, off[1]);
-    const T* y = at<T>(bv, off[2]);
-    for (std::int64_t i = 0; i < n; ++i) {
-      d[i * st[0]] = apply(op, x[i * st[1]], y[i * st[2]]);
-    }
+  with_binary(op, [&](auto c) {
+    walk<3>(dst, {&dst, &av, &bv}, [&](auto off, std::int64_t n, auto st) {
+      T* d = at<T>(dst, off[0]);
+      const T* x = at<T>(av, off[1]);
+      const T* y = at<T>(bv, off[2]);
+      if (st[0] == 1 && st[1] == 1 && st[2] == 1) {
+        contiguous_binary<T>(c, d, x, y, n);
+        return;
+      }
+      for (std::int64_t i = 0; i < n; ++i) {
+        d[i * st[0]] = apply(c.value, x[i * st[1]], y[i * st[2]]);
+      }
+    });
   });
 }
 
 template <typename T>
 void accumulate_typed(reduce_op op, const view& acc, const view& src) {
   // `acc` may have zero strides (a reduction's broadcast accumulator): serial loops make that safe.
-  walk<2>(src, {&acc, &src}, [&](auto off, std::int64_t n, auto st) {
-    T* d = at<T>(acc, off[0]);
-    const T* s = at<T>(src, off[1]);
-    for (std::int64_t i = 0; i < n; ++i) {
-      d[i * st[0]] = combine(op, d[i * st[0]], s[i * st[1]]);
-    }
+  with_reduce(op, [&](auto c) {
+    walk<2>(src, {&acc, &src}, [&](auto off, std::int64_t n, auto st) {
+      T* d = at<T>(acc, off[0]);
+      const T* s = at<T>(src, off[1]);
+      for (std::int64_t i = 0; i < n; ++i) {
+        d[i * st[0]] = combine(c.value, d[i * st[0]], s[i * st[1]]);
+      }
+    });
   });
 }
 
