@@ -509,15 +509,16 @@ TEST(trace_timeline, synthetic_device_records) {
 
   // Summary: overlap per device from the raw (unclipped) intervals, by hand:
   //  device 0: compute [10000,20000) + [19500,25000) = [10000,25000) = 15000;
-  //            transfer [12000,16000) = 4000, all overlapped; other (memset) 1000.
+  //            transfer [12000,16000) = 4000, all overlapped, plus the peer copy 1 -> 0 that
+  //            lands here [45000,47000) = 2000, not overlapped; other (memset) 1000.
   //  device 1: compute [30000,32000) = 2000; transfer NCCL [40000,50000) + peer inside = 10000,
   //            no overlap.
   const auto sum = tl.summary();
   ASSERT_EQ(sum.overlap.size(), 2U);
   EXPECT_EQ(sum.overlap[0].compute_ns, 15'000U);
-  EXPECT_EQ(sum.overlap[0].transfer_ns, 4'000U);
+  EXPECT_EQ(sum.overlap[0].transfer_ns, 6'000U);
   EXPECT_EQ(sum.overlap[0].both_ns, 4'000U);
-  EXPECT_DOUBLE_EQ(sum.overlap[0].overlap_ratio, 1.0);
+  EXPECT_DOUBLE_EQ(sum.overlap[0].overlap_ratio, 4.0 / 6.0);
   EXPECT_EQ(sum.overlap[0].other_ns, 1'000U);
   EXPECT_EQ(sum.overlap[1].compute_ns, 2'000U);
   EXPECT_EQ(sum.overlap[1].transfer_ns, 10'000U);
