@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "poolscope/darray/distributed_array.hpp"
@@ -242,18 +243,24 @@ index_map random_map(std::mt19937_64& rng, const shape_t& shape, int devices) {
   return m;
 }
 
-class darray_random : public ::testing::TestWithParam<int> {};
+// The same randomized sequences on host:2..4 and, when GPUs are present, on the CUDA backend.
+class darray_random : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(darray_random, reshards_and_ops_match_the_host) {
-  const int devices = GetParam();
-  const auto seed =
-      static_cast<std::uint64_t>(std::random_device{}()) ^ (std::uint64_t(devices) << 32);
-  SCOPED_TRACE("seed " + std::to_string(seed) + " (host:" + std::to_string(devices) + ")");
-  std::printf("darray_random seed %llu on host:%d\n", static_cast<unsigned long long>(seed),
-              devices);
+  std::shared_ptr<backend> be;
+  try {
+    be = make_backend(GetParam());
+  } catch (const device_unavailable& e) {
+    GTEST_SKIP() << "no GPU for " << GetParam() << ": " << e.what();
+  }
+  const int devices = be->device_count();
+  const auto seed = static_cast<std::uint64_t>(std::random_device{}()) ^
+                    (static_cast<std::uint64_t>(devices) << 32);
+  SCOPED_TRACE("seed " + std::to_string(seed) + " (" + be->name() + ")");
+  std::printf("darray_random seed %llu on %s\n", static_cast<unsigned long long>(seed),
+              be->name().c_str());
   std::mt19937_64 rng(seed);
   auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
-  auto be = make_host_backend(devices);
   for (int round = 0; round < 12; ++round) {
     shape_t shape;
     const i64 rank = pick(1, 3);
@@ -335,8 +342,13 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
   be->synchronize();
 }
 
-INSTANTIATE_TEST_SUITE_P(host, darray_random, ::testing::Values(2, 3, 4),
-                         [](const auto& p) { return "host" + std::to_string(p.param); });
+INSTANTIATE_TEST_SUITE_P(backends, darray_random,
+                         ::testing::Values("host:2", "host:3", "host:4", "cuda"),
+                         [](const auto& p) {
+                           std::string name = p.param;
+                           std::erase(name, ':');
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace poolscope::darray
