@@ -13,14 +13,17 @@ function(poolscope_target_defaults target)
   endif()
   if(POOLSCOPE_SANITIZE)
     string(REPLACE ";" "," _san "${POOLSCOPE_SANITIZE}")
-    # nvcc splits -Xcompiler values at commas, so each sanitizer gets its own -fsanitize there.
-    set(_cuda_san "")
-    foreach(_s IN LISTS POOLSCOPE_SANITIZE)
-      list(APPEND _cuda_san "-Xcompiler=-fsanitize=${_s}")
-    endforeach()
     target_compile_options(${target} PRIVATE
-      $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all>
-      "$<$<COMPILE_LANGUAGE:CUDA>:${_cuda_san};-Xcompiler=-fno-omit-frame-pointer>")
+      $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
+    if(POOLSCOPE_SANITIZE_CUDA)
+      # nvcc splits -Xcompiler values at commas, so each sanitizer gets its own -fsanitize there.
+      set(_cuda_san "")
+      foreach(_s IN LISTS POOLSCOPE_SANITIZE)
+        list(APPEND _cuda_san "-Xcompiler=-fsanitize=${_s}")
+      endforeach()
+      target_compile_options(${target} PRIVATE
+        "$<$<COMPILE_LANGUAGE:CUDA>:${_cuda_san};-Xcompiler=-fno-omit-frame-pointer>")
+    endif()
     target_link_options(${target} PRIVATE -fsanitize=${_san})
   endif()
 endfunction()

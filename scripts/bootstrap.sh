@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what poolscope needs (Debian/Ubuntu, as root), then configures and builds it.
 #   scripts/bootstrap.sh [BUILD_DIR] [extra cmake args...]
-# Used by scripts/demo.sh and scripts/test.sh; safe to run again (nothing is reinstalled).
+# Used by scripts/demo.sh, scripts/test.sh and .ci/run; safe to run again (nothing is
+# reinstalled). Environment: POOLSCOPE_BUILD_TYPE (RelWithDebInfo), POOLSCOPE_JOBS (nproc),
+# POOLSCOPE_TARGETS (space-separated targets to build; default: all).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -52,4 +54,8 @@ fi
 jobs="${POOLSCOPE_JOBS:-$(nproc)}"
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${POOLSCOPE_BUILD_TYPE:-RelWithDebInfo}" \
   "${launcher[@]}" "$@"
-cmake --build "$build" -j "$jobs"
+targets=()
+for t in ${POOLSCOPE_TARGETS:-}; do
+  targets+=(--target "$t")
+done
+cmake --build "$build" -j "$jobs" "${targets[@]}"
