@@ -1,7 +1,8 @@
 // The function profiler and the scope machinery behind POOLSCOPE_SCOPE.
 //
 // Layout: a process-wide name registry (ids dense, entries never freed); per thread, a stack of
-// open frames and a shard of per-name results with its own mutex; a collector (leaked, so scopes
+// open frames, a stack of open times for the running timelines (detail/scope_timelines.hpp),
+// and a shard of per-name results with its own mutex; a collector (leaked, so scopes
 // may close during static destruction) listing the live shards and holding the results of
 // threads that exited. A session id tags every frame and shard, so results of an earlier session
 // are never mixed into a later one: a shard is reset lazily the first time its thread records in
@@ -19,6 +20,7 @@
 
 #include "detail/cuda_timing_seam.hpp"
 #include "detail/nvtx_seam.hpp"
+#include "detail/scope_timelines.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
@@ -224,7 +226,8 @@ thread_local bool t_gone = false;  // set once the thread's state is destroyed
 
 struct thread_state {
   std::vector<frame> frames;
-  std::vector<std::uint32_t> depth;  // open frames per name id (recursion)
+  std::vector<std::uint32_t> depth;         // open frames per name id (recursion)
+  std::vector<std::uint64_t> slice_begins;  // hooks::now_ns at the open of timeline scopes
   std::shared_ptr<shard> own;
 
   thread_state() = default;
@@ -452,7 +455,18 @@ std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_
     }
     done |= flag_nvtx;
   }
-  if ((flags & flag_profiler) == 0 || t_gone) {
+  if (t_gone) {
+    return done;
+  }
+  if ((flags & flag_timeline) != 0) {
+    try {
+      t_state.slice_begins.push_back(hooks::now_ns());
+      done |= flag_timeline;
+    } catch (...) {
+      // No memory for the open time: this scope is not on the timelines.
+    }
+  }
+  if ((flags & flag_profiler) == 0) {
     return done;
   }
   const std::uint64_t session = g_session.load(std::memory_order_acquire);
@@ -491,7 +505,7 @@ std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_
   return done | flag_profiler;
 }
 
-void close_scope(const site_info& /*site*/, std::uint32_t flags) noexcept {
+void close_scope(const site_info& site, std::uint32_t flags) noexcept {
   if ((flags & flag_profiler) != 0 && !t_gone) {
     const std::uint64_t end = now();
     auto& ts = t_state;
@@ -563,6 +577,19 @@ void close_scope(const site_info& /*site*/, std::uint32_t flags) noexcept {
       gpu::release_event(f.gpu_start);
       gpu::release_event(gpu_end);
     }
+  }
+  if ((flags & flag_timeline) != 0 && !t_gone) {
+    // Read after the profiler's work, as the open time was read before it: the slice encloses
+    // what the profiler measured, and the scopes nested in it.
+    const std::uint64_t end = hooks::now_ns();
+    auto& begins = t_state.slice_begins;
+    const std::uint64_t begin = begins.back();
+    begins.pop_back();
+    feed_running_timelines({.name = site.name,
+                            .category = to_string(site.cat),
+                            .thread = hooks::current_thread_id(),
+                            .begin_ns = begin,
+                            .end_ns = end});
   }
   if ((flags & flag_nvtx) != 0) {
     nvtx_seam::pop_range(nvtx_domain());

@@ -16,11 +16,30 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "detail/scope_timelines.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
+#include "poolscope/profiler/scope.hpp"
 
 namespace poolscope::profiler {
 namespace {
+
+// ---- timelines that closed scopes are fed to (detail/scope_timelines.hpp) -------------------
+
+struct running_timeline {
+  timeline* t;
+  std::uint64_t origin_ns;
+};
+
+struct scope_timeline_registry {
+  std::mutex mutex;  // held while feeding, so removal waits for the feeds in progress
+  std::vector<running_timeline> running;
+};
+
+scope_timeline_registry& scope_timelines() {
+  static auto* r = new scope_timeline_registry;  // leaked: scopes may close at static destruction
+  return *r;
+}
 
 // How many recent slices of a device track are kept to clip CUPTI's rare neighbour overlaps.
 constexpr std::size_t recent_per_track = 32;
@@ -141,6 +160,7 @@ struct timeline::impl {
   std::unique_ptr<cupti_collector> collector;
   std::unique_ptr<timeline_hook> hook;
   bool hook_installed = false;
+  bool scopes_registered = false;  // in the running-timeline registry (start and stop only)
 
   // --- output -------------------------------------------------------------------------------
 
@@ -627,6 +647,39 @@ struct timeline::impl {
 };
 
 // ---------------------------------------------------------------------------------------------
+// running timelines
+
+namespace detail {
+
+void add_running_timeline(timeline& t, std::uint64_t origin_ns) {
+  auto& r = scope_timelines();
+  std::lock_guard lock(r.mutex);
+  r.running.push_back({&t, origin_ns});
+  g_scope_flags.fetch_or(flag_timeline, std::memory_order_release);
+}
+
+void remove_running_timeline(const timeline& t) noexcept {
+  auto& r = scope_timelines();
+  std::lock_guard lock(r.mutex);
+  std::erase_if(r.running, [&](const running_timeline& x) { return x.t == &t; });
+  if (r.running.empty()) {
+    g_scope_flags.fetch_and(~flag_timeline, std::memory_order_release);
+  }
+}
+
+void feed_running_timelines(const host_slice& s) noexcept {
+  auto& r = scope_timelines();
+  std::lock_guard lock(r.mutex);
+  for (const running_timeline& x : r.running) {
+    if (x.origin_ns <= s.begin_ns) {
+      x.t->add_host_slice(s);
+    }
+  }
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------------
 // timeline
 
 timeline::timeline(timeline_options options)
@@ -685,6 +738,16 @@ void timeline::start() {
     hooks::install(*m.hook, hooks::scope::process);
     m.hook_installed = true;
   }
+  if (options_.scopes) {
+    try {
+      detail::add_running_timeline(*this, m.origin);
+      m.scopes_registered = true;
+    } catch (const std::bad_alloc&) {
+      log(log_level::warn,
+          "poolscope: out of memory registering the timeline for scopes; "
+          "POOLSCOPE_SCOPEs will not be on this trace");
+    }
+  }
 }
 
 void timeline::stop() noexcept {
@@ -695,6 +758,10 @@ void timeline::stop() noexcept {
       return;  // never started, already stopped, or another thread is stopping it
     }
     m.ph = impl::phase::stopping;
+  }
+  if (m.scopes_registered) {
+    detail::remove_running_timeline(*this);  // no scope feeds this timeline after this
+    m.scopes_registered = false;
   }
   if (m.hook_installed) {
     (void)hooks::uninstall(*m.hook, hooks::scope::process);

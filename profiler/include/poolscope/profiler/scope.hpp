@@ -16,11 +16,17 @@
 //   category's id and colour (only when an NVTX tool is attached; otherwise nothing);
 // - function profiler: while a function_profiler is active, records calls, inclusive and self CPU
 //   time, GPU time of the work enqueued on `stream` between open and close (cudaEvents, resolved
-//   lazily), and the pool memory used/acquired inside it. See function_profiler.hpp.
+//   lazily), and the pool memory used/acquired inside it. See function_profiler.hpp;
+// - timeline: while a timeline runs (timeline_options::scopes), reads hooks::now_ns at open and at
+//   close, and at close adds a host slice (the name, the category's name, the thread, open and
+//   close times) to every running timeline that started before the scope opened, whether or not
+//   a function profiler is active. See timeline.hpp.
 //
-// Cost: with no profiler active and no NVTX tool attached, opening and closing a scope is one
-// relaxed atomic load and a predicted branch each (plus, for the macro, a function-local static
-// guard check). With POOLSCOPE_ENABLE_SCOPES=0 the macros expand to nothing.
+// Cost: with no profiler active, no timeline running and no NVTX tool attached, opening and
+// closing a scope is one relaxed atomic load and a predicted branch each (plus, for the macro, a
+// function-local static guard check). With a timeline running: two clock reads, a thread-local
+// push/pop, and at close a mutex and the timeline's add_host_slice. With POOLSCOPE_ENABLE_SCOPES=0
+// the macros expand to nothing.
 //
 // Thread safety: scopes may be opened on any number of threads; each thread has its own stack.
 // A scope must be closed on the thread that opened it, in LIFO order (automatic objects do that;
@@ -63,11 +69,15 @@ struct site_info {
   std::string_view name;              ///< the interned name
 };
 
-/// Bit 0: a function_profiler is active. Bit 1: an NVTX tool is attached. Defined once, in the
-/// library (STYLE rule 7).
+/// Bit 0: a function_profiler is active. Bit 1: an NVTX tool is attached. Bit 2: a timeline that
+/// records scopes is running. Defined once, in the library (STYLE rule 7).
 extern std::atomic<std::uint32_t> g_scope_flags;
+/// g_scope_flags bit: a function_profiler is active.
 inline constexpr std::uint32_t flag_profiler = 1U;
+/// g_scope_flags bit: an NVTX tool is attached.
 inline constexpr std::uint32_t flag_nvtx = 2U;
+/// g_scope_flags bit: at least one timeline is running with timeline_options::scopes.
+inline constexpr std::uint32_t flag_timeline = 4U;
 
 /// Interns `name` (first registration fixes its category) and registers its NVTX string.
 /// Thread-safe; the same name always gives the same object. Throws std::bad_alloc only.
@@ -140,7 +150,8 @@ class scope {
   }
   scope(const scope&) = delete;
   scope& operator=(const scope&) = delete;
-  /// Closes the scope (pops the NVTX range, records the times and bytes).
+  /// Closes the scope (pops the NVTX range, records the times and bytes, adds the timelines'
+  /// host slice).
   ~scope() {
     if (flags_ != 0) [[unlikely]] {
       detail::close_scope(*site_, flags_);

@@ -5,12 +5,13 @@
 //   poolscope::profiler::timeline tl{{.trace_path = "run.json.gz"}};
 //   tl.start();                                    // CUPTI on (or logged off), hook installed
 //   {
-//     const auto t0 = poolscope::hooks::now_ns();
+//     POOLSCOPE_SCOPE("step");                     // a host slice "step" (cat "user") at close
 //     step(stream);                                // pool allocations, kernels, copies
 //     cudaStreamSynchronize(stream);
-//     tl.add_host_slice({.name = "step", .category = "user",
-//                        .begin_ns = t0, .end_ns = poolscope::hooks::now_ns()});
 //   }
+//   const auto t0 = poolscope::hooks::now_ns();    // or any span, by hand
+//   save(checkpoint);
+//   tl.add_host_slice({.name = "save", .begin_ns = t0, .end_ns = poolscope::hooks::now_ns()});
 //   tl.stop();                                     // flushes CUPTI, closes the file
 //   auto report = poolscope::profiler::run_report::from(tl);   // report.hpp
 //
@@ -31,6 +32,10 @@
 // - flows (s -> f, cat "launch", bp "e"): from each API call to every kernel, copy and memset it
 //   launched, matched by CUPTI correlation id.
 // - ts is microseconds since start() with three decimals (ns precision).
+// Scopes: while the timeline runs (and options.scopes is on), every POOLSCOPE_SCOPE /
+// profiler::scope that opens and then closes is a host slice on the closing thread's track, on
+// every running timeline, whether a function_profiler is active or not (scope.hpp). A scope
+// opened before start() is not on the trace; one still open at stop() is not either.
 // Slices of one track never overlap without nesting: host slices and API calls nest by their
 // clock; device operations on one stream are serial, and the rare partial overlap CUPTI reports
 // between neighbours is clipped (counted in stats().device_clipped).
@@ -76,7 +81,7 @@ inline constexpr std::int64_t host_pid = 1;
 /// The tid of the CUDA allocation/free track of a device process.
 inline constexpr std::int64_t cuda_memory_tid = 2147483647;
 
-/// A finished host-side span: what the function profiler (or anyone) hands the timeline.
+/// A finished host-side span: what a closed scope (or anyone) hands the timeline.
 struct host_slice {
   std::string_view name{};
   std::string_view category = "user";  ///< "user", "pool", "darray.transfer", "darray.compute"
@@ -96,6 +101,9 @@ struct timeline_options {
   cupti_options cupti_settings{};  ///< used when `cupti`
   bool allocator_events = true;    ///< install a process-wide timeline_hook while running
   bool allocator_instants = true;  ///< an instant per allocator event (counters regardless)
+  /// Every POOLSCOPE_SCOPE / profiler::scope opened and closed while running becomes a host
+  /// slice: its name, its category's name, the thread, open and close on hooks::now_ns.
+  bool scopes = true;
   std::size_t chunk_bytes = std::size_t{256} << 10;      ///< formatting chunk
   std::size_t max_pending_chunks = 16;                   ///< chunks queued for the writer thread
   std::size_t max_pending_links = std::size_t{1} << 16;  ///< API calls / device ops awaiting
