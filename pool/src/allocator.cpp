@@ -151,8 +151,7 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
       return;  // ignored: nothing was freed
     }
   }
-  in_use_.fetch_sub(out.rounded, std::memory_order_relaxed);
-  requested_in_use_.fetch_sub(out.requested, std::memory_order_relaxed);
+  // The strategy has lowered in_use_ already (account_free), before the block became reusable.
   deallocations_.fetch_add(1, std::memory_order_relaxed);
   if (hooked || hooks::active()) [[unlikely]] {
     emit(hooks::event_kind::pool_free, hooks::event_phase::post, stream, ptr, out.requested,
@@ -271,8 +270,10 @@ void allocator::upstream_deallocate(stream_view stream, void* ptr, std::size_t b
   if (hooked) [[unlikely]] {
     emit(hooks::event_kind::device_free, hooks::event_phase::pre, stream, ptr, bytes, bytes);
   }
-  upstream_->deallocate(stream, ptr, bytes);
+  // Lowered first: once the resource has the memory back, another thread's upstream_allocate
+  // may get it and count it, and the reserved peak must not count it twice.
   reserved_.fetch_sub(bytes, std::memory_order_relaxed);
+  upstream_->deallocate(stream, ptr, bytes);
   upstream_frees_.fetch_add(1, std::memory_order_relaxed);
   if (hooked || hooks::active()) [[unlikely]] {
     emit(hooks::event_kind::device_free, hooks::event_phase::post, stream, nullptr, bytes, bytes);

@@ -52,6 +52,7 @@ free_outcome best_fit_allocator::do_deallocate(stream_view /*stream*/, void* ptr
   }
   const live_block b = it->second;
   live_.erase(it);
+  account_free(b.rounded, b.requested);  // under the lock: nobody can take the block yet
   if (!cache_block(ptr, b.rounded)) {
     // No host memory for the cache's bookkeeping: hand the block back upstream instead of
     // losing track of it. It still counts as freed.

@@ -340,6 +340,7 @@ free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::si
   }
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
+  account_free(rounded, requested);  // under the lock: nobody can take the chunk yet
   free_chunk(stream, c);
   // Chunks are exactly the request rounded to 512, so any size with the same rounding is right.
   const bool size_ok = bytes <= rounded && bytes + round_bytes > rounded;

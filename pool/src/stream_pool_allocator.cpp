@@ -212,7 +212,11 @@ free_outcome stream_pool_allocator::do_deallocate(stream_view stream, void* ptr,
     std::lock_guard lock(st->mutex);
     auto it = st->live.find(ptr);
     if (it != st->live.end()) {
+      const detail::live_block b = it->second;
       st->live.erase(it);
+      // Accounted before the inner pool takes it back: an inner pool may pass whole blocks on
+      // to the shared cache, where another stream's thread can take them at once.
+      account_free(b.rounded, b.requested);
       // Back into the stream's own pool: reusable at once on this stream, by no other.
       return strategy_deallocate(*st->inner, stream, ptr, bytes, alignment);
     }
@@ -251,6 +255,8 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
                                "waits for the next barrier: " +
                                e.what());
     }
+    // Counted as freed now, under the owner's mutex: the block is reusable only once drained.
+    account_free(b.rounded, b.requested);
     try {
       owner->pending.push_back({ptr, b.requested, alignment, event});
       owner->live.erase(it);
@@ -282,6 +288,7 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
     if (out.error != hooks::free_error::none) {
       return {out.error, 0, 0};
     }
+    account_free(out.rounded, out.requested);  // under the stream's mutex, as above
     return out;
   }
   return {hooks::free_error::unknown_pointer, 0, 0};

@@ -98,6 +98,19 @@ class allocator {
   /// the resource is exhausted or the limit would be passed (never throws out_of_memory).
   [[nodiscard]] void* upstream_allocate(stream_view stream, std::size_t bytes);
   void upstream_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept;
+  /// Lowers the in-use counters (stats().in_use, requested_in_use) for a block being taken back.
+  /// do_deallocate calls it exactly once for every block it takes back (the outcome's `rounded`
+  /// and `requested`), before the block can be handed out again: while it still holds the lock
+  /// that guards the block, or before giving the block to a resource. Accounted any later,
+  /// another thread could take the block and count its bytes while they are still counted here,
+  /// and peaks would count them twice. Does nothing on an adopted inner strategy (the composite
+  /// accounts for its blocks itself). Two relaxed atomic subtractions.
+  void account_free(std::size_t rounded, std::size_t requested) noexcept {
+    if (reporter_ == nullptr) {
+      in_use_.fetch_sub(rounded, std::memory_order_relaxed);
+      requested_in_use_.fetch_sub(requested, std::memory_order_relaxed);
+    }
+  }
   /// Split/merge events for strategies that carve chunks.
   void emit_split(stream_view stream, void* taken, std::size_t taken_bytes, void* rest,
                   std::size_t rest_bytes) const noexcept;
@@ -129,7 +142,8 @@ class allocator {
  private:
   /// Serve `bytes` (> 0, already validated) at `alignment`; {nullptr, 0} if upstream failed.
   virtual block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) = 0;
-  /// Take back `ptr`; validate it and say what happened. Must not throw.
+  /// Take back `ptr`; validate it and say what happened. Must not throw. Calls account_free for
+  /// the block it takes back before the block can be reused (see there).
   virtual free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                                      std::size_t alignment) noexcept = 0;
   /// Fill the cache fields of `s` (cached_blocks, cached_bytes, largest_free_block).
