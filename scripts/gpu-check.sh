@@ -2,20 +2,22 @@
 # The one script for a lent GPU machine: configure, build for sm_90, run every test (GPU tests
 # included), the GPU allocator tests under compute-sanitizer memcheck, the benchmarks and the
 # PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last.
-#   scripts/gpu-check.sh [--quick] [--darray]
+#   scripts/gpu-check.sh [--quick] [--darray | --pools]
 #     --quick: shorter benchmarks; --darray: build, then only the darray tests, demo and benchmark
-#     (for a multi-GPU machine when the single-GPU parts already ran).
+#     (for a multi-GPU machine when the single-GPU parts already ran); --pools: everything but
+#     those. GPU_BUILD_DIR overrides the build directory (default build-gpu in the tree).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${OUT:-$root/gpu-out}"
 mkdir -p "$out"
-build="$root/build-gpu"
+build="${GPU_BUILD_DIR:-$root/build-gpu}"
 quick=""
 only=""
 for a in "$@"; do
   case "$a" in
     --quick) quick="--quick" ;;
     --darray) only="darray" ;;
+    --pools) only="pools" ;;
   esac
 done
 # Never use NVLink multicast on the shared machines (KINDS.md).
@@ -59,17 +61,19 @@ grep -E "tests passed|tests failed|Skipped|SKIPPED" "$out/tests.log" | tail -5
 # report come back under $OUT), its CUPTI overhead (the demo's times without CUPTI beside them)
 # and the D1-D5 benchmark.
 cli="$build/bin/poolscope"
-step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
-  compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-  "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
-step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda \
-  --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
-step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --no-cupti \
-  --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
-step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
-if "$cli" bench darray --help >/dev/null 2>&1; then
-  step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
-    --json "$out/bench_darray.json"
+if [ "$only" != pools ]; then
+  step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+    "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
+  step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda \
+    --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
+  step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --no-cupti \
+    --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
+  step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
+  if "$cli" bench darray --help >/dev/null 2>&1; then
+    step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
+      --json "$out/bench_darray.json"
+  fi
 fi
 if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
