@@ -855,7 +855,8 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
     ++sum.count;
     sum.total_ns += end - s.begin_ns;
     sum.max_ns = std::max(sum.max_ns, end - s.begin_ns);
-    if (s.category == "darray.transfer" || s.category == "darray.compute") {
+    // Slices naming no device (scopes among them) stay out, as in `poolscope trace summary`.
+    if (s.device >= 0 && (s.category == "darray.transfer" || s.category == "darray.compute")) {
       m.overlap.add(s.device, *classify_category(s.category), static_cast<std::int64_t>(s.begin_ns),
                     static_cast<std::int64_t>(end));
     }

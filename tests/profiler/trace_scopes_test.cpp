@@ -192,6 +192,8 @@ TEST(trace_scopes, nested_scopes_on_two_threads_are_host_slices) {
                    [](const auto& s) { return s.name == "ts.outer" && s.category == "user"; });
   ASSERT_NE(outer_summary, summary.scopes.end());
   EXPECT_EQ(outer_summary->count, 2U * iterations);
+  // Scopes name no device: the darray.compute ones are in no device's overlap analysis.
+  EXPECT_TRUE(summary.overlap.empty());
 }
 
 TEST(trace_scopes, every_running_timeline_gets_the_slice_and_so_does_the_profiler) {
