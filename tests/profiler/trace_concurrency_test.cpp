@@ -37,18 +37,24 @@ TEST(trace_timeline_concurrency, producers_readers_and_a_stop_in_the_middle) {
   const std::uint64_t origin = tl.origin_ns();
   std::atomic<bool> go{true};
   std::atomic<int> started{0};
+  // Each thread counts itself after its first round, so under load none misses the session.
+  const auto count_start = [&](bool first) {
+    if (first) {
+      ++started;
+    }
+  };
   std::vector<std::thread> threads;
 
   // Host slices: nested pairs, closed inner first.
   for (int t = 0; t < 3; ++t) {
     threads.emplace_back([&] {
-      ++started;
-      while (go.load()) {
+      for (bool first = true; go.load(); first = false) {
         const auto a = poolscope::hooks::now_ns();
         const auto b = poolscope::hooks::now_ns();
         const auto c = poolscope::hooks::now_ns();
         tl.add_host_slice({.name = "inner", .begin_ns = b, .end_ns = c});
         tl.add_host_slice({.name = "outer", .begin_ns = a, .end_ns = poolscope::hooks::now_ns()});
+        count_start(first);
       }
     });
   }
@@ -57,20 +63,19 @@ TEST(trace_timeline_concurrency, producers_readers_and_a_stop_in_the_middle) {
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&] {
       poolscope::pool::bfc_allocator pool(host);
-      ++started;
-      while (go.load()) {
+      for (bool first = true; go.load(); first = false) {
         void* p = pool.allocate({}, 4096);
         pool.deallocate({}, p, 4096);
+        count_start(first);
       }
     });
   }
   // Device records: an API call on a thread of its own, then its kernel, on a stream per feeder.
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&, t] {
-      ++started;
       std::uint32_t corr = 1 + static_cast<std::uint32_t>(t) * 1'000'000;
       std::uint64_t ts = origin + 1000;
-      while (go.load()) {
+      for (bool first = true; go.load(); first = false) {
         device_activity api;
         api.kind = activity_kind::runtime_api;
         api.name = "cudaLaunchKernel";
@@ -90,15 +95,16 @@ TEST(trace_timeline_concurrency, producers_readers_and_a_stop_in_the_middle) {
         tl.add_device_activity(t == 0 ? k : api);
         ++corr;
         ts += 1000;
+        count_start(first);
       }
     });
   }
   // Readers.
   threads.emplace_back([&] {
-    ++started;
-    while (go.load()) {
+    for (bool first = true; go.load(); first = false) {
       (void)tl.summary();
       (void)tl.stats();
+      count_start(first);
     }
   });
   while (started.load() < static_cast<int>(threads.size())) {
