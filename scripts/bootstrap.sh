@@ -21,6 +21,7 @@ declare -A need=(
   [libcli11-dev]=/usr/include/CLI/CLI.hpp
   [libdw-dev]=/usr/include/elfutils/libdwfl.h
   [libunwind-dev]=/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/pkgconfig/libunwind.pc
+  [ccache]=/usr/bin/ccache
 )
 missing=()
 for pkg in "${!need[@]}"; do
@@ -31,14 +32,15 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "poolscope: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq || true
-    # libdw/libunwind are optional (stack symbolization degrades without them): never fatal.
+    # libdw/libunwind are optional (stack symbolization degrades without them), ccache too (it
+    # lets .ci/run's sanitizer builds reuse step 1's CUDA objects): never fatal.
     required=(); optional=()
     for pkg in "${missing[@]}"; do
-      case "$pkg" in libdw-dev|libunwind-dev) optional+=("$pkg") ;; *) required+=("$pkg") ;; esac
+      case "$pkg" in libdw-dev|libunwind-dev|ccache) optional+=("$pkg") ;; *) required+=("$pkg") ;; esac
     done
     [ ${#required[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${required[@]}"
     [ ${#optional[@]} -eq 0 ] || apt-get install -y -qq --no-install-recommends "${optional[@]}" ||
-      echo "poolscope: optional ${optional[*]} not installed; stacks will be module+offset"
+      echo "poolscope: optional ${optional[*]} not installed (stacks as module+offset without libdw/libunwind, no compiler cache without ccache)"
   else
     echo "poolscope: missing packages: ${missing[*]} (run as root to install them, or install them yourself)" >&2
   fi
