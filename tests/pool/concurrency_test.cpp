@@ -9,7 +9,7 @@
 //
 // Knobs: POOLSCOPE_TEST_SEED (printed), POOLSCOPE_CONCURRENCY_OPS (operations per thread,
 // default 50000, 5000 under sanitizers; and the allocations in all of the contention test,
-// default 5000, 1000 under sanitizers).
+// default 2000, 500 under sanitizers).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -275,7 +275,7 @@ TYPED_TEST(allocator_concurrency, peaks_under_contention_stay_within_what_the_re
   constexpr int threads = 8;
   constexpr std::size_t block_bytes = std::size_t{16} << 10;
   constexpr std::size_t capacity = block_bytes * 5 / 2;
-  const std::uint64_t total = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 1000 : 5000);
+  const std::uint64_t total = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 500 : 2000);
   auto res = F::make_resource(capacity);
   auto alloc = F::make(*res);
   allocator& a = *alloc;
