@@ -29,8 +29,27 @@ process_hooks& process_registry() {
   return *registry;
 }
 
-thread_local std::vector<hook*> t_stack;  // this thread's hooks, most recent last
-thread_local bool t_in_hook = false;      // set while delivering, to drop nested events
+/// This thread's hooks, most recent last. A thread that exits with hooks still installed
+/// takes their installations off g_installed, so active() does not stay true for good.
+struct thread_hooks {
+  std::vector<hook*> stack;
+
+  thread_hooks() = default;
+  thread_hooks(const thread_hooks&) = delete;
+  thread_hooks& operator=(const thread_hooks&) = delete;
+  ~thread_hooks();
+};
+thread_local thread_hooks t_hooks;
+thread_local bool t_in_hook = false;     // set while delivering, to drop nested events
+thread_local bool t_hooks_gone = false;  // t_hooks destroyed (events from later exit code)
+
+thread_hooks::~thread_hooks() {
+  if (!stack.empty()) {
+    g_installed.fetch_sub(static_cast<std::uint32_t>(stack.size()), std::memory_order_relaxed);
+    stack.clear();
+  }
+  t_hooks_gone = true;
+}
 
 }  // namespace
 
@@ -43,8 +62,10 @@ void deliver(event& e) noexcept {
   e.seq = g_seq.fetch_add(1, std::memory_order_relaxed);
   e.time_ns = now_ns();
   e.thread = current_thread_id();
-  for (auto it = t_stack.rbegin(); it != t_stack.rend(); ++it) {
-    (*it)->on_event(e);
+  if (!t_hooks_gone) {
+    for (auto it = t_hooks.stack.rbegin(); it != t_hooks.stack.rend(); ++it) {
+      (*it)->on_event(e);
+    }
   }
   auto& reg = process_registry();
   {
@@ -63,7 +84,10 @@ void install(hook& h, scope where) {
     throw logic_error("poolscope::hooks::install called from inside a hook");
   }
   if (where == scope::thread) {
-    detail::t_stack.push_back(&h);
+    if (detail::t_hooks_gone) {
+      throw logic_error("poolscope::hooks::install: thread scope asked for by an exiting thread");
+    }
+    detail::t_hooks.stack.push_back(&h);
   } else {
     auto& reg = detail::process_registry();
     std::unique_lock lock(reg.mutex);
@@ -86,7 +110,7 @@ bool uninstall(hook& h, scope where) noexcept {
   };
   bool removed = false;
   if (where == scope::thread) {
-    removed = remove_last(detail::t_stack);
+    removed = !detail::t_hooks_gone && remove_last(detail::t_hooks.stack);
   } else {
     auto& reg = detail::process_registry();
     std::unique_lock lock(reg.mutex);  // waits for in-flight deliveries: h is unused after return

@@ -9,7 +9,8 @@
 //
 // Installation: hooks stack. A process-wide hook sees events from every thread; a thread hook
 // (scope::thread) sees only events raised on the installing thread. Thread hooks are called
-// first (innermost first), then process-wide ones (most recent first).
+// first (innermost first), then process-wide ones (most recent first). A thread hook still
+// installed when its thread exits is uninstalled then (active() does not stay true for it).
 //
 // Contract for hook authors: on_event is noexcept, must not allocate through a poolscope
 // allocator (a nested event raised from inside a hook is dropped, not delivered), and must not
