@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "detail/thread_cache.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
@@ -52,7 +53,16 @@ allocator::allocator(resource& upstream, std::string name)
       id_(g_next_id.fetch_add(1, std::memory_order_relaxed)),
       device_(upstream.device()) {}
 
-allocator::~allocator() = default;
+allocator::~allocator() {
+  // A strategy with a cache detaches it first in its own destructor; this only catches one that
+  // did not (its caches then die here, after the strategy: nothing may reclaim into it).
+  disable_thread_cache();
+}
+
+void allocator::set_limit(std::size_t bytes) noexcept {
+  limit_.store(bytes, std::memory_order_relaxed);
+  (void)flush_thread_caches();
+}
 
 void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream,
                      void* ptr, std::size_t requested, std::size_t rounded,
@@ -104,6 +114,32 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     }
     throw_oom(stream, bytes, "limit: in-use bytes would exceed the allocator's limit");
   }
+  // The thread cache first: a hit takes no shared lock. `cache` is this thread's cache (null
+  // without one); a miss leaves room in it to record the strategy's block.
+  detail::thread_cache* cache = nullptr;
+  block b{};
+  if (tc_ != nullptr) {
+    b = tc_take(stream, bytes, cache);
+  }
+  if (b.ptr == nullptr) {
+    b = allocate_from_strategy(stream, bytes, alignment, lim);
+    if (cache != nullptr) {
+      tc_record(cache, stream, b, bytes);
+    }
+  }
+  const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
+  raise_peak(peak_in_use_, used);
+  const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  raise_peak(peak_requested_, req);
+  allocations_.fetch_add(1, std::memory_order_relaxed);
+  if (hooked || hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::pool_malloc, hooks::event_phase::post, stream, b.ptr, bytes, b.rounded);
+  }
+  return b.ptr;
+}
+
+block allocator::allocate_from_strategy(stream_view stream, std::size_t bytes,
+                                        std::size_t alignment, std::size_t lim) {
   block b = do_allocate(stream, bytes, alignment);
   if (b.ptr == nullptr) {
     // Upstream exhausted (or the reserved limit reached): give back the cache, retry once.
@@ -121,15 +157,7 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
                       "cached blocks were released");
     }
   }
-  const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
-  raise_peak(peak_in_use_, used);
-  const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  raise_peak(peak_requested_, req);
-  allocations_.fetch_add(1, std::memory_order_relaxed);
-  if (hooked || hooks::active()) [[unlikely]] {
-    emit(hooks::event_kind::pool_malloc, hooks::event_phase::post, stream, b.ptr, bytes, b.rounded);
-  }
-  return b.ptr;
+  return b;
 }
 
 void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
@@ -144,7 +172,10 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
   if (hooked) [[unlikely]] {
     emit(hooks::event_kind::pool_free, hooks::event_phase::pre, stream, ptr, bytes, 0);
   }
-  const free_outcome out = do_deallocate(stream, ptr, bytes, alignment);
+  free_outcome out;
+  if (tc_ == nullptr || !tc_give(stream, ptr, bytes, out)) {
+    out = do_deallocate(stream, ptr, bytes, alignment);
+  }
   if (out.error != hooks::free_error::none) [[unlikely]] {
     report_invalid_free(stream, ptr, bytes, out);
     if (out.rounded == 0) {
@@ -219,6 +250,9 @@ allocator_stats allocator::stats() const {
   s.invalid_frees = invalid_frees_.load(std::memory_order_relaxed);
   s.limit = limit();
   do_cache_stats(s);
+  if (tc_ != nullptr) {
+    tc_cache_stats(s);  // blocks in thread caches are cached, not in use
+  }
   s.fragmentation = s.cached_bytes == 0 ? 0.0
                                         : 1.0 - static_cast<double>(s.largest_free_block) /
                                                     static_cast<double>(s.cached_bytes);
@@ -230,6 +264,7 @@ std::size_t allocator::release_cached() {
   if (hooked) [[unlikely]] {
     emit(hooks::event_kind::release, hooks::event_phase::pre, stream_view{}, nullptr, 0, 0);
   }
+  (void)flush_thread_caches();  // every thread's, so that their blocks can be released too
   const std::size_t released = do_release_cached();
   if (hooked || hooks::active()) [[unlikely]] {
     emit(hooks::event_kind::release, hooks::event_phase::post, stream_view{}, nullptr, released,

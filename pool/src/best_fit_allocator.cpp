@@ -2,10 +2,13 @@
 
 namespace poolscope::pool {
 
-best_fit_allocator::best_fit_allocator(resource& upstream)
-    : allocator(upstream, "best_fit/" + upstream.name()) {}
+best_fit_allocator::best_fit_allocator(resource& upstream, thread_cache_options thread_cache)
+    : allocator(upstream, "best_fit/" + upstream.name()) {
+  enable_thread_cache(thread_cache, round_bytes);
+}
 
 best_fit_allocator::~best_fit_allocator() {
+  disable_thread_cache();  // first: an exiting thread may still reclaim into the pool until then
   do_release_cached();
   for (auto& [ptr, b] : live_) {
     upstream_deallocate(stream_view{}, ptr, b.rounded);
@@ -63,6 +66,24 @@ free_outcome best_fit_allocator::do_deallocate(stream_view /*stream*/, void* ptr
       (bytes + round_bytes - 1) / round_bytes * round_bytes == b.rounded && bytes <= b.rounded;
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, b.rounded,
           b.requested};
+}
+
+void best_fit_allocator::do_reclaim(stream_view /*stream*/, void* ptr) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) [[unlikely]] {
+    return;
+  }
+  const std::size_t rounded = it->second.rounded;
+  live_.erase(it);
+  if (!cache_block(ptr, rounded)) {
+    upstream_deallocate(stream_view{}, ptr, rounded);  // no host memory to cache it
+  }
+}
+
+bool best_fit_allocator::do_size_matches(std::size_t given, std::size_t /*requested*/,
+                                         std::size_t rounded) const noexcept {
+  return (given + round_bytes - 1) / round_bytes * round_bytes == rounded && given <= rounded;
 }
 
 bool best_fit_allocator::cache_block(void* ptr, std::size_t rounded) noexcept {

@@ -141,9 +141,15 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   check_option("mid_segment_bytes", options_.mid_segment_bytes,
                options_.mid_segment_bytes >= options_.mid_request_max,
                "must be at least mid_request_max");
+  // Only small-pool blocks are cached per thread: a cached chunk cannot merge with its free
+  // neighbours, and in the large pool that would cost the A5 fit (file comment).
+  thread_cache_options tc = options_.thread_cache;
+  tc.max_block_bytes = std::min(tc.max_block_bytes, options_.small_request_max);
+  enable_thread_cache(tc, round_bytes);
 }
 
 bfc_allocator::~bfc_allocator() {
+  disable_thread_cache();  // first: an exiting thread may still reclaim into the pool until then
   // Blocks still handed out go back with their segment: the allocator owns what it reserved.
   for (bfc_segment* head : state_->segments) {
     for (bfc_segment* s = head; s != nullptr;) {
@@ -229,31 +235,39 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   bfc_segment* detached = nullptr;
   std::size_t detached_bytes = 0;
   std::size_t reserved_now = 0;
-  {
-    std::lock_guard lock(st.mutex);
-    // Everything that can throw happens before the pool changes.
-    st.nodes.reserve(1);
-    st.live.reserve_one();
-    // Two or more wholly free large segments holding at least half the large pool (typically
-    // between the steps of a training loop): merge them into one before serving (see the
-    // header). A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so
-    // merges cost at most three upstream calls per segment ever acquired on a miss.
-    const bool merge_first = large && options_.consolidate && st.wholly_free[1] >= 2 &&
-                             st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1];
-    if (!merge_first) [[likely]] {
-      bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
-      if (c == nullptr && !large && options_.small_borrows_large) {
-        c = st.index[1].best_fit(rounded);
+  // Before the pool grows, blocks idle in threads' caches come back (once): they may serve
+  // this request or merge into a chunk that does, and the pool stays as small as without them.
+  for (bool may_flush = thread_cache_enabled();; may_flush = false) {
+    {
+      std::lock_guard lock(st.mutex);
+      // Everything that can throw happens before the pool changes.
+      st.nodes.reserve(1);
+      st.live.reserve_one();
+      // Two or more wholly free large segments holding at least half the large pool (typically
+      // between the steps of a training loop): merge them into one before serving (see the
+      // header). A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so
+      // merges cost at most three upstream calls per segment ever acquired on a miss.
+      const bool merge_first = large && options_.consolidate && st.wholly_free[1] >= 2 &&
+                               st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1];
+      if (!merge_first) [[likely]] {
+        bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
+        if (c == nullptr && !large && options_.small_borrows_large) {
+          c = st.index[1].best_fit(rounded);
+        }
+        if (c != nullptr) [[likely]] {
+          carve(stream, c, rounded, bytes);
+          return {c->addr, rounded};
+        }
       }
-      if (c != nullptr) [[likely]] {
-        carve(stream, c, rounded, bytes);
-        return {c->addr, rounded};
+      if (!may_flush) {
+        if (large && options_.consolidate && st.wholly_free[1] != 0) {
+          detach_wholly_free(true, detached, detached_bytes);
+        }
+        reserved_now = st.reserved;
+        break;
       }
     }
-    if (large && options_.consolidate && st.wholly_free[1] != 0) {
-      detach_wholly_free(true, detached, detached_bytes);
-    }
-    reserved_now = st.reserved;
+    (void)flush_thread_caches();  // outside the pool's lock (lock order: caches, then pool)
   }
   return allocate_segment(stream, large, rounded, bytes, detached, detached_bytes, reserved_now);
 }
@@ -345,6 +359,19 @@ free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::si
   // Chunks are exactly the request rounded to 512, so any size with the same rounding is right.
   const bool size_ok = bytes <= rounded && bytes + round_bytes > rounded;
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
+}
+
+void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {
+  state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  if (bfc_chunk* c = st.live.erase(ptr)) [[likely]] {
+    free_chunk(stream, c);
+  }
+}
+
+bool bfc_allocator::do_size_matches(std::size_t given, std::size_t /*requested*/,
+                                    std::size_t rounded) const noexcept {
+  return given <= rounded && given + round_bytes > rounded;  // as do_deallocate checks
 }
 
 void bfc_allocator::detach_wholly_free(bool large, bfc_segment*& chain,

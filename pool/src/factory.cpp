@@ -31,14 +31,21 @@ std::vector<std::string> resource_names() {
 }
 
 std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream) {
+  return make_allocator(name, upstream, thread_cache_options{});
+}
+
+std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream,
+                                          const thread_cache_options& thread_cache) {
   if (name == "naive") {
     return std::make_unique<naive_allocator>(upstream);
   }
   if (name == "best_fit") {
-    return std::make_unique<best_fit_allocator>(upstream);
+    return std::make_unique<best_fit_allocator>(upstream, thread_cache);
   }
   if (name == "bfc") {
-    return std::make_unique<bfc_allocator>(upstream);
+    bfc_options o;
+    o.thread_cache = thread_cache;
+    return std::make_unique<bfc_allocator>(upstream, o);
   }
   if (name == "stream_pool") {
     return std::make_unique<stream_pool_allocator>(upstream);

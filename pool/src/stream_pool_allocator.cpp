@@ -164,7 +164,10 @@ detail::stream_state& stream_pool_allocator::state_for(stream_view stream) {
   if (it == states_.end()) {
     auto st = std::make_unique<detail::stream_state>(stream);
     st->upstream = std::make_unique<detail::stream_upstream>(*this, *st, upstream());
-    st->inner = make_allocator(inner_, *st->upstream);
+    // The inner pool is driven only through strategy_*: a cache of its own would never be used.
+    thread_cache_options no_cache;
+    no_cache.enabled = false;
+    st->inner = make_allocator(inner_, *st->upstream, no_cache);
     adopt(*st->inner);
     order_.reserve(order_.size() + 1);
     it = states_.emplace(stream.value(), std::move(st)).first;

@@ -37,9 +37,18 @@ using poolscope::testing::recording_hook;
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 
-/// Options with 1 MiB small segments, so small-pool tests reason about one known segment size.
-bfc_options one_mib_small_segments() {
+/// Options without the per-thread cache: tests of the chunk layout see every free reach the
+/// pool at once (the cache itself is tested in thread_cache_test.cpp).
+bfc_options uncached() {
   bfc_options o;
+  o.thread_cache.enabled = false;
+  return o;
+}
+
+/// Options with 1 MiB small segments, so small-pool tests reason about one known segment size
+/// (and no thread cache, as uncached()).
+bfc_options one_mib_small_segments() {
+  bfc_options o = uncached();
   o.small_segment_bytes = MiB;
   return o;
 }
@@ -548,7 +557,7 @@ TEST(bfc_consolidate, without_consolidation_segments_accumulate) {
 
 TEST(bfc_borrow, small_requests_use_free_large_chunks_before_a_new_segment) {
   host_resource host;
-  bfc_allocator pool{host};
+  bfc_allocator pool{host, uncached()};
   void* big = pool.allocate({}, 12 * MiB);
   pool.deallocate({}, big, 12 * MiB);
   void* p = pool.allocate({}, 4 * KiB);
@@ -557,7 +566,7 @@ TEST(bfc_borrow, small_requests_use_free_large_chunks_before_a_new_segment) {
   pool.deallocate({}, p, 4 * KiB);
   EXPECT_EQ(pool.stats().cached_blocks, 1U);
 
-  bfc_options o;
+  bfc_options o = uncached();
   o.small_borrows_large = false;
   bfc_allocator strict{host, o};
   void* big2 = strict.allocate({}, 12 * MiB);

@@ -21,6 +21,12 @@
 // - set_limit(bytes): later requests that would take in-use bytes or reserved bytes past the
 //   limit fail with out_of_memory (cause "limit"); existing allocations are never touched.
 // - release_cached(): returns every wholly free upstream block to the resource.
+// Thread cache (thread_cache_options; docs/thread_cache.md): strategies that support it (bfc,
+// best_fit) keep each thread's recently freed blocks, per (stream, rounded size), in a small
+// bounded cache of that thread's, so a cached allocate/deallocate pair takes no shared lock and
+// no shared table lookup. Blocks in a thread cache count as cached (stats().cached_*), not in
+// use. set_limit, release_cached and the out-of-memory retry first return the blocks of every
+// thread's cache to the strategy; so does a thread's exit (for its own cache).
 // Hooks: pool_malloc pre/post, pool_free pre/post, device_alloc/device_free pre/post, release
 // pre/post, oom, limit_hit, invalid_free, and split/merge where the strategy has them.
 // Thread safety: every allocator is thread-safe; each class says how.
@@ -31,6 +37,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "poolscope/hooks/event.hpp"
@@ -44,6 +51,28 @@ namespace poolscope::pool {
 inline constexpr std::size_t max_alignment = 256;
 /// Largest request any allocator accepts (1 PiB); larger requests throw out_of_memory.
 inline constexpr std::size_t max_request_bytes = std::size_t{1} << 50;
+
+namespace detail {
+struct thread_cache;
+struct thread_cache_registry;
+struct thread_cache_access;
+}  // namespace detail
+
+/// The per-thread cache of an allocator (docs/thread_cache.md). Each thread that allocates
+/// gets a cache of its own for each allocator that has one; it holds blocks that thread freed,
+/// by (stream, rounded size), and hands them out again to that thread on the same stream. The
+/// bounds are per thread and per allocator: blocks larger than max_block_bytes are never
+/// cached; past max_bytes or max_blocks the least recently used sizes go back to the strategy.
+struct thread_cache_options {
+  /// Off: every request goes to the strategy (under its lock), as it did before caches.
+  bool enabled = true;
+  /// Bytes one thread's cache may hold for one allocator.
+  std::size_t max_bytes = std::size_t{16} << 20;
+  /// Blocks one thread's cache may hold for one allocator (at most 256).
+  std::size_t max_blocks = 64;
+  /// Larger blocks bypass the cache.
+  std::size_t max_block_bytes = std::size_t{4} << 20;
+};
 
 /// What a strategy hands back: the block and the bytes it took for it.
 struct block {
@@ -78,8 +107,9 @@ class allocator {
   [[nodiscard]] allocator_stats stats() const;
   /// Returns cached memory to the resource; returns the bytes released.
   std::size_t release_cached();
-  /// Caps in-use and reserved bytes (SIZE_MAX: no limit). Existing allocations are kept.
-  void set_limit(std::size_t bytes) noexcept { limit_.store(bytes, std::memory_order_relaxed); }
+  /// Caps in-use and reserved bytes (SIZE_MAX: no limit). Existing allocations are kept; blocks
+  /// in every thread's cache go back to the strategy (so release_cached can return them).
+  void set_limit(std::size_t bytes) noexcept;
   [[nodiscard]] std::size_t limit() const noexcept {
     return limit_.load(std::memory_order_relaxed);
   }
@@ -91,6 +121,14 @@ class allocator {
   /// Device of the resource (-1: host).
   [[nodiscard]] int device() const noexcept { return device_; }
   [[nodiscard]] resource& upstream() const noexcept { return *upstream_; }
+
+  /// True if this allocator keeps per-thread caches (thread_cache_options::enabled and a
+  /// strategy that supports them).
+  [[nodiscard]] bool thread_cache_enabled() const noexcept { return tc_ != nullptr; }
+  /// Returns the blocks held in every thread's cache to the strategy (they stay reserved, now
+  /// in the strategy's own cache); returns the bytes moved. Thread-safe; takes each thread's
+  /// cache lock in turn. release_cached, set_limit and the out-of-memory retry call it.
+  std::size_t flush_thread_caches() noexcept;
 
  protected:
   /// Strategies get upstream memory only through these: they count, enforce the limit on
@@ -139,7 +177,19 @@ class allocator {
   }
   static std::size_t strategy_release_cached(allocator& inner) { return inner.do_release_cached(); }
 
+  /// A strategy that implements do_reclaim (and do_size_matches if its sizes are rounded) calls
+  /// this in its constructor to put a thread cache in front of it, unless options.enabled is
+  /// false. `granularity` (a power of two) is how the strategy rounds a request: the rounded
+  /// size its do_allocate reports for `bytes` must be bytes rounded up to it.
+  void enable_thread_cache(const thread_cache_options& options, std::size_t granularity);
+  /// Such a strategy calls this first in its destructor, while do_reclaim still works: it
+  /// detaches every thread's cache (a thread exiting later finds its cache dead and only frees
+  /// it). Blocks in the caches are the strategy's: it frees them with everything else.
+  void disable_thread_cache() noexcept;
+
  private:
+  friend struct detail::thread_cache_access;
+
   /// Serve `bytes` (> 0, already validated) at `alignment`; {nullptr, 0} if upstream failed.
   virtual block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) = 0;
   /// Take back `ptr`; validate it and say what happened. Must not throw. Calls account_free for
@@ -150,13 +200,43 @@ class allocator {
   virtual void do_cache_stats(allocator_stats& s) const = 0;
   /// Return wholly free upstream blocks; return the bytes released.
   virtual std::size_t do_release_cached() = 0;
+  /// Thread-cache support: take back a block do_allocate handed out that a thread cache held
+  /// (it was validated and accounted when the user freed it) into the strategy's own pool, as
+  /// do_deallocate would, without validating or accounting it again. Never called unless the
+  /// strategy called enable_thread_cache.
+  virtual void do_reclaim(stream_view /*stream*/, void* /*ptr*/) noexcept {}
+  /// Thread-cache support: whether a free of `given` bytes names a block allocated with
+  /// `requested` bytes and rounded to `rounded` (what do_deallocate accepts without reporting a
+  /// size mismatch). Default: exactly the requested size.
+  [[nodiscard]] virtual bool do_size_matches(std::size_t given, std::size_t requested,
+                                             std::size_t /*rounded*/) const noexcept {
+    return given == requested;
+  }
 
   void emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream, void* ptr,
             std::size_t requested, std::size_t rounded,
             hooks::free_error error = hooks::free_error::none) const noexcept;
+  block allocate_from_strategy(stream_view stream, std::size_t bytes, std::size_t alignment,
+                               std::size_t lim);
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
   void report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
                            const free_outcome& outcome) noexcept;
+
+  // Thread cache (thread_cache.cpp).
+  [[nodiscard]] detail::thread_cache* tc_local();
+  [[nodiscard]] block tc_take(stream_view stream, std::size_t bytes, detail::thread_cache*& c);
+  void tc_record(detail::thread_cache* c, stream_view stream, const block& b,
+                 std::size_t bytes) noexcept;
+  [[nodiscard]] bool tc_give(stream_view stream, void* ptr, std::size_t bytes,
+                             free_outcome& out) noexcept;
+  [[nodiscard]] bool tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
+                                    const detail::thread_cache* own, free_outcome& out) noexcept;
+  bool tc_cache_locked(detail::thread_cache& c, void* ptr, std::size_t rounded,
+                       void* stream) noexcept;
+  std::size_t tc_flush_locked(detail::thread_cache& c) noexcept;
+  void tc_evict_bin_locked(detail::thread_cache& c, std::size_t bin) noexcept;
+  void tc_retire(detail::thread_cache& c) noexcept;
+  void tc_cache_stats(allocator_stats& s) const;
 
   resource* upstream_;
   std::string name_;
@@ -164,6 +244,9 @@ class allocator {
   int device_;
   std::atomic<std::size_t> limit_{SIZE_MAX};
   const allocator* reporter_ = nullptr;  // set by adopt(): the composite that reports for us
+  std::shared_ptr<detail::thread_cache_registry> tc_;  // null: no thread cache
+  std::size_t tc_granularity_ = 1;
+  std::size_t tc_max_block_ = 0;
 
   // Counters: relaxed atomics, so stats() never takes a strategy's lock.
   std::atomic<std::size_t> in_use_{0}, peak_in_use_{0};

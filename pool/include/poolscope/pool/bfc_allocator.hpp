@@ -41,19 +41,21 @@
 //
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
-// Thread safety: thread-safe; one mutex guards all state (free index, live table, segment
-// lists): an inline futex-style lock (detail/bfc_structures.hpp) whose waiters spin briefly,
-// then sleep. The critical section is short: a bitmap search, a few pointer updates and a
-// hash-table operation. Upstream calls and segment releases run outside it; split/merge hooks
-// run inside it, so a hook must be short and must not call back into the same allocator.
-// Threads contend on the one lock and on the cache lines it guards: for many allocating
-// threads put a per-thread or per-stream layer in front.
-// Stream semantics: not stream-aware. A block freed on one stream may be handed out for
-// another at once; use stream_pool_allocator when several streams share a pool. Segments are
-// acquired on the requesting stream and released on the default stream.
-// Cost: O(1) per allocate/deallocate (bitmap search with countr_zero, open-addressing hash
-// table, pooled chunk nodes: no heap allocation per operation), plus a walk of one size class
-// when it holds chunks of several sizes; one upstream call per segment.
+// Thread safety: thread-safe. Each thread has a cache of recently freed blocks (options
+// thread_cache; allocator.hpp): a request it can serve, and the free of a block the thread
+// allocated, take only that thread's own uncontended cache lock. Behind the caches one mutex
+// guards all state (free index, live table, segment lists): an inline futex-style lock
+// (detail/bfc_structures.hpp) whose waiters spin briefly, then sleep. The critical section is
+// short: a bitmap search, a few pointer updates and a hash-table operation. Upstream calls and
+// segment releases run outside it; split/merge hooks run inside it, so a hook must be short and
+// must not call back into the same allocator. Threads that miss their cache contend on the one lock
+// and on the cache lines it guards. Chunks held in a thread cache stay carved (live in segments();
+// counted as cached in stats()). Stream semantics: not stream-aware. A block freed on one stream
+// may be handed out for another at once; use stream_pool_allocator when several streams share a
+// pool. Segments are acquired on the requesting stream and released on the default stream. Cost:
+// O(1) per allocate/deallocate (bitmap search with countr_zero, open-addressing hash table, pooled
+// chunk nodes: no heap allocation per operation), plus a walk of one size class when it holds
+// chunks of several sizes; one upstream call per segment.
 #pragma once
 
 #include <cstddef>
@@ -89,6 +91,8 @@ struct bfc_options {
   /// A small request that finds no free small chunk takes the best-fitting free chunk of the
   /// large pool before a new small segment is acquired (see the file comment).
   bool small_borrows_large = true;
+  /// The per-thread cache in front of the pool (allocator.hpp); on by default.
+  thread_cache_options thread_cache{};
 };
 
 /// One chunk of a segment, as reported by bfc_allocator::segments().
@@ -139,6 +143,9 @@ class bfc_allocator final : public allocator {
                              std::size_t alignment) noexcept override;
   void do_cache_stats(allocator_stats& s) const override;
   std::size_t do_release_cached() override;
+  void do_reclaim(stream_view stream, void* ptr) noexcept override;
+  [[nodiscard]] bool do_size_matches(std::size_t given, std::size_t requested,
+                                     std::size_t rounded) const noexcept override;
 
   // The helpers below marked "locked" require the caller to hold the mutex.
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,

@@ -24,6 +24,10 @@ namespace poolscope::pool {
 /// A new allocator of strategy `name` over `upstream` (which must outlive it).
 /// Throws invalid_argument naming `name` if it is not one of allocator_names().
 [[nodiscard]] std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream);
+/// The same, with the per-thread cache configured by `thread_cache` (allocator.hpp; used by
+/// bfc and best_fit, ignored by the others).
+[[nodiscard]] std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream,
+                                                        const thread_cache_options& thread_cache);
 
 /// A new resource: "host", "cuda", "cuda_async", "pinned". `device` selects the GPU for device
 /// resources. Throws invalid_argument for an unknown name, device_unavailable without a GPU.

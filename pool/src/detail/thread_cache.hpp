@@ -1,0 +1,198 @@
+// Internal data structures of the per-thread allocator cache (allocator.hpp, thread_cache_options;
+// docs/thread_cache.md). The logic that uses them is in thread_cache.cpp.
+//
+// Locking: a thread_cache's members are guarded by its `lock` (taken by the owning thread on
+// every cached operation, and by other threads to flush it or to free one of its blocks); a
+// thread_cache_registry's members by its `mutex`. Lock order: registry mutex, then a thread
+// cache's lock, then the strategy's own lock. The owning thread never holds its cache's lock
+// while it calls the strategy's do_allocate (an out-of-memory retry flushes every cache).
+// Nothing here throws except tc_table::reserve_one (std::bad_alloc), called before any change.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "poolscope/pool/allocator.hpp"
+
+namespace poolscope::pool::detail {
+
+/// A test-and-test-and-set lock for a thread cache. Its owner takes it on every cached
+/// operation and almost never finds it held, so lock is one exchange and unlock one release
+/// store; a contender (a flush, a cross-thread free) spins briefly, then yields.
+class tc_lock {
+ public:
+  void lock() noexcept {
+    if (!state_.exchange(true, std::memory_order_acquire)) [[likely]] {
+      return;
+    }
+    lock_contended();
+  }
+  void unlock() noexcept { state_.store(false, std::memory_order_release); }
+
+ private:
+  void lock_contended() noexcept {
+    for (int spins = 0;; ++spins) {
+      if (!state_.load(std::memory_order_relaxed) &&
+          !state_.exchange(true, std::memory_order_acquire)) {
+        return;
+      }
+      if (spins >= 64) {
+        std::this_thread::yield();
+      }
+    }
+  }
+
+  std::atomic<bool> state_{false};
+};
+
+/// What a thread cache knows of one block: handed out through it (live) or held in a bin
+/// (cached). `stream` is the stream of the allocation (live) or of the free (cached).
+struct tc_entry {
+  std::uintptr_t key = 0;  ///< the block's address; 0 marks an empty slot
+  std::size_t rounded = 0;
+  std::size_t requested = 0;
+  void* stream = nullptr;
+  bool cached = false;
+};
+
+/// Blocks by address: open addressing, linear probing, backward-shift deletion, load <= 1/2.
+class tc_table {
+ public:
+  /// Makes sure one insert will not allocate. May throw std::bad_alloc.
+  void reserve_one() {
+    if ((size_ + 1) * 2 > slots_.size()) [[unlikely]] {
+      rehash(slots_.empty() ? 64 : slots_.size() * 2);
+    }
+  }
+  /// Adds `e` (key absent). Precondition: reserve_one() since the last insert.
+  void insert(const tc_entry& e) noexcept {
+    std::size_t i = home(e.key);
+    while (slots_[i].key != 0) {
+      i = (i + 1) & mask_;
+    }
+    slots_[i] = e;
+    ++size_;
+  }
+  /// The entry of `p`, or null. Valid until the next insert or erase.
+  [[nodiscard]] tc_entry* find(const void* p) noexcept {
+    if (size_ == 0) {
+      return nullptr;
+    }
+    const auto key = reinterpret_cast<std::uintptr_t>(p);
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) {
+        return &slots_[i];
+      }
+      if (slots_[i].key == 0) {
+        return nullptr;
+      }
+    }
+  }
+  /// Removes the entry `e` points at (from find()).
+  void erase(tc_entry* e) noexcept {
+    auto i = static_cast<std::size_t>(e - slots_.data());
+    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
+      const std::size_t k = home(slots_[j].key);
+      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+      if (!stays) {
+        slots_[i] = slots_[j];
+        i = j;
+      }
+    }
+    slots_[i] = {};
+    --size_;
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  /// Calls f(entry&) for every entry (it must not insert or erase).
+  template <typename F>
+  void for_each(F&& f) {
+    for (tc_entry& s : slots_) {
+      if (s.key != 0) {
+        f(s);
+      }
+    }
+  }
+  void clear() noexcept {
+    slots_.clear();
+    slots_.shrink_to_fit();
+    size_ = 0;
+  }
+
+ private:
+  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept {
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
+  }
+  void rehash(std::size_t capacity) {
+    std::vector<tc_entry> old(capacity);
+    old.swap(slots_);
+    mask_ = capacity - 1;
+    shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
+    size_ = 0;
+    for (const tc_entry& e : old) {
+      if (e.key != 0) {
+        insert(e);
+      }
+    }
+  }
+
+  std::vector<tc_entry> slots_;
+  std::size_t mask_ = 0;
+  unsigned shift_ = 64;
+  std::size_t size_ = 0;
+};
+
+/// Cached blocks of one (stream, rounded size), most recently freed last.
+struct tc_bin {
+  static constexpr std::size_t capacity = 16;
+  void* stream = nullptr;
+  std::size_t rounded = 0;
+  std::uint64_t last_use = 0;
+  std::uint32_t count = 0;
+  std::array<void*, capacity> blocks{};
+};
+
+struct thread_cache_registry;
+
+/// One thread's cache in front of one allocator. Owned by the thread (tc_thread_caches); the
+/// allocator's registry lists it until the thread exits or the allocator is destroyed.
+struct thread_cache {
+  static constexpr std::size_t bin_count = 16;
+
+  thread_cache(std::shared_ptr<thread_cache_registry> r, std::uint32_t id)
+      : registry(std::move(r)), allocator_id(id) {}
+
+  tc_lock lock;
+  const std::shared_ptr<thread_cache_registry> registry;  // the weak handle to the allocator
+  const std::uint32_t allocator_id;
+  // Guarded by `lock`:
+  bool dead = false;  // the allocator is gone: nothing here refers to live memory any more
+  tc_table table;     // every block handed out through this cache, and every block in a bin
+  std::array<tc_bin, bin_count> bins{};
+  std::size_t cached_bytes = 0;
+  std::size_t cached_blocks = 0;
+  std::uint64_t tick = 0;
+};
+
+/// Shared by an allocator and its threads' caches: the allocator's end of the weak handle.
+struct thread_cache_registry {
+  explicit thread_cache_registry(allocator* a, const thread_cache_options& o)
+      : owner(a), options(o) {}
+
+  std::mutex mutex;
+  allocator* owner;  // null once the allocator is destroyed (guarded by mutex)
+  const thread_cache_options options;
+  std::vector<thread_cache*> caches;  // guarded by mutex
+  /// Blocks handed out through the cache of a thread that has exited, still live: a later free
+  /// (from any thread) finds them here. Guarded by mutex.
+  std::unordered_map<void*, tc_entry> orphans;
+};
+
+}  // namespace poolscope::pool::detail

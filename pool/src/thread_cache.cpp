@@ -1,0 +1,394 @@
+// The per-thread cache in front of a pool strategy (allocator.hpp, docs/thread_cache.md).
+//
+// Every block a thread allocates through an allocator with a cache is recorded in that thread's
+// cache table (live), so the thread's own free finds it without the strategy's lock or table;
+// a freed block of a cacheable size stays in the table (cached) and in a bin keyed by (stream,
+// rounded size), from which the same thread's next request of that key takes it. A free that
+// the thread's own table does not know (another thread's block, an exited thread's, or an
+// invalid pointer) looks in the registry: the orphans, then every other thread's table under
+// its lock, then the strategy (which validates and reports). So a pointer is always known to
+// exactly one of: one thread's table, the orphans, the strategy's own bookkeeping.
+#include "detail/thread_cache.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "poolscope/log.hpp"
+
+namespace poolscope::pool {
+namespace detail {
+
+/// Lets the thread-exit code retire a cache through its allocator.
+struct thread_cache_access {
+  static void retire(allocator& a, thread_cache& c) noexcept { a.tc_retire(c); }
+};
+
+namespace {
+
+/// The calling thread's most recently used cache: trivially destructible, so the hot path
+/// reads it without a TLS guard.
+struct last_cache {
+  std::uint32_t allocator_id = 0;
+  thread_cache* cache = nullptr;
+};
+thread_local last_cache t_last;
+thread_local bool t_exited = false;  // set when the thread's caches were retired at its exit
+
+/// The calling thread's caches, one per allocator it allocated from; retired at thread exit.
+struct thread_caches {
+  std::vector<thread_cache*> caches;
+
+  thread_caches() = default;
+  thread_caches(const thread_caches&) = delete;
+  thread_caches& operator=(const thread_caches&) = delete;
+  ~thread_caches() {
+    t_exited = true;
+    t_last = {};
+    for (thread_cache* c : caches) {
+      {
+        std::lock_guard lock(c->registry->mutex);
+        if (c->registry->owner != nullptr) {
+          thread_cache_access::retire(*c->registry->owner, *c);
+        }
+      }
+      delete c;
+    }
+    caches.clear();
+  }
+};
+thread_local thread_caches t_caches;
+
+}  // namespace
+}  // namespace detail
+
+using detail::tc_entry;
+using detail::thread_cache;
+using detail::thread_cache_registry;
+
+void allocator::enable_thread_cache(const thread_cache_options& options, std::size_t granularity) {
+  if (!options.enabled) {
+    return;
+  }
+  thread_cache_options o = options;
+  o.max_blocks = std::min(o.max_blocks, thread_cache::bin_count * detail::tc_bin::capacity);
+  if (o.max_blocks == 0 || o.max_bytes == 0 || o.max_block_bytes == 0) {
+    return;  // a cache that may hold nothing is no cache
+  }
+  tc_ = std::make_shared<thread_cache_registry>(this, o);
+  tc_granularity_ = granularity;
+  tc_max_block_ = std::min(o.max_block_bytes, o.max_bytes);
+}
+
+void allocator::disable_thread_cache() noexcept {
+  if (tc_ == nullptr) {
+    return;
+  }
+  {
+    std::lock_guard lock(tc_->mutex);
+    for (thread_cache* c : tc_->caches) {
+      std::lock_guard cl(c->lock);
+      c->dead = true;
+      c->table.clear();
+      c->bins = {};
+      c->cached_bytes = 0;
+      c->cached_blocks = 0;
+    }
+    tc_->caches.clear();
+    tc_->orphans.clear();
+    tc_->owner = nullptr;
+  }
+  tc_.reset();
+}
+
+thread_cache* allocator::tc_local() {
+  if (detail::t_exited) {
+    return nullptr;  // called from a thread-exit destructor after the caches were retired
+  }
+  auto& mine = detail::t_caches.caches;
+  for (thread_cache* c : mine) {
+    if (c->allocator_id == id_) {
+      detail::t_last = {id_, c};
+      return c;
+    }
+  }
+  // A new cache. First free the caches of allocators destroyed since (their ids never recur).
+  std::erase_if(mine, [](thread_cache* c) {
+    bool dead = false;
+    {
+      std::lock_guard lock(c->lock);
+      dead = c->dead;
+    }
+    if (dead) {
+      delete c;
+    }
+    return dead;
+  });
+  auto c = std::make_unique<thread_cache>(tc_, id_);
+  mine.reserve(mine.size() + 1);
+  {
+    std::lock_guard lock(tc_->mutex);
+    tc_->caches.push_back(c.get());
+  }
+  mine.push_back(c.get());
+  detail::t_last = {id_, c.get()};
+  return c.release();
+}
+
+block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& out) {
+  thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
+  if (c == nullptr) [[unlikely]] {
+    try {
+      c = tc_local();
+    } catch (const std::bad_alloc&) {
+      c = nullptr;  // no host memory for a cache: this block bypasses it
+    }
+    if (c == nullptr) {
+      out = nullptr;
+      return {};
+    }
+  }
+  const std::size_t rounded = (bytes + tc_granularity_ - 1) & ~(tc_granularity_ - 1);
+  std::lock_guard lock(c->lock);
+  if (c->cached_blocks != 0 && rounded <= tc_max_block_) {
+    for (detail::tc_bin& bin : c->bins) {
+      if (bin.rounded == rounded && bin.stream == stream.value() && bin.count != 0) {
+        void* p = bin.blocks[--bin.count];
+        bin.last_use = ++c->tick;
+        c->cached_bytes -= rounded;
+        --c->cached_blocks;
+        tc_entry* e = c->table.find(p);
+        e->cached = false;
+        e->requested = bytes;
+        out = c;
+        return {p, rounded};
+      }
+    }
+  }
+  try {
+    c->table.reserve_one();  // so that recording the strategy's block cannot fail
+    out = c;
+  } catch (const std::bad_alloc&) {
+    out = nullptr;
+  }
+  return {};
+}
+
+void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
+                          std::size_t bytes) noexcept {
+  std::lock_guard lock(c->lock);
+  c->table.insert(
+      {reinterpret_cast<std::uintptr_t>(b.ptr), b.rounded, bytes, stream.value(), false});
+}
+
+bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes,
+                        free_outcome& out) noexcept {
+  thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
+  if (c == nullptr && !detail::t_exited) {
+    for (thread_cache* mine : detail::t_caches.caches) {
+      if (mine->allocator_id == id_) {
+        c = mine;
+        detail::t_last = {id_, c};
+        break;
+      }
+    }
+  }
+  if (c != nullptr) {
+    std::unique_lock lock(c->lock);
+    if (tc_entry* e = c->table.find(ptr)) {
+      if (e->cached) {
+        out = {hooks::free_error::double_free, 0, 0};
+        return true;
+      }
+      const tc_entry rec = *e;
+      const bool size_ok = do_size_matches(bytes, rec.requested, rec.rounded);
+      out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,
+             rec.requested};
+      // Lowered before the block can be handed out again (by this thread's next request).
+      account_free(rec.rounded, rec.requested);
+      if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() &&
+          tc_cache_locked(*c, ptr, rec.rounded, stream.value())) {
+        return true;
+      }
+      c->table.erase(c->table.find(ptr));
+      lock.unlock();
+      do_reclaim(stream, ptr);
+      return true;
+    }
+  }
+  return tc_give_remote(stream, ptr, bytes, c, out);
+}
+
+bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
+                               const thread_cache* own, free_outcome& out) noexcept {
+  thread_cache_registry& r = *tc_;
+  tc_entry rec;
+  {
+    std::lock_guard lock(r.mutex);
+    bool found = false;
+    if (!r.orphans.empty()) {
+      auto it = r.orphans.find(ptr);
+      if (it != r.orphans.end()) {
+        rec = it->second;
+        r.orphans.erase(it);
+        found = true;
+      }
+    }
+    for (auto it = r.caches.begin(); !found && it != r.caches.end(); ++it) {
+      thread_cache* c = *it;
+      if (c == own) {
+        continue;  // looked at already; only its owner (this thread) adds to it
+      }
+      std::lock_guard cl(c->lock);
+      if (tc_entry* e = c->table.find(ptr)) {
+        if (e->cached) {
+          out = {hooks::free_error::double_free, 0, 0};
+          return true;
+        }
+        rec = *e;
+        c->table.erase(e);
+        found = true;
+      }
+    }
+    if (!found) {
+      return false;  // the strategy's: it validates and reports
+    }
+    // Under the registry mutex: a flush in progress cannot be overtaken. The block is known to
+    // nobody now but the strategy, which still counts it handed out.
+    account_free(rec.rounded, rec.requested);
+  }
+  const bool size_ok = do_size_matches(bytes, rec.requested, rec.rounded);
+  out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,
+         rec.requested};
+  do_reclaim(stream, ptr);
+  return true;
+}
+
+void allocator::tc_evict_bin_locked(thread_cache& c, std::size_t index) noexcept {
+  detail::tc_bin& bin = c.bins[index];
+  for (std::uint32_t i = 0; i < bin.count; ++i) {
+    c.table.erase(c.table.find(bin.blocks[i]));
+    do_reclaim(stream_view{bin.stream}, bin.blocks[i]);
+  }
+  c.cached_bytes -= bin.rounded * bin.count;
+  c.cached_blocks -= bin.count;
+  bin.count = 0;
+}
+
+bool allocator::tc_cache_locked(thread_cache& c, void* ptr, std::size_t rounded,
+                                void* stream) noexcept {
+  const thread_cache_options& o = tc_->options;
+  std::size_t target = thread_cache::bin_count;
+  std::size_t empty = thread_cache::bin_count;
+  for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
+    const detail::tc_bin& b = c.bins[i];
+    if (b.count == 0) {
+      empty = std::min(empty, i);
+    } else if (b.rounded == rounded && b.stream == stream) {
+      target = i;
+      break;
+    }
+  }
+  if (target != thread_cache::bin_count && c.bins[target].count == detail::tc_bin::capacity) {
+    return false;  // this size is cached deep enough already
+  }
+  // Room: the least recently used other sizes go back to the strategy first.
+  auto lru_other = [&c, &target]() {
+    std::size_t lru = thread_cache::bin_count;
+    for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
+      const detail::tc_bin& b = c.bins[i];
+      if (i != target && b.count != 0 &&
+          (lru == thread_cache::bin_count || b.last_use < c.bins[lru].last_use)) {
+        lru = i;
+      }
+    }
+    return lru;
+  };
+  if (target == thread_cache::bin_count && empty == thread_cache::bin_count) {
+    empty = lru_other();
+    tc_evict_bin_locked(c, empty);
+  }
+  while (c.cached_bytes + rounded > o.max_bytes || c.cached_blocks + 1 > o.max_blocks) {
+    const std::size_t lru = lru_other();
+    if (lru == thread_cache::bin_count) {
+      return false;  // only this size is cached: keep what is there
+    }
+    tc_evict_bin_locked(c, lru);
+  }
+  if (target == thread_cache::bin_count) {
+    target = empty;
+    c.bins[target].rounded = rounded;
+    c.bins[target].stream = stream;
+  }
+  detail::tc_bin& bin = c.bins[target];
+  bin.blocks[bin.count++] = ptr;
+  bin.last_use = ++c.tick;
+  c.cached_bytes += rounded;
+  ++c.cached_blocks;
+  tc_entry* e = c.table.find(ptr);  // found again: evictions may have moved it
+  e->cached = true;
+  e->stream = stream;
+  return true;
+}
+
+std::size_t allocator::tc_flush_locked(thread_cache& c) noexcept {
+  const std::size_t moved = c.cached_bytes;
+  for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
+    if (c.bins[i].count != 0) {
+      tc_evict_bin_locked(c, i);
+    }
+  }
+  return moved;
+}
+
+std::size_t allocator::flush_thread_caches() noexcept {
+  if (tc_ == nullptr) {
+    return 0;
+  }
+  std::size_t moved = 0;
+  std::lock_guard lock(tc_->mutex);
+  for (thread_cache* c : tc_->caches) {
+    std::lock_guard cl(c->lock);
+    if (c->cached_blocks != 0) {
+      moved += tc_flush_locked(*c);
+    }
+  }
+  return moved;
+}
+
+void allocator::tc_retire(thread_cache& c) noexcept {
+  // The caller holds the registry mutex; the thread that owns `c` is exiting.
+  thread_cache_registry& r = *tc_;
+  std::lock_guard cl(c.lock);
+  (void)tc_flush_locked(c);
+  std::size_t lost = 0;
+  c.table.for_each([&r, &lost](tc_entry& e) {
+    try {
+      r.orphans.emplace(reinterpret_cast<void*>(e.key), e);
+    } catch (const std::bad_alloc&) {
+      ++lost;
+    }
+  });
+  c.table.clear();
+  std::erase(r.caches, &c);
+  if (lost != 0) {
+    log(log_level::warn, "poolscope: " + name_ + ": out of host memory retiring an exiting " +
+                             "thread's cache; " + std::to_string(lost) +
+                             " live block(s) will be accounted by the strategy when freed");
+  }
+}
+
+void allocator::tc_cache_stats(allocator_stats& s) const {
+  std::lock_guard lock(tc_->mutex);
+  for (thread_cache* c : tc_->caches) {
+    std::lock_guard cl(c->lock);
+    s.cached_blocks += c->cached_blocks;
+    s.cached_bytes += c->cached_bytes;
+    for (const detail::tc_bin& b : c->bins) {
+      if (b.count != 0) {
+        s.largest_free_block = std::max(s.largest_free_block, b.rounded);
+      }
+    }
+  }
+}
+
+}  // namespace poolscope::pool
