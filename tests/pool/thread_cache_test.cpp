@@ -1,0 +1,563 @@
+// The per-thread cache in front of bfc and best_fit (allocator.hpp, thread_cache_options):
+// hits, bounds, stats, invalid frees, flushes, and (suite thread_cache_concurrency, also run
+// under ThreadSanitizer) cross-thread frees, flushes under contention, thread exit and
+// allocator destruction while other threads still hold cache state. Counters are checked
+// against allocator_model (model.hpp), fed from the hook events of each allocation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "hooks/recording_hook.hpp"
+#include "pool/model.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+#include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
+#include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_resource.hpp"
+
+namespace poolscope::pool::testing {
+namespace {
+
+using hooks::event_kind;
+using hooks::event_phase;
+using hooks::free_error;
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+/// A cached strategy with a cache of the given bounds, and its factory name.
+template <typename A>
+std::unique_ptr<allocator> make(resource& r, thread_cache_options o = {});
+template <typename A>
+constexpr const char* factory_name = "";
+template <>
+std::unique_ptr<allocator> make<bfc_allocator>(resource& r, thread_cache_options o) {
+  bfc_options b;
+  b.thread_cache = o;
+  return std::make_unique<bfc_allocator>(r, b);
+}
+template <>
+constexpr const char* factory_name<bfc_allocator> = "bfc";
+template <>
+std::unique_ptr<allocator> make<best_fit_allocator>(resource& r, thread_cache_options o) {
+  return std::make_unique<best_fit_allocator>(r, o);
+}
+template <>
+constexpr const char* factory_name<best_fit_allocator> = "best_fit";
+
+/// Allocates through `a`, recording the block in `m` with the rounded size its event reports.
+void* take(allocator& a, allocator_model& m, std::size_t bytes, stream_view s = {}) {
+  rounded_size_hook h{a.id()};
+  hooks::scoped_hook on{h, hooks::scope::thread};
+  void* p = a.allocate(s, bytes);
+  EXPECT_EQ(h.ptr_, p);
+  EXPECT_TRUE(m.on_allocate(p, bytes, h.rounded_, max_alignment)) << "handed out twice: " << p;
+  return p;
+}
+void give(allocator& a, allocator_model& m, void* p, stream_view s = {}) {
+  const model_block b = m.on_deallocate(p);
+  a.deallocate(s, p, b.requested);
+}
+
+thread_cache_options off() {
+  thread_cache_options o;
+  o.enabled = false;
+  return o;
+}
+
+template <typename A>
+class thread_cache : public ::testing::Test {};
+using cached_strategies = ::testing::Types<bfc_allocator, best_fit_allocator>;
+TYPED_TEST_SUITE(thread_cache, cached_strategies);
+
+TYPED_TEST(thread_cache, is_on_by_default_and_can_be_turned_off) {
+  host_resource host;
+  EXPECT_TRUE(make<TypeParam>(host)->thread_cache_enabled());
+  EXPECT_TRUE(make_allocator(factory_name<TypeParam>, host)->thread_cache_enabled());
+  EXPECT_FALSE(make_allocator(factory_name<TypeParam>, host, off())->thread_cache_enabled());
+  EXPECT_FALSE(make<TypeParam>(host, off())->thread_cache_enabled());
+  EXPECT_FALSE(make_allocator("naive", host)->thread_cache_enabled());
+  EXPECT_FALSE(make_allocator("stream_pool", host)->thread_cache_enabled());
+}
+
+TYPED_TEST(thread_cache, a_freed_block_is_reused_on_its_stream_and_counts_as_cached) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  allocator_model m;
+  int s1 = 0;
+  int s2 = 0;
+  void* p = take(a, m, 1000, &s1);
+  give(a, m, p, &s1);
+  auto s = a.stats();
+  EXPECT_TRUE(m.matches(s));
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_GE(s.cached_blocks, 1U);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+  // Same stream, same rounded size: the same block.
+  void* q = take(a, m, 900, &s1);
+  EXPECT_EQ(q, p);
+  EXPECT_TRUE(m.matches(a.stats()));
+  give(a, m, q, &s1);
+  // Another stream never gets it from the cache (the strategy may hand out other memory).
+  void* r = take(a, m, 1000, &s2);
+  EXPECT_NE(r, p) << "a block freed on one stream came out of the cache for another";
+  give(a, m, r, &s2);
+  s = a.stats();
+  EXPECT_TRUE(m.matches(s));
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+}
+
+TYPED_TEST(thread_cache, hooks_see_every_cached_malloc_and_free_with_its_fields) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  void* warm = a.allocate({}, 3000);
+  a.deallocate({}, warm, 3000);  // now cached
+  poolscope::testing::recording_hook rec{a.id()};
+  void* p = nullptr;
+  {
+    hooks::scoped_hook on{rec, hooks::scope::thread};
+    p = a.allocate({}, 2600);  // a hit: 3072 rounded, like 3000
+    a.deallocate({}, p, 2600);
+  }
+  EXPECT_EQ(p, warm);
+  const auto pre = rec.of(event_kind::pool_malloc, event_phase::pre);
+  const auto post = rec.of(event_kind::pool_malloc, event_phase::post);
+  const auto fpre = rec.of(event_kind::pool_free, event_phase::pre);
+  const auto fpost = rec.of(event_kind::pool_free, event_phase::post);
+  ASSERT_EQ(pre.size(), 1U);
+  ASSERT_EQ(post.size(), 1U);
+  ASSERT_EQ(fpre.size(), 1U);
+  ASSERT_EQ(fpost.size(), 1U);
+  EXPECT_EQ(post[0].ptr, p);
+  EXPECT_EQ(post[0].requested, 2600U);
+  EXPECT_EQ(post[0].rounded, 3072U);
+  EXPECT_EQ(post[0].in_use, 3072U);
+  EXPECT_EQ(fpost[0].ptr, p);
+  EXPECT_EQ(fpost[0].requested, 2600U) << "the free reports the size of this allocation";
+  EXPECT_EQ(fpost[0].rounded, 3072U);
+  EXPECT_EQ(fpost[0].in_use, 0U);
+  EXPECT_LT(pre[0].seq, post[0].seq);
+  EXPECT_LT(post[0].seq, fpre[0].seq);
+  EXPECT_LT(fpre[0].seq, fpost[0].seq);
+  EXPECT_TRUE(rec.of(event_kind::device_alloc, event_phase::post).empty());
+}
+
+TYPED_TEST(thread_cache, is_bounded_in_blocks_and_bytes) {
+  host_resource host;
+  thread_cache_options o;
+  o.max_blocks = 4;
+  o.max_bytes = 64 * KiB;
+  o.max_block_bytes = 32 * KiB;
+  auto alloc = make<TypeParam>(host, o);
+  allocator& a = *alloc;
+  allocator_model m;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(take(a, m, 8 * KiB));
+  }
+  void* big = take(a, m, 40 * KiB);  // above max_block_bytes: never cached
+  give(a, m, big);
+  for (void* p : blocks) {
+    give(a, m, p);
+  }
+  EXPECT_TRUE(m.matches(a.stats()));
+  // Only 4 blocks stay in this thread's cache: a flush moves exactly those.
+  EXPECT_EQ(a.flush_thread_caches(), 4 * 8 * KiB);
+  EXPECT_EQ(a.flush_thread_caches(), 0U);
+
+  // Bytes: 24 KiB blocks, at most two fit in 64 KiB.
+  std::vector<void*> mid;
+  for (int i = 0; i < 4; ++i) {
+    mid.push_back(take(a, m, 24 * KiB));
+  }
+  for (void* p : mid) {
+    give(a, m, p);
+  }
+  EXPECT_EQ(a.flush_thread_caches(), 2 * 24 * KiB);
+  EXPECT_TRUE(m.matches(a.stats()));
+  a.release_cached();
+  EXPECT_EQ(a.stats().reserved, 0U);
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+}
+
+TYPED_TEST(thread_cache, least_recently_used_sizes_make_room) {
+  host_resource host;
+  thread_cache_options o;
+  o.max_blocks = 3;
+  auto alloc = make<TypeParam>(host, o);
+  allocator& a = *alloc;
+  allocator_model m;
+  void* x = take(a, m, 1 * KiB);
+  void* y = take(a, m, 2 * KiB);
+  void* z = take(a, m, 3 * KiB);
+  void* w = take(a, m, 4 * KiB);
+  give(a, m, x);
+  give(a, m, y);
+  give(a, m, z);
+  give(a, m, w);  // x's size (least recently used) goes back to the strategy
+  EXPECT_EQ(a.flush_thread_caches(), (2 + 3 + 4) * KiB);
+  EXPECT_TRUE(m.matches(a.stats()));
+}
+
+TYPED_TEST(thread_cache, invalid_frees_of_cached_and_live_blocks_are_reported) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  allocator_model m;
+  void* keep = take(a, m, 5000);
+  void* p = take(a, m, 1000);
+  give(a, m, p);  // cached in this thread's cache
+  const auto before = a.stats();
+  poolscope::testing::recording_hook rec{a.id()};
+  int local = 0;
+  {
+    hooks::scoped_hook on{rec, hooks::scope::thread};
+    a.deallocate({}, p, 1000);       // double free of a cached block
+    a.deallocate({}, &local, 4);     // never allocated
+    a.deallocate({}, keep, 100000);  // wrong size: corrected
+  }
+  const auto inv = rec.of(event_kind::invalid_free, event_phase::instant);
+  ASSERT_EQ(inv.size(), 3U);
+  EXPECT_EQ(inv[0].error, free_error::double_free);
+  EXPECT_EQ(inv[1].error, free_error::unknown_pointer);
+  EXPECT_EQ(inv[2].error, free_error::size_mismatch);
+  (void)m.on_deallocate(keep);
+  const auto s = a.stats();
+  EXPECT_TRUE(m.matches(s));
+  EXPECT_EQ(s.invalid_frees, before.invalid_frees + 3);
+  EXPECT_EQ(s.deallocations, before.deallocations + 1);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+  // The double-freed block is handed out once only.
+  void* x = take(a, m, 1000);
+  void* y = take(a, m, 1000);
+  EXPECT_NE(x, y);
+  give(a, m, x);
+  give(a, m, y);
+  EXPECT_TRUE(m.matches(a.stats()));
+}
+
+TYPED_TEST(thread_cache, release_cached_and_set_limit_reach_every_threads_cache) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  // Another thread fills its own cache and stays alive, idle.
+  std::atomic<bool> filled{false};
+  std::atomic<bool> done{false};
+  std::thread other([&] {
+    std::vector<void*> v;
+    for (int i = 0; i < 8; ++i) {
+      v.push_back(a.allocate({}, 64 * KiB));
+    }
+    for (void* p : v) {
+      a.deallocate({}, p, 64 * KiB);
+    }
+    filled = true;
+    while (!done.load()) {
+      std::this_thread::yield();
+    }
+  });
+  while (!filled.load()) {
+    std::this_thread::yield();
+  }
+  auto s = a.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.cached_bytes, s.reserved) << "the other thread's cache counts as cached";
+  a.set_limit(SIZE_MAX);  // flushes every cache: the other thread's blocks are the pool's now
+  EXPECT_EQ(a.flush_thread_caches(), 0U);
+  void* p = a.allocate({}, 64 * KiB);  // may reuse the other thread's memory now
+  a.deallocate({}, p, 64 * KiB);
+  EXPECT_GT(a.release_cached(), 0U);
+  s = a.stats();
+  EXPECT_EQ(s.reserved, 0U) << "release_cached left blocks in a thread cache";
+  EXPECT_EQ(s.cached_bytes, 0U);
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+  done = true;
+  other.join();
+}
+
+TYPED_TEST(thread_cache, out_of_memory_retry_takes_blocks_from_other_threads_caches) {
+  host_resource host{256 * KiB};  // room for 4 blocks of 64 KiB (bfc: segments of 64 KiB)
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  // Another thread takes all the memory, frees it into its own cache and stays alive, idle.
+  std::atomic<bool> filled{false};
+  std::atomic<bool> done{false};
+  std::size_t got = 0;
+  std::thread other([&] {
+    std::vector<void*> v;
+    try {
+      for (;;) {
+        v.push_back(a.allocate({}, 64 * KiB));
+      }
+    } catch (const out_of_memory&) {
+    }
+    got = v.size();
+    for (void* p : v) {
+      a.deallocate({}, p, 64 * KiB);
+    }
+    filled = true;
+    while (!done.load()) {
+      std::this_thread::yield();
+    }
+  });
+  while (!filled.load()) {
+    std::this_thread::yield();
+  }
+  ASSERT_GT(got, 0U);
+  // Every byte the resource had sits in the other thread's cache: this request succeeds only
+  // if the out-of-memory retry reclaims it.
+  void* p = nullptr;
+  EXPECT_NO_THROW(p = a.allocate({}, 64 * KiB));
+  if (p != nullptr) {
+    a.deallocate({}, p, 64 * KiB);
+  }
+  done = true;
+  other.join();
+  EXPECT_EQ(a.stats().in_use, 0U);
+}
+
+// ---- threads ------------------------------------------------------------------------------
+
+template <typename A>
+class thread_cache_concurrency : public ::testing::Test {};
+TYPED_TEST_SUITE(thread_cache_concurrency, cached_strategies);
+
+// Blocks allocated on one thread and freed on another (and back), while a janitor flushes
+// every cache and reads stats. Every block is filled with its owner's value and checked before
+// it is freed; the final counters must match the number of operations exactly.
+TYPED_TEST(thread_cache_concurrency, cross_thread_frees_and_flushes_keep_blocks_and_counters) {
+  constexpr int threads = 4;
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 3000 : 30000);
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  struct blk {
+    void* p;
+    std::size_t n;
+    unsigned char v;
+  };
+  std::mutex mailbox_mutex;
+  std::vector<std::vector<blk>> mailbox(threads);  // blocks sent to thread i to free
+  std::atomic<int> bad{0};
+  std::atomic<std::uint64_t> allocs{0};
+  std::atomic<int> running{threads};
+  auto check_and_free = [&](const blk& b) {
+    const auto* c = static_cast<const unsigned char*>(b.p);
+    for (std::size_t i = 0; i < b.n; i += 97) {
+      if (c[i] != b.v) {
+        bad.fetch_add(1);
+        break;
+      }
+    }
+    a.deallocate({}, b.p, b.n);
+  };
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t));
+    std::vector<blk> mine;
+    for (std::uint64_t op = 0; op < ops; ++op) {
+      if (mine.size() < 16 && rng() % 2 == 0) {
+        const std::size_t n = 512 * (1 + rng() % 16);
+        void* p = a.allocate({}, n);
+        const auto v = static_cast<unsigned char>(1 + t);
+        std::memset(p, v, n);
+        mine.push_back({p, n, v});
+        allocs.fetch_add(1);
+      } else if (!mine.empty()) {
+        const blk b = mine.back();
+        mine.pop_back();
+        if (rng() % 4 == 0) {
+          std::lock_guard lock(mailbox_mutex);
+          mailbox[static_cast<std::size_t>((t + 1) % threads)].push_back(b);
+        } else {
+          check_and_free(b);
+        }
+      }
+      if (op % 8 == 0) {
+        std::vector<blk> in;
+        {
+          std::lock_guard lock(mailbox_mutex);
+          in.swap(mailbox[static_cast<std::size_t>(t)]);
+        }
+        for (const blk& b : in) {
+          check_and_free(b);
+        }
+      }
+    }
+    for (const blk& b : mine) {
+      check_and_free(b);
+    }
+    running.fetch_sub(1);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back(worker, t);
+  }
+  std::uint64_t flushes = 0;
+  std::thread janitor([&] {
+    while (running.load() > 0) {
+      const auto s = a.stats();
+      if (s.in_use + s.cached_bytes > s.reserved + (64 * MiB)) {
+        bad.fetch_add(1000);  // wildly inconsistent (fields may be from nearby instants)
+      }
+      (void)a.flush_thread_caches();
+      if (++flushes % 16 == 0) {
+        (void)a.release_cached();
+      }
+      std::this_thread::yield();
+    }
+  });
+  for (auto& th : pool) {
+    th.join();
+  }
+  janitor.join();
+  for (auto& box : mailbox) {
+    for (const blk& b : box) {
+      check_and_free(b);
+    }
+  }
+  EXPECT_EQ(bad.load(), 0) << "a live block was overwritten (handed out twice)";
+  const auto s = a.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.requested_in_use, 0U);
+  EXPECT_EQ(s.allocations, allocs.load());
+  EXPECT_EQ(s.deallocations, allocs.load());
+  EXPECT_EQ(s.invalid_frees, 0U);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+  a.release_cached();
+  EXPECT_EQ(a.stats().reserved, 0U);
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+  std::cout << "[          ] " << allocs.load() << " allocations, " << flushes << " flushes\n";
+}
+
+// A thread that exits returns its cached blocks; the blocks it handed out and left live are
+// freed later by another thread with the sizes and counts they were allocated with.
+TYPED_TEST(thread_cache_concurrency, an_exiting_thread_returns_its_cache_and_leaves_live_blocks) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  std::vector<std::pair<void*, std::size_t>> left;
+  std::thread t([&] {
+    std::vector<void*> cached;
+    for (int i = 0; i < 6; ++i) {
+      cached.push_back(a.allocate({}, 4 * KiB));
+    }
+    for (void* p : cached) {
+      a.deallocate({}, p, 4 * KiB);
+    }
+    for (int i = 0; i < 5; ++i) {
+      // A hit for the first blocks: handed out from the cache, then left live at exit.
+      const std::size_t n = 4 * KiB - 100 * static_cast<std::size_t>(i);
+      left.emplace_back(a.allocate({}, n), n);
+    }
+  });
+  t.join();
+  auto s = a.stats();
+  EXPECT_EQ(s.in_use, 5 * 4 * KiB);
+  EXPECT_EQ(s.cached_bytes + s.in_use, s.reserved);
+  EXPECT_EQ(a.flush_thread_caches(), 0U) << "the exited thread's cache is still listed";
+  poolscope::testing::recording_hook rec{a.id()};
+  {
+    hooks::scoped_hook on{rec, hooks::scope::thread};
+    for (const auto& [p, n] : left) {
+      a.deallocate({}, p, n);
+    }
+    a.deallocate({}, left[0].first, left[0].second);  // now a double free
+  }
+  const auto posts = rec.of(event_kind::pool_free, event_phase::post);
+  ASSERT_EQ(posts.size(), left.size());
+  for (std::size_t i = 0; i < left.size(); ++i) {
+    EXPECT_EQ(posts[i].requested, left[i].second);
+    EXPECT_EQ(posts[i].rounded, 4 * KiB);
+  }
+  EXPECT_EQ(rec.of(event_kind::invalid_free, event_phase::instant).size(), 1U);
+  s = a.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.requested_in_use, 0U);
+  EXPECT_EQ(s.invalid_frees, 1U);
+  a.release_cached();
+  EXPECT_EQ(a.stats().reserved, 0U);
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+}
+
+// Allocators destroyed while threads that used them are alive (caches still listed), then the
+// threads go on with a new allocator and exit: nothing dangles, nothing leaks.
+TYPED_TEST(thread_cache_concurrency, allocators_die_while_threads_keep_cache_state) {
+  constexpr int threads = 4;
+  host_resource host;
+  std::atomic<int> phase{0};
+  std::atomic<int> arrived{0};
+  auto wait_for = [&](int p) {
+    arrived.fetch_add(1);
+    while (phase.load() < p) {
+      std::this_thread::yield();
+    }
+  };
+  std::unique_ptr<allocator> first = make<TypeParam>(host);
+  std::unique_ptr<allocator> second;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (int i = 0; i < 50; ++i) {
+        void* p = first->allocate({}, 1000 + 512 * static_cast<std::size_t>(i % 5));
+        first->deallocate({}, p, 1000 + 512 * static_cast<std::size_t>(i % 5));
+      }
+      wait_for(1);  // the main thread destroys `first` meanwhile
+      for (int i = 0; i < 50; ++i) {
+        void* p = second->allocate({}, 2000);
+        second->deallocate({}, p, 2000);
+      }
+      wait_for(2);
+    });
+  }
+  while (arrived.load() < threads) {
+    std::this_thread::yield();
+  }
+  first.reset();  // every thread still has a cache of it, full of its blocks
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+  second = make<TypeParam>(host);
+  phase = 1;
+  while (arrived.load() < 2 * threads) {
+    std::this_thread::yield();
+  }
+  const auto s = second->stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.allocations, static_cast<std::uint64_t>(50 * threads));
+  phase = 2;
+  for (auto& th : pool) {
+    th.join();  // their exits retire caches of `second`, and free the dead ones of `first`
+  }
+  EXPECT_EQ(second->flush_thread_caches(), 0U);
+  second.reset();
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+}
+
+// The hook registry forgets the thread hooks of a thread that exits with them installed.
+TEST(hooks_thread_exit_concurrency, a_thread_exiting_with_a_thread_hook_leaves_hooks_inactive) {
+  ASSERT_FALSE(hooks::active()) << "another test left a hook installed";
+  class nop final : public hooks::hook {
+    void on_event(const hooks::event&) noexcept override {}
+  };
+  nop h;
+  host_resource host;
+  auto alloc = make<bfc_allocator>(host);
+  std::thread t([&] {
+    hooks::install(h, hooks::scope::thread);  // never uninstalled
+    void* p = alloc->allocate({}, 100);
+    alloc->deallocate({}, p, 100);
+  });
+  t.join();
+  EXPECT_FALSE(hooks::active()) << "the exited thread's hook still counts as installed";
+}
+
+}  // namespace
+}  // namespace poolscope::pool::testing
