@@ -612,14 +612,23 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
           rep.rows.push_back(std::move(row));
         }
       }
+      std::vector<std::pair<std::string, bool>> variants;  // (row target, thread cache on)
       for (const std::string& a : allocators) {
+        variants.emplace_back(a, true);
+        if (o.compare_thread_cache && (a == "bfc" || a == "best_fit")) {
+          variants.emplace_back(a + " -tc", false);
+        }
+      }
+      for (const auto& [a, cached] : variants) {
         if (progress != nullptr) {
           *progress << "[bench] " << w << (w == "A3" ? " x" + std::to_string(th) : "") << ": " << a
                     << std::endl;
         }
         std::unique_ptr<pool::allocator> alloc;
         try {
-          alloc = pool::make_allocator(a, *res);
+          pool::thread_cache_options tc;
+          tc.enabled = cached;
+          alloc = pool::make_allocator(a.substr(0, a.find(' ')), *res, tc);
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));

@@ -50,6 +50,9 @@ struct alloc_bench_options {
   double seconds_per_row = 0.0;         ///< time budget per row (default 1 s, quick 0.05 s)
   double capacity_gib = -1.0;           ///< cap on the resource (default: host 80, device none)
   bool baselines = true;                ///< measure the raw resource rows
+  /// Also run every allocator that has a per-thread cache with the cache off (target
+  /// "<name> -tc"), beside the default rows: the cache's effect in one run.
+  bool compare_thread_cache = false;
 };
 
 /// One row: a workload on one target.
