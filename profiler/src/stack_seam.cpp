@@ -244,7 +244,9 @@ own_code_ranges::own_code_ranges() noexcept {
   range_search s{};
   s.probes[0] = reinterpret_cast<std::uintptr_t>(&capture_stack);
   s.probes[1] = reinterpret_cast<std::uintptr_t>(&hooks::detail::deliver);
-  s.probes[2] = reinterpret_cast<std::uintptr_t>(&pool::make_allocator);
+  using make_allocator_fn = std::unique_ptr<pool::allocator> (*)(std::string_view, pool::resource&);
+  s.probes[2] =
+      reinterpret_cast<std::uintptr_t>(static_cast<make_allocator_fn>(&pool::make_allocator));
   s.self = this;
   s.lo = lo_;
   s.hi = hi_;
