@@ -7,6 +7,19 @@
 // threads that exited. A session id tags every frame and shard, so results of an earlier session
 // are never mixed into a later one: a shard is reset lazily the first time its thread records in
 // a new session.
+//
+// Which scopes a session counts (the contract in function_profiler.hpp) rests on three orders:
+// - start() sets flag_profiler before it publishes the session in g_session, and stop() clears
+//   g_session before it clears the flag, so the flag is set whenever a session is published. A
+//   scope's constructor reads the flag relaxed; close_scope reads it with acquire before it reads
+//   g_session (every write of g_scope_flags is a read-modify-write, so any value it reads is in
+//   the release sequence of stop()'s), so a scope nested in a counted one never misses the flag
+//   (it would have opened no frame, and its enclosing scope would have been counted without it);
+// - close_scope checks the session again under its shard's mutex, which stop() takes to collect
+//   the shard after clearing g_session: a close is counted iff it is in what stop() collects;
+// - a frame's inclusive time and bytes go to cpu_total/used/acquired minus what counted scopes of
+//   the same name nested in it already put there ("covered"): the outermost *counted* scope of a
+//   name carries them, even when a scope of that name around it is not counted.
 #include "poolscope/profiler/function_profiler.hpp"
 
 #include <algorithm>
@@ -210,7 +223,7 @@ collector& coll() {
 
 struct frame {
   std::uint32_t id;
-  bool outermost;
+  std::uint32_t prev_same;  // 1 + index of the next open frame of the same name below; 0: none
   std::uint64_t session;
   std::uint64_t start;
   std::uint64_t child = 0;  // inclusive time of directly nested frames
@@ -218,6 +231,11 @@ struct frame {
   std::uint64_t self_used = 0;
   std::uint64_t acquired = 0;
   std::uint64_t self_acquired = 0;
+  // Inclusive time and bytes that scopes of the same name nested in this one already added to
+  // cpu_total, used and acquired (those counted, and what uncounted ones passed up).
+  std::uint64_t covered_ns = 0;
+  std::uint64_t covered_used = 0;
+  std::uint64_t covered_acquired = 0;
   gpu::event_handle gpu_start = nullptr;
   void* stream = nullptr;
 };
@@ -226,7 +244,7 @@ thread_local bool t_gone = false;  // set once the thread's state is destroyed
 
 struct thread_state {
   std::vector<frame> frames;
-  std::vector<std::uint32_t> depth;         // open frames per name id (recursion)
+  std::vector<std::uint32_t> innermost;     // per name id: 1 + index of its innermost open frame
   std::vector<std::uint64_t> slice_begins;  // hooks::now_ns at the open of timeline scopes
   std::shared_ptr<shard> own;
 
@@ -257,9 +275,12 @@ struct thread_state {
       auto& c = coll();
       std::lock_guard lock(c.mutex);
       {
+        // Kept for the latest session whether or not it is still active: a stop() that has
+        // cleared g_session but not yet collected (it waits for the collector's mutex) finds
+        // them in `retired`. A collected shard is empty; results of an older session than the
+        // retired one were collected or dropped already (sessions only grow).
         std::lock_guard slock(own->mutex);
-        const std::uint64_t active = g_session.load(std::memory_order_acquire);
-        if (own->session != 0 && own->session == active) {
+        if (own->session != 0 && own->session >= c.retired_session) {
           if (c.retired_session != own->session) {
             c.retired.clear();
             c.retired_session = own->session;
@@ -475,20 +496,23 @@ std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_
   }
   auto& ts = t_state;
   try {
-    if (site.id >= ts.depth.size()) {
-      ts.depth.resize(static_cast<std::size_t>(site.id) + 1, 0);
+    if (site.id >= ts.innermost.size()) {
+      ts.innermost.resize(static_cast<std::size_t>(site.id) + 1, 0);
     }
     frame fr{};
     fr.id = site.id;
-    fr.outermost = ts.depth[site.id] == 0;
+    fr.prev_same = ts.innermost[site.id];
     fr.session = session;
     ts.frames.push_back(fr);
   } catch (...) {
     return done;  // no memory for the frame: this scope is not profiled
   }
-  ++ts.depth[site.id];
+  ts.innermost[site.id] = static_cast<std::uint32_t>(ts.frames.size());
   frame& f = ts.frames.back();
-  if (f.outermost && g_gpu.load(std::memory_order_relaxed)) {
+  // GPU time is taken for the outermost scope of the name in the session (a scope of the name
+  // around it from an earlier session does not count).
+  const bool outermost = f.prev_same == 0 || ts.frames[f.prev_same - 1].session != session;
+  if (outermost && g_gpu.load(std::memory_order_relaxed)) {
     const char* error = nullptr;
     f.gpu_start = gpu::acquire_event(&error);
     if (f.gpu_start == nullptr) {
@@ -511,7 +535,7 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept {
     auto& ts = t_state;
     const frame f = ts.frames.back();
     ts.frames.pop_back();
-    --ts.depth[f.id];
+    ts.innermost[f.id] = f.prev_same;
     const std::uint64_t elapsed = end > f.start ? end - f.start : 0;
     const std::uint64_t self = elapsed > f.child ? elapsed - f.child : 0;
     if (!ts.frames.empty()) {
@@ -535,27 +559,42 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept {
         gpu::release_event(f.gpu_start);
       }
     }
+    // What counted scopes of this name (this one included) have put into the inclusive
+    // columns, for the next open frame of the name below.
+    const std::uint64_t total_ns = std::max(elapsed, f.covered_ns);
+    const std::uint64_t total_used = std::max(f.used, f.covered_used);
+    const std::uint64_t total_acquired = std::max(f.acquired, f.covered_acquired);
+    // Pairs with stop()'s release of flag_profiler: a scope nested in this one that read the
+    // flag cleared (relaxed, in scope's constructor) and opened no frame makes this load read
+    // that value or a later one, all written by read-modify-writes (a release sequence), so the
+    // g_session load below sees the session over too and this scope is not counted without it.
+    // (A load, not an acquire fence: ThreadSanitizer does not model fences.)
+    (void)g_scope_flags.load(std::memory_order_acquire);
+    bool counted = false;
     bool kept = false;
     if (f.session == g_session.load(std::memory_order_acquire)) {
       try {
         shard& sh = ts.get_shard();
         std::lock_guard lock(sh.mutex);
-        if (sh.session != f.session) {
-          sh.data.clear();
-          sh.session = f.session;
-          sh.next_scan = 0;
+        // Again under the lock that stop() takes to collect this shard after clearing
+        // g_session: either this close is collected or it sees the session over.
+        if (f.session == g_session.load(std::memory_order_acquire)) {
+          if (sh.session != f.session) {
+            sh.data.clear();
+            sh.session = f.session;
+            sh.next_scan = 0;
+          }
+          name_stats& s = sh.data.at(f.id);
+          ++s.calls;
+          s.cpu_self += self;
+          s.self_used += f.self_used;
+          s.self_acquired += f.self_acquired;
+          s.cpu_total += total_ns - f.covered_ns;
+          s.used += total_used - f.covered_used;
+          s.acquired += total_acquired - f.covered_acquired;
+          counted = true;
         }
-        name_stats& s = sh.data.at(f.id);
-        ++s.calls;
-        s.cpu_self += self;
-        s.self_used += f.self_used;
-        s.self_acquired += f.self_acquired;
-        if (f.outermost) {
-          s.cpu_total += elapsed;
-          s.used += f.used;
-          s.acquired += f.acquired;
-        }
-        if (gpu_end != nullptr) {
+        if (counted && gpu_end != nullptr) {
           const std::size_t limit = g_gpu_limit.load(std::memory_order_relaxed);
           auto& pending = sh.data.pending;
           if (pending.size() >= sh.next_scan && pending.size() >= limit) {
@@ -570,8 +609,15 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept {
           }
         }
       } catch (...) {
-        // No memory for the results: this scope is not counted.
+        // No memory for the results: this scope is not counted (or, if only the pending pair
+        // could not be queued, counted without its GPU time).
       }
+    }
+    if (f.prev_same != 0) {
+      frame& below = ts.frames[f.prev_same - 1];
+      below.covered_ns += counted ? total_ns : f.covered_ns;
+      below.covered_used += counted ? total_used : f.covered_used;
+      below.covered_acquired += counted ? total_acquired : f.covered_acquired;
     }
     if (gpu_end != nullptr && !kept) {
       gpu::release_event(f.gpu_start);
@@ -763,8 +809,9 @@ void function_profiler::start() {
   g_gpu.store(state_->gpu, std::memory_order_relaxed);
   g_gpu_limit.store(std::max<std::size_t>(options_.gpu_pending_limit, 1),
                     std::memory_order_relaxed);
-  g_session.store(state_->session, std::memory_order_release);
+  // The flag first: it is set whenever a session is published (see the top of this file).
   detail::g_scope_flags.fetch_or(detail::flag_profiler, std::memory_order_release);
+  g_session.store(state_->session, std::memory_order_release);
   state_->active = true;
 }
 
@@ -773,8 +820,10 @@ void function_profiler::stop() noexcept {
   if (!state_->active) {
     return;
   }
-  detail::g_scope_flags.fetch_and(~detail::flag_profiler, std::memory_order_release);
+  // The session first: a scope that sees the flag cleared sees the session over (the release
+  // here pairs with close_scope's acquire load of the flags).
   g_session.store(0, std::memory_order_release);
+  detail::g_scope_flags.fetch_and(~detail::flag_profiler, std::memory_order_release);
   if (state_->hook_installed) {
     hooks::uninstall(state_->hook);
     state_->hook_installed = false;

@@ -14,20 +14,37 @@
 //   // step         10    812.3 ms      1.2 ms    809.9 ms     81.2 ms  2.0 GiB   512 MiB
 //   // ...
 //
-// What it measures, per scope name:
-// - calls: every close of a scope with that name;
-// - CPU inclusive time: wall time from open to close, counted once for the outermost open scope
-//   of the name on the thread (recursion is not double counted);
+// Sessions: start() (and the constructor) begins a session, stop() ends it, reset() ends it and
+// begins the next at once. A scope is counted in a session iff the session was active both when
+// the scope opened and when it closed on its thread: every scope that opened after start() (or
+// reset()) returned and closed before stop() (or reset()) was called is counted; no scope open
+// across start(), stop() or reset() is. A scope is counted whole (its call, times and bytes
+// together) and, once stop() returned, is in report(). So every report, taken while the session
+// is active or after stop(), holds:
+// - nesting: the scopes nested in a counted scope on its thread are counted too, in the same
+//   session (the converse does not hold: scopes inside one that is open across start() or stop()
+//   may be counted while it is not);
+// - per counted scope: its inclusive time is its self time plus the inclusive times of the
+//   scopes directly nested in it, so their sum is at most its inclusive time;
+// - per name: cpu_total_ns >= cpu_self_ns, used_bytes >= self_used_bytes and acquired_bytes >=
+//   self_acquired_bytes.
+//
+// What it measures, per scope name, over the counted scopes:
+// - calls: one per counted scope;
+// - CPU inclusive time: wall time from open to close of the outermost counted scopes of the name
+//   on their thread (a counted scope nested in a counted one of the same name adds nothing:
+//   recursion is not double counted);
 // - CPU self time: inclusive time minus the inclusive time of the scopes directly nested in it;
-//   summed over all names it equals the time spent in outermost scopes;
-// - GPU time: for the outermost scope of the name, the time between two cudaEvents recorded on
-//   the scope's stream at open and close. Events come from a pool; the pairs are queued per
-//   thread and resolved with cudaEventQuery when the queue grows and in report() (never a
-//   synchronize per scope). Absent without a GPU or with gpu_timing off;
+//   summed over all names it equals the time spent in the outermost counted scopes;
+// - GPU time: for the outermost scope of the name in the session, the time between two
+//   cudaEvents recorded on the scope's stream at open and close. Events come from a pool; the
+//   pairs are queued per thread and resolved with cudaEventQuery when the queue grows and in
+//   report() (never a synchronize per scope). Absent without a GPU or with gpu_timing off;
 // - used bytes: bytes (rounded) of pool_malloc post events raised while the scope was the
-//   innermost open scope of the allocating thread or one of its ancestors (inclusive; the
-//   self_ variants count only the innermost scope). Acquired bytes: the same for device_alloc
-//   post events (memory the pools took from upstream).
+//   innermost open scope of the allocating thread or one of its ancestors (inclusive, for the
+//   outermost counted scopes of the name, as CPU inclusive time; the self_ variants count only
+//   the innermost scope). Acquired bytes: the same for device_alloc post events (memory the
+//   pools took from upstream).
 //
 // Ownership: the profiler owns its results; the per-thread collection state is the library's.
 // Only one function_profiler may be active at a time (start() throws logic_error otherwise).
@@ -37,8 +54,8 @@
 // exits. The profiler object's own methods are thread-safe.
 // Stream semantics: see scope.hpp. Errors: CUDA failures while timing disable GPU timing for the
 // rest of the session with a logged reason; they never throw from a scope.
-// Cost, active: two clock reads, a thread-local stack push/pop and an uncontended lock per
-// scope; with GPU timing, two cudaEventRecord calls.
+// Cost, active: two clock reads, a thread-local stack push/pop and an uncontended lock per scope;
+// with GPU timing, two cudaEventRecord calls.
 #pragma once
 
 #include <cstdint>
@@ -56,8 +73,8 @@ namespace poolscope::profiler {
 struct scope_record {
   std::string name;                ///< the scope name
   category cat = category::user;   ///< the category of the name's first registration
-  std::uint64_t calls = 0;         ///< scopes of this name closed while the profiler was active
-  std::uint64_t cpu_total_ns = 0;  ///< inclusive, outermost scope of the name only
+  std::uint64_t calls = 0;         ///< counted scopes of this name (see the file comment)
+  std::uint64_t cpu_total_ns = 0;  ///< inclusive, outermost counted scopes of the name only
   std::uint64_t cpu_self_ns = 0;   ///< exclusive of directly nested scopes
   /// GPU time of the outermost scopes of the name; absent when GPU timing was off.
   std::optional<std::uint64_t> gpu_total_ns;
@@ -122,10 +139,11 @@ class function_profiler {
   /// Stops the profiler if active.
   ~function_profiler();
 
-  /// Starts a new session: clears the results, activates the scopes. Throws logic_error if this
-  /// or another profiler is active.
+  /// Starts a new session: clears the results, activates the scopes (those opening from now on;
+  /// see Sessions in the file comment). Throws logic_error if this or another profiler is active.
   void start();
-  /// Ends the session; results are kept for report(). No-op if not active.
+  /// Ends the session; results are kept for report(). Scopes open now are not counted when they
+  /// close; every scope counted before the call is in the results. No-op if not active.
   void stop() noexcept;
   /// True between start() and stop().
   [[nodiscard]] bool active() const noexcept;
@@ -134,7 +152,8 @@ class function_profiler {
   /// GPU event pairs to complete (cudaEventSynchronize) so every GPU time is in; without, only
   /// completed pairs are resolved and the rest counted in gpu_pending.
   [[nodiscard]] function_profile report(bool wait_for_gpu = true);
-  /// Clears the results (the session stays as it is).
+  /// Clears the results. While active, ends the session and begins the next at once: scopes
+  /// open now are not counted when they close.
   void reset();
 
   /// The options the profiler was created with.
