@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -207,22 +208,28 @@ buffer::buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_
     : owner_(std::move(owner)), device_(device), ptr_(ptr), bytes_(bytes) {}
 
 buffer::~buffer() {
-  std::vector<event> pending;
-  for (auto& e : uses_) {
-    if (!e.ready()) {
-      pending.push_back(std::move(e));
-    }
-  }
-  owner_->defer_free(device_, ptr_, bytes_, std::move(pending));
+  owner_->defer_free(device_, ptr_, bytes_, std::move(uses_));
 }
 
 void buffer::add_use(const event& e) {
   if (e.empty()) {
     return;
   }
+  const detail::event_state& added = *e.state();
   const std::lock_guard lock(mutex_);
-  // Keep the list short: drop uses that have completed.
-  if (uses_.size() >= 16) {
+  if (added.owner() != nullptr) {
+    // One event per queue: the later one completes after the earlier.
+    for (auto& u : uses_) {
+      const detail::event_state& held = *u.state();
+      if (held.owner() == added.owner() && held.queue_key() == added.queue_key()) {
+        if (held.sequence() < added.sequence()) {
+          u = e;
+        }
+        return;
+      }
+    }
+  } else if (uses_.size() >= 16) {
+    // Events of unknown order: keep the list short by dropping completed ones.
     std::erase_if(uses_, [](const event& u) { return u.ready(); });
   }
   uses_.push_back(e);
@@ -267,21 +274,94 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
   return std::make_shared<buffer>(shared_from_this(), device, p, bytes);
 }
 
+backend::queue_tracks& backend::tracks() {
+  std::call_once(tracks_once_, [this] {
+    const auto n = static_cast<std::size_t>(device_count()) * 2;
+    tracks_.track = std::make_unique<queue_track[]>(n);
+    tracks_.waited = std::make_unique<std::atomic<std::uint64_t>[]>(n * n);
+    for (std::size_t i = 0; i < n * n; ++i) {
+      tracks_.waited[i].store(0, std::memory_order_relaxed);
+    }
+    tracks_.queues = n;
+  });
+  return tracks_;
+}
+
+int backend::own_queue_key(const event& e) const noexcept {
+  const detail::event_state* s = e.state();
+  if (s == nullptr || s->owner() != this || s->queue_key() < 0 ||
+      static_cast<std::size_t>(s->queue_key()) >= tracks_.queues) {
+    return -1;
+  }
+  return s->queue_key();
+}
+
 event backend::record(int device, queue_kind q) {
   check_device(device, "record");
-  return do_record(device, q);
+  queue_track& t = tracks().track[static_cast<std::size_t>(queue_key(device, q))];
+  // Sequences follow the order of the records on the queue, also when threads record at once.
+  const std::lock_guard lock(t.record_mutex);
+  event e = do_record(device, q, t.recorded + 1);
+  ++t.recorded;
+  return e;
 }
+
+namespace {
+// a = max(a, v)
+void raise_to(std::atomic<std::uint64_t>& a, std::uint64_t v) noexcept {
+  std::uint64_t cur = a.load(std::memory_order_relaxed);
+  while (cur < v &&
+         !a.compare_exchange_weak(cur, v, std::memory_order_release, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
 
 void backend::wait(int device, queue_kind q, const event& e) {
   check_device(device, "wait");
-  if (e.empty() || e.ready()) {
+  if (e.empty()) {
+    return;
+  }
+  queue_tracks& tr = tracks();
+  const int source = own_queue_key(e);
+  if (source < 0) {
+    if (!e.ready()) {
+      do_wait(device, q, e);
+      const std::lock_guard lock(state_mutex_);
+      ++stats_.waits;
+    }
+    return;
+  }
+  const int self = queue_key(device, q);
+  const std::uint64_t seq = e.state()->sequence();
+  std::atomic<std::uint64_t>& waited =
+      tr.waited[static_cast<std::size_t>(self) * tr.queues + static_cast<std::size_t>(source)];
+  if (source == self ||
+      seq <= tr.track[static_cast<std::size_t>(source)].complete.load(std::memory_order_acquire) ||
+      seq <= waited.load(std::memory_order_acquire)) {
+    // In order on its own queue, done, or the queue already waits for a later event of `source`.
+    const std::lock_guard lock(state_mutex_);
+    ++stats_.waits_elided;
     return;
   }
   do_wait(device, q, e);
+  // Published after the wait is enqueued: whoever skips a wait on this finds it in the queue.
+  raise_to(waited, seq);
+  const std::lock_guard lock(state_mutex_);
+  ++stats_.waits;
 }
 
 void backend::synchronize() {
+  // Every event recorded before the synchronization is complete after it.
+  queue_tracks& tr = tracks();
+  std::vector<std::uint64_t> recorded(tr.queues);
+  for (std::size_t k = 0; k < tr.queues; ++k) {
+    const std::lock_guard lock(tr.track[k].record_mutex);
+    recorded[k] = tr.track[k].recorded;
+  }
   do_synchronize();
+  for (std::size_t k = 0; k < tr.queues; ++k) {
+    raise_to(tr.track[k].complete, recorded[k]);
+  }
   collect_deferred(true);
 }
 
@@ -508,6 +588,14 @@ void backend::count_op() noexcept {
 
 void backend::defer_free(int device, void* ptr, std::size_t bytes,
                          std::vector<event> uses) noexcept {
+  // Drop the uses known to be complete (no query: the buffer's owner is going away on the
+  // enqueue path; collect_deferred asks).
+  std::erase_if(uses, [this](const event& e) {
+    const int key = own_queue_key(e);
+    return key >= 0 &&
+           e.state()->sequence() <= tracks_.track[static_cast<std::size_t>(key)].complete.load(
+                                        std::memory_order_acquire);
+  });
   if (uses.empty()) {
     do_allocator(device).deallocate(do_alloc_stream(device), ptr, bytes);
     return;
@@ -528,14 +616,50 @@ void backend::collect_deferred(bool all) noexcept {
   std::vector<deferred> done;
   {
     const std::lock_guard lock(state_mutex_);
-    auto it = std::partition(deferred_.begin(), deferred_.end(), [all](const deferred& d) {
-      if (all) {
-        return false;
-      }
-      return !std::all_of(d.uses.begin(), d.uses.end(), [](const event& e) { return e.ready(); });
-    });
-    done.assign(std::make_move_iterator(it), std::make_move_iterator(deferred_.end()));
-    deferred_.erase(it, deferred_.end());
+    if (deferred_.empty()) {
+      return;
+    }
+    if (all) {
+      done.swap(deferred_);
+    } else {
+      // At most one query per queue and pass: events of a queue complete in sequence order, so
+      // one found complete settles the earlier ones, one found pending the later ones.
+      std::vector<std::uint64_t> pending_from(tracks().queues, UINT64_MAX);
+      const auto is_complete = [&](const event& e) {
+        const int key = own_queue_key(e);
+        if (key < 0) {
+          try {
+            return e.ready();
+          } catch (...) {
+            return false;  // a failing device: synchronize() reports it
+          }
+        }
+        const auto k = static_cast<std::size_t>(key);
+        const std::uint64_t seq = e.state()->sequence();
+        if (seq <= tracks_.track[k].complete.load(std::memory_order_acquire)) {
+          return true;
+        }
+        if (seq >= pending_from[k]) {
+          return false;
+        }
+        bool ready = false;
+        try {
+          ready = e.ready();
+        } catch (...) {
+        }
+        if (ready) {
+          raise_to(tracks_.track[k].complete, seq);
+        } else {
+          pending_from[k] = seq;
+        }
+        return ready;
+      };
+      auto it = std::partition(deferred_.begin(), deferred_.end(), [&](const deferred& d) {
+        return !std::all_of(d.uses.begin(), d.uses.end(), is_complete);
+      });
+      done.assign(std::make_move_iterator(it), std::make_move_iterator(deferred_.end()));
+      deferred_.erase(it, deferred_.end());
+    }
   }
   for (auto& d : done) {
     for (const auto& e : d.uses) {

@@ -5,8 +5,10 @@
 // kernel reading or writing peer memory. Everything CUDA goes through cuda_seam.hpp.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <climits>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -91,15 +93,20 @@ class event_pool {
 // An event recorded on a stream; returns its cudaEvent to the pool when the last handle goes.
 class cuda_event final : public detail::event_state {
  public:
-  cuda_event(std::shared_ptr<event_pool> pool, cudaEvent_t e) noexcept
-      : pool_(std::move(pool)), event_(e) {}
+  cuda_event(std::shared_ptr<event_pool> pool, cudaEvent_t e, const void* owner, int queue_key,
+             std::uint64_t sequence) noexcept
+      : event_state(owner, queue_key, sequence), pool_(std::move(pool)), event_(e) {}
   cuda_event(const cuda_event&) = delete;
   cuda_event& operator=(const cuda_event&) = delete;
   ~cuda_event() override { pool_->release(event_); }
 
   [[nodiscard]] bool ready() const override {
+    if (done_.load(std::memory_order_acquire)) {
+      return true;
+    }
     const cudaError_t s = cudaEventQuery(event_);
     if (s == cudaSuccess) {
+      done_.store(true, std::memory_order_release);
       return true;
     }
     if (s == cudaErrorNotReady) {
@@ -108,12 +115,18 @@ class cuda_event final : public detail::event_state {
     }
     detail::seam::raise(s, "cudaEventQuery(event_)", __FILE__, __LINE__);
   }
-  void wait() const override { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(event_)); }
+  void wait() const override {
+    if (!done_.load(std::memory_order_acquire)) {
+      POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(event_));
+      done_.store(true, std::memory_order_release);
+    }
+  }
   [[nodiscard]] cudaEvent_t handle() const noexcept { return event_; }
 
  private:
   std::shared_ptr<event_pool> pool_;
   cudaEvent_t event_;
+  mutable std::atomic<bool> done_{false};  // known complete: no more queries
 };
 
 // Everything the backend holds for one GPU. Owned by the backend; not movable (mutexes).
@@ -121,6 +134,7 @@ struct device_state {
   int ordinal = 0;
   std::string name;
   int sm_count = 1;
+  int compute_sm_count = 1;  // what kernels on the compute stream spread over (compute_sms)
   std::array<cudaStream_t, 2> streams{};  // [compute, transfer]
   std::unique_ptr<pool::resource> resource;
   std::unique_ptr<pool::allocator> allocator;
@@ -132,8 +146,8 @@ struct device_state {
   // never share a handle's workspace concurrently.
   std::array<cublasHandle_t, 2> blas{};
   std::array<std::mutex, 2> blas_mutex;
-  // Scope names of copies from this device: "darray.copy 0->1".
-  std::vector<std::string> copy_names;
+  // Scope sites of copies from this device: "darray.copy 0->1".
+  std::vector<profiler::scope_site> copy_sites;
 };
 
 constexpr std::size_t index_of(queue_kind q) noexcept {
@@ -276,7 +290,7 @@ class cuda_backend final : public backend {
   [[nodiscard]] stream_view do_alloc_stream(int device) const noexcept override {
     return stream_view{dev(device).streams[0]};
   }
-  [[nodiscard]] event do_record(int device, queue_kind q) override;
+  [[nodiscard]] event do_record(int device, queue_kind q, std::uint64_t sequence) override;
   void do_wait(int device, queue_kind q, const event& e) override;
   void do_synchronize() override;
   void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
@@ -306,7 +320,9 @@ class cuda_backend final : public backend {
     return dev(device).streams[index_of(q)];
   }
   [[nodiscard]] detail::launch_target target(int device, queue_kind q) const noexcept {
-    return detail::launch_target{stream(device, q), dev(device).sm_count};
+    const device_state& d = dev(device);
+    return detail::launch_target{stream(device, q),
+                                 q == queue_kind::compute ? d.compute_sm_count : d.sm_count};
   }
   [[nodiscard]] bool peer(int from, int to) const noexcept {
     return peer_[static_cast<std::size_t>(from) * devices_.size() + static_cast<std::size_t>(to)] !=
@@ -334,6 +350,16 @@ class cuda_backend final : public backend {
 
 cuda_backend::cuda_backend(int devices, const backend_options& options)
     : default_transport_(options.transfers) {
+  int compute_sms = options.compute_sms;
+  if (compute_sms == 0) {
+    if (const char* env = std::getenv("POOLSCOPE_DARRAY_COMPUTE_SMS"); env != nullptr) {
+      compute_sms = std::atoi(env);
+    }
+  }
+  if (compute_sms < 0) {
+    throw invalid_argument("darray cuda backend: compute_sms " + std::to_string(compute_sms) +
+                           " is negative");
+  }
   try {
     const auto n = static_cast<std::size_t>(devices);
     for (std::size_t i = 0; i < n; ++i) {
@@ -344,6 +370,8 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
       POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, state->ordinal));
       state->name = prop.name;
       state->sm_count = std::max(prop.multiProcessorCount, 1);
+      state->compute_sm_count =
+          compute_sms > 0 ? std::min(compute_sms, state->sm_count) : state->sm_count;
       // Registered before creating anything, so release_all frees what was made on a failure.
       devices_.push_back(std::move(state));
       device_state& d = *devices_.back();
@@ -358,7 +386,9 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
           pool::make_resource(options.resource.empty() ? "cuda" : options.resource, d.ordinal);
       d.allocator = pool::make_allocator(options.allocator, *d.resource);
       for (std::size_t j = 0; j < n; ++j) {
-        d.copy_names.push_back("darray.copy " + std::to_string(i) + "->" + std::to_string(j));
+        d.copy_sites.push_back(profiler::scope_site::named(
+            "darray.copy " + std::to_string(i) + "->" + std::to_string(j),
+            category::darray_transfer));
       }
     }
     peer_.assign(n * n, 0);
@@ -440,7 +470,7 @@ void cuda_backend::release_all() noexcept {
   devices_.clear();
 }
 
-event cuda_backend::do_record(int device, queue_kind q) {
+event cuda_backend::do_record(int device, queue_kind q, std::uint64_t sequence) {
   device_state& d = dev(device);
   cudaEvent_t e = d.events->acquire();
   const cudaError_t s = cudaEventRecord(e, d.streams[index_of(q)]);
@@ -448,7 +478,8 @@ event cuda_backend::do_record(int device, queue_kind q) {
     d.events->release(e);
     detail::seam::raise(s, "cudaEventRecord(e, stream)", __FILE__, __LINE__);
   }
-  return event(std::make_shared<const cuda_event>(d.events, e));
+  return event(
+      std::make_shared<const cuda_event>(d.events, e, this, queue_key(device, q), sequence));
 }
 
 void cuda_backend::do_wait(int device, queue_kind q, const event& e) {
@@ -492,8 +523,8 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const auto bytes = static_cast<std::uint64_t>(dst.size()) * es;
   const cudaStream_t s = stream(queue_device, q);
   const device_guard guard(queue_device);
-  const profiler::scope scope{dev(src_device).copy_names[static_cast<std::size_t>(dst_device)],
-                              category::darray_transfer, stream_view{s}};
+  const profiler::scope scope{dev(src_device).copy_sites[static_cast<std::size_t>(dst_device)],
+                              stream_view{s}};
   std::array<view, 2> v{dst, src};
   detail::collapse_jointly(v.data(), v.size());
   if (dst_device == src_device) {

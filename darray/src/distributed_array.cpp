@@ -45,6 +45,29 @@ namespace {
 using detail::array_state;
 using profiler::category;
 
+// The scope sites of ops ("darray.add", ...), registered once.
+template <typename Op, std::size_t N>
+const profiler::scope_site& op_site(Op op) {
+  static const std::vector<profiler::scope_site> sites = [] {
+    std::vector<profiler::scope_site> v;
+    for (std::size_t i = 0; i < N; ++i) {
+      v.push_back(profiler::scope_site::named(
+          "darray." + std::string(to_string(static_cast<Op>(i))), category::darray_compute));
+    }
+    return v;
+  }();
+  return sites[static_cast<std::size_t>(op)];
+}
+const profiler::scope_site& site_of(unary_op op) {
+  return op_site<unary_op, 7>(op);
+}
+const profiler::scope_site& site_of(binary_op op) {
+  return op_site<binary_op, 7>(op);
+}
+const profiler::scope_site& site_of(reduce_op op) {
+  return op_site<reduce_op, 4>(op);
+}
+
 reduce_op op_of(array_mode m) {
   switch (m) {
     case array_mode::sum:
@@ -137,7 +160,9 @@ void check_pair(const array_state& a, const array_state& b, const char* what) {
 std::shared_ptr<array_state> execute_reshard(const array_state& src,
                                              const darray::index_map& dst_map,
                                              const reshard_options& options) {
-  const profiler::scope op_scope{"darray.reshard", category::darray_transfer};
+  static const profiler::scope_site reshard_site{"darray.reshard", category::darray_transfer};
+  static const profiler::scope_site piece_site{"darray.piece", category::darray_transfer};
+  const profiler::scope op_scope{reshard_site};
   backend& be = *src.be;
   const bool accumulate = src.mode != array_mode::replica;
   plan_options po;
@@ -186,7 +211,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       // The queue that issues the copy: the sender's or the receiver's transfer queue.
       const int qd = options.issue_on == copy_queue::source ? from.device : d;
       if (!accumulate) {
-        const profiler::scope piece_scope{"darray.piece", category::darray_transfer};
+        const profiler::scope piece_scope{piece_site};
         const auto& target = dense_of(p.dst_chunk);
         be.wait(qd, queue_kind::transfer, q.ready);
         be.copy(qd, queue_kind::transfer, src.type, view::of_box(target->data(), dst.region, *r), d,
@@ -207,7 +232,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         be.accumulate(d, queue_kind::compute, src.type, op, acc, view_of(q, *r));
         used[p.dst_chunk].push_back(q.storage);
       } else {
-        const profiler::scope piece_scope{"darray.piece", category::darray_transfer};
+        const profiler::scope piece_scope{piece_site};
         auto staging = dense_buffer(be, d, *r, src.type);
         const view staged = view::dense(staging->data(), r->extents());
         be.wait(qd, queue_kind::transfer, q.ready);
@@ -414,7 +439,7 @@ array_handle array_handle::change_mode(array_mode m) const {
 array_handle array_handle::unary(unary_op op) const {
   (void)state();
   const auto s = completed(state_);
-  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  const profiler::scope op_scope{site_of(op)};
   backend& be = *s->be;
   auto out = std::make_shared<array_state>();
   out->be = s->be;
@@ -446,7 +471,7 @@ namespace {
 std::shared_ptr<array_state> binary_scalar(binary_op op,
                                            const std::shared_ptr<const array_state>& s, scalar v,
                                            bool scalar_left) {
-  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  const profiler::scope op_scope{site_of(op)};
   backend& be = *s->be;
   auto out = std::make_shared<array_state>();
   out->be = s->be;
@@ -492,7 +517,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   if (!(y->map == x->map)) {
     y = execute_reshard(*y, x->map, {});
   }
-  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  const profiler::scope op_scope{site_of(op)};
   backend& be = *x->be;
   auto out = std::make_shared<array_state>();
   out->be = x->be;
@@ -548,7 +573,7 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
                            shape_string(s0.shape));
   }
   const auto s = completed(state_);
-  const profiler::scope op_scope{"darray." + std::string(to_string(op)), category::darray_compute};
+  const profiler::scope op_scope{site_of(op)};
   backend& be = *s->be;
   auto out = std::make_shared<array_state>();
   out->be = s->be;
@@ -617,7 +642,8 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
       }
     }
   }
-  const profiler::scope op_scope{"darray.matmul", category::darray_compute};
+  static const profiler::scope_site matmul_site{"darray.matmul", category::darray_compute};
+  const profiler::scope op_scope{matmul_site};
   backend& be = *x->be;
   const std::int64_t n = y->shape[1];
   // Where each owned block of `a` needs rows of `b`: one destination chunk per block.

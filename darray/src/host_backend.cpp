@@ -446,6 +446,8 @@ struct gemm_fn {
 
 class host_event final : public detail::event_state {
  public:
+  host_event(const void* owner, int queue_key, std::uint64_t sequence) noexcept
+      : event_state(owner, queue_key, sequence) {}
   [[nodiscard]] bool ready() const override { return done_.load(std::memory_order_acquire); }
   void wait() const override {
     std::unique_lock lock(mutex_);
@@ -625,8 +627,8 @@ class host_backend final : public backend {
     return stream_view(devices_[static_cast<std::size_t>(device)]->compute.get());
   }
 
-  event do_record(int device, queue_kind q) override {
-    auto e = std::make_shared<host_event>();
+  event do_record(int device, queue_kind q, std::uint64_t sequence) override {
+    auto e = std::make_shared<host_event>(this, queue_key(device, q), sequence);
     queue(device, q).push({[e] { e->complete(); }, {}, {}});
     return event(e);
   }

@@ -2,8 +2,12 @@
 // along axes, gemm with leading dimensions, ordering through events across devices.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
@@ -111,6 +115,70 @@ TEST(darray_backend, identities_and_names) {
   EXPECT_EQ(identity(reduce_op::min, dtype::i32).i, INT32_MAX);
   EXPECT_EQ(to_string(dtype::f32), "float32");
   EXPECT_EQ(size_of(dtype::i64), 8U);
+}
+
+// An event of no backend that completes when the test opens it: a queue waiting for it stays
+// blocked, so what follows is checked while the events behind it are certainly pending.
+class gate final : public detail::event_state {
+ public:
+  [[nodiscard]] bool ready() const override { return open_.load(); }
+  void wait() const override {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return open_.load(); });
+  }
+  void open() {
+    {
+      const std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::atomic<bool> open_{false};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+};
+
+TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {
+  auto be = make_host_backend(2);
+  auto g = std::make_shared<gate>();
+  be->wait(0, queue_kind::compute, event(g));  // device 0's compute queue now blocks
+  EXPECT_EQ(be->stats().waits, 1U);
+  auto buf = be->allocate(0, 1024);
+  const event e1 = be->record(0, queue_kind::compute);
+  const event e2 = be->record(0, queue_kind::compute);
+  ASSERT_FALSE(e1.ready());
+  ASSERT_EQ(e1.state()->queue_key(), backend::queue_key(0, queue_kind::compute));
+  EXPECT_EQ(e2.state()->sequence(), e1.state()->sequence() + 1);
+
+  be->wait(0, queue_kind::compute, e2);  // same queue: in order already
+  be->wait(0, queue_kind::transfer, e2);
+  be->wait(0, queue_kind::transfer, e1);  // before e2 on the queue the transfer queue waits for
+  be->wait(1, queue_kind::transfer, e1);  // another waiter
+  auto s = be->stats();
+  EXPECT_EQ(s.waits, 3U);
+  EXPECT_EQ(s.waits_elided, 2U);
+
+  // One event per queue is kept, and the buffer goes back only after the later one.
+  buf->add_use(e1);
+  buf->add_use(e2);
+  const event t = be->record(0, queue_kind::transfer);  // after e2 (it waits for it)
+  buf->add_use(t);
+  buf.reset();
+  auto more = be->allocate(0, 1024);  // collects what completed: nothing yet
+  EXPECT_EQ(be->allocator(0).stats().in_use, 2048U);
+  EXPECT_FALSE(t.ready());
+
+  g->open();
+  more.reset();
+  be->synchronize();
+  EXPECT_EQ(be->allocator(0).stats().in_use, 0U);
+  EXPECT_TRUE(e2.ready() && t.ready());
+  // Known complete after synchronize: nothing to enqueue.
+  be->wait(1, queue_kind::compute, e2);
+  EXPECT_EQ(be->stats().waits, 3U);
+  EXPECT_EQ(be->stats().waits_elided, 3U);
 }
 
 }  // namespace

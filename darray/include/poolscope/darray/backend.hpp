@@ -37,6 +37,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -128,6 +129,23 @@ class event_state {
   virtual ~event_state() = default;
   [[nodiscard]] virtual bool ready() const = 0;
   virtual void wait() const = 0;  ///< blocks the calling thread until complete
+  /// The backend that recorded it (null when unknown): its queue_key and sequence mean something
+  /// only to that backend.
+  [[nodiscard]] const void* owner() const noexcept { return owner_; }
+  /// The queue the event was recorded on (backend::queue_key).
+  [[nodiscard]] int queue_key() const noexcept { return queue_key_; }
+  /// Its place on that queue (from 1): the events of one queue complete in sequence order.
+  [[nodiscard]] std::uint64_t sequence() const noexcept { return sequence_; }
+
+ protected:
+  event_state() = default;
+  event_state(const void* owner, int queue_key, std::uint64_t sequence) noexcept
+      : owner_(owner), queue_key_(queue_key), sequence_(sequence) {}
+
+ private:
+  const void* owner_ = nullptr;
+  int queue_key_ = -1;
+  std::uint64_t sequence_ = 0;
 };
 }  // namespace detail
 
@@ -156,6 +174,8 @@ class backend;
 
 /// Device memory from a backend's allocator. Returned to the allocator when the last shared_ptr
 /// goes and every use recorded with add_use() is complete. Thread-safe.
+/// Cost: add_use keeps the latest event per queue (a later event of a queue completes after the
+/// earlier ones), so it never queries an event and holds at most one event per queue.
 class buffer {
  public:
   buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes) noexcept;
@@ -190,6 +210,10 @@ struct backend_options {
   std::string allocator = "bfc";  ///< pool strategy per device (pool::allocator_names())
   std::string resource;           ///< "" -> cuda for CUDA devices, host for host devices
   transport transfers = transport::automatic;
+  /// CUDA: the SMs the elementwise and reduction kernels of compute queues spread over (0: all;
+  /// the environment variable POOLSCOPE_DARRAY_COMPUTE_SMS sets it when 0). Fewer leave memory
+  /// bandwidth to the copy engines while a reshard runs beside the compute. Ignored on host.
+  int compute_sms = 0;
 };
 
 /// What a backend did.
@@ -198,8 +222,10 @@ struct backend_stats {
   std::uint64_t copies_peer = 0;   ///< copies between devices
   std::uint64_t bytes_local = 0;
   std::uint64_t bytes_peer = 0;
-  std::uint64_t bytes_nccl = 0;  ///< of bytes_peer, moved by NCCL
-  std::uint64_t ops = 0;         ///< compute tasks (fill, unary, binary, reduce, gemm, ...)
+  std::uint64_t bytes_nccl = 0;    ///< of bytes_peer, moved by NCCL
+  std::uint64_t ops = 0;           ///< compute tasks (fill, unary, binary, reduce, gemm, ...)
+  std::uint64_t waits = 0;         ///< waits of one queue for another's event, enqueued
+  std::uint64_t waits_elided = 0;  ///< waits that enqueued nothing (already ordered or complete)
 };
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
@@ -226,7 +252,9 @@ class backend : public std::enable_shared_from_this<backend> {
 
   /// An event after the work enqueued so far on (device, q).
   [[nodiscard]] event record(int device, queue_kind q);
-  /// Work enqueued later on (device, q) starts after `e` (any device's) completes.
+  /// Work enqueued later on (device, q) starts after `e` (any device's) completes. Enqueues
+  /// nothing when that already holds: `e` is of the same queue, known complete, or not later than
+  /// an event of its queue that (device, q) already waits for.
   void wait(int device, queue_kind q, const event& e);
   /// Blocks until every queue of every device is idle; then frees deferred buffers.
   void synchronize();
@@ -265,6 +293,11 @@ class backend : public std::enable_shared_from_this<backend> {
   void set_timeline(profiler::timeline* t) noexcept;
   [[nodiscard]] backend_stats stats() const;
 
+  /// The key of a queue in event_state::queue_key().
+  [[nodiscard]] static constexpr int queue_key(int device, queue_kind q) noexcept {
+    return device * 2 + (q == queue_kind::compute ? 0 : 1);
+  }
+
  protected:
   /// For implementations: the attached timeline (may be null).
   [[nodiscard]] profiler::timeline* attached_timeline() const noexcept;
@@ -287,7 +320,8 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] virtual pool::allocator& do_allocator(int device) = 0;
   /// The stream handle allocations on `device` are made with (its compute queue's).
   [[nodiscard]] virtual stream_view do_alloc_stream(int device) const noexcept = 0;
-  [[nodiscard]] virtual event do_record(int device, queue_kind q) = 0;
+  /// An event with queue_key(device, q) and `sequence` (called under the queue's record lock).
+  [[nodiscard]] virtual event do_record(int device, queue_kind q, std::uint64_t sequence) = 0;
   virtual void do_wait(int device, queue_kind q, const event& e) = 0;
   virtual void do_synchronize() = 0;
   virtual void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
@@ -313,6 +347,23 @@ class backend : public std::enable_shared_from_this<backend> {
     std::size_t bytes;
     std::vector<event> uses;
   };
+  // What the backend knows of each queue's events (see wait() and collect_deferred()).
+  struct queue_track {
+    std::mutex record_mutex;
+    std::uint64_t recorded = 0;              // the last sequence handed out (record_mutex)
+    std::atomic<std::uint64_t> complete{0};  // every event up to this sequence has completed
+  };
+  struct queue_tracks {
+    std::size_t queues = 0;
+    std::unique_ptr<queue_track[]> track;
+    std::unique_ptr<std::atomic<std::uint64_t>[]> waited;  // [waiter * queues + source]
+  };
+  queue_tracks& tracks();
+  /// The queue_key of `e` if this backend recorded it, else -1.
+  [[nodiscard]] int own_queue_key(const event& e) const noexcept;
+
+  std::once_flag tracks_once_;
+  queue_tracks tracks_;
   mutable std::mutex state_mutex_;
   std::vector<deferred> deferred_;
   profiler::timeline* timeline_ = nullptr;

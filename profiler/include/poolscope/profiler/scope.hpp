@@ -106,12 +106,20 @@ class scope_site {
   explicit scope_site(const char (&name)[N], category c = category::user)  // NOLINT
       : info_(&detail::register_site(std::string_view(name), c)) {}
 
+  /// Registers a name made at run time. Registration costs a lock and a lookup, so keep the site
+  /// (a table of sites made once) rather than calling this per scope.
+  [[nodiscard]] static scope_site named(std::string_view name, category c = category::user) {
+    return scope_site(&detail::register_site(name, c));
+  }
+
   /// The name as registered.
   [[nodiscard]] std::string_view name() const noexcept { return info_->name; }
   /// The registered site (internal).
   [[nodiscard]] const detail::site_info& info() const noexcept { return *info_; }
 
  private:
+  explicit scope_site(const detail::site_info* info) noexcept : info_(info) {}
+
   const detail::site_info* info_;
 };
 
