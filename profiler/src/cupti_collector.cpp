@@ -231,6 +231,8 @@ struct cupti_collector::state {
   std::atomic<std::uint64_t> dropped{0};
   std::atomic<std::uint64_t> completed{0};
   std::atomic<std::uint64_t> unmapped{0};
+  // CUPTI reports OS thread ids itself (cuptiSetThreadIdType): no API callbacks, no mapping.
+  std::atomic<bool> system_thread_ids{false};
   std::atomic<std::uint64_t> unknown{0};
   std::vector<seam::kind> enabled;
   mutable std::mutex mutex;  // guards the strings below
@@ -310,7 +312,8 @@ void on_complete(std::uint8_t* buffer, std::size_t /*size*/, std::size_t valid) 
           const bool host_side = d.kind == activity_kind::runtime_api ||
                                  d.kind == activity_kind::driver_api ||
                                  d.kind == activity_kind::marker;
-          if (host_side && d.thread != 0 && !map_thread(d.thread)) {
+          if (host_side && d.thread != 0 && !s->system_thread_ids.load(std::memory_order_relaxed) &&
+              !map_thread(d.thread)) {
             s->unmapped.fetch_add(1, std::memory_order_relaxed);
           }
           s->records.fetch_add(1, std::memory_order_relaxed);
@@ -377,8 +380,15 @@ bool cupti_collector::start() {
   if (seam::device_count(why) == 0) {
     return unavailable("no usable CUDA device or driver (" + why + ")");
   }
-  seam::result r = seam::subscribe(&note_thread);
+  // OS thread ids from CUPTI itself when it can: otherwise every API call goes through a
+  // callback of ours to learn its thread (a few hundred ns per call: most of the tracing cost).
+  const bool system_ids = seam::use_system_thread_ids().ok();
+  s.system_thread_ids.store(system_ids, std::memory_order_relaxed);
+  seam::result r = seam::subscribe(system_ids ? nullptr : &note_thread);
   if (!r.ok()) {
+    if (system_ids) {
+      seam::use_default_thread_ids();
+    }
     if (r.taken()) {
       return unavailable("CUPTI is already taken by another client" +
                          (r.holder.empty() ? std::string() : " (" + r.holder + ")") +
@@ -393,6 +403,9 @@ bool cupti_collector::start() {
     }
     s.enabled.clear();
     seam::unsubscribe();
+    if (s.system_thread_ids.load(std::memory_order_relaxed)) {
+      seam::use_default_thread_ids();
+    }
     std::lock_guard lock(g_callback_mutex);
     g_active = nullptr;
   };
@@ -506,6 +519,9 @@ void cupti_collector::stop() noexcept {
   s.deliver.store(false, std::memory_order_release);
   s.dropped.fetch_add(seam::take_dropped_records(), std::memory_order_relaxed);
   seam::unsubscribe();
+  if (s.system_thread_ids.load(std::memory_order_relaxed)) {
+    seam::use_default_thread_ids();
+  }
   {
     std::lock_guard lock(g_callback_mutex);
     g_active = nullptr;
@@ -537,6 +553,7 @@ cupti_status cupti_collector::status() const {
   out.buffers_refused = s.pool.refused();
   out.buffers_completed = s.completed.load(std::memory_order_relaxed);
   out.unmapped_threads = s.unmapped.load(std::memory_order_relaxed);
+  out.system_thread_ids = s.system_thread_ids.load(std::memory_order_relaxed);
   out.unknown_records = s.unknown.load(std::memory_order_relaxed);
   out.buffer_bytes = s.pool.buffer_bytes();
   out.buffer_count = s.pool.count();

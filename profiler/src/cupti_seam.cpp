@@ -289,6 +289,9 @@ result subscribe(api_thread_fn on_api) noexcept {
       return r;
     }
     g_subscriber = h;
+    if (on_api == nullptr) {
+      return r;
+    }
     for (const CUpti_CallbackDomain d :
          {CUPTI_CB_DOMAIN_RUNTIME_API, CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_CB_DOMAIN_NVTX}) {
       // A domain that cannot be enabled only costs the thread mapping for its calls.
@@ -306,6 +309,18 @@ void unsubscribe() noexcept {
     g_subscriber = nullptr;
   }
   g_api_thread.store(nullptr, std::memory_order_relaxed);
+}
+
+result use_system_thread_ids() noexcept {
+  try {
+    return make_result(cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_SYSTEM));
+  } catch (...) {
+    return result{-1, "std::bad_alloc", {}};
+  }
+}
+
+void use_default_thread_ids() noexcept {
+  (void)cuptiSetThreadIdType(CUPTI_ACTIVITY_THREAD_ID_TYPE_DEFAULT);
 }
 
 result register_buffers(request_fn request, complete_fn complete) noexcept {

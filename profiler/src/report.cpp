@@ -49,6 +49,7 @@ json to_json(const cupti_status& s) {
           {"buffers_refused", s.buffers_refused},
           {"buffers_completed", s.buffers_completed},
           {"unmapped_threads", s.unmapped_threads},
+          {"system_thread_ids", s.system_thread_ids},
           {"unknown_records", s.unknown_records},
           {"refused_kinds", s.refused_kinds},
           {"nvtx_attached", s.nvtx_attached},

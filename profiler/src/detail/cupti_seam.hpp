@@ -49,9 +49,15 @@ using api_thread_fn = void (*)() noexcept;
 /// The name of CUDA device `device` ("" if it cannot be read).
 [[nodiscard]] std::string device_name(int device) noexcept;
 
-/// Subscribes to CUPTI's callback API and enables the runtime, driver and NVTX callback domains,
-/// routing their entries to `on_api`. Fails with taken() when another client holds CUPTI.
+/// Subscribes to CUPTI's callback API (which also tells whether another client holds CUPTI:
+/// then it fails with taken()). With `on_api`, enables the runtime, driver and NVTX callback
+/// domains and routes their entries to it (a callback on every API call: costly); with nullptr,
+/// enables no domain.
 [[nodiscard]] result subscribe(api_thread_fn on_api) noexcept;
+/// cuptiSetThreadIdType(SYSTEM): API and marker records then carry OS thread ids (gettid).
+[[nodiscard]] result use_system_thread_ids() noexcept;
+/// Sets CUPTI's thread ids back to its default.
+void use_default_thread_ids() noexcept;
 /// Undoes subscribe. No-op if not subscribed.
 void unsubscribe() noexcept;
 

@@ -24,10 +24,12 @@
 // cuptiActivityRegisterTimestampCallback, so CUPTI's timestamps are on poolscope's clock. If
 // CUPTI refuses the callback, the offset between CUPTI's clock and now_ns is measured at start
 // (estimate_clock_offset) and added to every timestamp; status().clock says which.
-// Threads: CUPTI names threads by the low 32 bits of pthread_self(). The collector subscribes to
-// CUPTI's runtime and driver API callbacks and learns, once per thread, which OS thread id
-// (hooks::current_thread_id) that is, and reports API records and markers with the OS id; a
-// thread it has not seen keeps CUPTI's id (status().unmapped_threads counts those records).
+// Threads: API records and markers are reported with OS thread ids (hooks::current_thread_id).
+// The collector asks CUPTI for them (cuptiSetThreadIdType(SYSTEM); status().system_thread_ids).
+// Where CUPTI refuses, CUPTI names threads by the low 32 bits of pthread_self(): the collector
+// then subscribes to CUPTI's runtime and driver API callbacks (a callback on every API call) and
+// learns, once per thread, which OS thread that is; a thread it has not seen keeps CUPTI's id
+// (status().unmapped_threads counts those records).
 // NVTX: CUPTI sees NVTX calls only when it is the NVTX tool. With options.attach_nvtx, start()
 // sets NVTX_INJECTION64_PATH to libcupti if it is unset (modules that have already initialised
 // NVTX keep their tool); if another tool is named there, markers come from nowhere and the
@@ -206,13 +208,14 @@ struct cupti_status {
   cupti_state state = cupti_state::off;
   std::string reason;  ///< why unavailable (or a note, e.g. about NVTX)
   clock_mode clock = clock_mode::callback;
-  std::int64_t offset_ns = 0;              ///< added to CUPTI timestamps (clock_mode::offset)
-  std::uint64_t records = 0;               ///< records delivered to the sink
-  std::uint64_t dropped_records = 0;       ///< cuptiActivityGetNumDroppedRecords, summed
-  std::uint64_t buffers_refused = 0;       ///< buffer requests the pool could not serve
-  std::uint64_t buffers_completed = 0;     ///< buffers CUPTI handed back
-  std::uint64_t unmapped_threads = 0;      ///< records whose thread id stayed CUPTI's
-  std::uint64_t unknown_records = 0;       ///< records of kinds the collector does not convert
+  std::int64_t offset_ns = 0;           ///< added to CUPTI timestamps (clock_mode::offset)
+  std::uint64_t records = 0;            ///< records delivered to the sink
+  std::uint64_t dropped_records = 0;    ///< cuptiActivityGetNumDroppedRecords, summed
+  std::uint64_t buffers_refused = 0;    ///< buffer requests the pool could not serve
+  std::uint64_t buffers_completed = 0;  ///< buffers CUPTI handed back
+  std::uint64_t unmapped_threads = 0;   ///< records whose thread id stayed CUPTI's
+  bool system_thread_ids = false;       ///< CUPTI reports OS thread ids (no API callbacks needed)
+  std::uint64_t unknown_records = 0;    ///< records of kinds the collector does not convert
   std::vector<std::string> refused_kinds;  ///< activity kinds CUPTI would not enable
   bool nvtx_attached = false;              ///< CUPTI is the NVTX tool (as far as we know)
   std::string nvtx_note;                   ///< how NVTX markers were (or were not) arranged
