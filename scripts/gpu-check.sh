@@ -36,7 +36,7 @@ step() {  # name logfile command...
 }
 
 {
-  echo "date: $(date -u +%FT%TZ)"; echo "commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null)"
+  echo "date: $(date -u +%FT%TZ)"; echo "commit: $(cat "$root/.snapshot-commit" 2>/dev/null || git -C "$root" rev-parse --short HEAD 2>/dev/null)"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   nvcc --version | tail -1; cmake --version | head -1; g++ --version | head -1
 } >"$out/summary.txt" 2>&1
