@@ -73,18 +73,11 @@ if [ "$only" != pools ]; then
   if "$cli" bench darray --help >/dev/null 2>&1; then
     step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
       --json "$out/bench_darray.json"
-    # D1 again with the compute kernels on fewer SMs (backend_options::compute_sms): how much
-    # the copy engines gain when the compute beside them leaves memory bandwidth.
-    for sms in ${GPU_CHECK_COMPUTE_SMS-66 33}; do
-      step "bench darray D1 (compute on $sms SMs)" "$out/bench_darray_sms.log" \
-        env POOLSCOPE_DARRAY_COMPUTE_SMS="$sms" "$cli" bench darray --only D1
-    done
   fi
 fi
 if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
   echo "---- bench darray ----"; tail -30 "$out/bench_darray.log" 2>/dev/null
-  grep -E "^== |^D1 " "$out/bench_darray_sms.log" 2>/dev/null
   echo "---- summary ----"; printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
   exit 0
 fi

@@ -8,7 +8,6 @@
 #include <atomic>
 #include <climits>
 #include <cstddef>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -134,7 +133,6 @@ struct device_state {
   int ordinal = 0;
   std::string name;
   int sm_count = 1;
-  int compute_sm_count = 1;  // what kernels on the compute stream spread over (compute_sms)
   std::array<cudaStream_t, 2> streams{};  // [compute, transfer]
   std::unique_ptr<pool::resource> resource;
   std::unique_ptr<pool::allocator> allocator;
@@ -320,9 +318,7 @@ class cuda_backend final : public backend {
     return dev(device).streams[index_of(q)];
   }
   [[nodiscard]] detail::launch_target target(int device, queue_kind q) const noexcept {
-    const device_state& d = dev(device);
-    return detail::launch_target{stream(device, q),
-                                 q == queue_kind::compute ? d.compute_sm_count : d.sm_count};
+    return detail::launch_target{stream(device, q), dev(device).sm_count};
   }
   [[nodiscard]] bool peer(int from, int to) const noexcept {
     return peer_[static_cast<std::size_t>(from) * devices_.size() + static_cast<std::size_t>(to)] !=
@@ -350,16 +346,6 @@ class cuda_backend final : public backend {
 
 cuda_backend::cuda_backend(int devices, const backend_options& options)
     : default_transport_(options.transfers) {
-  int compute_sms = options.compute_sms;
-  if (compute_sms == 0) {
-    if (const char* env = std::getenv("POOLSCOPE_DARRAY_COMPUTE_SMS"); env != nullptr) {
-      compute_sms = std::atoi(env);
-    }
-  }
-  if (compute_sms < 0) {
-    throw invalid_argument("darray cuda backend: compute_sms " + std::to_string(compute_sms) +
-                           " is negative");
-  }
   try {
     const auto n = static_cast<std::size_t>(devices);
     for (std::size_t i = 0; i < n; ++i) {
@@ -370,8 +356,6 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
       POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, state->ordinal));
       state->name = prop.name;
       state->sm_count = std::max(prop.multiProcessorCount, 1);
-      state->compute_sm_count =
-          compute_sms > 0 ? std::min(compute_sms, state->sm_count) : state->sm_count;
       // Registered before creating anything, so release_all frees what was made on a failure.
       devices_.push_back(std::move(state));
       device_state& d = *devices_.back();

@@ -210,10 +210,6 @@ struct backend_options {
   std::string allocator = "bfc";  ///< pool strategy per device (pool::allocator_names())
   std::string resource;           ///< "" -> cuda for CUDA devices, host for host devices
   transport transfers = transport::automatic;
-  /// CUDA: the SMs the elementwise and reduction kernels of compute queues spread over (0: all;
-  /// the environment variable POOLSCOPE_DARRAY_COMPUTE_SMS sets it when 0). Fewer leave memory
-  /// bandwidth to the copy engines while a reshard runs beside the compute. Ignored on host.
-  int compute_sms = 0;
 };
 
 /// What a backend did.
