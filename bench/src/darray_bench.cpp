@@ -41,6 +41,32 @@ std::string mib(double bytes) {
 }
 
 // Wall time of `op` (which returns once its work is complete): one untimed warm-up, then `runs`.
+// Median seconds of `runs` samples.
+double median_of(std::vector<double> s) {
+  std::sort(s.begin(), s.end());
+  const std::size_t mid = s.size() / 2;
+  return s.empty() ? 0.0 : s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
+}
+
+// Median seconds the host spends issuing `make` (until it returns) and then waiting for its
+// result (wait()), over `runs` runs after a warm-up: where a small op's time goes.
+template <typename Make>
+std::pair<double, double> time_enqueue_and_wait(int runs, Make make) {
+  make().wait();
+  std::vector<double> enqueue;
+  std::vector<double> wait;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = make();
+    const auto t1 = std::chrono::steady_clock::now();
+    r.wait();
+    const auto t2 = std::chrono::steady_clock::now();
+    enqueue.push_back(std::chrono::duration<double>(t1 - t0).count());
+    wait.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  return {median_of(std::move(enqueue)), median_of(std::move(wait))};
+}
+
 baseline_seconds time_op(int runs, const std::function<void()>& op) {
   op();
   std::vector<double> s;
@@ -361,6 +387,9 @@ class bench_run {
       (a + moved).wait();
       plan = moved.handle().last_reshard().plan;
     });
+    const auto [add_enqueue, add_wait] = time_enqueue_and_wait(runs, [&] { return a + b; });
+    const auto [fused_enqueue, fused_wait] = time_enqueue_and_wait(
+        runs, [&] { return a + c.reshard(a.index_map(), reshard_options()); });
     // The values too: a wrong result at this size would make the times meaningless.
     const auto got = (a + c.reshard(a.index_map(), reshard_options())).to_host();
     if (!std::all_of(got.begin(), got.end(), [](float v) { return v == 4.0f; })) {
@@ -372,6 +401,10 @@ class bench_run {
     f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
     f["t_add_us"] = t_add.median * 1e6;
     f["t_fused_us"] = t_fused.median * 1e6;
+    f["t_add_enqueue_us"] = add_enqueue * 1e6;
+    f["t_add_wait_us"] = add_wait * 1e6;
+    f["t_fused_enqueue_us"] = fused_enqueue * 1e6;
+    f["t_fused_wait_us"] = fused_wait * 1e6;
     f["t_add_best_us"] = t_add.best * 1e6;
     f["t_fused_best_us"] = t_fused.best * 1e6;
     const auto links = links_of(plan);
@@ -533,6 +566,10 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         p != nullptr ? fmt("%.1f us ", p->median_ms * 1e3) + raw : "",
         p != nullptr && fused > 0 ? format_ratio(p->median_ms * 1e3 / fused) : "", "<= 20 us",
         fused <= 20.0);
+    row("  of which issuing / waiting (medians)",
+        fmt("%.1f / ", figure(w, "t_add_enqueue_us")) + fmt("%.1f us", figure(w, "t_add_wait_us")),
+        fmt("%.1f / ", figure(w, "t_fused_enqueue_us")) +
+            fmt("%.1f us fused", figure(w, "t_fused_wait_us")));
   } else if (w.name == "D4") {
     const double r = figure(w, "ratio");
     const auto* p = find_baseline(w, "copy");
