@@ -103,7 +103,7 @@ if [ -x "$prof" ]; then
 fi
 
 bench="$build/bin/poolscope"
-step "bench alloc (cuda)" "$out/bench.log" "$bench" bench alloc --resource cuda $quick \
+step "bench alloc (cuda)" "$out/bench.log" "$bench" bench alloc --resource cuda $quick --compare-thread-cache \
   --json "$out/bench_alloc.json"
 for b in "$build"/bin/*_bench*; do
   [ -x "$b" ] || continue
