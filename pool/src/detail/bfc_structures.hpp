@@ -16,6 +16,8 @@
 #include <memory>
 #include <vector>
 
+#include "address_table.hpp"
+
 namespace poolscope::pool::detail {
 
 /// The pool's one lock: a futex-style mutex (Drepper's "mutex2": 0 free, 1 held, 2 held with
@@ -298,78 +300,35 @@ class bfc_free_index {
   std::uint64_t summary_ = 0;
 };
 
-/// Live chunks by address: open addressing, linear probing, backward-shift deletion (no
-/// tombstones), load factor <= 1/2, multiplicative hashing. Keys are chunk addresses (never 0).
+/// Live chunks by address (an address_table of {address, chunk}).
 class bfc_ptr_map {
  public:
   /// Makes sure one insert will not allocate. May throw std::bad_alloc.
-  void reserve_one() {
-    if ((size_ + 1) * 2 > capacity_) [[unlikely]] {
-      rehash(capacity_ == 0 ? 256 : capacity_ * 2);
-    }
-  }
+  void reserve_one() { table_.reserve_one(); }
   /// Adds `c` under c->addr. Precondition: reserve_one() since the last insert; key absent.
   void insert(bfc_chunk* c) noexcept {
-    const auto key = reinterpret_cast<std::uintptr_t>(c->addr);
-    std::size_t i = home(key);
-    while (slots_[i].key != 0) {
-      i = (i + 1) & mask_;
-    }
-    slots_[i] = {key, c};
-    ++size_;
+    table_.insert(slot{reinterpret_cast<std::uintptr_t>(c->addr), c});
   }
   /// The chunk at `p`, or null.
   [[nodiscard]] bfc_chunk* find(const void* p) const noexcept {
-    if (size_ == 0) {
-      return nullptr;
-    }
-    const auto key = reinterpret_cast<std::uintptr_t>(p);
-    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) {
-        return slots_[i].value;
-      }
-      if (slots_[i].key == 0) {
-        return nullptr;
-      }
-    }
+    const slot* s = table_.find(p);
+    return s != nullptr ? s->value : nullptr;
   }
   /// Removes and returns the chunk at `p`, or null if absent.
   bfc_chunk* erase(const void* p) noexcept {
-    if (size_ == 0) {
+    slot* s = table_.find(p);
+    if (s == nullptr) {
       return nullptr;
     }
-    const auto key = reinterpret_cast<std::uintptr_t>(p);
-    std::size_t i = home(key);
-    while (slots_[i].key != key) {
-      if (slots_[i].key == 0) {
-        return nullptr;
-      }
-      i = (i + 1) & mask_;
-    }
-    bfc_chunk* found = slots_[i].value;
-    // Backward shift: pull later entries of the probe run into the hole when their home slot
-    // does not lie cyclically in (hole, j].
-    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
-      const std::size_t k = home(slots_[j].key);
-      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-      if (!stays) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
-    }
-    slots_[i] = {};
-    --size_;
+    bfc_chunk* found = s->value;
+    table_.erase(s);
     return found;
   }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }
   /// Calls f(chunk*) for every entry.
   template <typename F>
   void for_each(F&& f) const {
-    for (const slot& s : slots_) {
-      if (s.key != 0) {
-        f(s.value);
-      }
-    }
+    table_.for_each([&f](const slot& s) { f(s.value); });
   }
 
  private:
@@ -377,28 +336,7 @@ class bfc_ptr_map {
     std::uintptr_t key = 0;
     bfc_chunk* value = nullptr;
   };
-  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept {
-    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
-  }
-  void rehash(std::size_t new_capacity) {
-    std::vector<slot> old(new_capacity);
-    old.swap(slots_);
-    capacity_ = new_capacity;
-    mask_ = new_capacity - 1;
-    shift_ = 64 - static_cast<unsigned>(std::countr_zero(new_capacity));
-    size_ = 0;
-    for (const slot& s : old) {
-      if (s.key != 0) {
-        insert(s.value);
-      }
-    }
-  }
-
-  std::vector<slot> slots_;
-  std::size_t capacity_ = 0;
-  std::size_t mask_ = 0;
-  unsigned shift_ = 64;
-  std::size_t size_ = 0;
+  address_table<slot, 256> table_;
 };
 
 }  // namespace poolscope::pool::detail

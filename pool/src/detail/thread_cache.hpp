@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "address_table.hpp"
 #include "poolscope/pool/allocator.hpp"
 
 namespace poolscope::pool::detail {
@@ -63,91 +64,8 @@ struct tc_entry {
   bool cached = false;
 };
 
-/// Blocks by address: open addressing, linear probing, backward-shift deletion, load <= 1/2.
-class tc_table {
- public:
-  /// Makes sure one insert will not allocate. May throw std::bad_alloc.
-  void reserve_one() {
-    if ((size_ + 1) * 2 > slots_.size()) [[unlikely]] {
-      rehash(slots_.empty() ? 64 : slots_.size() * 2);
-    }
-  }
-  /// Adds `e` (key absent). Precondition: reserve_one() since the last insert.
-  void insert(const tc_entry& e) noexcept {
-    std::size_t i = home(e.key);
-    while (slots_[i].key != 0) {
-      i = (i + 1) & mask_;
-    }
-    slots_[i] = e;
-    ++size_;
-  }
-  /// The entry of `p`, or null. Valid until the next insert or erase.
-  [[nodiscard]] tc_entry* find(const void* p) noexcept {
-    if (size_ == 0) {
-      return nullptr;
-    }
-    const auto key = reinterpret_cast<std::uintptr_t>(p);
-    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) {
-        return &slots_[i];
-      }
-      if (slots_[i].key == 0) {
-        return nullptr;
-      }
-    }
-  }
-  /// Removes the entry `e` points at (from find()).
-  void erase(tc_entry* e) noexcept {
-    auto i = static_cast<std::size_t>(e - slots_.data());
-    for (std::size_t j = (i + 1) & mask_; slots_[j].key != 0; j = (j + 1) & mask_) {
-      const std::size_t k = home(slots_[j].key);
-      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
-      if (!stays) {
-        slots_[i] = slots_[j];
-        i = j;
-      }
-    }
-    slots_[i] = {};
-    --size_;
-  }
-  [[nodiscard]] std::size_t size() const noexcept { return size_; }
-  /// Calls f(entry&) for every entry (it must not insert or erase).
-  template <typename F>
-  void for_each(F&& f) {
-    for (tc_entry& s : slots_) {
-      if (s.key != 0) {
-        f(s);
-      }
-    }
-  }
-  void clear() noexcept {
-    slots_.clear();
-    slots_.shrink_to_fit();
-    size_ = 0;
-  }
-
- private:
-  [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept {
-    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
-  }
-  void rehash(std::size_t capacity) {
-    std::vector<tc_entry> old(capacity);
-    old.swap(slots_);
-    mask_ = capacity - 1;
-    shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
-    size_ = 0;
-    for (const tc_entry& e : old) {
-      if (e.key != 0) {
-        insert(e);
-      }
-    }
-  }
-
-  std::vector<tc_entry> slots_;
-  std::size_t mask_ = 0;
-  unsigned shift_ = 64;
-  std::size_t size_ = 0;
-};
+/// Blocks by address (the table bfc's live-chunk map uses too).
+using tc_table = address_table<tc_entry, 64>;
 
 /// Cached blocks of one (stream, rounded size), most recently freed last.
 struct tc_bin {
