@@ -21,6 +21,7 @@
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/scope.hpp"
+#include "scope_sites.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -216,51 +217,9 @@ void host_strided_copy(const view& h, std::size_t es, std::byte* dense, bool pac
   }
 }
 
-const profiler::scope_site& site_of(unary_op op) {
-  static const profiler::scope_site sites[] = {
-      profiler::scope_site{"darray.neg", category::darray_compute},
-      profiler::scope_site{"darray.abs", category::darray_compute},
-      profiler::scope_site{"darray.exp", category::darray_compute},
-      profiler::scope_site{"darray.log", category::darray_compute},
-      profiler::scope_site{"darray.sin", category::darray_compute},
-      profiler::scope_site{"darray.cos", category::darray_compute},
-      profiler::scope_site{"darray.sqrt", category::darray_compute},
-  };
-  return sites[static_cast<std::size_t>(op)];
-}
-
-const profiler::scope_site& site_of(binary_op op) {
-  static const profiler::scope_site sites[] = {
-      profiler::scope_site{"darray.add", category::darray_compute},
-      profiler::scope_site{"darray.sub", category::darray_compute},
-      profiler::scope_site{"darray.mul", category::darray_compute},
-      profiler::scope_site{"darray.div", category::darray_compute},
-      profiler::scope_site{"darray.maximum", category::darray_compute},
-      profiler::scope_site{"darray.minimum", category::darray_compute},
-      profiler::scope_site{"darray.pow", category::darray_compute},
-  };
-  return sites[static_cast<std::size_t>(op)];
-}
-
-const profiler::scope_site& accumulate_site(reduce_op op) {
-  static const profiler::scope_site sites[] = {
-      profiler::scope_site{"darray.accumulate.sum", category::darray_compute},
-      profiler::scope_site{"darray.accumulate.prod", category::darray_compute},
-      profiler::scope_site{"darray.accumulate.max", category::darray_compute},
-      profiler::scope_site{"darray.accumulate.min", category::darray_compute},
-  };
-  return sites[static_cast<std::size_t>(op)];
-}
-
-const profiler::scope_site& reduce_site(reduce_op op) {
-  static const profiler::scope_site sites[] = {
-      profiler::scope_site{"darray.reduce.sum", category::darray_compute},
-      profiler::scope_site{"darray.reduce.prod", category::darray_compute},
-      profiler::scope_site{"darray.reduce.max", category::darray_compute},
-      profiler::scope_site{"darray.reduce.min", category::darray_compute},
-  };
-  return sites[static_cast<std::size_t>(op)];
-}
+using detail::accumulate_site;
+using detail::reduce_site;
+using detail::site_of;
 
 // The CUDA implementation of backend. Ownership: owns its streams, allocators (and their
 // resources), cuBLAS handles, NCCL communicators and scratch; events share an event_pool with it.

@@ -9,6 +9,7 @@
 
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/scope.hpp"
+#include "scope_sites.hpp"
 
 namespace poolscope::darray {
 
@@ -45,28 +46,7 @@ namespace {
 using detail::array_state;
 using profiler::category;
 
-// The scope sites of ops ("darray.add", ...), registered once.
-template <typename Op, std::size_t N>
-const profiler::scope_site& op_site(Op op) {
-  static const std::vector<profiler::scope_site> sites = [] {
-    std::vector<profiler::scope_site> v;
-    for (std::size_t i = 0; i < N; ++i) {
-      v.push_back(profiler::scope_site::named(
-          "darray." + std::string(to_string(static_cast<Op>(i))), category::darray_compute));
-    }
-    return v;
-  }();
-  return sites[static_cast<std::size_t>(op)];
-}
-const profiler::scope_site& site_of(unary_op op) {
-  return op_site<unary_op, 7>(op);
-}
-const profiler::scope_site& site_of(binary_op op) {
-  return op_site<binary_op, 7>(op);
-}
-const profiler::scope_site& site_of(reduce_op op) {
-  return op_site<reduce_op, 4>(op);
-}
+using detail::site_of;
 
 reduce_op op_of(array_mode m) {
   switch (m) {
@@ -436,64 +416,33 @@ array_handle array_handle::change_mode(array_mode m) const {
   return array_handle(completed(state_));
 }
 
-array_handle array_handle::unary(unary_op op) const {
-  (void)state();
-  const auto s = completed(state_);
-  const profiler::scope op_scope{site_of(op)};
-  backend& be = *s->be;
+namespace {
+// A new replica-mode state on `s`'s backend, dtype, shape and map, with empty chunks.
+std::shared_ptr<array_state> same_layout(const array_state& s) {
   auto out = std::make_shared<array_state>();
-  out->be = s->be;
-  out->type = s->type;
-  out->shape = s->shape;
-  out->map = s->map;
-  out->chunks = chunks_of(s->map);
-  for (std::size_t j = 0; j < s->chunks.size(); ++j) {
-    const chunk& c = s->chunks[j];
-    if (c.region.empty()) {
-      continue;
-    }
-    auto o = dense_buffer(be, c.device, c.region, s->type);
-    for (const auto& q : c.parts) {
-      be.wait(c.device, queue_kind::compute, q.ready);
-      be.unary(c.device, queue_kind::compute, s->type, op,
-               view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
-      const event e = be.record(c.device, queue_kind::compute);
-      q.storage->add_use(e);
-      o->add_use(e);
-      out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
-    }
-  }
-  return array_handle(std::move(out));
+  out->be = s.be;
+  out->type = s.type;
+  out->shape = s.shape;
+  out->map = s.map;
+  out->chunks = chunks_of(s.map);
+  return out;
 }
 
-namespace {
-// Elementwise with a scalar on one side.
-std::shared_ptr<array_state> binary_scalar(binary_op op,
-                                           const std::shared_ptr<const array_state>& s, scalar v,
-                                           bool scalar_left) {
-  const profiler::scope op_scope{site_of(op)};
-  backend& be = *s->be;
-  auto out = std::make_shared<array_state>();
-  out->be = s->be;
-  out->type = s->type;
-  out->shape = s->shape;
-  out->map = s->map;
-  out->chunks = chunks_of(s->map);
-  for (std::size_t j = 0; j < s->chunks.size(); ++j) {
-    const chunk& c = s->chunks[j];
+// An elementwise op of one array: per part of every chunk, as soon as that part is ready,
+// enqueue(device, dst, src) on the device's compute queue into a new dense buffer per chunk.
+template <typename Enqueue>
+std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
+  backend& be = *s.be;
+  auto out = same_layout(s);
+  for (std::size_t j = 0; j < s.chunks.size(); ++j) {
+    const chunk& c = s.chunks[j];
     if (c.region.empty()) {
       continue;
     }
-    auto o = dense_buffer(be, c.device, c.region, s->type);
+    auto o = dense_buffer(be, c.device, c.region, s.type);
     for (const auto& q : c.parts) {
       be.wait(c.device, queue_kind::compute, q.ready);
-      const view in = view_of(q, q.region);
-      const view dst = view::of_box(o->data(), c.region, q.region);
-      if (scalar_left) {
-        be.binary(c.device, queue_kind::compute, s->type, op, dst, in, in, &v, nullptr);
-      } else {
-        be.binary(c.device, queue_kind::compute, s->type, op, dst, in, in, nullptr, &v);
-      }
+      enqueue(c.device, view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
       const event e = be.record(c.device, queue_kind::compute);
       q.storage->add_use(e);
       o->add_use(e);
@@ -502,7 +451,26 @@ std::shared_ptr<array_state> binary_scalar(binary_op op,
   }
   return out;
 }
+
+// Elementwise with a scalar on one side.
+std::shared_ptr<array_state> binary_scalar(binary_op op, const array_state& s, scalar v,
+                                           bool scalar_left) {
+  const profiler::scope op_scope{site_of(op)};
+  return map_parts(s, [&](int device, const view& dst, const view& in) {
+    s.be->binary(device, queue_kind::compute, s.type, op, dst, in, in, scalar_left ? &v : nullptr,
+                 scalar_left ? nullptr : &v);
+  });
+}
 }  // namespace
+
+array_handle array_handle::unary(unary_op op) const {
+  (void)state();
+  const auto s = completed(state_);
+  const profiler::scope op_scope{site_of(op)};
+  return array_handle(map_parts(*s, [&](int device, const view& dst, const view& src) {
+    s->be->unary(device, queue_kind::compute, s->type, op, dst, src);
+  }));
+}
 
 array_handle array_handle::binary(binary_op op, const array_handle& a, const array_handle& b) {
   const auto& as = a.state();
@@ -519,12 +487,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   }
   const profiler::scope op_scope{site_of(op)};
   backend& be = *x->be;
-  auto out = std::make_shared<array_state>();
-  out->be = x->be;
-  out->type = x->type;
-  out->shape = x->shape;
-  out->map = x->map;
-  out->chunks = chunks_of(x->map);
+  auto out = same_layout(*x);
   out->info = y->info;
   for (std::size_t j = 0; j < x->chunks.size(); ++j) {
     const chunk& c = x->chunks[j];
@@ -557,12 +520,12 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
 
 array_handle array_handle::binary(binary_op op, const array_handle& a, scalar b) {
   (void)a.state();
-  return array_handle(binary_scalar(op, completed(a.state_), b, false));
+  return array_handle(binary_scalar(op, *completed(a.state_), b, false));
 }
 
 array_handle array_handle::binary(binary_op op, scalar a, const array_handle& b) {
   (void)b.state();
-  return array_handle(binary_scalar(op, completed(b.state_), a, true));
+  return array_handle(binary_scalar(op, *completed(b.state_), a, true));
 }
 
 array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis) const {
