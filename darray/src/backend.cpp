@@ -326,8 +326,7 @@ void backend::wait(int device, queue_kind q, const event& e) {
   if (source < 0) {
     if (!e.ready()) {
       do_wait(device, q, e);
-      const std::lock_guard lock(state_mutex_);
-      ++stats_.waits;
+      counters_.waits.fetch_add(1, std::memory_order_relaxed);
     }
     return;
   }
@@ -339,15 +338,13 @@ void backend::wait(int device, queue_kind q, const event& e) {
       seq <= tr.track[static_cast<std::size_t>(source)].complete.load(std::memory_order_acquire) ||
       seq <= waited.load(std::memory_order_acquire)) {
     // In order on its own queue, done, or the queue already waits for a later event of `source`.
-    const std::lock_guard lock(state_mutex_);
-    ++stats_.waits_elided;
+    counters_.waits_elided.fetch_add(1, std::memory_order_relaxed);
     return;
   }
   do_wait(device, q, e);
   // Published after the wait is enqueued: whoever skips a wait on this finds it in the queue.
   raise_to(waited, seq);
-  const std::lock_guard lock(state_mutex_);
-  ++stats_.waits;
+  counters_.waits.fetch_add(1, std::memory_order_relaxed);
 }
 
 void backend::synchronize() {
@@ -553,37 +550,45 @@ void backend::gemm_accumulate(int device, queue_kind q, dtype t, const view& c, 
 }
 
 void backend::set_timeline(profiler::timeline* t) noexcept {
-  const std::lock_guard lock(state_mutex_);
-  timeline_ = t;
+  timeline_.store(t, std::memory_order_release);
 }
 
 profiler::timeline* backend::attached_timeline() const noexcept {
-  const std::lock_guard lock(state_mutex_);
-  return timeline_;
+  return timeline_.load(std::memory_order_acquire);
 }
 
 backend_stats backend::stats() const {
-  const std::lock_guard lock(state_mutex_);
-  return stats_;
+  const auto get = [](const std::atomic<std::uint64_t>& c) {
+    return c.load(std::memory_order_relaxed);
+  };
+  backend_stats s;
+  s.copies_local = get(counters_.copies_local);
+  s.copies_peer = get(counters_.copies_peer);
+  s.bytes_local = get(counters_.bytes_local);
+  s.bytes_peer = get(counters_.bytes_peer);
+  s.bytes_nccl = get(counters_.bytes_nccl);
+  s.ops = get(counters_.ops);
+  s.waits = get(counters_.waits);
+  s.waits_elided = get(counters_.waits_elided);
+  return s;
 }
 
 void backend::count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept {
-  const std::lock_guard lock(state_mutex_);
+  constexpr auto relaxed = std::memory_order_relaxed;
   if (peer) {
-    ++stats_.copies_peer;
-    stats_.bytes_peer += bytes;
+    counters_.copies_peer.fetch_add(1, relaxed);
+    counters_.bytes_peer.fetch_add(bytes, relaxed);
     if (nccl) {
-      stats_.bytes_nccl += bytes;
+      counters_.bytes_nccl.fetch_add(bytes, relaxed);
     }
   } else {
-    ++stats_.copies_local;
-    stats_.bytes_local += bytes;
+    counters_.copies_local.fetch_add(1, relaxed);
+    counters_.bytes_local.fetch_add(bytes, relaxed);
   }
 }
 
 void backend::count_op() noexcept {
-  const std::lock_guard lock(state_mutex_);
-  ++stats_.ops;
+  counters_.ops.fetch_add(1, std::memory_order_relaxed);
 }
 
 void backend::defer_free(int device, void* ptr, std::size_t bytes,
@@ -624,7 +629,8 @@ void backend::collect_deferred(bool all) noexcept {
     } else {
       // At most one query per queue and pass: events of a queue complete in sequence order, so
       // one found complete settles the earlier ones, one found pending the later ones.
-      std::vector<std::uint64_t> pending_from(tracks().queues, UINT64_MAX);
+      std::vector<std::uint64_t>& pending_from = pending_from_;
+      pending_from.assign(tracks().queues, UINT64_MAX);  // allocates on the first pass only
       const auto is_complete = [&](const event& e) {
         const int key = own_queue_key(e);
         if (key < 0) {

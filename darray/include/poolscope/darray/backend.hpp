@@ -287,6 +287,8 @@ class backend : public std::enable_shared_from_this<backend> {
   /// Attaches (or, with nullptr, detaches) a timeline that receives host-side slices of executed
   /// tasks. The timeline must outlive the attachment.
   void set_timeline(profiler::timeline* t) noexcept;
+  /// What the backend did so far. Each figure is exact; work enqueued meanwhile on other threads
+  /// may show in some figures and not yet in others.
   [[nodiscard]] backend_stats stats() const;
 
   /// The key of a queue in event_state::queue_key().
@@ -358,12 +360,25 @@ class backend : public std::enable_shared_from_this<backend> {
   /// The queue_key of `e` if this backend recorded it, else -1.
   [[nodiscard]] int own_queue_key(const event& e) const noexcept;
 
+  // The figures of stats(), each counted alone (relaxed atomics: no lock on the enqueue path).
+  struct counters {
+    std::atomic<std::uint64_t> copies_local{0};
+    std::atomic<std::uint64_t> copies_peer{0};
+    std::atomic<std::uint64_t> bytes_local{0};
+    std::atomic<std::uint64_t> bytes_peer{0};
+    std::atomic<std::uint64_t> bytes_nccl{0};
+    std::atomic<std::uint64_t> ops{0};
+    std::atomic<std::uint64_t> waits{0};
+    std::atomic<std::uint64_t> waits_elided{0};
+  };
+
   std::once_flag tracks_once_;
   queue_tracks tracks_;
   mutable std::mutex state_mutex_;
-  std::vector<deferred> deferred_;
-  profiler::timeline* timeline_ = nullptr;
-  backend_stats stats_{};
+  std::vector<deferred> deferred_;           // state_mutex_
+  std::vector<std::uint64_t> pending_from_;  // collect_deferred's scratch (state_mutex_)
+  std::atomic<profiler::timeline*> timeline_{nullptr};
+  counters counters_;
 };
 
 /// A backend by spec: "host:N" (N fake devices, 1..64), "cuda" (every GPU), "cuda:N" (the first
