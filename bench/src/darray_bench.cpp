@@ -40,33 +40,18 @@ std::string mib(double bytes) {
   return fmt("%.2f MiB", bytes / (1024.0 * 1024.0));
 }
 
-// Wall time of `op` (which returns once its work is complete): one untimed warm-up, then `runs`.
-// Median seconds of `runs` samples.
-double median_of(std::vector<double> s) {
+// Best and median of timed samples (seconds).
+baseline_seconds summarize(std::vector<double> s) {
   std::sort(s.begin(), s.end());
+  baseline_seconds out;
+  out.samples = static_cast<int>(s.size());
+  out.best = s.empty() ? 0.0 : s.front();
   const std::size_t mid = s.size() / 2;
-  return s.empty() ? 0.0 : s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
+  out.median = s.empty() ? 0.0 : s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
+  return out;
 }
 
-// Median seconds the host spends issuing `make` (until it returns) and then waiting for its
-// result (wait()), over `runs` runs after a warm-up: where a small op's time goes.
-template <typename Make>
-std::pair<double, double> time_enqueue_and_wait(int runs, Make make) {
-  make().wait();
-  std::vector<double> enqueue;
-  std::vector<double> wait;
-  for (int i = 0; i < std::max(runs, 1); ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto r = make();
-    const auto t1 = std::chrono::steady_clock::now();
-    r.wait();
-    const auto t2 = std::chrono::steady_clock::now();
-    enqueue.push_back(std::chrono::duration<double>(t1 - t0).count());
-    wait.push_back(std::chrono::duration<double>(t2 - t1).count());
-  }
-  return {median_of(std::move(enqueue)), median_of(std::move(wait))};
-}
-
+// Wall time of `op` (which returns once its work is complete): one untimed warm-up, then `runs`.
 baseline_seconds time_op(int runs, const std::function<void()>& op) {
   op();
   std::vector<double> s;
@@ -76,13 +61,34 @@ baseline_seconds time_op(int runs, const std::function<void()>& op) {
     const auto t1 = std::chrono::steady_clock::now();
     s.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
-  std::sort(s.begin(), s.end());
-  baseline_seconds out;
-  out.samples = static_cast<int>(s.size());
-  out.best = s.front();
-  const std::size_t mid = s.size() / 2;
-  out.median = s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
-  return out;
+  return summarize(std::move(s));
+}
+
+// The time of an op in whole, and split into issuing it (until `make` returns its result) and
+// waiting for that result (wait()).
+struct split_seconds {
+  baseline_seconds total;
+  baseline_seconds issue;
+  baseline_seconds wait;
+};
+// One untimed warm-up, then `runs` timed runs of make().wait().
+template <typename Make>
+split_seconds time_split(int runs, Make make) {
+  make().wait();
+  std::vector<double> total;
+  std::vector<double> issue;
+  std::vector<double> wait;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = make();
+    const auto t1 = std::chrono::steady_clock::now();
+    r.wait();
+    const auto t2 = std::chrono::steady_clock::now();
+    total.push_back(std::chrono::duration<double>(t2 - t0).count());
+    issue.push_back(std::chrono::duration<double>(t1 - t0).count());
+    wait.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  return {summarize(std::move(total)), summarize(std::move(issue)), summarize(std::move(wait))};
 }
 
 // The memcpy stand-in for raw device copies on host devices: every link copied at once, one thread
@@ -233,6 +239,27 @@ class bench_run {
     }
   }
 
+  // The seed example's arrays of n elements, ready: A = 1 and B = 2 in equal blocks, C = 3 in
+  // blocks shifted by 0.4 block (so A + C.reshard(A.index_map()) moves 0.4 block per boundary).
+  struct seed {
+    index_map a_map;
+    index_map c_map;
+    farray a;
+    farray b;
+    farray c;
+  };
+  [[nodiscard]] seed seed_arrays(std::int64_t n) const {
+    const shape_t shape{n};
+    seed s{shifted_blocks(n, devs_, 0), shifted_blocks(n, devs_, devs_ > 1 ? 4 : 0), {}, {}, {}};
+    s.a = farray::full(be_, 1.0f, shape, s.a_map);
+    s.b = farray::full(be_, 2.0f, shape, s.a_map);
+    s.c = farray::full(be_, 3.0f, shape, s.c_map);
+    s.a.wait();
+    s.b.wait();
+    s.c.wait();
+    return s;
+  }
+
   [[nodiscard]] darray::reshard_options reshard_options() const {
     darray::reshard_options r;
     r.how = how_;
@@ -262,15 +289,7 @@ class bench_run {
 
   void d1(darray_workload_result& w) {
     w.what = "1-D float32 A + C.reshard(A.index_map()), A at n/2, C at 0.7 n (2 devices)";
-    const shape_t shape{n_};
-    const index_map a_map = shifted_blocks(n_, devs_, 0);
-    const index_map c_map = shifted_blocks(n_, devs_, devs_ > 1 ? 4 : 0);
-    const auto a = farray::full(be_, 1.0f, shape, a_map);
-    const auto b = farray::full(be_, 2.0f, shape, a_map);
-    const auto c = farray::full(be_, 3.0f, shape, c_map);
-    a.wait();
-    b.wait();
-    c.wait();
+    const auto [a_map, c_map, a, b, c] = seed_arrays(n_);
     const auto t_add = time_op(o_.repeat, [&] { (a + b).wait(); });
     darray::reshard_plan plan;
     const auto t_reshard = time_op(o_.repeat, [&] {
@@ -371,25 +390,14 @@ class bench_run {
     w.what = "D1's ops at n = 4096: per-op overhead";
     const std::int64_t n = 4096;
     const int runs = std::max(100, 20 * o_.repeat);
-    const shape_t shape{n};
-    const index_map a_map = shifted_blocks(n, devs_, 0);
-    const index_map c_map = shifted_blocks(n, devs_, devs_ > 1 ? 4 : 0);
-    const auto a = farray::full(be_, 1.0f, shape, a_map);
-    const auto b = farray::full(be_, 2.0f, shape, a_map);
-    const auto c = farray::full(be_, 3.0f, shape, c_map);
-    a.wait();
-    b.wait();
-    c.wait();
-    const auto t_add = time_op(runs, [&] { (a + b).wait(); });
+    const auto [a_map, c_map, a, b, c] = seed_arrays(n);
+    const split_seconds t_add = time_split(runs, [&] { return a + b; });
     darray::reshard_plan plan;
-    const auto t_fused = time_op(runs, [&] {
+    const split_seconds t_fused = time_split(runs, [&] {
       const auto moved = c.reshard(a.index_map(), reshard_options());
-      (a + moved).wait();
       plan = moved.handle().last_reshard().plan;
+      return a + moved;
     });
-    const auto [add_enqueue, add_wait] = time_enqueue_and_wait(runs, [&] { return a + b; });
-    const auto [fused_enqueue, fused_wait] = time_enqueue_and_wait(
-        runs, [&] { return a + c.reshard(a.index_map(), reshard_options()); });
     // The values too: a wrong result at this size would make the times meaningless.
     const auto got = (a + c.reshard(a.index_map(), reshard_options())).to_host();
     if (!std::all_of(got.begin(), got.end(), [](float v) { return v == 4.0f; })) {
@@ -399,14 +407,14 @@ class bench_run {
     f["n"] = static_cast<double>(n);
     f["runs"] = runs;
     f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
-    f["t_add_us"] = t_add.median * 1e6;
-    f["t_fused_us"] = t_fused.median * 1e6;
-    f["t_add_enqueue_us"] = add_enqueue * 1e6;
-    f["t_add_wait_us"] = add_wait * 1e6;
-    f["t_fused_enqueue_us"] = fused_enqueue * 1e6;
-    f["t_fused_wait_us"] = fused_wait * 1e6;
-    f["t_add_best_us"] = t_add.best * 1e6;
-    f["t_fused_best_us"] = t_fused.best * 1e6;
+    f["t_add_us"] = t_add.total.median * 1e6;
+    f["t_fused_us"] = t_fused.total.median * 1e6;
+    f["t_add_enqueue_us"] = t_add.issue.median * 1e6;
+    f["t_add_wait_us"] = t_add.wait.median * 1e6;
+    f["t_fused_enqueue_us"] = t_fused.issue.median * 1e6;
+    f["t_fused_wait_us"] = t_fused.wait.median * 1e6;
+    f["t_add_best_us"] = t_add.total.best * 1e6;
+    f["t_fused_best_us"] = t_fused.total.best * 1e6;
     const auto links = links_of(plan);
     if (!links.empty()) {
       w.baselines["peer"] = raw_copies(links, runs);
