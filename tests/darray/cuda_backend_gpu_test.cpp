@@ -20,13 +20,13 @@
 
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
+#include "test_support.hpp"
 
 namespace poolscope::darray {
 namespace {
 
 std::uint64_t test_seed() {
-  const char* env = std::getenv("POOLSCOPE_TEST_SEED");
-  return env != nullptr ? std::strtoull(env, nullptr, 10) : 20240923;
+  return test_support::test_seed(20240923);
 }
 
 // One CUDA backend over every GPU for the whole program, released before the CUDA runtime is

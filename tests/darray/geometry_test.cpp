@@ -15,6 +15,7 @@
 
 #include "poolscope/darray/geometry.hpp"
 #include "poolscope/error.hpp"
+#include "test_support.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -23,11 +24,7 @@ using point = std::vector<std::int64_t>;
 constexpr std::int64_t i64_max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t i64_min = std::numeric_limits<std::int64_t>::min();
 
-// Seed of the randomized tests: POOLSCOPE_TEST_SEED if set, else a fixed value.
-std::uint64_t test_seed() {
-  const char* env = std::getenv("POOLSCOPE_TEST_SEED");
-  return env != nullptr ? std::strtoull(env, nullptr, 10) : 20240611;
-}
+using test_support::test_seed;
 
 // The index set of a slice, by walking it (the slice must be small).
 std::set<std::int64_t> indices(const slice& s) {

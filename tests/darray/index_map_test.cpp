@@ -13,37 +13,14 @@
 
 #include "poolscope/darray/index_map.hpp"
 #include "poolscope/error.hpp"
+#include "test_support.hpp"
 
 namespace poolscope::darray {
 namespace {
 
-using point = std::vector<std::int64_t>;
-
-std::uint64_t test_seed() {
-  const char* env = std::getenv("POOLSCOPE_TEST_SEED");
-  return env != nullptr ? std::strtoull(env, nullptr, 10) : 20240611;
-}
-
-// The element set of a box, by walking every axis (small boxes only).
-std::set<point> points(const box& b) {
-  std::set<point> out;
-  if (b.empty()) {
-    return out;
-  }
-  point p(b.rank());
-  const auto walk = [&](const auto& self, std::size_t axis) -> void {
-    if (axis == b.rank()) {
-      out.insert(p);
-      return;
-    }
-    for (std::int64_t i = b.dims[axis].start; i < b.dims[axis].stop; i += b.dims[axis].step) {
-      p[axis] = i;
-      self(self, axis + 1);
-    }
-  };
-  walk(walk, 0);
-  return out;
-}
+using test_support::point;
+using test_support::points;
+using test_support::test_seed;
 
 // The message validate() throws, or "" when the map is valid.
 std::string validate_message(const index_map& m, const shape_t& shape, int devices,
