@@ -10,15 +10,11 @@
 #include "poolscope/log.hpp"
 
 namespace poolscope::pool {
+using detail::raise_peak;
+
 namespace {
 
 std::atomic<std::uint32_t> g_next_id{1};
-
-void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
-  std::size_t cur = peak.load(std::memory_order_relaxed);
-  while (value > cur && !peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
-  }
-}
 
 }  // namespace
 
@@ -81,7 +77,7 @@ void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_vi
   e.ptr = ptr;
   e.requested = requested;
   e.rounded = rounded;
-  e.in_use = in_use_.load(std::memory_order_relaxed);
+  e.in_use = in_use_hint();
   e.reserved = reserved_.load(std::memory_order_relaxed);
   hooks::dispatch(e);
 }
@@ -107,15 +103,19 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     throw_oom(stream, bytes, "size overflow: the request exceeds the largest supported size");
   }
   const std::size_t lim = limit_.load(std::memory_order_relaxed);
-  if (lim != SIZE_MAX && in_use_.load(std::memory_order_relaxed) + bytes > lim) {
+  // in_use_ bounds the total from above (it counts thread-cached blocks too): refuse only on
+  // the exact total.
+  if (lim != SIZE_MAX && in_use_.load(std::memory_order_relaxed) + bytes > lim &&
+      in_use_exact() + bytes > lim) {
     limit_hits_.fetch_add(1, std::memory_order_relaxed);
     if (hooks::active()) [[unlikely]] {
       emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
     }
     throw_oom(stream, bytes, "limit: in-use bytes would exceed the allocator's limit");
   }
-  // The thread cache first: a hit takes no shared lock. `cache` is this thread's cache (null
-  // without one); a miss leaves room in it to record the strategy's block.
+  // The thread cache first: a hit takes no shared lock and writes no shared counter (the
+  // cache's shard counts it). `cache` is this thread's cache (null without one); a miss leaves
+  // room in it to record, and count, the strategy's block.
   detail::thread_cache* cache = nullptr;
   block b{};
   if (tc_ != nullptr) {
@@ -125,13 +125,14 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     b = allocate_from_strategy(stream, bytes, alignment, lim);
     if (cache != nullptr) {
       tc_record(cache, stream, b, bytes);
+    } else {
+      const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
+      raise_peak(peak_in_use_, used);
+      const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+      raise_peak(peak_requested_, req);
+      allocations_.fetch_add(1, std::memory_order_relaxed);
     }
   }
-  const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
-  raise_peak(peak_in_use_, used);
-  const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-  raise_peak(peak_requested_, req);
-  allocations_.fetch_add(1, std::memory_order_relaxed);
   if (hooked || hooks::active()) [[unlikely]] {
     emit(hooks::event_kind::pool_malloc, hooks::event_phase::post, stream, b.ptr, bytes, b.rounded);
   }
@@ -173,7 +174,8 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
     emit(hooks::event_kind::pool_free, hooks::event_phase::pre, stream, ptr, bytes, 0);
   }
   free_outcome out;
-  if (tc_ == nullptr || !tc_give(stream, ptr, bytes, out)) {
+  bool counted = false;  // in a thread cache's shard
+  if (tc_ == nullptr || !tc_give(stream, ptr, bytes, out, counted)) {
     out = do_deallocate(stream, ptr, bytes, alignment);
   }
   if (out.error != hooks::free_error::none) [[unlikely]] {
@@ -183,7 +185,9 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
     }
   }
   // The strategy has lowered in_use_ already (account_free), before the block became reusable.
-  deallocations_.fetch_add(1, std::memory_order_relaxed);
+  if (!counted) {
+    deallocations_.fetch_add(1, std::memory_order_relaxed);
+  }
   if (hooked || hooks::active()) [[unlikely]] {
     emit(hooks::event_kind::pool_free, hooks::event_phase::post, stream, ptr, out.requested,
          out.rounded);
@@ -222,7 +226,7 @@ void allocator::throw_oom(stream_view stream, std::size_t bytes, const char* cau
   oom_context ctx;
   ctx.requested = bytes;
   ctx.reserved = reserved_.load(std::memory_order_relaxed);
-  ctx.in_use = in_use_.load(std::memory_order_relaxed);
+  ctx.in_use = in_use_exact();
   allocator_stats cache;
   do_cache_stats(cache);
   ctx.largest_free_block = cache.largest_free_block;
@@ -230,6 +234,30 @@ void allocator::throw_oom(stream_view stream, std::size_t bytes, const char* cau
   ctx.limit = limit();
   ctx.device = device_;
   throw out_of_memory(name_, ctx, cause);
+}
+
+namespace {
+
+/// shared + delta, clamped to [0, shared]: fields of a snapshot under concurrent use may be from
+/// different instants (the shards are read after the shared counter).
+std::size_t with_delta(std::size_t shared, std::int64_t delta) noexcept {
+  if (delta >= 0) {
+    return shared;  // deltas are <= 0 at any one instant
+  }
+  const auto down = static_cast<std::size_t>(-delta);
+  return down > shared ? 0 : shared - down;
+}
+
+}  // namespace
+
+std::size_t allocator::in_use_exact() const {
+  const std::size_t shared = in_use_.load(std::memory_order_relaxed);
+  return tc_ == nullptr ? shared : with_delta(shared, tc_shard_sums().in_use);
+}
+
+std::size_t allocator::in_use_hint() const noexcept {
+  const std::size_t shared = in_use_.load(std::memory_order_relaxed);
+  return tc_ == nullptr ? shared : with_delta(shared, tc_own_in_use_delta());
 }
 
 allocator_stats allocator::stats() const {
@@ -242,6 +270,13 @@ allocator_stats allocator::stats() const {
   s.peak_reserved = peak_reserved_.load(std::memory_order_relaxed);
   s.allocations = allocations_.load(std::memory_order_relaxed);
   s.deallocations = deallocations_.load(std::memory_order_relaxed);
+  if (tc_ != nullptr) {
+    const shard_sums sums = tc_shard_sums();
+    s.in_use = with_delta(s.in_use, sums.in_use);
+    s.requested_in_use = with_delta(s.requested_in_use, sums.requested);
+    s.allocations += sums.allocations;
+    s.deallocations += sums.deallocations;
+  }
   s.upstream_allocs = upstream_allocs_.load(std::memory_order_relaxed);
   s.upstream_frees = upstream_frees_.load(std::memory_order_relaxed);
   s.upstream_failures = upstream_failures_.load(std::memory_order_relaxed);
@@ -332,7 +367,7 @@ void allocator::emit_split(stream_view stream, void* taken, std::size_t taken_by
   e.rounded = taken_bytes;
   e.aux_ptr = rest;
   e.aux_bytes = rest_bytes;
-  e.in_use = who.in_use_.load(std::memory_order_relaxed);
+  e.in_use = who.in_use_hint();
   e.reserved = who.reserved_.load(std::memory_order_relaxed);
   hooks::dispatch(e);
 }
@@ -354,7 +389,7 @@ void allocator::emit_merge(stream_view stream, void* result, std::size_t result_
   e.rounded = result_bytes;
   e.aux_ptr = absorbed;
   e.aux_bytes = absorbed_bytes;
-  e.in_use = who.in_use_.load(std::memory_order_relaxed);
+  e.in_use = who.in_use_hint();
   e.reserved = who.reserved_.load(std::memory_order_relaxed);
   hooks::dispatch(e);
 }

@@ -87,6 +87,7 @@ void allocator::disable_thread_cache() noexcept {
     std::lock_guard lock(tc_->mutex);
     for (thread_cache* c : tc_->caches) {
       std::lock_guard cl(c->lock);
+      tc_fold_locked(*c);  // the cached blocks' memory stays the strategy's: it frees it
       c->dead = true;
       c->table.clear();
       c->bins = {};
@@ -159,10 +160,19 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
         tc_entry* e = c->table.find(p);
         e->cached = false;
         e->requested = bytes;
+        // The block's shard share goes from cached (-rounded, -rounded) to live (0,
+        // -(rounded - bytes)).
+        detail::shard_add(c->d_in_use, rounded);
+        detail::shard_add(c->d_requested, bytes);
+        detail::shard_add(c->allocations, 1);
+        tc_raise_peaks(*c);
         out = c;
         return {p, rounded};
       }
     }
+  }
+  if (rounded <= tc_max_block_) {
+    c->wanted[c->wanted_next++ % c->wanted.size()] = {rounded, stream.value()};
   }
   try {
     c->table.reserve_one();  // so that recording the strategy's block cannot fail
@@ -178,10 +188,71 @@ void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
   std::lock_guard lock(c->lock);
   c->table.insert(
       {reinterpret_cast<std::uintptr_t>(b.ptr), b.rounded, bytes, stream.value(), false});
+  // The shared counters take the block at its rounded size, the shard the rest of its share;
+  // raised first, so the sum never passes below the total.
+  in_use_.fetch_add(b.rounded, std::memory_order_relaxed);
+  requested_in_use_.fetch_add(b.rounded, std::memory_order_relaxed);
+  detail::shard_add(c->d_requested, -static_cast<std::int64_t>(b.rounded - bytes));
+  detail::shard_add(c->allocations, 1);
+  tc_raise_peaks(*c);
 }
 
-bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes,
-                        free_outcome& out) noexcept {
+void allocator::tc_raise_peaks(const thread_cache& c) noexcept {
+  // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
+  // never misses a high, and it is exact when no other thread holds cached blocks.
+  const auto bound = [](const std::atomic<std::size_t>& shared,
+                        const std::atomic<std::int64_t>& delta) {
+    const auto v = static_cast<std::int64_t>(shared.load(std::memory_order_relaxed)) +
+                   delta.load(std::memory_order_relaxed);
+    return v < 0 ? std::size_t{0} : static_cast<std::size_t>(v);
+  };
+  const std::size_t used = bound(in_use_, c.d_in_use);
+  if (used > peak_in_use_.load(std::memory_order_relaxed)) [[unlikely]] {
+    detail::raise_peak(peak_in_use_, used);
+  }
+  const std::size_t req = bound(requested_in_use_, c.d_requested);
+  if (req > peak_requested_.load(std::memory_order_relaxed)) [[unlikely]] {
+    detail::raise_peak(peak_requested_, req);
+  }
+}
+
+void allocator::tc_fold_locked(thread_cache& c) noexcept {
+  // Moves the shard into the shared counters (the cache's lock is held). Its blocks then count
+  // as blocks of the strategy's: live ones at (rounded, requested).
+  const std::int64_t du = c.d_in_use.load(std::memory_order_relaxed);
+  const std::int64_t dq = c.d_requested.load(std::memory_order_relaxed);
+  in_use_.fetch_add(static_cast<std::size_t>(du), std::memory_order_relaxed);  // wraps: du <= 0
+  requested_in_use_.fetch_add(static_cast<std::size_t>(dq), std::memory_order_relaxed);
+  allocations_.fetch_add(c.allocations.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  deallocations_.fetch_add(c.deallocations.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
+  c.d_in_use.store(0, std::memory_order_relaxed);
+  c.d_requested.store(0, std::memory_order_relaxed);
+  c.allocations.store(0, std::memory_order_relaxed);
+  c.deallocations.store(0, std::memory_order_relaxed);
+}
+
+allocator::shard_sums allocator::tc_shard_sums() const {
+  shard_sums sums;
+  std::lock_guard lock(tc_->mutex);
+  for (const thread_cache* c : tc_->caches) {
+    sums.in_use += c->d_in_use.load(std::memory_order_relaxed);
+    sums.requested += c->d_requested.load(std::memory_order_relaxed);
+    sums.allocations += c->allocations.load(std::memory_order_relaxed);
+    sums.deallocations += c->deallocations.load(std::memory_order_relaxed);
+  }
+  return sums;
+}
+
+std::int64_t allocator::tc_own_in_use_delta() const noexcept {
+  if (detail::t_last.allocator_id == id_ && detail::t_last.cache != nullptr) {
+    return detail::t_last.cache->d_in_use.load(std::memory_order_relaxed);
+  }
+  return 0;
+}
+
+bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_outcome& out,
+                        bool& counted) noexcept {
   thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
   if (c == nullptr && !detail::t_exited) {
     for (thread_cache* mine : detail::t_caches.caches) {
@@ -203,13 +274,22 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes,
       const bool size_ok = do_size_matches(bytes, rec.requested, rec.rounded);
       out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,
              rec.requested};
-      // Lowered before the block can be handed out again (by this thread's next request).
-      account_free(rec.rounded, rec.requested);
+      detail::shard_add(c->deallocations, 1);
+      counted = true;
       if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() &&
           tc_cache_locked(*c, ptr, rec.rounded, stream.value())) {
+        // Live (0, -(rounded - requested)) to cached (-rounded, -rounded), under the lock a
+        // request must take to reuse it.
+        detail::shard_add(c->d_in_use, -static_cast<std::int64_t>(rec.rounded));
+        detail::shard_add(c->d_requested, -static_cast<std::int64_t>(rec.requested));
         return true;
       }
       c->table.erase(c->table.find(ptr));
+      // The block leaves the cache's books: its shard share first (the sum only rises), then
+      // the shared counters, before the strategy can hand it out again.
+      detail::shard_add(c->d_requested, rec.rounded - rec.requested);
+      in_use_.fetch_sub(rec.rounded, std::memory_order_relaxed);
+      requested_in_use_.fetch_sub(rec.rounded, std::memory_order_relaxed);
       lock.unlock();
       do_reclaim(stream, ptr);
       return true;
@@ -225,12 +305,14 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
   {
     std::lock_guard lock(r.mutex);
     bool found = false;
+    bool orphan = false;  // counted in the shared counters at (rounded, requested)
     if (!r.orphans.empty()) {
       auto it = r.orphans.find(ptr);
       if (it != r.orphans.end()) {
         rec = it->second;
         r.orphans.erase(it);
         found = true;
+        orphan = true;
       }
     }
     for (auto it = r.caches.begin(); !found && it != r.caches.end(); ++it) {
@@ -246,6 +328,8 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
         }
         rec = *e;
         c->table.erase(e);
+        // Its share leaves that cache's shard (under its lock), then the shared counters.
+        detail::shard_add(c->d_requested, rec.rounded - rec.requested);
         found = true;
       }
     }
@@ -254,7 +338,7 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
     }
     // Under the registry mutex: a flush in progress cannot be overtaken. The block is known to
     // nobody now but the strategy, which still counts it handed out.
-    account_free(rec.rounded, rec.requested);
+    account_free(rec.rounded, orphan ? rec.requested : rec.rounded);
   }
   const bool size_ok = do_size_matches(bytes, rec.requested, rec.rounded);
   out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,
@@ -265,11 +349,18 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
 
 void allocator::tc_evict_bin_locked(thread_cache& c, std::size_t index) noexcept {
   detail::tc_bin& bin = c.bins[index];
+  // The blocks leave the cache's books: their shard shares (-rounded each) first, then the
+  // shared counters, before the strategy gets them back.
+  const std::size_t bytes = bin.rounded * bin.count;
+  detail::shard_add(c.d_in_use, bytes);
+  detail::shard_add(c.d_requested, bytes);
+  in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+  requested_in_use_.fetch_sub(bytes, std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < bin.count; ++i) {
     c.table.erase(c.table.find(bin.blocks[i]));
     do_reclaim(stream_view{bin.stream}, bin.blocks[i]);
   }
-  c.cached_bytes -= bin.rounded * bin.count;
+  c.cached_bytes -= bytes;
   c.cached_blocks -= bin.count;
   bin.count = 0;
 }
@@ -281,12 +372,16 @@ bool allocator::tc_cache_locked(thread_cache& c, void* ptr, std::size_t rounded,
   std::size_t empty = thread_cache::bin_count;
   for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
     const detail::tc_bin& b = c.bins[i];
-    if (b.count == 0) {
-      empty = std::min(empty, i);
-    } else if (b.rounded == rounded && b.stream == stream) {
-      target = i;
+    if (b.rounded == rounded && b.stream == stream) {
+      target = i;  // the bin of this size, perhaps emptied by hits: a size in use here
       break;
     }
+    if (b.count == 0) {
+      empty = std::min(empty, i);
+    }
+  }
+  if (target == thread_cache::bin_count && !c.is_wanted(rounded, stream)) {
+    return false;  // no bin for it and no recent request missed it: the strategy may merge it
   }
   if (target != thread_cache::bin_count && c.bins[target].count == detail::tc_bin::capacity) {
     return false;  // this size is cached deep enough already
@@ -360,6 +455,7 @@ void allocator::tc_retire(thread_cache& c) noexcept {
   thread_cache_registry& r = *tc_;
   std::lock_guard cl(c.lock);
   (void)tc_flush_locked(c);
+  tc_fold_locked(c);  // its live blocks now count at (rounded, requested), as orphans do
   std::size_t lost = 0;
   c.table.for_each([&r, &lost](tc_entry& e) {
     try {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -323,6 +324,80 @@ TYPED_TEST(thread_cache, out_of_memory_retry_takes_blocks_from_other_threads_cac
   done = true;
   other.join();
   EXPECT_EQ(a.stats().in_use, 0U);
+}
+
+// The accounting contract (docs/thread_cache.md, "Accounting"): totals are exact; peaks are
+// exact on one thread and count the blocks *other* threads hold cached as in use, never less
+// than the true peak.
+TYPED_TEST(thread_cache, peaks_are_exact_on_one_thread_and_bound_the_true_peak_across_threads) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  allocator_model m;
+  // One thread: a miss, a free into the cache, hits of smaller requests of the same rounded
+  // size; the peaks follow the model exactly after every step.
+  std::map<void*, std::size_t> cached;  // the distinct blocks this thread freed: all cached
+  void* p = take(a, m, 100 * KiB);
+  EXPECT_TRUE(m.matches(a.stats())) << "the first block";
+  cached[p] = m.live().at(p).rounded;
+  give(a, m, p);
+  for (std::size_t bytes : {100 * KiB - 1000, 100 * KiB - 10, 100 * KiB}) {
+    p = take(a, m, bytes);
+    void* q = take(a, m, 3000);
+    EXPECT_TRUE(m.matches(a.stats())) << "hits and misses of " << bytes;
+    cached[p] = m.live().at(p).rounded;
+    cached[q] = m.live().at(q).rounded;
+    give(a, m, q);
+    give(a, m, p);
+    EXPECT_TRUE(m.matches(a.stats())) << "both freed into the cache";
+  }
+  std::size_t mine = 0;
+  for (const auto& [ptr, rounded] : cached) {
+    mine += rounded;
+  }
+  const std::size_t true_peak = a.stats().peak_in_use;
+
+  // Another thread, while this thread's blocks sit in its cache: the total it sees counts them.
+  std::size_t rounded = 0;
+  std::thread other([&] {
+    void* b = a.allocate({}, 40 * KiB);
+    rounded = a.stats().in_use;  // exact: only this block is live
+    a.deallocate({}, b, 40 * KiB);
+  });
+  other.join();
+  const auto s = a.stats();
+  EXPECT_EQ(s.in_use, 0U) << "totals are exact";
+  EXPECT_EQ(s.requested_in_use, 0U);
+  EXPECT_GE(rounded, 40 * KiB);
+  EXPECT_EQ(s.peak_in_use, std::max(true_peak, mine + rounded))
+      << "the other thread's request counts this thread's cached blocks as in use";
+  EXPECT_LE(s.peak_in_use, s.peak_reserved);
+  EXPECT_EQ(s.allocations, s.deallocations);
+  EXPECT_EQ(s.allocations, m.allocations() + 1);
+}
+
+// The in-use limit is checked against the exact total: blocks cached by a thread do not make a
+// request that fits fail. Here the request needs upstream memory, which the out-of-memory
+// retry finds by releasing the cached block.
+TYPED_TEST(thread_cache, the_limit_counts_in_use_bytes_not_cached_ones) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  a.set_limit(3 * MiB);
+  void* p = a.allocate({}, 768 * KiB);
+  a.deallocate({}, p, 768 * KiB);
+  ASSERT_EQ(a.stats().cached_bytes, a.stats().reserved);
+  void* big = nullptr;
+  EXPECT_NO_THROW(big = a.allocate({}, 5 * MiB / 2)) << "768 KiB cached + 2.5 MiB <= 3 MiB in use";
+  ASSERT_NE(big, nullptr);
+  EXPECT_THROW((void)a.allocate({}, 768 * KiB), out_of_memory) << "2.5 MiB + 768 KiB > 3 MiB";
+  const auto s = a.stats();
+  EXPECT_EQ(s.requested_in_use, 5 * MiB / 2);
+  EXPECT_GE(s.limit_hits, 1U);
+  a.deallocate({}, big, 5 * MiB / 2);
+  EXPECT_EQ(a.stats().in_use, 0U);
+  void* again = a.allocate({}, 768 * KiB);  // the pool stays usable
+  a.deallocate({}, again, 768 * KiB);
 }
 
 // ---- threads ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 // Nothing here throws except tc_table::reserve_one (std::bad_alloc), called before any change.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <bit>
@@ -97,7 +98,45 @@ struct thread_cache {
   std::size_t cached_bytes = 0;
   std::size_t cached_blocks = 0;
   std::uint64_t tick = 0;
+  /// The (stream, rounded size) of the latest requests the cache missed, a ring: a freed block
+  /// of a size nobody asked for lately and no bin holds goes straight back to the strategy.
+  struct want {
+    std::size_t rounded = 0;
+    void* stream = nullptr;
+  };
+  std::array<want, bin_count> wanted{};
+  std::uint32_t wanted_next = 0;
+
+  [[nodiscard]] bool is_wanted(std::size_t rounded, void* stream) const noexcept {
+    return std::any_of(wanted.begin(), wanted.end(),
+                       [&](const want& w) { return w.rounded == rounded && w.stream == stream; });
+  }
+
+  // The counter shard (docs/thread_cache.md, "Accounting"). Written only under `lock` (so with
+  // a relaxed load and store, no atomic read-modify-write), read by stats() without it.
+  // The allocator's shared counters count every block recorded in this table at its rounded
+  // size; the deltas take back what it does not hold: for a live block in_use 0 and requested
+  // -(rounded - requested), for a cached block -rounded in both. So each delta is <= 0, and the
+  // shared counter plus the calling thread's delta bounds the allocator's total from above.
+  std::atomic<std::int64_t> d_in_use{0};
+  std::atomic<std::int64_t> d_requested{0};
+  std::atomic<std::uint64_t> allocations{0};    // pool_malloc served through this cache
+  std::atomic<std::uint64_t> deallocations{0};  // pool_free of a block found in this table
 };
+
+/// Raises `peak` to `value` if it is higher.
+inline void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
+  std::size_t cur = peak.load(std::memory_order_relaxed);
+  while (value > cur && !peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
+  }
+}
+
+/// Adds `v` to a shard counter its writers update only under the shard's lock.
+template <class T, class V>
+inline void shard_add(std::atomic<T>& a, V v) noexcept {
+  a.store(static_cast<T>(a.load(std::memory_order_relaxed) + static_cast<T>(v)),
+          std::memory_order_relaxed);
+}
 
 /// Shared by an allocator and its threads' caches: the allocator's end of the weak handle.
 struct thread_cache_registry {

@@ -27,6 +27,13 @@
 // no shared table lookup. Blocks in a thread cache count as cached (stats().cached_*), not in
 // use. set_limit, release_cached and the out-of-memory retry first return the blocks of every
 // thread's cache to the strategy; so does a thread's exit (for its own cache).
+// Accounting with thread caches: in_use, requested_in_use and the counts in stats() are exact
+// (each thread's cache keeps a shard of them, summed by stats()). peak_in_use and
+// peak_requested never miss a high and are exact while only one thread holds cached blocks;
+// with several, a request counts the blocks *other* threads hold in their caches as in use (so
+// a peak can pass the true one by what other threads had cached at the time, and stays <=
+// peak_reserved). The in_use carried by hook events is counted the same way. The limit is
+// checked against the exact total.
 // Hooks: pool_malloc pre/post, pool_free pre/post, device_alloc/device_free pre/post, release
 // pre/post, oom, limit_hit, invalid_free, and split/merge where the strategy has them.
 // Thread safety: every allocator is thread-safe; each class says how.
@@ -227,10 +234,24 @@ class allocator {
   [[nodiscard]] block tc_take(stream_view stream, std::size_t bytes, detail::thread_cache*& c);
   void tc_record(detail::thread_cache* c, stream_view stream, const block& b,
                  std::size_t bytes) noexcept;
-  [[nodiscard]] bool tc_give(stream_view stream, void* ptr, std::size_t bytes,
-                             free_outcome& out) noexcept;
+  [[nodiscard]] bool tc_give(stream_view stream, void* ptr, std::size_t bytes, free_outcome& out,
+                             bool& counted) noexcept;
   [[nodiscard]] bool tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
                                     const detail::thread_cache* own, free_outcome& out) noexcept;
+  void tc_raise_peaks(const detail::thread_cache& c) noexcept;
+  void tc_fold_locked(detail::thread_cache& c) noexcept;
+  /// Sums of the thread caches' counter shards (under the registry mutex).
+  struct shard_sums {
+    std::int64_t in_use = 0, requested = 0;
+    std::uint64_t allocations = 0, deallocations = 0;
+  };
+  [[nodiscard]] shard_sums tc_shard_sums() const;
+  [[nodiscard]] std::int64_t tc_own_in_use_delta() const noexcept;
+  /// In-use bytes now: the shared counter plus every thread's shard (takes the registry mutex).
+  [[nodiscard]] std::size_t in_use_exact() const;
+  /// In-use bytes as hook events carry them: the shared counter plus the calling thread's
+  /// shard (exact unless other threads hold cached blocks, which it counts as in use).
+  [[nodiscard]] std::size_t in_use_hint() const noexcept;
   bool tc_cache_locked(detail::thread_cache& c, void* ptr, std::size_t rounded,
                        void* stream) noexcept;
   std::size_t tc_flush_locked(detail::thread_cache& c) noexcept;
@@ -238,6 +259,7 @@ class allocator {
   void tc_retire(detail::thread_cache& c) noexcept;
   void tc_cache_stats(allocator_stats& s) const;
 
+  // Read by every operation, written almost never.
   resource* upstream_;
   std::string name_;
   std::uint32_t id_;
@@ -248,10 +270,16 @@ class allocator {
   std::size_t tc_granularity_ = 1;
   std::size_t tc_max_block_ = 0;
 
-  // Counters: relaxed atomics, so stats() never takes a strategy's lock.
-  std::atomic<std::size_t> in_use_{0}, peak_in_use_{0};
-  std::atomic<std::size_t> requested_in_use_{0}, peak_requested_{0};
-  std::atomic<std::size_t> reserved_{0}, peak_reserved_{0};
+  // Counters: relaxed atomics, so stats() never takes a strategy's lock. With thread caches the
+  // in-use totals are these plus the caches' shards (docs/thread_cache.md, "Accounting"); these
+  // and the peaks are written only when a block enters or leaves the caches and the strategy,
+  // and read by every cached operation, so they have a cache line of their own.
+  alignas(64) std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> requested_in_use_{0};
+  std::atomic<std::size_t> peak_in_use_{0}, peak_requested_{0};
+  // Counters of the paths that take a strategy's lock or call upstream anyway.
+  alignas(64) std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> peak_reserved_{0};
   std::atomic<std::uint64_t> allocations_{0}, deallocations_{0};
   std::atomic<std::uint64_t> upstream_allocs_{0}, upstream_frees_{0}, upstream_failures_{0};
   std::atomic<std::uint64_t> oom_count_{0}, limit_hits_{0}, invalid_frees_{0};
