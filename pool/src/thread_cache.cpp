@@ -277,14 +277,14 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
       detail::shard_add(c->deallocations, 1);
       counted = true;
       if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() &&
-          tc_cache_locked(*c, ptr, rec.rounded, stream.value())) {
+          tc_cache_locked(*c, e, ptr, rec.rounded, stream.value())) {
         // Live (0, -(rounded - requested)) to cached (-rounded, -rounded), under the lock a
         // request must take to reuse it.
         detail::shard_add(c->d_in_use, -static_cast<std::int64_t>(rec.rounded));
         detail::shard_add(c->d_requested, -static_cast<std::int64_t>(rec.requested));
         return true;
       }
-      c->table.erase(c->table.find(ptr));
+      c->table.erase(c->table.find(ptr));  // found again: an eviction may have moved it
       // The block leaves the cache's books: its shard share first (the sum only rises), then
       // the shared counters, before the strategy can hand it out again.
       detail::shard_add(c->d_requested, rec.rounded - rec.requested);
@@ -365,7 +365,7 @@ void allocator::tc_evict_bin_locked(thread_cache& c, std::size_t index) noexcept
   bin.count = 0;
 }
 
-bool allocator::tc_cache_locked(thread_cache& c, void* ptr, std::size_t rounded,
+bool allocator::tc_cache_locked(thread_cache& c, tc_entry* entry, void* ptr, std::size_t rounded,
                                 void* stream) noexcept {
   const thread_cache_options& o = tc_->options;
   std::size_t target = thread_cache::bin_count;
@@ -398,9 +398,11 @@ bool allocator::tc_cache_locked(thread_cache& c, void* ptr, std::size_t rounded,
     }
     return lru;
   };
+  bool evicted = false;  // evictions erase table entries, which may move `entry`
   if (target == thread_cache::bin_count && empty == thread_cache::bin_count) {
     empty = lru_other();
     tc_evict_bin_locked(c, empty);
+    evicted = true;
   }
   while (c.cached_bytes + rounded > o.max_bytes || c.cached_blocks + 1 > o.max_blocks) {
     const std::size_t lru = lru_other();
@@ -408,6 +410,7 @@ bool allocator::tc_cache_locked(thread_cache& c, void* ptr, std::size_t rounded,
       return false;  // only this size is cached: keep what is there
     }
     tc_evict_bin_locked(c, lru);
+    evicted = true;
   }
   if (target == thread_cache::bin_count) {
     target = empty;
@@ -419,7 +422,7 @@ bool allocator::tc_cache_locked(thread_cache& c, void* ptr, std::size_t rounded,
   bin.last_use = ++c.tick;
   c.cached_bytes += rounded;
   ++c.cached_blocks;
-  tc_entry* e = c.table.find(ptr);  // found again: evictions may have moved it
+  tc_entry* e = evicted ? c.table.find(ptr) : entry;
   e->cached = true;
   e->stream = stream;
   return true;

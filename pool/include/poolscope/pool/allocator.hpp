@@ -61,6 +61,7 @@ inline constexpr std::size_t max_request_bytes = std::size_t{1} << 50;
 
 namespace detail {
 struct thread_cache;
+struct tc_entry;
 struct thread_cache_registry;
 struct thread_cache_access;
 }  // namespace detail
@@ -252,8 +253,8 @@ class allocator {
   /// In-use bytes as hook events carry them: the shared counter plus the calling thread's
   /// shard (exact unless other threads hold cached blocks, which it counts as in use).
   [[nodiscard]] std::size_t in_use_hint() const noexcept;
-  bool tc_cache_locked(detail::thread_cache& c, void* ptr, std::size_t rounded,
-                       void* stream) noexcept;
+  bool tc_cache_locked(detail::thread_cache& c, detail::tc_entry* entry, void* ptr,
+                       std::size_t rounded, void* stream) noexcept;
   std::size_t tc_flush_locked(detail::thread_cache& c) noexcept;
   void tc_evict_bin_locked(detail::thread_cache& c, std::size_t bin) noexcept;
   void tc_retire(detail::thread_cache& c) noexcept;
