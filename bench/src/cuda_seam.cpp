@@ -277,4 +277,47 @@ baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat) {
       [&] { synchronize_all(streams); });
 }
 
+baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
+  const current_device_guard guard;
+  std::vector<device_memory> bufs;
+  std::vector<device_stream> streams;
+  std::vector<cudaEvent_t> events(static_cast<std::size_t>(devices), nullptr);
+  const auto destroy_events = [&events] {
+    for (cudaEvent_t e : events) {
+      if (e != nullptr) {
+        (void)cudaEventDestroy(e);
+      }
+    }
+  };
+  try {
+    for (int d = 0; d < devices; ++d) {
+      bufs.emplace_back(d, bytes);
+      streams.emplace_back(d);
+      POOLSCOPE_BENCH_CUDA_CHECK(
+          cudaEventCreateWithFlags(&events[static_cast<std::size_t>(d)], cudaEventDisableTiming));
+    }
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out = time_repeated(
+        repeat,
+        [&] {
+          for (int d = 0; d < devices; ++d) {
+            const auto i = static_cast<std::size_t>(d);
+            POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+            POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+            POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i], streams[i].get()));
+          }
+        },
+        [&] {
+          for (cudaEvent_t e : events) {
+            POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e));
+          }
+        });
+    destroy_events();
+    return out;
+  } catch (...) {
+    destroy_events();
+    throw;
+  }
+}
+
 }  // namespace poolscope::bench::detail

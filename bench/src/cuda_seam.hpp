@@ -48,4 +48,9 @@ struct baseline_seconds {
 /// byte), timed as time_peer_copies.
 [[nodiscard]] baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat);
 
+/// The floor of a small op's cost on `devices` GPUs from one thread: per GPU, cudaSetDevice, one
+/// asynchronous call (cudaMemsetAsync of `bytes`, standing in for a kernel launch) and one
+/// cudaEventRecord, then cudaEventSynchronize on each event; timed as time_peer_copies.
+[[nodiscard]] baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat);
+
 }  // namespace poolscope::bench::detail
