@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -289,13 +290,16 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   const auto line_profile = lines.report();
   rep.add_profile("line", nlohmann::json::parse(line_profile.to_json()));
   // The overlap of the fused op alone (the whole run's, uploads included, is in the report).
-  res.overlap.assign(static_cast<std::size_t>(devs), 0.0);
+  // On GPUs the device activity comes from CUPTI: without it the overlap is unknown, not 0.
+  const bool device_activity = !gpu || to.cupti;
+  res.overlap.assign(static_cast<std::size_t>(devs),
+                     device_activity ? 0.0 : std::numeric_limits<double>::quiet_NaN());
   const auto origin = static_cast<std::int64_t>(tl.origin_ns());
   const auto fused_window = profiler::summarize_trace(
       o.trace_path, profiler::interval{static_cast<std::int64_t>(fused_begin) - origin,
                                        static_cast<std::int64_t>(fused_end) - origin});
   for (const auto& ov : fused_window.devices) {
-    if (ov.device >= 0 && ov.device < devs) {
+    if (device_activity && ov.device >= 0 && ov.device < devs) {
       res.overlap[static_cast<std::size_t>(ov.device)] = ov.overlap_ratio;
     }
   }
@@ -312,7 +316,11 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   demo["eta"] = res.eta;
   demo["bytes_moved"] = res.bytes_moved;
   demo["bytes_local"] = res.bytes_local;
-  demo["overlap_fused"] = res.overlap;  // per device, during A + C.reshard(A.index_map())
+  // Per device, during A + C.reshard(A.index_map()); null where unknown (CUPTI off).
+  demo["overlap_fused"] = nlohmann::json::array();
+  for (double ov : res.overlap) {
+    demo["overlap_fused"].push_back(std::isnan(ov) ? nlohmann::json(nullptr) : nlohmann::json(ov));
+  }
   nlohmann::json checks = nlohmann::json::array();
   for (const auto& c : res.checks) {
     checks.push_back(
@@ -351,7 +359,11 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   t << "  overlap during A + C.reshard in the trace (share of transfer time with compute running,\n"
        "  per device):";
   for (int d = 0; d < devs; ++d) {
-    t << fmt(" %.2f", res.overlap[static_cast<std::size_t>(d)]);
+    const double ov = res.overlap[static_cast<std::size_t>(d)];
+    t << (std::isnan(ov) ? std::string(" n/a") : fmt(" %.2f", ov));
+  }
+  if (std::any_of(res.overlap.begin(), res.overlap.end(), [](double v) { return std::isnan(v); })) {
+    t << " (CUPTI off: the trace has no device activity)";
   }
   t << "\n\n  checks against the host:\n";
   for (const auto& c : res.checks) {
@@ -416,7 +428,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
                     : std::to_string(failed) + " checks FAILED")
     << fmt("; eta %.2f", res.eta) << "; overlap";
   for (double ov : res.overlap) {
-    t << fmt(" %.2f", ov);
+    t << (std::isnan(ov) ? std::string(" n/a") : fmt(" %.2f", ov));
   }
   t << "; moved " << mib(res.bytes_moved) << "\n";
   res.text = t.str();

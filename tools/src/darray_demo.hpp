@@ -51,7 +51,7 @@ struct darray_demo_result {
   double t_add_ms = 0, t_reshard_ms = 0, t_fused_ms = 0, eta = 0;
   std::int64_t bytes_moved = 0;  ///< remote bytes of C.reshard(A.index_map())
   std::int64_t bytes_local = 0;  ///< bytes already in place
-  std::vector<double> overlap;   ///< per device: overlap ratio from the trace
+  std::vector<double> overlap;   ///< per device: overlap ratio from the trace (NaN: unknown)
   nlohmann::json report;         ///< what was written to report_path
   std::string text;              ///< the printed summary (last line sums it up)
   [[nodiscard]] bool ok() const;
