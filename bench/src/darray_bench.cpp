@@ -263,6 +263,7 @@ class bench_run {
   [[nodiscard]] darray::reshard_options reshard_options() const {
     darray::reshard_options r;
     r.how = how_;
+    r.split_bytes = o_.split_mib << 20;
     return r;
   }
 
@@ -629,6 +630,7 @@ std::string darray_bench_report::to_json() const {
   j["baselines"] = baselines;
   j["allocator"] = allocator;
   j["transport"] = transport;
+  j["split_mib"] = split_mib;
   j["repeat"] = repeat;
   j["n"] = n;
   j["timing"] =
@@ -668,6 +670,10 @@ std::string darray_bench_report::to_json() const {
 }
 
 darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream* progress) {
+  if (o.split_mib < 0 || o.split_mib > (std::int64_t{1} << 30)) {
+    throw invalid_argument("poolscope bench darray: split " + std::to_string(o.split_mib) +
+                           " MiB is out of range (0 to 2^30 MiB; 0: never split)");
+  }
   if (o.transport != "auto" && o.transport != "peer" && o.transport != "nccl") {
     throw invalid_argument("poolscope bench darray: transport '" + o.transport +
                            "' (expected auto, peer or nccl)");
@@ -704,6 +710,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   rep.baselines = rep.gpu ? "cuda" : "memcpy";
   rep.allocator = o.allocator;
   rep.transport = o.transport;
+  rep.split_mib = o.split_mib;
   rep.repeat = o.repeat;
   bench_run run(o, be, progress);
   rep.n = run.n();
@@ -729,7 +736,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     t << (d > 0 ? ", " : "") << rep.device_names[d];
   }
   t << "), n = " << rep.n << " float32, allocator " << rep.allocator << ", transport "
-    << rep.transport << ", best of " << rep.repeat << " after a warm-up\n";
+    << rep.transport << ", pieces split above " << rep.split_mib << " MiB, best of " << rep.repeat
+    << " after a warm-up\n";
   t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
                 : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread per "
                   "link); targets apply to GPUs and are not checked\n");

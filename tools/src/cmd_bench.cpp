@@ -56,6 +56,11 @@ void register_bench(CLI::App& app) {
   darray_cmd->add_option("--transport", d->options.transport, "how reshards move data")
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();
+  darray_cmd
+      ->add_option("--split-mib", d->options.split_mib,
+                   "reshard pieces above this many MiB are split (0: never)")
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->capture_default_str();
   darray_cmd->add_option("--allocator", d->options.allocator, "pool strategy per device")
       ->check(CLI::IsMember(pool::allocator_names()))
       ->capture_default_str();
