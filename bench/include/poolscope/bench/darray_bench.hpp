@@ -51,7 +51,7 @@ struct darray_bench_options {
   std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
   std::string allocator = "bfc";   ///< darray's pool strategy per device
   /// Reshard pieces above this many MiB are split (reshard_options::split_bytes; 0: never).
-  std::int64_t split_mib = 32;
+  std::int64_t split_mib = 64;
   std::vector<std::string> only;  ///< subset of darray_workload_names() (empty: all)
 };
 
@@ -94,7 +94,7 @@ struct darray_bench_report {
   std::string baselines;  ///< "cuda" or "memcpy"
   std::string allocator;
   std::string transport;
-  std::int64_t split_mib = 32;  ///< reshard pieces above this are split (0: never)
+  std::int64_t split_mib = 64;  ///< reshard pieces above this are split (0: never)
   int repeat = 0;
   std::int64_t n = 0;  ///< D1 elements
   std::vector<darray_workload_result> workloads;

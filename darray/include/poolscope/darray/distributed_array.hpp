@@ -81,7 +81,8 @@ enum class copy_queue : std::uint8_t {
 struct reshard_options {
   transport how = transport::automatic;
   /// Remote pieces above this are split so compute on the first part starts early (0: never).
-  std::int64_t split_bytes = std::int64_t{32} << 20;
+  /// Larger pieces waste less link time between copies (docs/darray.md).
+  std::int64_t split_bytes = std::int64_t{64} << 20;
   /// Who issues each copy (either way both link directions run at once: each device's queue
   /// carries its own pieces).
   copy_queue issue_on = copy_queue::source;
