@@ -29,11 +29,11 @@
 // thread's cache to the strategy; so does a thread's exit (for its own cache).
 // Accounting with thread caches: in_use, requested_in_use and the counts in stats() are exact
 // (each thread's cache keeps a shard of them, summed by stats()). peak_in_use and
-// peak_requested never miss a high and are exact while only one thread holds cached blocks;
-// with several, a request counts the blocks *other* threads hold in their caches as in use (so
-// a peak can pass the true one by what other threads had cached at the time, and stays <=
-// peak_reserved). The in_use carried by hook events is counted the same way. The limit is
-// checked against the exact total.
+// peak_requested never miss a high and are exact when one thread uses the allocator; with
+// several, a request counts what *other* threads hold through their caches: cached blocks as in
+// use and, in peak_requested, live blocks at their rounded size (so a peak can pass the true one
+// by that much; it stays <= peak_reserved). The in_use carried by hook events is counted the
+// same way. The limit is checked against the exact total.
 // Hooks: pool_malloc pre/post, pool_free pre/post, device_alloc/device_free pre/post, release
 // pre/post, oom, limit_hit, invalid_free, and split/merge where the strategy has them.
 // Thread safety: every allocator is thread-safe; each class says how.

@@ -10,8 +10,8 @@ namespace poolscope::pool {
 /// Counters and gauges of one allocator. Sizes in bytes. A snapshot: taken field by field
 /// without stopping other threads, so under concurrent use the fields may be from slightly
 /// different instants; each field on its own is exact, except the in-use peaks of an allocator
-/// with thread caches used by several threads (allocator.hpp: they may count blocks other threads
-/// hold cached as in use; never less than the true peak).
+/// with thread caches used by several threads (allocator.hpp: they may count what other threads
+/// hold through their caches; never less than the true peak).
 struct allocator_stats {
   std::size_t in_use = 0;  ///< bytes handed out (rounded sizes) and not yet freed
   std::size_t peak_in_use = 0;
