@@ -1,5 +1,6 @@
 #include "poolscope/pool/allocator.hpp"
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -257,15 +258,18 @@ std::size_t allocator::in_use_exact() const {
 
 std::size_t allocator::in_use_hint() const noexcept {
   const std::size_t shared = in_use_.load(std::memory_order_relaxed);
-  return tc_ == nullptr ? shared : with_delta(shared, tc_own_in_use_delta());
+  if (tc_ == nullptr) {
+    return shared;
+  }
+  // Never above the peak (see stats()): a timeline's memory track peaks where the pool's does.
+  return std::min(with_delta(shared, tc_own_in_use_delta()),
+                  peak_in_use_.load(std::memory_order_relaxed));
 }
 
 allocator_stats allocator::stats() const {
   allocator_stats s;
   s.in_use = in_use_.load(std::memory_order_relaxed);
-  s.peak_in_use = peak_in_use_.load(std::memory_order_relaxed);
   s.requested_in_use = requested_in_use_.load(std::memory_order_relaxed);
-  s.peak_requested = peak_requested_.load(std::memory_order_relaxed);
   s.reserved = reserved_.load(std::memory_order_relaxed);
   s.peak_reserved = peak_reserved_.load(std::memory_order_relaxed);
   s.allocations = allocations_.load(std::memory_order_relaxed);
@@ -277,6 +281,13 @@ allocator_stats allocator::stats() const {
     s.allocations += sums.allocations;
     s.deallocations += sums.deallocations;
   }
+  // The peaks after the totals: every total ever in use is under the peak (it bounds each
+  // operation's total from above), so a sum of counters read at nearby instants that passes it
+  // counted a block twice across those instants; the snapshot reports no more than the peak.
+  s.peak_in_use = peak_in_use_.load(std::memory_order_relaxed);
+  s.peak_requested = peak_requested_.load(std::memory_order_relaxed);
+  s.in_use = std::min(s.in_use, s.peak_in_use);
+  s.requested_in_use = std::min(s.requested_in_use, s.peak_requested);
   s.upstream_allocs = upstream_allocs_.load(std::memory_order_relaxed);
   s.upstream_frees = upstream_frees_.load(std::memory_order_relaxed);
   s.upstream_failures = upstream_failures_.load(std::memory_order_relaxed);
