@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
@@ -356,6 +357,18 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     << mib(res.bytes_moved) << ", already in place " << mib(res.bytes_local) << "\n";
   t << fmt("  A + C.reshard(A.index_map) %9.3f ms", res.t_fused_ms)
     << fmt("   eta = %.2f  (1: the transfer is hidden behind the add)\n", res.eta);
+  if (!gpu) {
+    // Host devices run on the CPU cores: with fewer cores than worker threads (a compute and a
+    // transfer worker per device) the copies can only take time from the adds.
+    const unsigned cores = std::max(1U, std::thread::hardware_concurrency());
+    const unsigned workers = 2U * static_cast<unsigned>(devs);
+    if (cores < workers) {
+      t << "  (host devices: " << cores << " CPU cores run " << workers
+        << " worker threads, so the copies can only take time from\n"
+           "   the adds and eta says little here; on GPUs copy engines move the data beside the "
+           "kernels)\n";
+    }
+  }
   t << "  overlap during A + C.reshard in the trace (share of transfer time with compute running,\n"
        "  per device):";
   for (int d = 0; d < devs; ++d) {
