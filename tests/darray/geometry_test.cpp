@@ -20,44 +20,13 @@
 namespace poolscope::darray {
 namespace {
 
-using point = std::vector<std::int64_t>;
+using test_support::indices;
+using test_support::point;
+using test_support::points;
 constexpr std::int64_t i64_max = std::numeric_limits<std::int64_t>::max();
 constexpr std::int64_t i64_min = std::numeric_limits<std::int64_t>::min();
 
 using test_support::test_seed;
-
-// The index set of a slice, by walking it (the slice must be small).
-std::set<std::int64_t> indices(const slice& s) {
-  std::set<std::int64_t> out;
-  for (std::int64_t i = s.start; i < s.stop; i += s.step) {
-    out.insert(i);
-    if (s.stop - i <= s.step) {
-      break;  // the next step could overflow int64
-    }
-  }
-  return out;
-}
-
-// The element set of a box, by walking every axis.
-std::set<point> points(const box& b) {
-  std::set<point> out;
-  if (b.empty()) {
-    return out;
-  }
-  point p(b.rank());
-  const auto walk = [&](const auto& self, std::size_t axis) -> void {
-    if (axis == b.rank()) {
-      out.insert(p);
-      return;
-    }
-    for (const std::int64_t i : indices(b.dims[axis])) {
-      p[axis] = i;
-      self(self, axis + 1);
-    }
-  };
-  walk(walk, 0);
-  return out;
-}
 
 // True if the slice has the canonical form the header promises.
 bool canonical(const slice& s) {

@@ -18,6 +18,18 @@ inline std::uint64_t test_seed(std::uint64_t fallback = 20240611) {
 
 using point = std::vector<std::int64_t>;
 
+/// The index set of a slice, by walking it (small slices only; safe up to the int64 limits).
+inline std::set<std::int64_t> indices(const slice& s) {
+  std::set<std::int64_t> out;
+  for (std::int64_t i = s.start; i < s.stop; i += s.step) {
+    out.insert(i);
+    if (s.stop - i <= s.step) {
+      break;  // the next step could overflow int64
+    }
+  }
+  return out;
+}
+
 /// The element set of a box, by walking every axis with its step (small boxes only).
 inline std::set<point> points(const box& b) {
   std::set<point> out;
@@ -30,7 +42,7 @@ inline std::set<point> points(const box& b) {
       out.insert(p);
       return;
     }
-    for (std::int64_t i = b.dims[axis].start; i < b.dims[axis].stop; i += b.dims[axis].step) {
+    for (const std::int64_t i : indices(b.dims[axis])) {
       p[axis] = i;
       self(self, axis + 1);
     }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -72,6 +73,35 @@ thread_cache_options off() {
   o.enabled = false;
   return o;
 }
+
+/// Runs `fill` on a thread of its own, which then stays alive and idle (so its cache keeps what
+/// `fill` left in it) until this object is destroyed. Constructing waits for `fill` to finish.
+class parked_thread {
+ public:
+  explicit parked_thread(std::function<void()> fill)
+      : thread_([this, fill = std::move(fill)] {
+          fill();
+          filled_ = true;
+          while (!done_.load()) {
+            std::this_thread::yield();
+          }
+        }) {
+    while (!filled_.load()) {
+      std::this_thread::yield();
+    }
+  }
+  parked_thread(const parked_thread&) = delete;
+  parked_thread& operator=(const parked_thread&) = delete;
+  ~parked_thread() {
+    done_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> filled_{false};
+  std::atomic<bool> done_{false};
+  std::thread thread_;  // last: started once the flags exist
+};
 
 template <typename A>
 class thread_cache : public ::testing::Test {};
@@ -251,9 +281,7 @@ TYPED_TEST(thread_cache, release_cached_and_set_limit_reach_every_threads_cache)
   auto alloc = make<TypeParam>(host);
   allocator& a = *alloc;
   // Another thread fills its own cache and stays alive, idle.
-  std::atomic<bool> filled{false};
-  std::atomic<bool> done{false};
-  std::thread other([&] {
+  const parked_thread other([&] {
     std::vector<void*> v;
     for (int i = 0; i < 8; ++i) {
       v.push_back(a.allocate({}, 64 * KiB));
@@ -261,14 +289,7 @@ TYPED_TEST(thread_cache, release_cached_and_set_limit_reach_every_threads_cache)
     for (void* p : v) {
       a.deallocate({}, p, 64 * KiB);
     }
-    filled = true;
-    while (!done.load()) {
-      std::this_thread::yield();
-    }
   });
-  while (!filled.load()) {
-    std::this_thread::yield();
-  }
   auto s = a.stats();
   EXPECT_EQ(s.in_use, 0U);
   EXPECT_EQ(s.cached_bytes, s.reserved) << "the other thread's cache counts as cached";
@@ -281,8 +302,6 @@ TYPED_TEST(thread_cache, release_cached_and_set_limit_reach_every_threads_cache)
   EXPECT_EQ(s.reserved, 0U) << "release_cached left blocks in a thread cache";
   EXPECT_EQ(s.cached_bytes, 0U);
   EXPECT_EQ(host.allocated_bytes(), 0U);
-  done = true;
-  other.join();
 }
 
 TYPED_TEST(thread_cache, out_of_memory_retry_takes_blocks_from_other_threads_caches) {
@@ -290,39 +309,30 @@ TYPED_TEST(thread_cache, out_of_memory_retry_takes_blocks_from_other_threads_cac
   auto alloc = make<TypeParam>(host);
   allocator& a = *alloc;
   // Another thread takes all the memory, frees it into its own cache and stays alive, idle.
-  std::atomic<bool> filled{false};
-  std::atomic<bool> done{false};
-  std::size_t got = 0;
-  std::thread other([&] {
-    std::vector<void*> v;
-    try {
-      for (;;) {
-        v.push_back(a.allocate({}, 64 * KiB));
+  {
+    std::size_t got = 0;
+    const parked_thread other([&] {
+      std::vector<void*> v;
+      try {
+        for (;;) {
+          v.push_back(a.allocate({}, 64 * KiB));
+        }
+      } catch (const out_of_memory&) {
       }
-    } catch (const out_of_memory&) {
-    }
-    got = v.size();
-    for (void* p : v) {
+      got = v.size();
+      for (void* p : v) {
+        a.deallocate({}, p, 64 * KiB);
+      }
+    });
+    ASSERT_GT(got, 0U);
+    // Every byte the resource had sits in the other thread's cache: this request succeeds only
+    // if the out-of-memory retry reclaims it.
+    void* p = nullptr;
+    EXPECT_NO_THROW(p = a.allocate({}, 64 * KiB));
+    if (p != nullptr) {
       a.deallocate({}, p, 64 * KiB);
     }
-    filled = true;
-    while (!done.load()) {
-      std::this_thread::yield();
-    }
-  });
-  while (!filled.load()) {
-    std::this_thread::yield();
-  }
-  ASSERT_GT(got, 0U);
-  // Every byte the resource had sits in the other thread's cache: this request succeeds only
-  // if the out-of-memory retry reclaims it.
-  void* p = nullptr;
-  EXPECT_NO_THROW(p = a.allocate({}, 64 * KiB));
-  if (p != nullptr) {
-    a.deallocate({}, p, 64 * KiB);
-  }
-  done = true;
-  other.join();
+  }  // the other thread exits here, retiring its cache
   EXPECT_EQ(a.stats().in_use, 0U);
 }
 
