@@ -120,6 +120,28 @@ class device_stream {
   cudaStream_t stream_ = nullptr;
 };
 
+// An event without timing on one GPU, destroyed on scope exit.
+class device_event {
+ public:
+  explicit device_event(int device) {
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+  }
+  device_event(device_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  device_event(const device_event&) = delete;
+  device_event& operator=(const device_event&) = delete;
+  device_event& operator=(device_event&&) = delete;
+  ~device_event() {
+    if (e_ != nullptr) {
+      (void)cudaEventDestroy(e_);
+    }
+  }
+  [[nodiscard]] cudaEvent_t get() const noexcept { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
 // The communicators of ncclCommInitAll, destroyed on scope exit.
 class nccl_comms {
  public:
@@ -281,43 +303,28 @@ baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
   const current_device_guard guard;
   std::vector<device_memory> bufs;
   std::vector<device_stream> streams;
-  std::vector<cudaEvent_t> events(static_cast<std::size_t>(devices), nullptr);
-  const auto destroy_events = [&events] {
-    for (cudaEvent_t e : events) {
-      if (e != nullptr) {
-        (void)cudaEventDestroy(e);
-      }
-    }
-  };
-  try {
-    for (int d = 0; d < devices; ++d) {
-      bufs.emplace_back(d, bytes);
-      streams.emplace_back(d);
-      POOLSCOPE_BENCH_CUDA_CHECK(
-          cudaEventCreateWithFlags(&events[static_cast<std::size_t>(d)], cudaEventDisableTiming));
-    }
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
-    const auto out = time_repeated(
-        repeat,
-        [&] {
-          for (int d = 0; d < devices; ++d) {
-            const auto i = static_cast<std::size_t>(d);
-            POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
-            POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
-            POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i], streams[i].get()));
-          }
-        },
-        [&] {
-          for (cudaEvent_t e : events) {
-            POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e));
-          }
-        });
-    destroy_events();
-    return out;
-  } catch (...) {
-    destroy_events();
-    throw;
+  std::vector<device_event> events;
+  for (int d = 0; d < devices; ++d) {
+    bufs.emplace_back(d, bytes);
+    streams.emplace_back(d);
+    events.emplace_back(d);
   }
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  return time_repeated(
+      repeat,
+      [&] {
+        for (int d = 0; d < devices; ++d) {
+          const auto i = static_cast<std::size_t>(d);
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+        }
+      },
+      [&] {
+        for (const auto& e : events) {
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e.get()));
+        }
+      });
 }
 
 }  // namespace poolscope::bench::detail

@@ -59,6 +59,11 @@ double best_ms(int repeat, const std::function<void()>& fn) {
   return best;
 }
 
+// An overlap ratio as the text shows it; NaN (unknown: no device activity traced) as "n/a".
+std::string overlap_text(double ov) {
+  return std::isnan(ov) ? std::string("n/a") : fmt("%.2f", ov);
+}
+
 // Boundaries of `parts` equal blocks of n, shifted by `shift` (a fraction of a block).
 index_map split_map(std::int64_t n, int parts, double shift) {
   std::vector<std::tuple<int, std::int64_t, std::int64_t>> ranges;
@@ -372,8 +377,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   t << "  overlap during A + C.reshard in the trace (share of transfer time with compute running,\n"
        "  per device):";
   for (int d = 0; d < devs; ++d) {
-    const double ov = res.overlap[static_cast<std::size_t>(d)];
-    t << (std::isnan(ov) ? std::string(" n/a") : fmt(" %.2f", ov));
+    t << ' ' << overlap_text(res.overlap[static_cast<std::size_t>(d)]);
   }
   if (std::any_of(res.overlap.begin(), res.overlap.end(), [](double v) { return std::isnan(v); })) {
     t << " (CUPTI off: the trace has no device activity)";
@@ -441,7 +445,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
                     : std::to_string(failed) + " checks FAILED")
     << fmt("; eta %.2f", res.eta) << "; overlap";
   for (double ov : res.overlap) {
-    t << (std::isnan(ov) ? std::string(" n/a") : fmt(" %.2f", ov));
+    t << ' ' << overlap_text(ov);
   }
   t << "; moved " << mib(res.bytes_moved) << "\n";
   res.text = t.str();
