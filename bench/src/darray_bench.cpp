@@ -292,7 +292,7 @@ class bench_run {
     w.what = "1-D float32 A + C.reshard(A.index_map()), A at n/2, C at 0.7 n (2 devices)";
     const auto [a_map, c_map, a, b, c] = seed_arrays(n_);
     const auto t_add = time_op(o_.repeat, [&] { (a + b).wait(); });
-    darray::reshard_plan plan;
+    std::shared_ptr<const darray::reshard_plan> plan;
     const auto t_reshard = time_op(o_.repeat, [&] {
       const auto moved = c.reshard(a.index_map(), reshard_options());
       moved.wait();
@@ -310,8 +310,8 @@ class bench_run {
     }
     auto& f = w.figures;
     f["n"] = static_cast<double>(n_);
-    f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
-    f["bytes_local"] = static_cast<double>(plan.bytes_local);
+    f["bytes_moved"] = static_cast<double>(plan->bytes_remote);
+    f["bytes_local"] = static_cast<double>(plan->bytes_local);
     f["bytes_expected"] = static_cast<double>(expected);
     f["t_add_ms"] = t_add.best * 1e3;
     f["t_reshard_ms"] = t_reshard.best * 1e3;
@@ -321,12 +321,12 @@ class bench_run {
     f["t_fused_median_ms"] = t_fused.median * 1e3;
     const double lo = std::min(f["t_add_ms"], f["t_reshard_ms"]);
     f["eta"] = lo > 0 ? (f["t_reshard_ms"] + f["t_add_ms"] - f["t_fused_ms"]) / lo : 0.0;
-    f["reshard_gbps"] = static_cast<double>(plan.bytes_remote) / t_reshard.best / 1e9;
+    f["reshard_gbps"] = static_cast<double>(plan->bytes_remote) / t_reshard.best / 1e9;
 
-    link_baselines(w, links_of(plan));
-    if (devs_ > 1 && plan.bytes_remote > 0) {
+    link_baselines(w, links_of(*plan));
+    if (devs_ > 1 && plan->bytes_remote > 0) {
       // The bare link between devices 0 and 1 with the same bytes: one way, and both at once.
-      const auto bytes = static_cast<std::size_t>(plan.bytes_remote);
+      const auto bytes = static_cast<std::size_t>(plan->bytes_remote);
       w.baselines["peer_one_way"] = raw_copies({{0, 1, bytes}}, o_.repeat);
       w.baselines["peer_bidirectional"] = raw_copies({{0, 1, bytes}, {1, 0, bytes}}, o_.repeat);
     }
@@ -352,7 +352,7 @@ class bench_run {
     const auto z = farray::full(be_, 2.0f, shape, cols);
     x.wait();
     z.wait();
-    darray::reshard_plan plan;
+    std::shared_ptr<const darray::reshard_plan> plan;
     const auto t_reshard = time_op(o_.repeat, [&] {
       const auto moved = x.reshard(cols, reshard_options());
       moved.wait();
@@ -371,14 +371,14 @@ class bench_run {
     auto& f = w.figures;
     f["side"] = static_cast<double>(side);
     f["bytes_array"] = static_cast<double>(side * side * f32_bytes);
-    f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
+    f["bytes_moved"] = static_cast<double>(plan->bytes_remote);
     f["bytes_expected"] = static_cast<double>(expected);
     f["t_reshard_ms"] = t_reshard.best * 1e3;
     f["t_fused_ms"] = t_fused.best * 1e3;
     f["t_reshard_median_ms"] = t_reshard.median * 1e3;
     f["t_fused_median_ms"] = t_fused.median * 1e3;
-    f["reshard_gbps"] = static_cast<double>(plan.bytes_remote) / t_reshard.best / 1e9;
-    link_baselines(w, links_of(plan));
+    f["reshard_gbps"] = static_cast<double>(plan->bytes_remote) / t_reshard.best / 1e9;
+    link_baselines(w, links_of(*plan));
     for (const char* k : {"peer", "nccl"}) {
       const auto it = w.baselines.find(k);
       if (it != w.baselines.end() && f["t_fused_ms"] > 0) {
@@ -393,7 +393,7 @@ class bench_run {
     const int runs = std::max(100, 20 * o_.repeat);
     const auto [a_map, c_map, a, b, c] = seed_arrays(n);
     const split_seconds t_add = time_split(runs, [&] { return a + b; });
-    darray::reshard_plan plan;
+    std::shared_ptr<const darray::reshard_plan> plan;
     const split_seconds t_fused = time_split(runs, [&] {
       const auto moved = c.reshard(a.index_map(), reshard_options());
       plan = moved.handle().last_reshard().plan;
@@ -407,7 +407,7 @@ class bench_run {
     auto& f = w.figures;
     f["n"] = static_cast<double>(n);
     f["runs"] = runs;
-    f["bytes_moved"] = static_cast<double>(plan.bytes_remote);
+    f["bytes_moved"] = static_cast<double>(plan->bytes_remote);
     f["t_add_us"] = t_add.total.median * 1e6;
     f["t_fused_us"] = t_fused.total.median * 1e6;
     f["t_add_enqueue_us"] = t_add.issue.median * 1e6;
@@ -416,7 +416,7 @@ class bench_run {
     f["t_fused_wait_us"] = t_fused.wait.median * 1e6;
     f["t_add_best_us"] = t_add.total.best * 1e6;
     f["t_fused_best_us"] = t_fused.total.best * 1e6;
-    const auto links = links_of(plan);
+    const auto links = links_of(*plan);
     if (!links.empty()) {
       w.baselines["peer"] = raw_copies(links, runs);
     }

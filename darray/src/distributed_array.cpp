@@ -136,10 +136,38 @@ void check_pair(const array_state& a, const array_state& b, const char* what) {
   }
 }
 
-// Runs the plan of a reshard of `src` into `dst_map` (already validated), returning the new state.
+// How execute_reshard checks a target map it has not planned for before.
+enum class map_check {
+  none,    ///< the map of an existing array (valid by construction)
+  cover,   ///< validate: bounds, devices, and every element covered
+  bounds,  ///< validate without the cover check (matmul's row requests)
+};
+
+// The plan of resharding `src` into `dst_map`: the backend's cached one, or a new one (after
+// checking the map as `check` says) that the cache then keeps.
+std::shared_ptr<const reshard_plan> plan_for(const array_state& src,
+                                             const darray::index_map& dst_map,
+                                             const std::vector<chunk>& dst_chunks, map_check check,
+                                             const plan_options& po) {
+  backend& be = *src.be;
+  const bool covering = check != map_check::bounds;
+  auto src_refs = refs_of(src.chunks);
+  if (auto cached = be.plans().find(src_refs, src.shape, dst_map, covering, po)) {
+    return cached;
+  }
+  if (check != map_check::none) {
+    dst_map.validate(src.shape, be.device_count(), covering);
+  }
+  auto plan = std::make_shared<const reshard_plan>(plan_reshard(src_refs, refs_of(dst_chunks), po));
+  be.plans().insert(plan_key{std::move(src_refs), src.shape, dst_map, covering, po}, plan);
+  return plan;
+}
+
+// Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
+// for before is first checked as `check` says.
 std::shared_ptr<array_state> execute_reshard(const array_state& src,
                                              const darray::index_map& dst_map,
-                                             const reshard_options& options) {
+                                             const reshard_options& options, map_check check) {
   static const profiler::scope_site reshard_site{"darray.reshard", category::darray_transfer};
   static const profiler::scope_site piece_site{"darray.piece", category::darray_transfer};
   const profiler::scope op_scope{reshard_site};
@@ -156,8 +184,8 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   out->map = dst_map;
   out->mode = array_mode::replica;
   out->chunks = chunks_of(dst_map);
-  out->info.plan = plan_reshard(refs_of(src.chunks), refs_of(out->chunks), po);
-  const reshard_plan& plan = out->info.plan;
+  out->info.plan = plan_for(src, dst_map, out->chunks, check, po);
+  const reshard_plan& plan = *out->info.plan;
 
   std::vector<std::shared_ptr<buffer>> dense(out->chunks.size());
   auto dense_of = [&](std::size_t j) -> const std::shared_ptr<buffer>& {
@@ -250,12 +278,15 @@ std::shared_ptr<const array_state> completed(const std::shared_ptr<const array_s
   if (s->mode == array_mode::replica) {
     return s;
   }
-  const darray::index_map target = s->map.deduplicated();
-  target.validate(s->shape, s->be->device_count());
-  return execute_reshard(*s, target, {});
+  return execute_reshard(*s, s->map.deduplicated(), {}, map_check::cover);
 }
 
 }  // namespace
+
+const std::shared_ptr<const reshard_plan>& detail::empty_plan() {
+  static const auto none = std::make_shared<const reshard_plan>();
+  return none;
+}
 
 // --- array_handle ---
 
@@ -396,12 +427,11 @@ void array_handle::chunk_to_host(std::size_t index, void* out, std::size_t eleme
 array_handle array_handle::reshard(const darray::index_map& map,
                                    const reshard_options& options) const {
   const auto& s = state();
-  map.validate(s.shape, s.be->device_count());
   if (options.split_bytes < 0) {
     throw invalid_argument("darray reshard: split_bytes " + std::to_string(options.split_bytes) +
                            " is negative");
   }
-  return array_handle(execute_reshard(s, map, options));
+  return array_handle(execute_reshard(s, map, options, map_check::cover));
 }
 
 array_handle array_handle::change_mode(array_mode m) const {
@@ -483,7 +513,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   const auto x = completed(a.state_);
   auto y = completed(b.state_);
   if (!(y->map == x->map)) {
-    y = execute_reshard(*y, x->map, {});
+    y = execute_reshard(*y, x->map, {}, map_check::none);
   }
   const profiler::scope op_scope{site_of(op)};
   backend& be = *x->be;
@@ -626,8 +656,7 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
       tasks.push_back(task{i, o});
     }
   }
-  need.validate(y->shape, be.device_count(), /*require_cover=*/false);
-  const auto rows = execute_reshard(*y, need, {});
+  const auto rows = execute_reshard(*y, need, {}, map_check::bounds);
 
   auto out = std::make_shared<array_state>();
   out->be = x->be;

@@ -17,26 +17,78 @@ bool same_elements(const box& a, const box& b) noexcept {
   return a.contains(b) && b.contains(a);
 }
 
+// "source chunk 3 (device 1, box [0:8])": how errors name a chunk.
+std::string chunk_name(const std::vector<chunk_ref>& list, std::size_t k, const char* side) {
+  return std::string(side) + " chunk " + std::to_string(k) + " (device " +
+         std::to_string(list[k].device) + ", box " + list[k].region.to_string() + ")";
+}
+
 void check_ranks(const std::vector<chunk_ref>& src, const std::vector<chunk_ref>& dst) {
-  std::optional<std::size_t> rank;
-  std::string first;
+  const std::vector<chunk_ref>* first_list = !src.empty() ? &src : &dst;
+  if (first_list->empty()) {
+    return;
+  }
+  const std::size_t rank = first_list->front().region.rank();
   const auto check = [&](const std::vector<chunk_ref>& list, const char* side) {
     for (std::size_t k = 0; k < list.size(); ++k) {
-      const std::string name = std::string(side) + " chunk " + std::to_string(k) + " (device " +
-                               std::to_string(list[k].device) + ", box " +
-                               list[k].region.to_string() + ")";
-      if (!rank) {
-        rank = list[k].region.rank();
-        first = name;
-      } else if (*rank != list[k].region.rank()) {
-        throw invalid_index_map("plan_reshard: " + name + " has rank " +
-                                std::to_string(list[k].region.rank()) + ", " + first +
-                                " has rank " + std::to_string(*rank));
+      if (list[k].region.rank() != rank) {
+        throw invalid_index_map(
+            "plan_reshard: " + chunk_name(list, k, side) + " has rank " +
+            std::to_string(list[k].region.rank()) + ", " +
+            chunk_name(*first_list, 0, first_list == &src ? "source" : "destination") +
+            " has rank " + std::to_string(rank));
       }
     }
   };
   check(src, "source");
   check(dst, "destination");
+}
+
+// --- plan_cache keys ---
+
+std::uint64_t mix(std::uint64_t h, std::uint64_t v) noexcept {
+  // One round of a 64-bit multiplicative hash (the constant is 2^64 / golden ratio).
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdULL;
+}
+
+std::uint64_t mix_box(std::uint64_t h, const box& b) noexcept {
+  h = mix(h, b.dims.size());
+  for (const slice& d : b.dims) {
+    h = mix(mix(mix(h, static_cast<std::uint64_t>(d.start)), static_cast<std::uint64_t>(d.stop)),
+            static_cast<std::uint64_t>(d.step));
+  }
+  return h;
+}
+
+std::uint64_t hash_key(const std::vector<chunk_ref>& src, const shape_t& shape,
+                       const index_map& dst, bool covering, const plan_options& o) noexcept {
+  std::uint64_t h = mix(0, src.size());
+  for (const chunk_ref& c : src) {
+    h = mix_box(mix(mix(h, static_cast<std::uint64_t>(c.device)), c.index), c.region);
+  }
+  h = mix(h, shape.size());
+  for (const std::int64_t e : shape) {
+    h = mix(h, static_cast<std::uint64_t>(e));
+  }
+  for (const auto& [device, boxes] : dst.parts()) {
+    h = mix(mix(h, static_cast<std::uint64_t>(device)), boxes.size());
+    for (const box& b : boxes) {
+      h = mix_box(h, b);
+    }
+  }
+  h = mix(mix(h, covering ? 1 : 0), o.element_size);
+  return mix(mix(h, static_cast<std::uint64_t>(o.split_bytes)), o.accumulate ? 1 : 0);
+}
+
+// Whether `k` is the key made of these fields.
+bool same_key(const plan_key& k, const std::vector<chunk_ref>& src, const shape_t& shape,
+              const index_map& dst, bool covering, const plan_options& options) noexcept {
+  const auto same_ref = [](const chunk_ref& x, const chunk_ref& y) {
+    return x.device == y.device && x.index == y.index && x.region == y.region;
+  };
+  return k.covering == covering && k.options == options && k.shape == shape &&
+         std::equal(k.src.begin(), k.src.end(), src.begin(), src.end(), same_ref) && k.dst == dst;
 }
 
 // Offset of the first element of `part` in the row-major storage of `whole` (part inside whole).
@@ -301,6 +353,60 @@ reshard_plan plan_reshard(const std::vector<chunk_ref>& src, const std::vector<c
   }
   check_ranks(src, dst);
   return plan_builder(src, dst, options).build();
+}
+
+// --- plan_cache ---
+
+plan_cache::plan_cache(std::size_t capacity) : capacity_(std::max<std::size_t>(capacity, 1)) {}
+
+std::shared_ptr<const reshard_plan> plan_cache::find(const std::vector<chunk_ref>& src,
+                                                     const shape_t& shape, const index_map& dst,
+                                                     bool covering, const plan_options& options) {
+  const std::uint64_t h = hash_key(src, shape, dst, covering, options);
+  const std::lock_guard lock(mutex_);
+  for (entry& e : entries_) {
+    if (e.hash == h && same_key(e.key, src, shape, dst, covering, options)) {
+      e.last_used = ++clock_;
+      ++hits_;
+      return e.plan;
+    }
+  }
+  ++misses_;
+  return nullptr;
+}
+
+void plan_cache::insert(plan_key key, std::shared_ptr<const reshard_plan> plan) {
+  const std::uint64_t h = hash_key(key.src, key.shape, key.dst, key.covering, key.options);
+  const std::lock_guard lock(mutex_);
+  entry* slot = nullptr;
+  for (entry& e : entries_) {
+    if (e.hash == h && same_key(e.key, key.src, key.shape, key.dst, key.covering, key.options)) {
+      slot = &e;  // planned twice concurrently: keep one
+      break;
+    }
+  }
+  if (slot == nullptr && entries_.size() < capacity_) {
+    slot = &entries_.emplace_back();
+  }
+  if (slot == nullptr) {
+    slot = &*std::min_element(entries_.begin(), entries_.end(), [](const entry& a, const entry& b) {
+      return a.last_used < b.last_used;
+    });
+  }
+  slot->hash = h;
+  slot->last_used = ++clock_;
+  slot->key = std::move(key);
+  slot->plan = std::move(plan);
+}
+
+void plan_cache::clear() {
+  const std::lock_guard lock(mutex_);
+  entries_.clear();
+}
+
+plan_cache_stats plan_cache::stats() const {
+  const std::lock_guard lock(mutex_);
+  return {hits_, misses_, entries_.size()};
 }
 
 std::vector<std::vector<box>> owned_regions(const std::vector<chunk_ref>& chunks) {

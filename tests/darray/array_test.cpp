@@ -42,7 +42,7 @@ TEST(darray_array, seed_example_moves_only_what_must_move) {
   auto c = distributed_array<i64>::from_host(be, hc, {n}, c_map);
 
   auto moved = c.reshard(a.index_map());
-  const auto& plan = moved.handle().last_reshard().plan;
+  const auto& plan = *moved.handle().last_reshard().plan;     // shared, never null
   EXPECT_EQ(plan.bytes_remote, 200 * 8) << plan.to_string();  // [500, 700) from device 0 to 1
   EXPECT_EQ(plan.bytes_local, 800 * 8);
   EXPECT_EQ(moved.handle().last_reshard().transfers, 1U);
@@ -58,6 +58,43 @@ TEST(darray_array, seed_example_moves_only_what_must_move) {
   EXPECT_EQ(sum.to_host(), want);
   EXPECT_EQ(sum.index_map(), a_map);
   EXPECT_EQ(be->stats().copies_peer, 2U);  // one piece per reshard
+}
+
+TEST(darray_array, repeated_reshards_reuse_their_plan) {
+  auto be = make_host_backend(2);
+  const i64 n = 1000;
+  const auto hc = iota_values(n, 5000);
+  const auto a_map = index_map::split({n}, 0, {{0, 0, 500}, {1, 500, 1000}});
+  auto c = distributed_array<i64>::from_host(
+      be, hc, {n}, index_map::split({n}, 0, {{0, 0, 700}, {1, 700, 1000}}));
+  const plan_cache_stats before = be->plans().stats();
+  const auto m1 = c.reshard(a_map);
+  const auto m2 = c.reshard(a_map);
+  const plan_cache_stats after = be->plans().stats();
+  EXPECT_EQ(after.misses - before.misses, 1U);
+  EXPECT_EQ(after.hits - before.hits, 1U);
+  EXPECT_EQ(m1.handle().last_reshard().plan, m2.handle().last_reshard().plan);  // one object
+  EXPECT_EQ(m2.to_host(), hc);
+  // Other options, another plan.
+  reshard_options small;
+  small.split_bytes = 64;
+  const auto m3 = c.reshard(a_map, small);
+  EXPECT_GT(m3.handle().last_reshard().plan->pieces.size(),
+            m1.handle().last_reshard().plan->pieces.size());
+  EXPECT_EQ(m3.to_host(), hc);
+
+  // A target map that fails its check is not remembered: it fails every time.
+  const auto uncovered = index_map::split({n}, 0, {{0, 0, 400}, {1, 500, 1000}});
+  EXPECT_THROW((void)c.reshard(uncovered), invalid_index_map);
+  EXPECT_THROW((void)c.reshard(uncovered), invalid_index_map);
+  // A plan kept for a map checked only for bounds (as matmul's row requests are) does not let a
+  // reshard skip the cover check.
+  plan_options po;
+  po.element_size = sizeof(i64);
+  be->plans().insert(plan_key{c.index_map().chunks(), {n}, uncovered, false, po},
+                     std::make_shared<const reshard_plan>(
+                         plan_reshard(c.index_map().chunks(), uncovered.chunks(), po)));
+  EXPECT_THROW((void)c.reshard(uncovered), invalid_index_map);
 }
 
 TEST(darray_array, elementwise_ops_and_scalars_match_the_host) {

@@ -11,6 +11,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -333,6 +334,129 @@ TEST(darray_owned_regions, replicas_counted_once) {
   EXPECT_EQ(owned[1], (std::vector<box>{b1(10, 15)}));
   EXPECT_TRUE(owned[2].empty());
   EXPECT_EQ(owned[3], (std::vector<box>{b1(16, 20, 2)}));
+}
+
+// --- plan_cache ---
+
+// A key over a 1-D array of `n` split at `from` (source) and `to` (target), and its plan.
+struct split_key {
+  plan_key key;
+  reshard_plan plan;
+};
+split_key make_split_key(std::int64_t n, std::int64_t from, std::int64_t to,
+                         plan_options options = {}) {
+  const auto src = index_map::split({n}, 0, {{0, 0, from}, {1, from, n}});
+  const auto dst = index_map::split({n}, 0, {{0, 0, to}, {1, to, n}});
+  split_key k{plan_key{src.chunks(), {n}, dst, true, options}, {}};
+  k.plan = plan_reshard(k.key.src, dst.chunks(), options);
+  return k;
+}
+
+std::shared_ptr<const reshard_plan> find(plan_cache& cache, const plan_key& k) {
+  return cache.find(k.src, k.shape, k.dst, k.covering, k.options);
+}
+
+TEST(darray_plan_cache, finds_exactly_the_key_it_was_given) {
+  plan_cache cache;
+  const split_key k = make_split_key(1000, 700, 500);
+  EXPECT_EQ(find(cache, k.key), nullptr);
+  const auto plan = std::make_shared<const reshard_plan>(k.plan);
+  cache.insert(k.key, plan);
+  EXPECT_EQ(find(cache, k.key), plan);  // the same object: shared, not copied
+  EXPECT_EQ(find(cache, k.key)->pieces, k.plan.pieces);
+
+  // Every field of the key matters.
+  plan_key other = k.key;
+  other.covering = false;  // a map checked only for bounds does not stand for a covering one
+  EXPECT_EQ(find(cache, other), nullptr);
+  other = k.key;
+  other.options.split_bytes = 100;
+  EXPECT_EQ(find(cache, other), nullptr);
+  other = k.key;
+  other.options.element_size = 8;
+  EXPECT_EQ(find(cache, other), nullptr);
+  other = k.key;
+  other.options.accumulate = true;
+  EXPECT_EQ(find(cache, other), nullptr);
+  other = k.key;
+  other.shape = {1001};
+  EXPECT_EQ(find(cache, other), nullptr);
+  EXPECT_EQ(find(cache, make_split_key(1000, 701, 500).key), nullptr);  // source chunks
+  EXPECT_EQ(find(cache, make_split_key(1000, 700, 501).key), nullptr);  // target map
+  other = k.key;
+  other.src[1].device = 0;  // same boxes, another device
+  EXPECT_EQ(find(cache, other), nullptr);
+
+  const plan_cache_stats st = cache.stats();
+  EXPECT_EQ(st.hits, 2U);
+  EXPECT_EQ(st.misses, 9U);
+  EXPECT_EQ(st.size, 1U);
+  cache.clear();
+  EXPECT_EQ(find(cache, k.key), nullptr);
+  EXPECT_EQ(cache.stats().size, 0U);
+}
+
+TEST(darray_plan_cache, keeps_the_most_recently_used_plans) {
+  plan_cache cache(2);
+  const split_key a = make_split_key(100, 70, 50);
+  const split_key b = make_split_key(100, 70, 40);
+  const split_key c = make_split_key(100, 70, 30);
+  cache.insert(a.key, std::make_shared<const reshard_plan>(a.plan));
+  cache.insert(b.key, std::make_shared<const reshard_plan>(b.plan));
+  const auto held = find(cache, a.key);  // a is now more recent than b
+  ASSERT_NE(held, nullptr);
+  cache.insert(c.key, std::make_shared<const reshard_plan>(c.plan));
+  EXPECT_EQ(cache.stats().size, 2U);
+  EXPECT_NE(find(cache, a.key), nullptr);
+  EXPECT_EQ(find(cache, b.key), nullptr);  // the least recently used went
+  ASSERT_NE(find(cache, c.key), nullptr);
+  EXPECT_EQ(find(cache, c.key)->pieces, c.plan.pieces);
+  // Inserting an equal key replaces its plan instead of taking a second slot.
+  const auto again = std::make_shared<const reshard_plan>(c.plan);
+  cache.insert(c.key, again);
+  EXPECT_EQ(cache.stats().size, 2U);
+  EXPECT_EQ(find(cache, c.key), again);
+  EXPECT_NE(find(cache, a.key), nullptr);
+  // A plan found stays valid after it leaves the cache.
+  cache.clear();
+  EXPECT_EQ(held->pieces, a.plan.pieces);
+}
+
+TEST(darray_plan_cache_concurrency, threads_share_one_cache) {
+  // More keys than room: threads find, plan, insert and evict at once; every plan found must be
+  // the one of its key.
+  std::vector<split_key> keys;
+  for (std::int64_t to = 10; to < 130; to += 10) {
+    keys.push_back(make_split_key(200, 100, to, {.element_size = 4, .split_bytes = 64}));
+  }
+  plan_cache cache(8);
+  constexpr int threads = 4;
+  constexpr int rounds = 2000;
+  std::vector<int> wrong(threads, 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::mt19937_64 rng(test_seed() + static_cast<std::uint64_t>(t));
+      for (int i = 0; i < rounds; ++i) {
+        const split_key& k = keys[rng() % keys.size()];
+        auto plan = find(cache, k.key);
+        if (!plan) {
+          plan = std::make_shared<const reshard_plan>(
+              plan_reshard(k.key.src, k.key.dst.chunks(), k.key.options));
+          cache.insert(k.key, plan);
+        }
+        wrong[static_cast<std::size_t>(t)] += plan->pieces == k.plan.pieces ? 0 : 1;
+      }
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  EXPECT_EQ(wrong, std::vector<int>(threads, 0));
+  const plan_cache_stats st = cache.stats();
+  EXPECT_EQ(st.hits + st.misses, static_cast<std::uint64_t>(threads * rounds));
+  EXPECT_GT(st.hits, 0U);
+  EXPECT_EQ(st.size, 8U);
 }
 
 // --- randomized properties ---

@@ -181,8 +181,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       res.t_reshard_ms = best_ms(o.repeat, [&] {
         auto moved = c.reshard(a.index_map());
         moved.wait();
-        res.bytes_moved = moved.handle().last_reshard().plan.bytes_remote;
-        res.bytes_local = moved.handle().last_reshard().plan.bytes_local;
+        res.bytes_moved = moved.handle().last_reshard().plan->bytes_remote;
+        res.bytes_local = moved.handle().last_reshard().plan->bytes_local;
       });
     }
     {

@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "poolscope/darray/geometry.hpp"
+#include "poolscope/darray/planner.hpp"
 #include "poolscope/pool/allocator.hpp"
 
 namespace poolscope::profiler {
@@ -290,6 +291,8 @@ class backend : public std::enable_shared_from_this<backend> {
   /// What the backend did so far. Each figure is exact; work enqueued meanwhile on other threads
   /// may show in some figures and not yet in others.
   [[nodiscard]] backend_stats stats() const;
+  /// The plans of this backend's recent reshards (thread-safe; see plan_cache).
+  [[nodiscard]] plan_cache& plans() noexcept { return plans_; }
 
   /// The key of a queue in event_state::queue_key().
   [[nodiscard]] static constexpr int queue_key(int device, queue_kind q) noexcept {
@@ -379,6 +382,7 @@ class backend : public std::enable_shared_from_this<backend> {
   std::vector<std::uint64_t> pending_from_;  // collect_deferred's scratch (state_mutex_)
   std::atomic<profiler::timeline*> timeline_{nullptr};
   counters counters_;
+  plan_cache plans_;
 };
 
 /// A backend by spec: "host:N" (N fake devices, 1..64), "cuda" (every GPU), "cuda:N" (the first

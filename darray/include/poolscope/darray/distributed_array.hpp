@@ -88,9 +88,16 @@ struct reshard_options {
   copy_queue issue_on = copy_queue::source;
 };
 
+namespace detail {
+/// The plan of an array no reshard made: no pieces.
+[[nodiscard]] const std::shared_ptr<const reshard_plan>& empty_plan();
+}  // namespace detail
+
 /// What the last reshard of an array did (for demos, reports and tests).
 struct reshard_info {
-  reshard_plan plan;
+  /// Never null. Immutable and shared (with the backend's plan_cache and every array the same
+  /// plan made), so passing it on costs a reference count.
+  std::shared_ptr<const reshard_plan> plan = detail::empty_plan();
   std::size_t transfers = 0;  ///< copies enqueued between devices
 };
 

@@ -27,6 +27,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,6 +57,7 @@ struct plan_options {
   std::int64_t split_bytes = std::int64_t{64} << 20;
   /// Source is a partial (sum/prod/max/min) array: every intersection is a piece.
   bool accumulate = false;
+  friend bool operator==(const plan_options&, const plan_options&) = default;
 };
 
 /// The pieces of a reshard, in issue order (see the file comment).
@@ -78,6 +81,62 @@ struct reshard_plan {
 [[nodiscard]] reshard_plan plan_reshard(const std::vector<chunk_ref>& src,
                                         const std::vector<chunk_ref>& dst,
                                         const plan_options& options);
+
+/// What a plan_cache entry was made from: the source chunks, the array's shape, the target map,
+/// whether that map was checked to cover the shape (a map checked only for bounds, as matmul's
+/// row requests are, must not let a later reshard skip the cover check), and the options.
+struct plan_key {
+  std::vector<chunk_ref> src;
+  shape_t shape;
+  index_map dst;
+  bool covering = true;
+  plan_options options;
+};
+
+/// Counters of a plan_cache.
+struct plan_cache_stats {
+  std::uint64_t hits = 0;
+  std::uint64_t misses = 0;
+  std::size_t size = 0;  ///< plans held now
+};
+
+/// The plans of recent reshards, by what made them: a reshard repeated with the same source
+/// chunks, target map and options (every step of a training loop, every iteration of an op) skips
+/// checking the target map and planning — on small arrays most of a reshard's host time. Holds at
+/// most `capacity` plans; a new one replaces the least recently used. Plans are immutable and
+/// shared: a plan found stays valid after it leaves the cache.
+///
+/// Ownership: owns copies of its keys. Thread safety: every member may be called concurrently
+/// (one mutex; a lookup compares a 64-bit hash per entry before comparing keys).
+class plan_cache {
+ public:
+  explicit plan_cache(std::size_t capacity = 64);
+
+  /// The plan made from exactly these (a plan_key's fields, not copied), or null. Counts a hit or
+  /// a miss.
+  [[nodiscard]] std::shared_ptr<const reshard_plan> find(const std::vector<chunk_ref>& src,
+                                                         const shape_t& shape, const index_map& dst,
+                                                         bool covering,
+                                                         const plan_options& options);
+  /// Remembers `plan` as the one made from `key` (replacing an equal key's).
+  void insert(plan_key key, std::shared_ptr<const reshard_plan> plan);
+  void clear();
+  [[nodiscard]] plan_cache_stats stats() const;
+
+ private:
+  struct entry {
+    std::uint64_t hash = 0;
+    std::uint64_t last_used = 0;
+    plan_key key;
+    std::shared_ptr<const reshard_plan> plan;
+  };
+  mutable std::mutex mutex_;
+  std::size_t capacity_;
+  std::uint64_t clock_ = 0;
+  std::uint64_t hits_ = 0;
+  std::uint64_t misses_ = 0;
+  std::vector<entry> entries_;
+};
 
 /// The elements each chunk of `chunks` owns when replicas are counted once: chunk i owns its box
 /// minus the boxes of chunks 0..i-1 (what sum and prod reductions and matmul read). One list of
