@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
@@ -415,6 +417,65 @@ void backend::copy(int queue_device, queue_kind q, dtype t, const view& dst, int
     return;
   }
   do_copy(queue_device, q, t, dst, dst_device, src, src_device, how);
+}
+
+void backend::copy_group(dtype t, const std::vector<transfer>& list, transport how) {
+  std::vector<transfer> moving;
+  moving.reserve(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const transfer& x = list[i];
+    const std::string what = "copy_group (transfer " + std::to_string(i) + ")";
+    check_device(x.dst_device, what.c_str());
+    check_device(x.src_device, what.c_str());
+    if (x.dst_device == x.src_device) {
+      throw invalid_argument("darray " + what + ": source and destination are both device " +
+                             std::to_string(x.src_device) + " (a group moves between devices)");
+    }
+    check_view(x.dst, what.c_str());
+    check_view(x.src, what.c_str());
+    check_same_extents(x.dst, x.src, what.c_str());
+    if (x.dst.size() != 0) {
+      moving.push_back(x);
+    }
+  }
+  if (!moving.empty()) {
+    do_copy_group(t, moving, how);
+  }
+}
+
+void backend::do_copy_group(dtype t, const std::vector<transfer>& list, transport how) {
+  copy_one_by_one(t, list, how == transport::nccl ? transport::peer : how);
+}
+
+void backend::copy_one_by_one(dtype t, const std::vector<transfer>& list, transport how) {
+  for (const transfer& x : list) {
+    do_copy(x.src_device, queue_kind::transfer, t, x.dst, x.dst_device, x.src, x.src_device, how);
+  }
+  // Each receiver's transfer queue after its senders' (one wait per link, in list order).
+  std::vector<std::pair<int, int>> links;
+  for (const transfer& x : list) {
+    const std::pair<int, int> link{x.src_device, x.dst_device};
+    if (std::find(links.begin(), links.end(), link) == links.end()) {
+      links.push_back(link);
+      wait(x.dst_device, queue_kind::transfer, record(x.src_device, queue_kind::transfer));
+    }
+  }
+}
+
+bool backend::groups_transfers(const reshard_plan& plan, transport how) const {
+  switch (how) {
+    case transport::peer:
+      return false;
+    case transport::nccl:
+      return true;
+    case transport::automatic:
+      break;
+  }
+  return do_groups_automatically(plan);
+}
+
+bool backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
+  return false;
 }
 
 void backend::upload(int device, dtype t, const view& dst, const view& host_src) {

@@ -9,9 +9,11 @@
 #include <climits>
 #include <cstddef>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,10 @@ using profiler::category;
 /// 359.7 GB/s for NCCL send/recv of the same bytes, and NCCL's kernels take SMs from the compute
 /// a reshard should overlap with. NCCL is used when asked for (transport::nccl).
 constexpr bool automatic_uses_nccl = false;
+
+/// transport::automatic sends a reshard as one NCCL group when a GPU exchanges with several peers
+/// and at least this many bytes move (do_groups_automatically).
+constexpr std::int64_t nccl_group_min_bytes = std::int64_t{64} << 20;
 
 /// Events kept for reuse per device; more are destroyed when released.
 constexpr std::size_t event_free_list_capacity = 256;
@@ -252,6 +258,8 @@ class cuda_backend final : public backend {
   void do_synchronize() override;
   void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
                const view& src, int src_device, transport how) override;
+  void do_copy_group(dtype t, const std::vector<transfer>& list, transport how) override;
+  [[nodiscard]] bool do_groups_automatically(const reshard_plan& plan) const override;
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override;
   void do_download(int device, dtype t, const view& host_dst, const view& src) override;
   void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) override;
@@ -638,6 +646,66 @@ void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, void* dst, int ds
   // ... and the queue's later work (and its recorded events) after both sides complete.
   order_after(s, send_stream, src_device);
   order_after(s, recv_stream, dst_device);
+}
+
+void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list, transport how) {
+  const bool nccl = how == transport::nccl ||
+                    (how == transport::automatic && default_transport_ != transport::peer);
+  const bool contiguous = std::all_of(list.begin(), list.end(), [](const transfer& x) {
+    return x.dst.contiguous() && x.src.contiguous();
+  });
+  if (!nccl || !contiguous) {
+    copy_one_by_one(t, list, transport::peer);
+    return;
+  }
+  static const profiler::scope_site site{"darray.nccl_group", category::darray_transfer};
+  const profiler::scope scope{site};
+  const std::size_t es = size_of(t);
+  const std::lock_guard lock(nccl_mutex_);
+  ensure_comms();
+  POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
+  try {
+    for (const transfer& x : list) {
+      const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
+      const auto from = static_cast<std::size_t>(x.src_device);
+      const auto to = static_cast<std::size_t>(x.dst_device);
+      POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
+                                      x.dst_device, comms_[from],
+                                      stream(x.src_device, queue_kind::transfer)));
+      POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8, x.src_device,
+                                      comms_[to], stream(x.dst_device, queue_kind::transfer)));
+    }
+  } catch (...) {
+    (void)ncclGroupEnd();
+    throw;
+  }
+  POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
+  for (const transfer& x : list) {
+    count_copy(true, static_cast<std::uint64_t>(x.dst.size()) * es, true);
+  }
+}
+
+bool cuda_backend::do_groups_automatically(const reshard_plan& plan) const {
+  if (default_transport_ != transport::automatic) {
+    return default_transport_ == transport::nccl;
+  }
+  // NCCL's one grouped call beats copy engines when a GPU exchanges with several peers at once
+  // (docs/darray.md "Transports"); for one peer per GPU, and for small reshards, copy engines win.
+  if (plan.bytes_remote < nccl_group_min_bytes) {
+    return false;
+  }
+  std::map<int, std::set<int>> sends_to;
+  std::map<int, std::set<int>> receives_from;
+  for (const auto& [from, to, bytes] : plan.link_bytes) {
+    if (bytes > 0) {
+      sends_to[from].insert(to);
+      receives_from[to].insert(from);
+    }
+  }
+  const auto fans = [](const std::map<int, std::set<int>>& m) {
+    return std::any_of(m.begin(), m.end(), [](const auto& kv) { return kv.second.size() >= 2; });
+  };
+  return fans(sends_to) || fans(receives_from);
 }
 
 // --- host <-> device ---

@@ -163,6 +163,98 @@ std::shared_ptr<const reshard_plan> plan_for(const array_state& src,
   return plan;
 }
 
+// The remote pieces of a replica-mode reshard as one backend::copy_group (NCCL: one grouped
+// call, every link at once). NCCL moves contiguous bytes only, so a strided side goes through a
+// dense staging buffer: packed on the sender's transfer queue before the group, unpacked on the
+// receiver's after it. Every piece is complete when its receiver's transfer queue passes the
+// group (no piece can be computed on earlier). Local pieces alias the source, as piece by piece.
+template <typename DenseOf>
+void send_as_group(const array_state& src, array_state& out, const reshard_plan& plan,
+                   transport how, DenseOf&& dense_of) {
+  static const profiler::scope_site group_site{"darray.transfer_group", category::darray_transfer};
+  const profiler::scope group_scope{group_site};
+  backend& be = *src.be;
+  struct arrival {
+    std::size_t dst_chunk;
+    box region;
+    std::shared_ptr<buffer> target;
+    std::shared_ptr<buffer> source;    // the sender's storage
+    std::shared_ptr<buffer> packed;    // its piece packed densely, or null
+    std::shared_ptr<buffer> received;  // staging to unpack from, or null
+    view unpack_to;
+    int src_device;
+  };
+  std::vector<arrival> arrivals;
+  std::vector<backend::transfer> group;
+  for (const piece& p : plan.pieces) {
+    chunk& dst = out.chunks[p.dst_chunk];
+    const chunk& from = src.chunks[p.src_chunk];
+    for (const chunk_part& q : from.parts) {
+      auto r = intersect(q.region, p.region);
+      if (!r || r->empty()) {
+        continue;
+      }
+      if (p.local) {
+        dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
+        continue;
+      }
+      const auto& target = dense_of(p.dst_chunk);
+      arrival a{p.dst_chunk, *r, target, q.storage, nullptr, nullptr, {}, from.device};
+      const shape_t extents = r->extents();
+      view sent = view_of(q, *r);
+      be.wait(from.device, queue_kind::transfer, q.ready);
+      if (!sent.contiguous()) {
+        a.packed = dense_buffer(be, from.device, *r, src.type);
+        const view packed = view::dense(a.packed->data(), extents);
+        be.copy(from.device, queue_kind::transfer, src.type, packed, from.device, sent,
+                from.device);
+        sent = packed;
+      }
+      view landing = view::of_box(target->data(), dst.region, *r);
+      if (!landing.contiguous()) {
+        a.received = dense_buffer(be, dst.device, *r, src.type);
+        a.unpack_to = landing;
+        landing = view::dense(a.received->data(), extents);
+      }
+      group.push_back(backend::transfer{landing, dst.device, sent, from.device});
+      arrivals.push_back(std::move(a));
+    }
+  }
+  be.copy_group(src.type, group, how);
+  for (std::size_t i = 0; i < arrivals.size(); ++i) {
+    const arrival& a = arrivals[i];
+    if (a.received) {
+      const int d = group[i].dst_device;
+      be.copy(d, queue_kind::transfer, src.type, a.unpack_to, d, group[i].dst, d);
+    }
+  }
+  // One event per device involved, after the group (and the unpacks) on its transfer queue.
+  std::map<int, event> after;
+  for (const auto& x : group) {
+    for (const int d : {x.src_device, x.dst_device}) {
+      if (after.find(d) == after.end()) {
+        after.emplace(d, be.record(d, queue_kind::transfer));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < arrivals.size(); ++i) {
+    const arrival& a = arrivals[i];
+    const event& sent = after.at(a.src_device);
+    const event& arrived = after.at(group[i].dst_device);
+    a.source->add_use(sent);
+    if (a.packed) {
+      a.packed->add_use(sent);
+    }
+    a.target->add_use(arrived);
+    if (a.received) {
+      a.received->add_use(arrived);
+    }
+    out.chunks[a.dst_chunk].parts.push_back(
+        chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
+    ++out.info.transfers;
+  }
+}
+
 // Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
 // for before is first checked as `check` says.
 std::shared_ptr<array_state> execute_reshard(const array_state& src,
@@ -200,6 +292,11 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     }
     return dense[j];
   };
+
+  if (!accumulate && be.groups_transfers(plan, options.how)) {
+    send_as_group(src, *out, plan, options.how, dense_of);
+    return out;
+  }
 
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
   for (const piece& p : plan.pieces) {

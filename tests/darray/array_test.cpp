@@ -97,6 +97,54 @@ TEST(darray_array, repeated_reshards_reuse_their_plan) {
   EXPECT_THROW((void)c.reshard(uncovered), invalid_index_map);
 }
 
+// A 6 x 9 array on host:3, rows <-> columns, sent as one group: the pieces that are strided on
+// the sender are packed before the group, those strided on the receiver unpacked after it.
+TEST(darray_array, grouped_reshards_pack_and_unpack_strided_pieces) {
+  auto be = make_host_backend(3);
+  const shape_t shape{6, 9};
+  const auto rows = index_map::blocks(shape, 0, 3);
+  const auto cols = index_map::blocks(shape, 1, 3);
+  std::vector<i64> h(54);
+  std::iota(h.begin(), h.end(), i64{-20});
+  auto x = distributed_array<i64>::from_host(be, h, shape, rows);
+  EXPECT_FALSE(be->groups_transfers(*x.handle().last_reshard().plan, transport::automatic));
+  const reshard_options grouped{.how = transport::nccl};
+  for (const auto& [from, to] : {std::pair{rows, cols}, std::pair{cols, rows}}) {
+    SCOPED_TRACE(from.to_string() + " -> " + to.to_string());
+    const auto a = x.reshard(from);
+    a.wait();
+    const backend_stats before = be->stats();
+    const auto b = a.reshard(to, grouped);
+    EXPECT_EQ(b.to_host(), h);
+    const backend_stats after = be->stats();
+    // 3 x 3 blocks, 3 of them already in place: 6 pieces cross, each strided on one side
+    // (a row block's columns or a column block's rows), so 6 packs or unpacks on the devices.
+    EXPECT_EQ(b.handle().last_reshard().transfers, 6U);
+    EXPECT_EQ(after.copies_peer - before.copies_peer, 6U);
+    EXPECT_EQ(after.copies_local - before.copies_local, 6U);
+    EXPECT_EQ(after.bytes_peer - before.bytes_peer, 6U * 2 * 3 * sizeof(i64));
+    // The grouped result computes like any other.
+    EXPECT_EQ((b + b).to_host(), [&] {
+      std::vector<i64> twice = h;
+      for (auto& v : twice) {
+        v *= 2;
+      }
+      return twice;
+    }());
+  }
+  // A group's transfers are checked like copies.
+  const auto buf = be->allocate(0, 64);
+  const view v = view::dense(buf->data(), {4});
+  EXPECT_THROW(be->copy_group(dtype::i64, {backend::transfer{v, 0, v, 0}}, transport::nccl),
+               invalid_argument);
+  EXPECT_THROW(
+      be->copy_group(dtype::i64, {backend::transfer{v, 1, view::dense(buf->data(), {3}), 0}},
+                     transport::nccl),
+      invalid_argument);
+  EXPECT_THROW(be->copy_group(dtype::i64, {backend::transfer{v, 3, v, 0}}, transport::nccl),
+               invalid_argument);
+}
+
 TEST(darray_array, elementwise_ops_and_scalars_match_the_host) {
   auto be = make_host_backend(3);
   const i64 n = 300;
@@ -317,7 +365,10 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
                    x.index_map().to_string() + " y " + y.index_map().to_string());
       switch (pick(0, 5)) {
         case 0: {
-          x = x.reshard(random_map(rng, shape, devices), {.split_bytes = pick(0, 1) * 64});
+          // Piece by piece or as one group (NCCL on GPUs), split or not.
+          x = x.reshard(random_map(rng, shape, devices),
+                        {.how = pick(0, 1) == 1 ? transport::nccl : transport::automatic,
+                         .split_bytes = pick(0, 1) * 64});
           break;
         }
         case 1: {

@@ -200,9 +200,9 @@ class buffer {
 
 /// How bytes move between devices.
 enum class transport : std::uint8_t {
-  automatic,  ///< the backend chooses per piece by size (CUDA: NCCL above its crossover)
-  peer,       ///< copy engines (cudaMemcpyPeerAsync / 2-D copies; memcpy on host)
-  nccl,       ///< NCCL send/recv (CUDA only; host falls back to memcpy)
+  automatic,  ///< the backend chooses per reshard (backend::groups_transfers)
+  peer,       ///< copy engines, piece by piece (cudaMemcpyPeerAsync / 2-D copies; memcpy on host)
+  nccl,  ///< NCCL: a reshard's sends and receives in one group (CUDA; host: memcpy, same order)
 };
 [[nodiscard]] std::string_view to_string(transport t) noexcept;
 
@@ -261,6 +261,25 @@ class backend : public std::enable_shared_from_this<backend> {
   /// devices (ignored within a device).
   void copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
             const view& src, int src_device, transport how = transport::automatic);
+  /// One copy of a transfer group.
+  struct transfer {
+    view dst;
+    int dst_device = 0;
+    view src;
+    int src_device = 0;
+  };
+  /// Copies every transfer of `list` (each between two devices, equal extents) as one group:
+  /// with NCCL one grouped call, every send and receive at once (`how` nccl, or automatic on a
+  /// backend whose transfers default to NCCL; views must then be contiguous, else the group goes
+  /// by copy engines); otherwise the copies one after another on the senders' transfer queues.
+  /// Each device's part starts after the work enqueued so far on its transfer queue; afterwards
+  /// that queue is ordered after every copy of the group the device sends or receives, so an
+  /// event recorded there marks its data arrived (receiver) or free to overwrite (sender).
+  void copy_group(dtype t, const std::vector<transfer>& list, transport how);
+  /// Whether a reshard with `plan`, asked to move data by `how`, should send its pieces as one
+  /// copy_group rather than piece by piece: always for nccl, never for peer; for automatic the
+  /// backend's measured choice (CUDA: see docs/darray.md "Transports"; host devices: never).
+  [[nodiscard]] bool groups_transfers(const reshard_plan& plan, transport how) const;
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).
   void upload(int device, dtype t, const view& dst, const view& host_src);
@@ -300,6 +319,9 @@ class backend : public std::enable_shared_from_this<backend> {
   }
 
  protected:
+  /// For implementations: a group without a grouped transport: each copy on its sender's
+  /// transfer queue (by `how`), then each receiver's transfer queue ordered after its senders'.
+  void copy_one_by_one(dtype t, const std::vector<transfer>& list, transport how);
   /// For implementations: the attached timeline (may be null).
   [[nodiscard]] profiler::timeline* attached_timeline() const noexcept;
   /// For implementations: counts work in stats().
@@ -327,6 +349,10 @@ class backend : public std::enable_shared_from_this<backend> {
   virtual void do_synchronize() = 0;
   virtual void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
                        const view& src, int src_device, transport how) = 0;
+  /// Default: copy_one_by_one.
+  virtual void do_copy_group(dtype t, const std::vector<transfer>& list, transport how);
+  /// groups_transfers for transport::automatic. Default: never.
+  [[nodiscard]] virtual bool do_groups_automatically(const reshard_plan& plan) const;
   virtual void do_upload(int device, dtype t, const view& dst, const view& host_src) = 0;
   virtual void do_download(int device, dtype t, const view& host_dst, const view& src) = 0;
   virtual void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) = 0;
