@@ -267,7 +267,9 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   const bool accumulate = src.mode != array_mode::replica;
   plan_options po;
   po.element_size = size_of(src.type);
-  po.split_bytes = options.split_bytes;
+  // A group's pieces are not split: nothing computes on a part before the whole group lands, and
+  // NCCL moves one large send per link faster than several (docs/darray.md "Transports").
+  po.split_bytes = options.how == transport::nccl ? 0 : options.split_bytes;
   po.accumulate = accumulate;
   auto out = std::make_shared<array_state>();
   out->be = src.be;

@@ -278,7 +278,8 @@ class backend : public std::enable_shared_from_this<backend> {
   void copy_group(dtype t, const std::vector<transfer>& list, transport how);
   /// Whether a reshard with `plan`, asked to move data by `how`, should send its pieces as one
   /// copy_group rather than piece by piece: always for nccl, never for peer; for automatic the
-  /// backend's measured choice (CUDA: see docs/darray.md "Transports"; host devices: never).
+  /// backend's choice (CUDA: when its default transport is NCCL, as measured in docs/darray.md
+  /// "Transports"; host devices: never).
   [[nodiscard]] bool groups_transfers(const reshard_plan& plan, transport how) const;
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).
