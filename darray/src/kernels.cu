@@ -374,17 +374,78 @@ struct alignas(16) vec16 {
   T v[width];
 };
 
-// Every view contiguous and 16-byte aligned: 16-byte loads and stores, `vector_unroll` vectors
-// in flight per thread, then the tail of n % width elements one per thread.
+template <typename T>
+struct alignas(8) vec8 {
+  static constexpr int width = 8 / static_cast<int>(sizeof(T));
+  T v[width];
+};
+
+/// How an input of the vector path is read: each 16-byte vector at once, as two 8-byte halves, or
+/// element by element, by the alignment its address has once the output is 16-byte aligned. The
+/// choice is the same for every thread (no divergence).
+enum class vector_read : unsigned char { whole, halves, elements };
+
+template <typename T, int N>
+struct vector_reads {
+  vector_read r[N > 0 ? N : 1];
+};
+
+// Vector `i` of the line at `p` (16 * i bytes in), read as `how` allows.
+template <typename T>
+__device__ __forceinline__ vec16<T> load_vector(const T* p, i64 i, vector_read how) {
+  using V = vec16<T>;
+  const T* at = p + i * V::width;
+  if (how == vector_read::whole) {
+    return *reinterpret_cast<const V*>(at);
+  }
+  V r;
+  if constexpr (sizeof(T) <= 8) {
+    if (how == vector_read::halves) {
+      using H = vec8<T>;
+      const H lo = reinterpret_cast<const H*>(at)[0];
+      const H hi = reinterpret_cast<const H*>(at)[1];
+#pragma unroll
+      for (int w = 0; w < H::width; ++w) {
+        r.v[w] = lo.v[w];
+        r.v[H::width + w] = hi.v[w];
+      }
+      return r;
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < V::width; ++w) {
+    r.v[w] = at[w];
+  }
+  return r;
+}
+
+// Contiguous lines: the first `head` elements one per thread, until the output is 16-byte
+// aligned; then 16-byte vectors of the output (each input read as reads.r[k] says),
+// `vector_unroll` in flight per thread; then the tail of fewer than a vector's elements.
 template <typename T, int N, typename F>
-__global__ void __launch_bounds__(block_threads) map_vector_kernel(operands<T, N> ops, i64 n, F f) {
+__global__ void __launch_bounds__(block_threads)
+    map_vector_kernel(operands<T, N> ops, i64 n, i64 head, vector_reads<T, N> reads, F f) {
   using V = vec16<T>;
   constexpr int W = V::width;
   constexpr int NI = N > 0 ? N : 1;
-  const i64 nvec = n / W;
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;
   const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  V* out = reinterpret_cast<V*>(ops.p[0]);
+  if (first < head) {
+    T x[NI];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      x[k] = ops.p[k + 1][first];
+    }
+    ops.p[0][first] = apply<T, N>(f, x);
+  }
+  const i64 body = n - head;
+  const i64 nvec = body / W;
+  V* out = reinterpret_cast<V*>(ops.p[0] + head);
+  const T* in_line[NI];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    in_line[k] = ops.p[k + 1] + head;
+  }
   i64 i = first;
   for (; i + (vector_unroll - 1) * step < nvec; i += vector_unroll * step) {
     V in[NI][vector_unroll];
@@ -392,7 +453,7 @@ __global__ void __launch_bounds__(block_threads) map_vector_kernel(operands<T, N
     for (int k = 0; k < N; ++k) {
 #pragma unroll
       for (int u = 0; u < vector_unroll; ++u) {
-        in[k][u] = reinterpret_cast<const V*>(ops.p[k + 1])[i + u * step];
+        in[k][u] = load_vector(in_line[k], i + u * step, reads.r[k]);
       }
     }
 #pragma unroll
@@ -414,7 +475,7 @@ __global__ void __launch_bounds__(block_threads) map_vector_kernel(operands<T, N
     V in[NI];
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      in[k] = reinterpret_cast<const V*>(ops.p[k + 1])[i];
+      in[k] = load_vector(in_line[k], i, reads.r[k]);
     }
     V r;
 #pragma unroll
@@ -428,7 +489,7 @@ __global__ void __launch_bounds__(block_threads) map_vector_kernel(operands<T, N
     }
     out[i] = r;
   }
-  const i64 t = nvec * W + first;
+  const i64 t = head + nvec * W + first;
   if (t < n) {
     T x[NI];
 #pragma unroll
@@ -468,16 +529,30 @@ void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
     return;
   }
   operands<T, N> ops{};
-  bool vectorizable = v[0].rank == 1;
+  bool contiguous = v[0].rank == 1;
   for (int k = 0; k <= N; ++k) {
     ops.p[k] = element_ptr<T>(v[k]);
-    vectorizable =
-        vectorizable && v[k].stride[0] == 1 && reinterpret_cast<std::uintptr_t>(ops.p[k]) % 16 == 0;
+    contiguous = contiguous && v[k].stride[0] == 1 &&
+                 reinterpret_cast<std::uintptr_t>(ops.p[k]) % sizeof(T) == 0;
   }
-  if (vectorizable) {
-    const i64 vectors = n / vec16<T>::width;
-    const unsigned blocks = grid_for(std::max<i64>(vectors / vector_unroll, 1), on.sm_count);
-    map_vector_kernel<T, N, F><<<blocks, block_threads, 0, on.stream>>>(ops, n, f);
+  if (contiguous) {
+    // Elements before the output's first 16-byte boundary go one per thread; from there each
+    // input is read by the widest access its alignment allows (misaligned operands are common:
+    // a chunk's parts start wherever another map's boundary fell).
+    constexpr auto W = static_cast<std::uintptr_t>(vec16<T>::width);
+    const auto out_at = reinterpret_cast<std::uintptr_t>(ops.p[0]);
+    const i64 head = std::min<i64>(n, static_cast<i64>((16 - out_at % 16) % 16 / sizeof(T)));
+    vector_reads<T, N> reads{};
+    for (int k = 0; k < N; ++k) {
+      const auto at = reinterpret_cast<std::uintptr_t>(ops.p[k + 1] + head);
+      reads.r[k] = at % 16 == 0  ? vector_read::whole
+                   : at % 8 == 0 ? vector_read::halves
+                                 : vector_read::elements;
+    }
+    const i64 vectors = (n - head) / static_cast<i64>(W);
+    const unsigned blocks =
+        grid_for(std::max<i64>({vectors / vector_unroll, head, static_cast<i64>(W)}), on.sm_count);
+    map_vector_kernel<T, N, F><<<blocks, block_threads, 0, on.stream>>>(ops, n, head, reads, f);
   } else {
     const unsigned blocks = grid_for(n, on.sm_count);
     const layout<N + 1> l = layout_of<N + 1>(v);

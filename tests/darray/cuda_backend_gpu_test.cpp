@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -335,6 +336,18 @@ std::vector<std::vector<layout>> elementwise_layout_sets() {
   // Misaligned (offset 1) dense lines: contiguous, not 16-byte aligned.
   sets.push_back({layout{"misaligned", {1002}, 1, {1001}, {1}}, dense_layout({1001}),
                   layout{"misaligned", {1003}, 2, {1001}, {1}}});
+  // Contiguous lines starting `o` elements into their buffers (output, a, b): the vector path
+  // peels the output's head, then reads each input whole, by halves or by elements. (2, 2, 0) is
+  // D1's fused add on the receiving GPU.
+  for (const auto& [od, oa, ob] : std::vector<std::array<std::int64_t, 3>>{
+           {2, 2, 0}, {1, 2, 3}, {3, 3, 3}, {2, 0, 0}, {0, 1, 0}, {0, 0, 2}, {1, 0, 1}}) {
+    for (std::int64_t n : {2, 4099}) {
+      const auto line = [n](std::int64_t o) {
+        return layout{"offset " + std::to_string(o), {n + o}, o, {n}, {1}};
+      };
+      sets.push_back({line(od), line(oa), line(ob)});
+    }
+  }
   sets.push_back({dense_layout({13, 17}), dense_layout({13, 17}), dense_layout({13, 17})});
   // Strided rank 3: (5, 6, 7) inside (11, 8, 9), starting at (1, 1, 2), steps (2, 1, 1).
   const layout strided{"strided", {11, 8, 9}, 1 * 72 + 1 * 9 + 2, {5, 6, 7}, {144, 9, 1}};
