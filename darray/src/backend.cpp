@@ -14,6 +14,13 @@
 #include "poolscope/log.hpp"
 
 namespace poolscope::darray {
+namespace {
+// When allocate() returns deferred buffers first: always for allocations of at least
+// collect_small_below bytes, else once collect_after_count buffers or collect_after_bytes wait.
+constexpr std::size_t collect_small_below = std::size_t{1} << 20;
+constexpr std::size_t collect_after_count = 64;
+constexpr std::size_t collect_after_bytes = std::size_t{64} << 20;
+}  // namespace
 
 std::size_t size_of(dtype t) noexcept {
   switch (t) {
@@ -263,7 +270,13 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
     throw invalid_argument("darray allocate: 0 bytes requested on device " +
                            std::to_string(device));
   }
-  collect_deferred(false);
+  // Returning deferred buffers may query events; a small allocation pays for that only when
+  // enough is waiting (on a loop of small ops the queries cost more than the memory is worth).
+  if (bytes >= collect_small_below ||
+      deferred_count_.load(std::memory_order_relaxed) >= collect_after_count ||
+      deferred_bytes_.load(std::memory_order_relaxed) >= collect_after_bytes) {
+    collect_deferred(false);
+  }
   void* p = nullptr;
   try {
     p = do_allocator(device).allocate(do_alloc_stream(device), bytes);
@@ -657,6 +670,9 @@ void backend::defer_free(int device, void* ptr, std::size_t bytes,
   // Drop the uses known to be complete (no query: the buffer's owner is going away on the
   // enqueue path; collect_deferred asks).
   std::erase_if(uses, [this](const event& e) {
+    if (e.state()->known_complete()) {
+      return true;
+    }
     const int key = own_queue_key(e);
     return key >= 0 &&
            e.state()->sequence() <= tracks_.track[static_cast<std::size_t>(key)].complete.load(
@@ -669,6 +685,9 @@ void backend::defer_free(int device, void* ptr, std::size_t bytes,
   try {
     const std::lock_guard lock(state_mutex_);
     deferred_.push_back(deferred{device, ptr, bytes, std::move(uses)});
+    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+    deferred_bytes_.store(deferred_bytes_.load(std::memory_order_relaxed) + bytes,
+                          std::memory_order_relaxed);
   } catch (...) {
     // No memory to remember it: wait for its uses instead.
     for (const auto& e : uses) {
@@ -693,6 +712,9 @@ void backend::collect_deferred(bool all) noexcept {
       std::vector<std::uint64_t>& pending_from = pending_from_;
       pending_from.assign(tracks().queues, UINT64_MAX);  // allocates on the first pass only
       const auto is_complete = [&](const event& e) {
+        if (e.state()->known_complete()) {
+          return true;
+        }
         const int key = own_queue_key(e);
         if (key < 0) {
           try {
@@ -727,6 +749,13 @@ void backend::collect_deferred(bool all) noexcept {
       done.assign(std::make_move_iterator(it), std::make_move_iterator(deferred_.end()));
       deferred_.erase(it, deferred_.end());
     }
+    std::size_t freed = 0;
+    for (const auto& d : done) {
+      freed += d.bytes;
+    }
+    deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+    deferred_bytes_.store(deferred_bytes_.load(std::memory_order_relaxed) - freed,
+                          std::memory_order_relaxed);
   }
   for (auto& d : done) {
     for (const auto& e : d.uses) {

@@ -121,6 +121,9 @@ class cuda_event final : public detail::event_state {
       done_.store(true, std::memory_order_release);
     }
   }
+  [[nodiscard]] bool known_complete() const noexcept override {
+    return done_.load(std::memory_order_acquire);
+  }
   [[nodiscard]] cudaEvent_t handle() const noexcept { return event_; }
 
  private:

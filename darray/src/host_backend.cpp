@@ -449,6 +449,7 @@ class host_event final : public detail::event_state {
   host_event(const void* owner, int queue_key, std::uint64_t sequence) noexcept
       : event_state(owner, queue_key, sequence) {}
   [[nodiscard]] bool ready() const override { return done_.load(std::memory_order_acquire); }
+  [[nodiscard]] bool known_complete() const noexcept override { return ready(); }
   void wait() const override {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [this] { return done_.load(std::memory_order_acquire); });

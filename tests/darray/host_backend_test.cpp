@@ -166,7 +166,7 @@ TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {
   const event t = be->record(0, queue_kind::transfer);  // after e2 (it waits for it)
   buf->add_use(t);
   buf.reset();
-  auto more = be->allocate(0, 1024);  // collects what completed: nothing yet
+  auto more = be->allocate(0, 1024);  // nothing completed (and too little waits to collect)
   EXPECT_EQ(be->allocator(0).stats().in_use, 2048U);
   EXPECT_FALSE(t.ready());
 
@@ -179,6 +179,46 @@ TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {
   be->wait(1, queue_kind::compute, e2);
   EXPECT_EQ(be->stats().waits, 3U);
   EXPECT_EQ(be->stats().waits_elided, 3U);
+}
+
+TEST(darray_backend, small_allocations_return_deferred_buffers_in_batches) {
+  auto be = make_host_backend(1);
+  auto g = std::make_shared<gate>();
+  be->wait(0, queue_kind::transfer, event(g));  // the transfer queue blocks until the gate opens
+  // `count` buffers of 1 KiB whose last use is a pending transfer event: deferred when dropped.
+  const auto defer = [&](int count) {  // (with the transfer queue blocked)
+    event last;
+    for (int i = 0; i < count; ++i) {
+      auto buf = be->allocate(0, 1024);
+      last = be->record(0, queue_kind::transfer);
+      buf->add_use(last);
+    }
+    return last;
+  };
+  const event last = defer(10);
+  g->open();
+  last.wait();  // every use complete now, but nobody asked yet
+  const auto in_use = [&] { return be->allocator(0).stats().in_use; };
+  EXPECT_EQ(in_use(), 10U * 1024);
+  auto small = be->allocate(0, 1024);  // 10 waiting, under 64: not collected
+  EXPECT_EQ(in_use(), 11U * 1024);
+  auto large = be->allocate(0, std::size_t{1} << 20);  // a large request collects first
+  EXPECT_EQ(in_use(), 1024U + (std::size_t{1} << 20));
+  large.reset();  // no uses: straight back
+
+  // 64 waiting buffers make a small request collect too.
+  auto g2 = std::make_shared<gate>();
+  be->wait(0, queue_kind::transfer, event(g2));
+  const event last64 = defer(64);
+  g2->open();
+  last64.wait();
+  EXPECT_EQ(in_use(), 65U * 1024);
+  auto next = be->allocate(0, 1024);
+  EXPECT_EQ(in_use(), 2U * 1024);
+  small.reset();
+  next.reset();
+  be->synchronize();
+  EXPECT_EQ(in_use(), 0U);
 }
 
 }  // namespace

@@ -129,6 +129,9 @@ class event_state {
  public:
   virtual ~event_state() = default;
   [[nodiscard]] virtual bool ready() const = 0;
+  /// True if already seen complete (a wait or a query returned so): no query, never blocks.
+  /// Default: false (unknown).
+  [[nodiscard]] virtual bool known_complete() const noexcept { return false; }
   virtual void wait() const = 0;  ///< blocks the calling thread until complete
   /// The backend that recorded it (null when unknown): its queue_key and sequence mean something
   /// only to that backend.
@@ -244,7 +247,9 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] pool::allocator& allocator(int device);
 
   /// `bytes` (> 0) of memory on `device`, from its allocator. Frees completed deferred buffers
-  /// first. Throws out_of_memory.
+  /// first — for a small request (< 1 MiB) only once 64 buffers or 64 MiB wait, so a loop of
+  /// small ops does not query events on every allocation. Throws out_of_memory (after waiting
+  /// for every deferred buffer and retrying once).
   [[nodiscard]] std::shared_ptr<buffer> allocate(int device, std::size_t bytes);
 
   /// An event after the work enqueued so far on (device, q).
@@ -405,8 +410,10 @@ class backend : public std::enable_shared_from_this<backend> {
   std::once_flag tracks_once_;
   queue_tracks tracks_;
   mutable std::mutex state_mutex_;
-  std::vector<deferred> deferred_;           // state_mutex_
-  std::vector<std::uint64_t> pending_from_;  // collect_deferred's scratch (state_mutex_)
+  std::vector<deferred> deferred_;              // state_mutex_
+  std::atomic<std::size_t> deferred_bytes_{0};  // of deferred_ (written under state_mutex_)
+  std::atomic<std::size_t> deferred_count_{0};  // deferred_.size() (written under state_mutex_)
+  std::vector<std::uint64_t> pending_from_;     // collect_deferred's scratch (state_mutex_)
   std::atomic<profiler::timeline*> timeline_{nullptr};
   counters counters_;
   plan_cache plans_;
