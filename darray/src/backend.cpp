@@ -555,6 +555,33 @@ void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view
   do_binary(device, q, t, op, dst, a, b, a_scalar, b_scalar);
 }
 
+void backend::binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                           const std::vector<binary_part>& parts) {
+  check_device(device, "binary_parts");
+  std::vector<binary_part> work;
+  work.reserve(parts.size());
+  for (const binary_part& p : parts) {
+    check_view(p.dst, "binary_parts");
+    check_view(p.a, "binary_parts");
+    check_view(p.b, "binary_parts");
+    check_same_extents(p.dst, p.a, "binary_parts");
+    check_same_extents(p.dst, p.b, "binary_parts");
+    if (p.dst.size() != 0) {
+      work.push_back(p);
+    }
+  }
+  if (!work.empty()) {
+    do_binary_parts(device, q, t, op, work);
+  }
+}
+
+void backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                              const std::vector<binary_part>& parts) {
+  for (const binary_part& p : parts) {
+    do_binary(device, q, t, op, p.dst, p.a, p.b, nullptr, nullptr);
+  }
+}
+
 void backend::accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                          const view& src) {
   check_device(device, "accumulate");

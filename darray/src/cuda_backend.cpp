@@ -264,6 +264,8 @@ class cuda_backend final : public backend {
                 const view& src) override;
   void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
                  const view& b, const scalar* a_scalar, const scalar* b_scalar) override;
+  void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                       const std::vector<binary_part>& parts) override;
   void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                      const view& src) override;
   void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc, const view& src,
@@ -828,6 +830,20 @@ void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, co
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   detail::launch_binary(target(device, q), t, op, dst, a, b, a_scalar, b_scalar);
   count_op();
+}
+
+void cuda_backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                                   const std::vector<binary_part>& parts) {
+  const device_guard guard(device);
+  const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
+  if (detail::launch_binary_parts(target(device, q), t, op, parts)) {
+    count_op();
+    return;
+  }
+  for (const binary_part& p : parts) {
+    detail::launch_binary(target(device, q), t, op, p.dst, p.a, p.b, nullptr, nullptr);
+    count_op();
+  }
 }
 
 void cuda_backend::do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,

@@ -255,6 +255,9 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   }
 }
 
+// Chunks of fewer elements than this compute all their parts in one task (binary ops).
+constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
+
 // Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
 // for before is first checked as `check` says.
 std::shared_ptr<array_state> execute_reshard(const array_state& src,
@@ -624,24 +627,52 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
       continue;
     }
     auto o = dense_buffer(be, c.device, c.region, x->type);
-    // The right operand's parts in arrival order (local first, then pieces as they are sent):
-    // each is computed as soon as it and the left operand's data are there.
+    // The right operand's parts in arrival order (local first, then pieces as they are sent).
+    struct pair_part {
+      const chunk_part* a;
+      const chunk_part* b;
+      box region;
+    };
+    std::vector<pair_part> pairs;
     for (const auto& pb : y->chunks[j].parts) {
       for (const auto& pa : c.parts) {
         auto r = intersect(pa.region, pb.region);
-        if (!r || r->empty()) {
-          continue;
+        if (r && !r->empty()) {
+          pairs.push_back(pair_part{&pa, &pb, std::move(*r)});
         }
-        be.wait(c.device, queue_kind::compute, pa.ready);
-        be.wait(c.device, queue_kind::compute, pb.ready);
-        be.binary(c.device, queue_kind::compute, x->type, op, view::of_box(o->data(), c.region, *r),
-                  view_of(pa, *r), view_of(pb, *r));
-        const event e = be.record(c.device, queue_kind::compute);
-        pa.storage->add_use(e);
-        pb.storage->add_use(e);
-        o->add_use(e);
-        out->chunks[j].parts.push_back(chunk_part{*r, o, c.region, e});
       }
+    }
+    const auto done = [&](const pair_part& p, const event& e) {
+      p.a->storage->add_use(e);
+      p.b->storage->add_use(e);
+      o->add_use(e);
+      out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
+    };
+    if (pairs.size() > 1 && c.region.size() < batch_parts_below) {
+      // A small chunk: all its parts in one task once all their inputs are there (a launch
+      // costs more than computing a small part early would gain).
+      std::vector<backend::binary_part> parts;
+      for (const pair_part& p : pairs) {
+        be.wait(c.device, queue_kind::compute, p.a->ready);
+        be.wait(c.device, queue_kind::compute, p.b->ready);
+        parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                         view_of(*p.b, p.region)});
+      }
+      be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
+      const event e = be.record(c.device, queue_kind::compute);
+      for (const pair_part& p : pairs) {
+        done(p, e);
+      }
+      continue;
+    }
+    // Each part computed as soon as it and the left operand's data are there.
+    for (const pair_part& p : pairs) {
+      be.wait(c.device, queue_kind::compute, p.a->ready);
+      be.wait(c.device, queue_kind::compute, p.b->ready);
+      be.binary(c.device, queue_kind::compute, x->type, op,
+                view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                view_of(*p.b, p.region));
+      done(p, be.record(c.device, queue_kind::compute));
     }
   }
   return array_handle(std::move(out));

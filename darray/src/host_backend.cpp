@@ -692,6 +692,15 @@ class host_backend final : public backend {
            dispatch<binary_fn>(t, op, dst, a, b, has_a ? &as : nullptr, has_b ? &bs : nullptr);
          });
   }
+  void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                       const std::vector<binary_part>& parts) override {
+    count_op();  // one task, as the CUDA backend's one launch
+    push(device, q, "darray." + std::string(to_string(op)), [t, op, parts] {
+      for (const binary_part& p : parts) {
+        dispatch<binary_fn>(t, op, p.dst, p.a, p.b, nullptr, nullptr);
+      }
+    });
+  }
   void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                      const view& src) override {
     count_op();

@@ -500,6 +500,27 @@ __global__ void __launch_bounds__(block_threads)
   }
 }
 
+// Several contiguous parts in one launch (small ops, where a launch costs more than the work):
+// blockIdx.y picks the part, a grid-stride loop over its elements.
+template <typename T>
+struct part_table {
+  T* p[max_binary_parts][3];  // dst, a, b
+  i64 n[max_binary_parts];
+};
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(block_threads) map_parts_kernel(part_table<T> t, F f) {
+  const unsigned part = blockIdx.y;
+  const i64 n = t.n[part];
+  T* dst = t.p[part][0];
+  const T* a = t.p[part][1];
+  const T* b = t.p[part][2];
+  const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    dst[i] = f(a[i], b[i]);
+  }
+}
+
 // Any strides: the linear index decomposed into coordinates.
 template <typename T, int N, typename F, typename I>
 __global__ void __launch_bounds__(block_threads)
@@ -967,6 +988,42 @@ void launch_binary(const launch_target& on, dtype t, binary_op op, const view& d
       }
     });
   });
+}
+
+bool launch_binary_parts(const launch_target& on, dtype t, binary_op op,
+                         const std::vector<backend::binary_part>& parts) {
+  if (parts.empty() || parts.size() > max_binary_parts) {
+    return false;
+  }
+  std::array<std::array<view, 3>, max_binary_parts> lines{};
+  std::array<i64, max_binary_parts> counts{};
+  i64 most = 1;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    lines[i] = {parts[i].dst, parts[i].a, parts[i].b};
+    counts[i] = collapse_jointly(lines[i].data(), 3);
+    for (const view& v : lines[i]) {
+      if (counts[i] != 0 && (v.rank != 1 || v.stride[0] != 1)) {
+        return false;
+      }
+    }
+    most = std::max(most, counts[i]);
+  }
+  with_type(t, [&](auto tag) {
+    using T = decltype(tag);
+    part_table<T> table{};
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      for (std::size_t k = 0; k < 3; ++k) {
+        table.p[i][k] = element_ptr<T>(lines[i][k]);
+      }
+      table.n[i] = counts[i];
+    }
+    with_binary(op, [&](auto f) {
+      const dim3 grid(grid_for(most, on.sm_count), static_cast<unsigned>(parts.size()));
+      map_parts_kernel<T, decltype(f)><<<grid, block_threads, 0, on.stream>>>(table, f);
+    });
+  });
+  check_launch();
+  return true;
 }
 
 void launch_accumulate(const launch_target& on, dtype t, reduce_op op, const view& acc,

@@ -9,9 +9,11 @@
 // Values follow the arithmetic paragraph of backend.hpp exactly (integer div by 0 -> 0,
 // double round-trips truncated and saturated, NaN -> 0, wrapping add/sub/mul/neg/abs).
 // Paths: views are first collapsed jointly (unit dims dropped, dims merged where every view is
-// contiguous across them); when every view is then contiguous and 16-byte aligned the kernels use
-// 16-byte vector loads and stores in grid-stride loops, otherwise a grid-stride loop over the
-// linear index decomposed into coordinates. Grids are sized from the device's SM count.
+// contiguous across them); when every view is then contiguous the element-wise kernels write the
+// output's first elements one by one up to a 16-byte boundary, then 16-byte vectors in
+// grid-stride loops, reading each input whole, by 8-byte halves or by elements as its alignment
+// allows; otherwise a grid-stride loop over the linear index decomposed into coordinates. Grids
+// are sized from the device's SM count.
 // All-axes reductions are deterministic: block partials in `scratch`, then one block combines
 // them in a fixed order (the grid size depends only on the element count and the SM count).
 //
@@ -22,6 +24,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <vector>
 
 #include "poolscope/darray/backend.hpp"
 
@@ -47,6 +50,13 @@ void launch_unary(const launch_target& on, dtype t, unary_op op, const view& dst
 /// dst[i] = op(a[i], b[i]), with a scalar instead of a or b when a_scalar or b_scalar is set.
 void launch_binary(const launch_target& on, dtype t, binary_op op, const view& dst, const view& a,
                    const view& b, const scalar* a_scalar, const scalar* b_scalar);
+/// Most parts launch_binary_parts takes.
+inline constexpr std::size_t max_binary_parts = 8;
+/// launch_binary on each part as one kernel launch, if every part is contiguous (after
+/// collapsing) and there are at most max_binary_parts of them; returns false, launching nothing,
+/// otherwise.
+[[nodiscard]] bool launch_binary_parts(const launch_target& on, dtype t, binary_op op,
+                                       const std::vector<backend::binary_part>& parts);
 /// acc[i] = op(acc[i], src[i]).
 void launch_accumulate(const launch_target& on, dtype t, reduce_op op, const view& acc,
                        const view& src);

@@ -145,6 +145,31 @@ TEST(darray_array, grouped_reshards_pack_and_unpack_strided_pieces) {
                invalid_argument);
 }
 
+// Device 1's chunk of A + C.reshard(A's map) has two parts (C's own, the piece from device 0):
+// a small chunk computes both in one task, a large one each as soon as it is there.
+TEST(darray_array, small_chunks_compute_their_parts_in_one_task) {
+  for (const i64 n : {i64{1000}, i64{1} << 21}) {
+    SCOPED_TRACE("n " + std::to_string(n));
+    auto be = make_host_backend(2);
+    const auto ha = iota_values(n);
+    const auto hc = iota_values(n, 7);
+    auto a = distributed_array<i64>::from_host(
+        be, ha, {n}, index_map::split({n}, 0, {{0, 0, n / 2}, {1, n / 2, n}}));
+    auto c = distributed_array<i64>::from_host(
+        be, hc, {n}, index_map::split({n}, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}}));
+    const auto moved = c.reshard(a.index_map());
+    moved.wait();
+    const auto ops = be->stats().ops;
+    const auto sum = a + moved;
+    EXPECT_EQ(be->stats().ops - ops, n < (i64{1} << 21) ? 2U : 3U);
+    std::vector<i64> want(ha.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      want[i] = ha[i] + hc[i];
+    }
+    EXPECT_EQ(sum.to_host(), want);
+  }
+}
+
 TEST(darray_array, elementwise_ops_and_scalars_match_the_host) {
   auto be = make_host_backend(3);
   const i64 n = 300;

@@ -562,6 +562,61 @@ TYPED_TEST(cuda_backend_gpu, binary_ops_every_layout_and_scalar_side) {
   }
 }
 
+// binary_parts: contiguous parts go as one launch (up to 8), anything else one launch per part;
+// every part's result matches the host either way.
+TYPED_TEST(cuda_backend_gpu, binary_parts_match_the_host) {
+  using T = TypeParam;
+  const auto sets = elementwise_layout_sets();
+  // Set indices (elementwise_layout_sets) and the launches expected.
+  const std::vector<std::pair<std::vector<std::size_t>, std::uint64_t>> groups = {
+      {{0, 1, 2}, 1},                       // dense lines: one launch
+      {{7, 8, 9, 10, sets.size() - 4}, 1},  // misaligned lines, a dense 2-D block: one launch
+      {{3, sets.size() - 1, sets.size() - 3}, 3},  // transposed and strided among them: per part
+      {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, 10},        // more than 8: per part
+  };
+  for (binary_op op : {binary_op::sub, binary_op::maximum}) {
+    for (const auto& [group, expected_launches] : groups) {
+      struct buffers {
+        std::vector<T> before, a, b;
+        std::shared_ptr<buffer> dst, da, db;
+      };
+      std::vector<buffers> held;
+      std::vector<backend::binary_part> parts;
+      for (const std::size_t i : group) {
+        const auto& set = sets[i];
+        buffers h{this->random(count(set[0].storage), -9, 9),
+                  this->random(count(set[1].storage), -9, 9),
+                  this->random(count(set[2].storage), -9, 9),
+                  nullptr,
+                  nullptr,
+                  nullptr};
+        h.dst = this->upload(0, h.before);
+        h.da = this->upload(0, h.a);
+        h.db = this->upload(0, h.b);
+        parts.push_back({make_view(h.dst->data(), set[0]), make_view(h.da->data(), set[1]),
+                         make_view(h.db->data(), set[2])});
+        held.push_back(std::move(h));
+      }
+      const auto ops_before = this->be_->stats().ops;
+      this->be_->binary_parts(0, queue_kind::compute, this->type, op, parts);
+      const auto launches = this->be_->stats().ops - ops_before;
+      for (std::size_t k = 0; k < group.size(); ++k) {
+        const auto& set = sets[group[k]];
+        const auto oa = offsets_of(set[1]);
+        const auto ob = offsets_of(set[2]);
+        std::vector<T> want;
+        for (std::size_t i = 0; i < oa.size(); ++i) {
+          want.push_back(ref_binary(op, held[k].a[static_cast<std::size_t>(oa[i])],
+                                    held[k].b[static_cast<std::size_t>(ob[i])]));
+        }
+        expect_view(this->download(0, *held[k].dst), held[k].before, set[0], want, 0.0, 0,
+                    "binary_parts " + std::string(to_string(op)) + " part " + std::to_string(k));
+      }
+      EXPECT_EQ(launches, expected_launches);
+    }
+  }
+}
+
 TYPED_TEST(cuda_backend_gpu, accumulate_every_op) {
   using T = TypeParam;
   for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::max, reduce_op::min}) {

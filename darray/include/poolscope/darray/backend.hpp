@@ -299,6 +299,16 @@ class backend : public std::enable_shared_from_this<backend> {
   /// dst[i] = op(a[i], b[i]); a or b may be a scalar instead (the view is then ignored).
   void binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
               const view& b, const scalar* a_scalar = nullptr, const scalar* b_scalar = nullptr);
+  /// The views of one part of binary_parts: dst = op(a, b).
+  struct binary_part {
+    view dst;
+    view a;
+    view b;
+  };
+  /// binary() on each of `parts` (same device, queue and op) as one task where the backend can
+  /// (CUDA: one kernel launch for up to 8 contiguous parts; otherwise one per part).
+  void binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                    const std::vector<binary_part>& parts);
   /// acc[i] = op(acc[i], src[i]).
   void accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                   const view& src);
@@ -367,6 +377,9 @@ class backend : public std::enable_shared_from_this<backend> {
   virtual void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                          const view& a, const view& b, const scalar* a_scalar,
                          const scalar* b_scalar) = 0;
+  /// Default: do_binary per part.
+  virtual void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
+                               const std::vector<binary_part>& parts);
   virtual void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                              const view& src) = 0;
   virtual void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
