@@ -276,6 +276,25 @@ std::vector<slice> subtract(const slice& a, const slice& b) {
   return out;
 }
 
+const slice& box_dims::at(std::size_t i) const {
+  if (i >= n_) {
+    throw invalid_argument("darray box: axis " + std::to_string(i) + " of a box of rank " +
+                           std::to_string(n_));
+  }
+  return s_[i];
+}
+
+void box_dims::reserve(std::size_t n) const {
+  if (n > max_rank) {
+    too_many(n);
+  }
+}
+
+void box_dims::too_many(std::size_t rank) {
+  throw invalid_argument("darray box: rank " + std::to_string(rank) + " exceeds the maximum rank " +
+                         std::to_string(max_rank));
+}
+
 box box::full(const shape_t& shape) {
   box b;
   b.dims.reserve(shape.size());

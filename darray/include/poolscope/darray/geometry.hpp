@@ -19,10 +19,14 @@
 // Cost: intersection O(rank) (an extended gcd per axis); subtraction O(rank * lcm/step) boxes.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace poolscope::darray {
@@ -75,9 +79,75 @@ struct slice {
 /// The indices of `a` that are not in `b`, as disjoint slices in increasing order of start.
 [[nodiscard]] std::vector<slice> subtract(const slice& a, const slice& b);
 
+/// The slices of a box, at most max_rank of them, held inline: boxes are copied on every piece,
+/// part and intersection, and a heap allocation each time cost more than the arithmetic. Offers
+/// the std::vector members the code uses. Adding a slice past max_rank throws invalid_argument
+/// naming the rank.
+class box_dims {
+ public:
+  using value_type = slice;
+  using iterator = slice*;
+  using const_iterator = const slice*;
+
+  box_dims() = default;
+  box_dims(std::initializer_list<slice> slices) {
+    for (const slice& s : slices) {
+      push_back(s);
+    }
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return n_; }
+  [[nodiscard]] bool empty() const noexcept { return n_ == 0; }
+  [[nodiscard]] iterator begin() noexcept { return s_.data(); }
+  [[nodiscard]] iterator end() noexcept { return s_.data() + n_; }
+  [[nodiscard]] const_iterator begin() const noexcept { return s_.data(); }
+  [[nodiscard]] const_iterator end() const noexcept { return s_.data() + n_; }
+  [[nodiscard]] slice& operator[](std::size_t i) noexcept { return s_[i]; }
+  [[nodiscard]] const slice& operator[](std::size_t i) const noexcept { return s_[i]; }
+  /// Throws invalid_argument for i >= size().
+  [[nodiscard]] const slice& at(std::size_t i) const;
+
+  /// Room is fixed: only checks that `n` slices fit.
+  void reserve(std::size_t n) const;
+  void push_back(const slice& s) {
+    grow();
+    s_[n_++] = s;
+  }
+  template <typename... Args>
+  slice& emplace_back(Args&&... args) {
+    grow();
+    s_[n_] = slice(std::forward<Args>(args)...);
+    return s_[n_++];
+  }
+  /// Removes the slice at `pos`; returns the position after it.
+  iterator erase(const_iterator pos) noexcept {
+    const auto i = static_cast<std::size_t>(pos - s_.data());
+    std::move(s_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+              s_.begin() + static_cast<std::ptrdiff_t>(n_),
+              s_.begin() + static_cast<std::ptrdiff_t>(i));
+    --n_;
+    return s_.data() + i;
+  }
+
+  friend bool operator==(const box_dims& a, const box_dims& b) noexcept {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  void grow() const {
+    if (n_ == max_rank) {
+      too_many(n_ + 1U);
+    }
+  }
+  [[noreturn]] static void too_many(std::size_t rank);
+
+  std::array<slice, max_rank> s_{};
+  std::uint8_t n_ = 0;
+};
+
 /// An N-D box: one slice per axis.
 struct box {
-  std::vector<slice> dims;
+  box_dims dims;
 
   /// The full box of `shape` (0:n per axis).
   [[nodiscard]] static box full(const shape_t& shape);
