@@ -391,6 +391,30 @@ TEST(darray_box, rank_mismatch_throws) {
   EXPECT_THROW(static_cast<void>(local_slices(a, b)), invalid_argument);
 }
 
+TEST(darray_box, at_most_max_rank_slices_held_inline) {
+  box b{{slice(0, 2), slice(0, 3), slice(0, 4), slice(0, 5)}};
+  EXPECT_EQ(b.rank(), max_rank);
+  EXPECT_EQ(b.size(), 120);
+  const box copy = b;  // a plain value
+  EXPECT_EQ(copy, b);
+  b.dims.erase(b.dims.begin() + 1);
+  EXPECT_EQ(b, (box{{slice(0, 2), slice(0, 4), slice(0, 5)}}));
+  EXPECT_NE(b, copy);
+  EXPECT_EQ(b.dims.at(2), slice(0, 5));
+  EXPECT_THROW((void)b.dims.at(3), invalid_argument);
+  b.dims.push_back(slice(0, 6));
+  try {
+    b.dims.emplace_back(0, 7);
+    FAIL() << "a fifth axis was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 5"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(b.rank(), max_rank);  // unchanged by the failed add
+  EXPECT_THROW((box{{slice(0, 1), slice(0, 1), slice(0, 1), slice(0, 1), slice(0, 1)}}),
+               invalid_argument);
+  EXPECT_THROW((void)box::full({1, 2, 3, 4, 5}), invalid_argument);
+}
+
 TEST(darray_box, rank_zero) {
   const box s = box::full({});
   const auto c = intersect(s, s);
