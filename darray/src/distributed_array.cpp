@@ -273,8 +273,6 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   // A group's pieces are not split: nothing computes on a part before the whole group lands, and
   // NCCL moves one large send per link faster than several (docs/darray.md "Transports").
   po.split_bytes = options.how == transport::nccl ? 0 : options.split_bytes;
-  po.split_min_bytes = options.split_min_bytes;
-  po.split_parts = options.split_parts;
   po.accumulate = accumulate;
   auto out = std::make_shared<array_state>();
   out->be = src.be;
@@ -531,13 +529,9 @@ void array_handle::chunk_to_host(std::size_t index, void* out, std::size_t eleme
 array_handle array_handle::reshard(const darray::index_map& map,
                                    const reshard_options& options) const {
   const auto& s = state();
-  for (const auto& [name, value] : {std::pair{"split_bytes", options.split_bytes},
-                                    std::pair{"split_min_bytes", options.split_min_bytes},
-                                    std::pair{"split_parts", options.split_parts}}) {
-    if (value < 0) {
-      throw invalid_argument("darray reshard: " + std::string(name) + " " + std::to_string(value) +
-                             " is negative");
-    }
+  if (options.split_bytes < 0) {
+    throw invalid_argument("darray reshard: split_bytes " + std::to_string(options.split_bytes) +
+                           " is negative");
   }
   return array_handle(execute_reshard(s, map, options, map_check::cover));
 }

@@ -78,9 +78,7 @@ std::uint64_t hash_key(const std::vector<chunk_ref>& src, const shape_t& shape,
     }
   }
   h = mix(mix(h, covering ? 1 : 0), o.element_size);
-  h = mix(mix(h, static_cast<std::uint64_t>(o.split_bytes)), o.accumulate ? 1 : 0);
-  return mix(mix(h, static_cast<std::uint64_t>(o.split_min_bytes)),
-             static_cast<std::uint64_t>(o.split_parts));
+  return mix(mix(h, static_cast<std::uint64_t>(o.split_bytes)), o.accumulate ? 1 : 0);
 }
 
 // Whether `k` is the key made of these fields.
@@ -245,31 +243,16 @@ class plan_builder {
     }
   }
 
-  // The largest part a remote piece of `bytes` is cut into: split_bytes, or less so the piece
-  // makes split_parts parts, as long as they keep split_min_bytes each.
-  [[nodiscard]] std::int64_t part_limit(std::int64_t bytes) const noexcept {
-    std::int64_t limit = options_.split_bytes;
-    if (options_.split_parts > 1 && options_.split_min_bytes > 0) {
-      const std::int64_t parts =
-          std::min<std::int64_t>(options_.split_parts, bytes / options_.split_min_bytes);
-      if (parts > 1) {
-        limit = std::min(limit, (bytes + parts - 1) / parts);
-      }
-    }
-    return limit;
-  }
-
   reshard_plan finish() {
     std::vector<piece> remote;
     if (options_.split_bytes > 0) {
       for (piece& p : remote_) {
-        const std::int64_t limit = part_limit(p.bytes);
-        if (p.bytes <= limit) {
+        if (p.bytes <= options_.split_bytes) {
           remote.push_back(std::move(p));
           continue;
         }
         std::vector<box> parts;
-        split_region(p.region, element_size_, limit, parts);
+        split_region(p.region, element_size_, options_.split_bytes, parts);
         for (box& part : parts) {
           piece q = p;
           q.bytes = part.size() * element_size_;

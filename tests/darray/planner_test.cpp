@@ -283,44 +283,6 @@ TEST(darray_planner_split, parts_interleave_across_destinations) {
   EXPECT_EQ(p.pieces_of_dst, (std::vector<std::vector<std::size_t>>{{0, 2}, {1, 3}}));
 }
 
-TEST(darray_planner_split, smaller_pieces_still_make_up_to_split_parts_parts) {
-  // One remote piece of `bytes` (1-byte elements), default options but the ones given.
-  const auto parts_of = [](std::int64_t bytes, plan_options o) {
-    o.element_size = 1;
-    const auto src = index_map::split({bytes}, 0, {{0, 0, bytes}}).chunks();
-    const auto dst = index_map::split({bytes}, 0, {{1, 0, bytes}}).chunks();
-    const reshard_plan p = plan_reshard(src, dst, o);
-    std::vector<std::int64_t> sizes;
-    std::int64_t next = 0;
-    for (const piece& q : p.pieces) {
-      EXPECT_EQ(q.region.dims[0].start, next);  // in order, no gap or overlap
-      next = q.region.dims[0].stop;
-      sizes.push_back(q.bytes);
-    }
-    EXPECT_EQ(next, bytes);
-    return sizes;
-  };
-  constexpr std::int64_t mib = std::int64_t{1} << 20;
-  const plan_options defaults;
-  EXPECT_EQ(defaults.split_bytes, 64 * mib);
-  EXPECT_EQ(defaults.split_min_bytes, 8 * mib);
-  EXPECT_EQ(defaults.split_parts, 4);
-  // 40 MiB: four parts of 10 MiB (not one: the add on the first can start after a quarter).
-  EXPECT_EQ(parts_of(40 * mib, {}), std::vector<std::int64_t>(4, 10 * mib));
-  // 20 MiB: four parts would be 5 MiB, under 8 MiB: two of 10 MiB.
-  EXPECT_EQ(parts_of(20 * mib, {}), std::vector<std::int64_t>(2, 10 * mib));
-  // 12 MiB and less: one part.
-  EXPECT_EQ(parts_of(12 * mib, {}).size(), 1U);
-  // 400 MiB: split_bytes rules (7 parts of at most 64 MiB).
-  const auto big = parts_of(400 * mib, {});
-  EXPECT_EQ(big.size(), 7U);
-  EXPECT_LE(*std::max_element(big.begin(), big.end()), 64 * mib);
-  // Turned off: split_parts 1, split_min_bytes 0, or no splitting at all.
-  EXPECT_EQ(parts_of(40 * mib, {.split_parts = 1}).size(), 1U);
-  EXPECT_EQ(parts_of(40 * mib, {.split_min_bytes = 0}).size(), 1U);
-  EXPECT_EQ(parts_of(400 * mib, {.split_bytes = 0}).size(), 1U);
-}
-
 TEST(darray_planner_split, local_pieces_are_not_split) {
   const auto m = index_map::replicated({1000}, {0}).chunks();
   const reshard_plan p = plan_reshard(m, m, {.element_size = 4, .split_bytes = 100});

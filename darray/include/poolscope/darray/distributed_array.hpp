@@ -83,10 +83,6 @@ struct reshard_options {
   /// Remote pieces above this are split so compute on the first part starts early (0: never).
   /// Larger pieces waste less link time between copies (docs/darray.md).
   std::int64_t split_bytes = std::int64_t{64} << 20;
-  /// A smaller piece is still cut into `split_parts` parts, fewer if that leaves parts under
-  /// split_min_bytes (so a reshard of a few tens of MiB overlaps with compute too).
-  std::int64_t split_min_bytes = std::int64_t{8} << 20;
-  std::int64_t split_parts = 4;
   /// Who issues each copy (either way both link directions run at once: each device's queue
   /// carries its own pieces).
   copy_queue issue_on = copy_queue::source;

@@ -15,10 +15,8 @@
 //   from the source device with the fewest bytes assigned so far (spreads load over links).
 // - partial source (accumulate = true): every source chunk intersecting a destination chunk
 //   contributes a piece (the executor reduces them); nothing is deduplicated.
-// - remote pieces are split along their outermost axis (so compute on the first part can start
-//   while the rest is in flight): into parts of at most split_bytes, and a piece that would make
-//   fewer than split_parts parts into split_parts (fewer if that leaves parts under
-//   split_min_bytes: each copy costs a few microseconds of idle link).
+// - remote pieces larger than split_bytes are split along their outermost axis into parts of at
+//   most split_bytes (so compute on the first part can start while the rest is in flight).
 // - order: local pieces first; remote pieces by their position in the destination chunk (the
 //   fraction of the chunk before them), then destination device, then source device — so every
 //   destination gets its first elements early and every link starts at once.
@@ -57,10 +55,6 @@ struct plan_options {
   std::size_t element_size = 4;
   /// Remote pieces above this many bytes are split (0: never split).
   std::int64_t split_bytes = std::int64_t{64} << 20;
-  /// Smaller pieces are still cut into up to split_parts parts of at least split_min_bytes each
-  /// (split_parts <= 1 or split_min_bytes 0: no such cut).
-  std::int64_t split_min_bytes = std::int64_t{8} << 20;
-  std::int64_t split_parts = 4;
   /// Source is a partial (sum/prod/max/min) array: every intersection is a piece.
   bool accumulate = false;
   friend bool operator==(const plan_options&, const plan_options&) = default;
