@@ -183,16 +183,16 @@ view view::dense(void* base, const shape_t& extents) {
 }
 
 view view::of_box(void* base, const box& storage, const box& part) {
-  const box local = local_slices(storage, part);
-  const shape_t ext = storage.extents();
-  view dense_view = dense(base, ext);
+  const box local = local_slices(storage, part);  // throws unless part is inside storage
   view v;
   v.base = base;
-  v.rank = local.rank();
-  for (std::size_t i = 0; i < v.rank; ++i) {
-    v.offset += dense_view.stride[i] * local.dims[i].start;
+  v.rank = local.rank();          // <= max_rank: a box holds no more
+  std::int64_t dense_stride = 1;  // of storage's row-major layout, innermost axis first
+  for (std::size_t i = v.rank; i-- > 0;) {
+    v.offset += dense_stride * local.dims[i].start;
     v.extent[i] = local.dims[i].size();
-    v.stride[i] = dense_view.stride[i] * local.dims[i].step;
+    v.stride[i] = dense_stride * local.dims[i].step;
+    dense_stride *= storage.dims[i].size();
   }
   return v;
 }

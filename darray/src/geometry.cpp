@@ -22,12 +22,18 @@ std::int64_t count_of(std::int64_t start, std::int64_t stop, std::int64_t step) 
   if (stop <= start || step < 1) {
     return 0;
   }
+  if (std::int64_t n = 0; step == 1 && !__builtin_sub_overflow(stop, start, &n)) {
+    return n;  // the common case, without a 128-bit division
+  }
   const wide n = (wide{stop} - start - 1) / step + 1;
   return n > int64_max ? int64_max : static_cast<std::int64_t>(n);
 }
 
 // The last index of a non-empty slice, also for slices whose stop is not canonical.
 std::int64_t last_index(const slice& s) noexcept {
+  if (s.step == 1 && s.stop > s.start) {
+    return s.stop - 1;
+  }
   return static_cast<std::int64_t>(wide{s.start} +
                                    wide{count_of(s.start, s.stop, s.step) - 1} * s.step);
 }
@@ -95,6 +101,10 @@ std::int64_t element_count(const shape_t& shape) {
 
 slice::slice(std::int64_t start_, std::int64_t stop_, std::int64_t step_)
     : start(start_), stop(stop_), step(step_) {
+  if (step == 1) {  // already canonical unless empty
+    stop = std::max(start, stop);
+    return;
+  }
   if (step < 1) {
     throw invalid_argument("slice: step " + std::to_string(step) + " of " + std::to_string(start) +
                            ":" + std::to_string(stop) + " must be >= 1");
@@ -119,7 +129,7 @@ bool slice::contains(std::int64_t i) const noexcept {
   if (i < start || i >= stop || step < 1) {
     return false;
   }
-  return (wide{i} - start) % step == 0;
+  return step == 1 || (wide{i} - start) % step == 0;
 }
 
 std::string slice::to_string() const {
@@ -169,6 +179,11 @@ slice normalize_slice(std::optional<std::int64_t> start, std::optional<std::int6
 }
 
 slice intersect(const slice& a, const slice& b) {
+  if (a.step == 1 && b.step == 1) {  // the common case: no modular arithmetic
+    const std::int64_t lo = std::max(a.start, b.start);
+    const std::int64_t hi = std::min(a.stop, b.stop);
+    return lo < hi ? slice{lo, hi} : slice{0, 0};
+  }
   const std::int64_t na = a.size();
   const std::int64_t nb = b.size();
   if (na == 0 || nb == 0) {

@@ -127,6 +127,24 @@ TEST(darray_slice, size_contains_and_to_string) {
   EXPECT_FALSE(slice(2, 2).contains(2));
 }
 
+// Unit steps take a path without 128-bit arithmetic: the same answers, up to the int64 limits.
+TEST(darray_slice, unit_steps_at_the_int64_limits) {
+  EXPECT_EQ(slice(i64_min, i64_max).size(), i64_max);  // 2^64 - 1 indices: saturates
+  EXPECT_EQ(slice(-5, i64_max).size(), i64_max);       // 2^63 + 4 indices: saturates
+  EXPECT_EQ(slice(0, i64_max).size(), i64_max);
+  EXPECT_EQ(slice(i64_min, i64_min + 3).size(), 3);
+  EXPECT_EQ(slice(7, 3), slice(7, 7));  // empty: stop = start
+  EXPECT_TRUE(slice(i64_min, i64_max).contains(i64_min));
+  EXPECT_TRUE(slice(i64_min, i64_max).contains(i64_max - 1));
+  EXPECT_FALSE(slice(i64_min, i64_max).contains(i64_max));
+  EXPECT_EQ(intersect(slice(i64_min, 10), slice(-10, i64_max)), slice(-10, 10));
+  EXPECT_EQ(intersect(slice(0, 10), slice(10, 20)), slice(0, 0));
+  EXPECT_EQ(intersect(slice(0, 10), slice(0, 10, 3)), slice(0, 10, 3));  // mixed steps
+  const box whole{{slice(i64_min, i64_max)}};
+  EXPECT_TRUE(whole.contains(box{{slice(i64_max - 2, i64_max)}}));
+  EXPECT_EQ(local_slices(box{{slice(-4, 4)}}, box{{slice(0, 2)}}), (box{{slice(4, 6)}}));
+}
+
 TEST(darray_slice, random_slices_are_canonical_and_hold_their_range) {
   const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
