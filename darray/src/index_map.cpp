@@ -40,20 +40,30 @@ void check_axis(const shape_t& shape, std::size_t axis, const char* builder) {
 }  // namespace
 
 index_map& index_map::add(int device, box b) {
-  parts_[device].push_back(std::move(b));
+  if (!parts_) {
+    parts_ = std::make_shared<parts_map>();
+  } else if (parts_.use_count() > 1) {
+    parts_ = std::make_shared<parts_map>(*parts_);  // shared with another map: copy on write
+  }
+  (*parts_)[device].push_back(std::move(b));
   return *this;
+}
+
+const std::map<int, std::vector<box>>& index_map::parts() const noexcept {
+  static const parts_map none;
+  return parts_ ? *parts_ : none;
 }
 
 const std::vector<box>& index_map::boxes(int device) const {
   static const std::vector<box> none;
-  const auto it = parts_.find(device);
-  return it == parts_.end() ? none : it->second;
+  const auto it = parts().find(device);
+  return it == parts().end() ? none : it->second;
 }
 
 std::vector<chunk_ref> index_map::chunks() const {
   std::vector<chunk_ref> out;
   out.reserve(chunk_count());
-  for (const auto& [device, list] : parts_) {
+  for (const auto& [device, list] : parts()) {
     for (std::size_t i = 0; i < list.size(); ++i) {
       out.push_back(chunk_ref{device, i, list[i]});
     }
@@ -63,7 +73,7 @@ std::vector<chunk_ref> index_map::chunks() const {
 
 std::vector<int> index_map::devices() const {
   std::vector<int> out;
-  for (const auto& [device, list] : parts_) {
+  for (const auto& [device, list] : parts()) {
     if (!list.empty()) {
       out.push_back(device);
     }
@@ -73,7 +83,7 @@ std::vector<int> index_map::devices() const {
 
 std::size_t index_map::chunk_count() const noexcept {
   std::size_t n = 0;
-  for (const auto& entry : parts_) {
+  for (const auto& entry : parts()) {
     n += entry.second.size();
   }
   return n;
@@ -90,7 +100,7 @@ void index_map::validate(const shape_t& shape, int device_count, bool require_co
   } catch (const invalid_argument& e) {
     throw invalid_index_map("index_map: bad shape " + shape_string(shape) + ": " + e.what());
   }
-  for (const auto& [device, list] : parts_) {
+  for (const auto& [device, list] : parts()) {
     for (std::size_t i = 0; i < list.size(); ++i) {
       const box& b = list[i];
       if (device < 0 || device >= device_count) {
@@ -129,7 +139,7 @@ void index_map::validate(const shape_t& shape, int device_count, bool require_co
   }
   std::vector<box> all;
   all.reserve(chunk_count());
-  for (const auto& entry : parts_) {
+  for (const auto& entry : parts()) {
     all.insert(all.end(), entry.second.begin(), entry.second.end());
   }
   const std::vector<box> uncovered = subtract_all(box::full(shape), all);
@@ -153,7 +163,7 @@ void index_map::validate(const shape_t& shape, int device_count, bool require_co
 
 index_map index_map::deduplicated() const {
   index_map out;
-  for (const auto& [device, list] : parts_) {
+  for (const auto& [device, list] : parts()) {
     for (std::size_t i = 0; i < list.size(); ++i) {
       bool redundant = false;
       for (std::size_t j = 0; j < list.size() && !redundant; ++j) {
@@ -171,7 +181,7 @@ index_map index_map::deduplicated() const {
 std::string index_map::to_string() const {
   std::string s = "{";
   bool first_device = true;
-  for (const auto& [device, list] : parts_) {
+  for (const auto& [device, list] : parts()) {
     if (!first_device) {
       s += ", ";
     }

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "poolscope/darray/index_map.hpp"
@@ -72,6 +73,27 @@ TEST(darray_index_map, accessors) {
   EXPECT_EQ(chunks[2].index, 1u);
   EXPECT_EQ(chunks[2].region, (box{{slice(8, 10)}}));
   EXPECT_EQ(m.to_string(), "{0: [[4:8]], 2: [[0:4], [8:10]]}");
+}
+
+TEST(darray_index_map, copies_share_until_changed) {
+  const auto a = index_map::split({10}, 0, {{0, 0, 5}, {1, 5, 10}});
+  index_map b = a;
+  EXPECT_EQ(b, a);
+  b.add(1, box{{slice(0, 10)}});  // b copies before it changes: a keeps its two chunks
+  EXPECT_EQ(a.chunk_count(), 2U);
+  EXPECT_EQ(b.chunk_count(), 3U);
+  EXPECT_NE(b, a);
+  EXPECT_EQ(a, index_map::split({10}, 0, {{0, 0, 5}, {1, 5, 10}}));  // equal contents, apart
+  index_map empty;
+  EXPECT_TRUE(empty.empty());
+  EXPECT_TRUE(empty.parts().empty());
+  EXPECT_TRUE(empty.boxes(0).empty());
+  EXPECT_EQ(empty, index_map{});
+  EXPECT_NE(empty, a);
+  index_map grown = empty;
+  grown.add(0, box{{slice(0, 1)}});
+  EXPECT_TRUE(empty.empty());
+  EXPECT_EQ(grown.chunk_count(), 1U);
 }
 
 TEST(darray_index_map, split_along_an_inner_axis) {
@@ -292,6 +314,32 @@ TEST(darray_index_map_validate, random_coverage_against_brute_force) {
       ASSERT_TRUE(has(msg, name)) << m.to_string() << ": " << msg << " (expected " << name << ")";
     }
   }
+}
+
+// Threads copy one map and change their copies at once: the original and every copy hold exactly
+// their own chunks (copies share contents until changed).
+TEST(darray_index_map_concurrency, copies_change_independently) {
+  const auto shared = index_map::blocks({64}, 0, 4);
+  constexpr int threads = 4;
+  std::vector<int> wrong(threads, 0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int round = 0; round < 500; ++round) {
+        index_map mine = shared;
+        const index_map twin = mine;
+        mine.add(t, box{{slice(t, t + 1)}});
+        const bool ok = mine.chunk_count() == 5 && twin.chunk_count() == 4 && twin == shared &&
+                        mine.boxes(t).back() == box{{slice(t, t + 1)}};
+        wrong[static_cast<std::size_t>(t)] += ok ? 0 : 1;
+      }
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  EXPECT_EQ(wrong, std::vector<int>(threads, 0));
+  EXPECT_EQ(shared, index_map::blocks({64}, 0, 4));
 }
 
 }  // namespace

@@ -14,13 +14,15 @@
 // of the shape at least once, every box lies inside the shape, has the shape's rank, and names a
 // device in [0, device_count).
 //
-// Ownership: plain value. Thread safety: const methods are reentrant; not synchronized.
+// Ownership: plain value (copies share their contents until one of them is changed). Thread
+// safety: const methods are reentrant; not synchronized.
 // Cost: validate is O(chunks^2 * rank) box differences (coverage is checked exactly).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -58,8 +60,8 @@ class index_map {
   /// Devices with at least one chunk, increasing.
   [[nodiscard]] std::vector<int> devices() const;
   [[nodiscard]] std::size_t chunk_count() const noexcept;
-  [[nodiscard]] bool empty() const noexcept { return parts_.empty(); }
-  [[nodiscard]] const std::map<int, std::vector<box>>& parts() const noexcept { return parts_; }
+  [[nodiscard]] bool empty() const noexcept { return parts().empty(); }
+  [[nodiscard]] const std::map<int, std::vector<box>>& parts() const noexcept;
 
   /// Throws invalid_index_map naming the first problem: a device outside [0, device_count), a
   /// box whose rank differs from the shape's, an index outside the shape, a zero/negative step,
@@ -72,7 +74,9 @@ class index_map {
   /// "{0: [[0:500]], 1: [[500:1000]]}".
   [[nodiscard]] std::string to_string() const;
 
-  friend bool operator==(const index_map&, const index_map&) = default;
+  friend bool operator==(const index_map& a, const index_map& b) noexcept {
+    return a.parts_ == b.parts_ || a.parts() == b.parts();
+  }
 
   // --- builders ---
   /// Contiguous ranges along `axis` (other axes full): each (device, start, stop).
@@ -89,7 +93,10 @@ class index_map {
                                       const std::vector<std::vector<int>>& device_of_block);
 
  private:
-  std::map<int, std::vector<box>> parts_;
+  using parts_map = std::map<int, std::vector<box>>;
+  /// The contents, shared by copies: arrays and plans copy their maps on every op, and a copy is
+  /// a reference count. add() copies them first when another map shares them (null: empty).
+  std::shared_ptr<parts_map> parts_;
 };
 
 }  // namespace poolscope::darray
