@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -165,6 +166,32 @@ std::int64_t view::size() const noexcept {
   return n;
 }
 
+namespace {
+// view::of_box for the common case, every slice of both boxes of step 1 and `part` non-empty and
+// inside `storage`: plain differences. Nullopt otherwise (the general path decides and checks).
+std::optional<view> unit_step_view(void* base, const box& storage, const box& part) noexcept {
+  if (storage.rank() != part.rank()) {
+    return std::nullopt;
+  }
+  view v;
+  v.base = base;
+  v.rank = part.rank();
+  std::int64_t dense_stride = 1;
+  for (std::size_t i = v.rank; i-- > 0;) {
+    const slice& w = storage.dims[i];
+    const slice& p = part.dims[i];
+    if (w.step != 1 || p.step != 1 || p.stop <= p.start || p.start < w.start || p.stop > w.stop) {
+      return std::nullopt;
+    }
+    v.offset += dense_stride * (p.start - w.start);
+    v.extent[i] = p.stop - p.start;
+    v.stride[i] = dense_stride;
+    dense_stride *= w.stop - w.start;
+  }
+  return v;
+}
+}  // namespace
+
 view view::dense(void* base, const shape_t& extents) {
   if (extents.size() > max_rank) {
     throw invalid_argument("darray view: rank " + std::to_string(extents.size()) +
@@ -183,6 +210,9 @@ view view::dense(void* base, const shape_t& extents) {
 }
 
 view view::of_box(void* base, const box& storage, const box& part) {
+  if (const auto v = unit_step_view(base, storage, part)) {
+    return *v;
+  }
   const box local = local_slices(storage, part);  // throws unless part is inside storage
   view v;
   v.base = base;

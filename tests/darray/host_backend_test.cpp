@@ -8,10 +8,12 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
+#include "test_support.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -106,6 +108,64 @@ TEST(darray_backend, strided_views_reductions_and_gemm_match_the_host) {
     }
   }
   be->synchronize();
+}
+
+// view::of_box against brute force: for random storage boxes (unit and larger steps) and random
+// parts inside them, every element of the view lands where the storage's dense row-major layout
+// keeps it; parts outside the storage are refused.
+TEST(darray_backend, views_of_boxes_address_their_elements) {
+  std::mt19937_64 rng(test_support::test_seed() + 5);
+  const auto pick = [&](std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  };
+  for (int iter = 0; iter < 2000; ++iter) {
+    const auto rank = static_cast<std::size_t>(pick(1, 3));
+    box storage;
+    box part;
+    for (std::size_t axis = 0; axis < rank; ++axis) {
+      const std::int64_t step = pick(0, 2) == 0 ? pick(2, 3) : 1;
+      const std::int64_t start = pick(-5, 5);
+      const std::int64_t count = pick(1, 6);
+      storage.dims.emplace_back(start, start + count * step, step);
+      // A sub-range of the storage's indices, with a step that is a multiple of its step.
+      const std::int64_t first = pick(0, count - 1);
+      const std::int64_t last = pick(first, count - 1);
+      const std::int64_t every = pick(0, 3) == 0 ? 2 : 1;
+      part.dims.emplace_back(start + first * step, start + last * step + 1, step * every);
+    }
+    SCOPED_TRACE(storage.to_string() + " / " + part.to_string());
+    const view v = view::of_box(nullptr, storage, part);
+    ASSERT_EQ(v.rank, rank);
+    // Walk the part's elements in row-major order; the view must visit the same dense positions.
+    const auto extents = part.extents();
+    std::vector<std::int64_t> idx(rank, 0);
+    for (std::int64_t n = 0; n < part.size(); ++n) {
+      std::int64_t at = v.offset;
+      std::int64_t want = 0;
+      for (std::size_t axis = 0; axis < rank; ++axis) {
+        at += idx[axis] * v.stride[axis];
+        const slice& w = storage.dims[axis];
+        const std::int64_t global = part.dims[axis].start + idx[axis] * part.dims[axis].step;
+        want = want * w.size() + (global - w.start) / w.step;
+      }
+      ASSERT_EQ(at, want) << "element " << n;
+      for (std::size_t axis = rank; axis-- > 0;) {
+        if (++idx[axis] < extents[axis]) {
+          break;
+        }
+        idx[axis] = 0;
+      }
+    }
+    for (std::size_t axis = 0; axis < rank; ++axis) {
+      ASSERT_EQ(v.extent[axis], extents[axis]);
+    }
+  }
+  const box storage{{slice(0, 10), slice(0, 4)}};
+  EXPECT_THROW((void)view::of_box(nullptr, storage, box{{slice(0, 11), slice(0, 4)}}),
+               invalid_argument);
+  EXPECT_THROW((void)view::of_box(nullptr, storage, box{{slice(-1, 3), slice(0, 4)}}),
+               invalid_argument);
+  EXPECT_THROW((void)view::of_box(nullptr, storage, box{{slice(0, 3)}}), invalid_argument);
 }
 
 TEST(darray_backend, identities_and_names) {
