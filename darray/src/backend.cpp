@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <string>
@@ -467,16 +468,16 @@ void backend::copy_group(dtype t, const std::vector<transfer>& list, transport h
   moving.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i) {
     const transfer& x = list[i];
-    const std::string what = "copy_group (transfer " + std::to_string(i) + ")";
-    check_device(x.dst_device, what.c_str());
-    check_device(x.src_device, what.c_str());
+    check_device(x.dst_device, "copy_group (destination)");
+    check_device(x.src_device, "copy_group (source)");
     if (x.dst_device == x.src_device) {
-      throw invalid_argument("darray " + what + ": source and destination are both device " +
-                             std::to_string(x.src_device) + " (a group moves between devices)");
+      throw invalid_argument("darray copy_group: transfer " + std::to_string(i) + " has device " +
+                             std::to_string(x.src_device) +
+                             " on both sides (a group moves between devices)");
     }
-    check_view(x.dst, what.c_str());
-    check_view(x.src, what.c_str());
-    check_same_extents(x.dst, x.src, what.c_str());
+    check_view(x.dst, "copy_group");
+    check_view(x.src, "copy_group");
+    check_same_extents(x.dst, x.src, "copy_group");
     if (x.dst.size() != 0) {
       moving.push_back(x);
     }
@@ -588,18 +589,24 @@ void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view
 void backend::binary_parts(int device, queue_kind q, dtype t, binary_op op,
                            const std::vector<binary_part>& parts) {
   check_device(device, "binary_parts");
-  std::vector<binary_part> work;
-  work.reserve(parts.size());
+  bool any_empty = false;
   for (const binary_part& p : parts) {
     check_view(p.dst, "binary_parts");
     check_view(p.a, "binary_parts");
     check_view(p.b, "binary_parts");
     check_same_extents(p.dst, p.a, "binary_parts");
     check_same_extents(p.dst, p.b, "binary_parts");
-    if (p.dst.size() != 0) {
-      work.push_back(p);
-    }
+    any_empty = any_empty || p.dst.size() == 0;
   }
+  if (!any_empty) {  // the usual case: no copy of the list
+    if (!parts.empty()) {
+      do_binary_parts(device, q, t, op, parts);
+    }
+    return;
+  }
+  std::vector<binary_part> work;
+  std::copy_if(parts.begin(), parts.end(), std::back_inserter(work),
+               [](const binary_part& p) { return p.dst.size() != 0; });
   if (!work.empty()) {
     do_binary_parts(device, q, t, op, work);
   }

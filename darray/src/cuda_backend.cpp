@@ -295,8 +295,10 @@ class cuda_backend final : public backend {
   void copy_within(const detail::launch_target& on, std::size_t es, const std::array<view, 2>& v);
   void copy_between(int queue_device, cudaStream_t s, std::size_t es, const std::array<view, 2>& v,
                     int dst_device, int src_device);
-  void copy_nccl(int queue_device, cudaStream_t s, void* dst, int dst_device, const void* src,
-                 int src_device, std::size_t bytes);
+  void copy_nccl(int queue_device, cudaStream_t s, std::size_t es, const transfer& x);
+  /// ncclSend / ncclRecv of every transfer (contiguous views) in one group, each side on its
+  /// device's transfer stream. The caller holds nccl_mutex_ and called ensure_comms().
+  void nccl_group(std::size_t es, const std::vector<transfer>& list);
   void copy_3d_peer(cudaStream_t s, void* dst, int dst_device, const void* src, int src_device,
                     const pitched& p);
   void ensure_comms();
@@ -487,8 +489,7 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const bool nccl = line && (chosen == transport::nccl ||
                              (chosen == transport::automatic && automatic_uses_nccl));
   if (nccl) {
-    copy_nccl(queue_device, s, element_ptr<void>(v[0], es), dst_device,
-              element_ptr<const void>(v[1], es), src_device, bytes);
+    copy_nccl(queue_device, s, es, transfer{v[0], dst_device, v[1], src_device});
   } else {
     copy_between(queue_device, s, es, v, dst_device, src_device);
   }
@@ -622,29 +623,37 @@ void cuda_backend::ensure_comms() {
   comms_ = std::move(comms);
 }
 
-void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, void* dst, int dst_device,
-                             const void* src, int src_device, std::size_t bytes) {
+void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, std::size_t es, const transfer& x) {
   const std::lock_guard lock(nccl_mutex_);
   ensure_comms();
-  const cudaStream_t send_stream = stream(src_device, queue_kind::transfer);
-  const cudaStream_t recv_stream = stream(dst_device, queue_kind::transfer);
+  const cudaStream_t send_stream = stream(x.src_device, queue_kind::transfer);
+  const cudaStream_t recv_stream = stream(x.dst_device, queue_kind::transfer);
   // Both sides start after the work enqueued so far on the queue (its waits included) ...
   order_after(send_stream, s, queue_device);
   order_after(recv_stream, s, queue_device);
+  nccl_group(es, {x});
+  // ... and the queue's later work (and its recorded events) after both sides complete.
+  order_after(s, send_stream, x.src_device);
+  order_after(s, recv_stream, x.dst_device);
+}
+
+void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list) {
   POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
   try {
-    POOLSCOPE_DARRAY_CHECK(ncclSend(src, bytes, ncclUint8, dst_device,
-                                    comms_[static_cast<std::size_t>(src_device)], send_stream));
-    POOLSCOPE_DARRAY_CHECK(ncclRecv(dst, bytes, ncclUint8, src_device,
-                                    comms_[static_cast<std::size_t>(dst_device)], recv_stream));
+    for (const transfer& x : list) {
+      const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
+      POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
+                                      x.dst_device, comms_[static_cast<std::size_t>(x.src_device)],
+                                      stream(x.src_device, queue_kind::transfer)));
+      POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8, x.src_device,
+                                      comms_[static_cast<std::size_t>(x.dst_device)],
+                                      stream(x.dst_device, queue_kind::transfer)));
+    }
   } catch (...) {
     (void)ncclGroupEnd();
     throw;
   }
   POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
-  // ... and the queue's later work (and its recorded events) after both sides complete.
-  order_after(s, send_stream, src_device);
-  order_after(s, recv_stream, dst_device);
 }
 
 void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list, transport how) {
@@ -662,23 +671,7 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list, tra
   const std::size_t es = size_of(t);
   const std::lock_guard lock(nccl_mutex_);
   ensure_comms();
-  POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
-  try {
-    for (const transfer& x : list) {
-      const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
-      const auto from = static_cast<std::size_t>(x.src_device);
-      const auto to = static_cast<std::size_t>(x.dst_device);
-      POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
-                                      x.dst_device, comms_[from],
-                                      stream(x.src_device, queue_kind::transfer)));
-      POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8, x.src_device,
-                                      comms_[to], stream(x.dst_device, queue_kind::transfer)));
-    }
-  } catch (...) {
-    (void)ncclGroupEnd();
-    throw;
-  }
-  POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
+  nccl_group(es, list);
   for (const transfer& x : list) {
     count_copy(true, static_cast<std::uint64_t>(x.dst.size()) * es, true);
   }

@@ -385,7 +385,7 @@ struct alignas(8) vec8 {
 /// choice is the same for every thread (no divergence).
 enum class vector_read : unsigned char { whole, halves, elements };
 
-template <typename T, int N>
+template <int N>
 struct vector_reads {
   vector_read r[N > 0 ? N : 1];
 };
@@ -399,18 +399,16 @@ __device__ __forceinline__ vec16<T> load_vector(const T* p, i64 i, vector_read h
     return *reinterpret_cast<const V*>(at);
   }
   V r;
-  if constexpr (sizeof(T) <= 8) {
-    if (how == vector_read::halves) {
-      using H = vec8<T>;
-      const H lo = reinterpret_cast<const H*>(at)[0];
-      const H hi = reinterpret_cast<const H*>(at)[1];
+  if (how == vector_read::halves) {
+    using H = vec8<T>;
+    const H lo = reinterpret_cast<const H*>(at)[0];
+    const H hi = reinterpret_cast<const H*>(at)[1];
 #pragma unroll
-      for (int w = 0; w < H::width; ++w) {
-        r.v[w] = lo.v[w];
-        r.v[H::width + w] = hi.v[w];
-      }
-      return r;
+    for (int w = 0; w < H::width; ++w) {
+      r.v[w] = lo.v[w];
+      r.v[H::width + w] = hi.v[w];
     }
+    return r;
   }
 #pragma unroll
   for (int w = 0; w < V::width; ++w) {
@@ -419,24 +417,30 @@ __device__ __forceinline__ vec16<T> load_vector(const T* p, i64 i, vector_read h
   return r;
 }
 
+// Element i of every line: p[0][i] = f(p[1][i], ...).
+template <typename T, int N, typename F>
+__device__ __forceinline__ void map_element(const operands<T, N>& ops, i64 i, const F& f) {
+  T x[N > 0 ? N : 1];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    x[k] = ops.p[k + 1][i];
+  }
+  ops.p[0][i] = apply<T, N>(f, x);
+}
+
 // Contiguous lines: the first `head` elements one per thread, until the output is 16-byte
 // aligned; then 16-byte vectors of the output (each input read as reads.r[k] says),
 // `vector_unroll` in flight per thread; then the tail of fewer than a vector's elements.
 template <typename T, int N, typename F>
 __global__ void __launch_bounds__(block_threads)
-    map_vector_kernel(operands<T, N> ops, i64 n, i64 head, vector_reads<T, N> reads, F f) {
+    map_vector_kernel(operands<T, N> ops, i64 n, i64 head, vector_reads<N> reads, F f) {
   using V = vec16<T>;
   constexpr int W = V::width;
   constexpr int NI = N > 0 ? N : 1;
   const i64 step = static_cast<i64>(gridDim.x) * blockDim.x;
   const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (first < head) {
-    T x[NI];
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      x[k] = ops.p[k + 1][first];
-    }
-    ops.p[0][first] = apply<T, N>(f, x);
+    map_element(ops, first, f);
   }
   const i64 body = n - head;
   const i64 nvec = body / W;
@@ -489,14 +493,8 @@ __global__ void __launch_bounds__(block_threads)
     }
     out[i] = r;
   }
-  const i64 t = head + nvec * W + first;
-  if (t < n) {
-    T x[NI];
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      x[k] = ops.p[k + 1][t];
-    }
-    ops.p[0][t] = apply<T, N>(f, x);
+  if (const i64 t = head + nvec * W + first; t < n) {
+    map_element(ops, t, f);
   }
 }
 
@@ -563,7 +561,7 @@ void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
     constexpr auto W = static_cast<std::uintptr_t>(vec16<T>::width);
     const auto out_at = reinterpret_cast<std::uintptr_t>(ops.p[0]);
     const i64 head = std::min<i64>(n, static_cast<i64>((16 - out_at % 16) % 16 / sizeof(T)));
-    vector_reads<T, N> reads{};
+    vector_reads<N> reads{};
     for (int k = 0; k < N; ++k) {
       const auto at = reinterpret_cast<std::uintptr_t>(ops.p[k + 1] + head);
       reads.r[k] = at % 16 == 0  ? vector_read::whole

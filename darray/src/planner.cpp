@@ -47,7 +47,7 @@ void check_ranks(const std::vector<chunk_ref>& src, const std::vector<chunk_ref>
 // --- plan_cache keys ---
 
 std::uint64_t mix(std::uint64_t h, std::uint64_t v) noexcept {
-  // One round of a 64-bit multiplicative hash (the constant is 2^64 / golden ratio).
+  // One round of a boost-style hash combine, then a 64-bit multiplicative mix.
   h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
   return h * 0xff51afd7ed558ccdULL;
 }
@@ -84,11 +84,8 @@ std::uint64_t hash_key(const std::vector<chunk_ref>& src, const shape_t& shape,
 // Whether `k` is the key made of these fields.
 bool same_key(const plan_key& k, const std::vector<chunk_ref>& src, const shape_t& shape,
               const index_map& dst, bool covering, const plan_options& options) noexcept {
-  const auto same_ref = [](const chunk_ref& x, const chunk_ref& y) {
-    return x.device == y.device && x.index == y.index && x.region == y.region;
-  };
-  return k.covering == covering && k.options == options && k.shape == shape &&
-         std::equal(k.src.begin(), k.src.end(), src.begin(), src.end(), same_ref) && k.dst == dst;
+  return k.covering == covering && k.options == options && k.shape == shape && k.src == src &&
+         k.dst == dst;
 }
 
 // Offset of the first element of `part` in the row-major storage of `whole` (part inside whole).

@@ -43,6 +43,7 @@ struct chunk_ref {
   int device = 0;
   std::size_t index = 0;  ///< position in the device's list
   box region;
+  friend bool operator==(const chunk_ref&, const chunk_ref&) = default;
 };
 
 /// Device -> boxes. See the file comment.
