@@ -115,23 +115,28 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     throw_oom(stream, bytes, "limit: in-use bytes would exceed the allocator's limit");
   }
   // The thread cache first: a hit takes no shared lock and writes no shared counter (the
-  // cache's shard counts it). `cache` is this thread's cache (null without one); a miss leaves
-  // room in it to record, and count, the strategy's block.
+  // cache's shard counts it). `cache` is this thread's cache (null without one); on a miss
+  // `record` says it will record, and count, the strategy's block (a size it may cache).
   detail::thread_cache* cache = nullptr;
+  bool record = false;
   block b{};
   if (tc_ != nullptr) {
-    b = tc_take(stream, bytes, cache);
+    b = tc_take(stream, bytes, cache, record);
   }
   if (b.ptr == nullptr) {
-    b = allocate_from_strategy(stream, bytes, alignment, lim);
-    if (cache != nullptr) {
+    b = allocate_from_strategy(stream, bytes, alignment, lim, record);
+    if (record) {
       tc_record(cache, stream, b, bytes);
     } else {
       const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
-      raise_peak(peak_in_use_, used);
       const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-      raise_peak(peak_requested_, req);
       allocations_.fetch_add(1, std::memory_order_relaxed);
+      if (cache != nullptr) {
+        tc_raise_peaks(*cache);  // the shared counters count this thread's cached blocks too
+      } else {
+        raise_peak(peak_in_use_, used);
+        raise_peak(peak_requested_, req);
+      }
     }
   }
   if (hooked || hooks::active()) [[unlikely]] {
@@ -141,13 +146,14 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
 }
 
 block allocator::allocate_from_strategy(stream_view stream, std::size_t bytes,
-                                        std::size_t alignment, std::size_t lim) {
-  block b = do_allocate(stream, bytes, alignment);
+                                        std::size_t alignment, std::size_t lim, bool held) {
+  block b =
+      held ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
   if (b.ptr == nullptr) {
     // Upstream exhausted (or the reserved limit reached): give back the cache, retry once.
     release_cached();
     const std::uint64_t hits = limit_hits_.load(std::memory_order_relaxed);
-    b = do_allocate(stream, bytes, alignment);
+    b = held ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
     if (b.ptr == nullptr) {
       // The strategy may have asked upstream for more than `bytes` (rounding, segments): a
       // refusal by the limit shows in limit_hits_.
@@ -178,6 +184,13 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
   bool counted = false;  // in a thread cache's shard
   if (tc_ == nullptr || !tc_give(stream, ptr, bytes, out, counted)) {
     out = do_deallocate(stream, ptr, bytes, alignment);
+    if (out.held) [[unlikely]] {
+      // Another thread's cache recorded it (or an exited thread's, now an orphan).
+      if (!tc_give_remote(stream, ptr, bytes, out)) {
+        // Held, yet no record: another free of it is taking it back right now.
+        out = {hooks::free_error::double_free, 0, 0};
+      }
+    }
   }
   if (out.error != hooks::free_error::none) [[unlikely]] {
     report_invalid_free(stream, ptr, bytes, out);

@@ -17,6 +17,15 @@ best_fit_allocator::~best_fit_allocator() {
 
 block best_fit_allocator::do_allocate(stream_view stream, std::size_t bytes,
                                       std::size_t /*alignment*/) {
+  return allocate_block(stream, bytes, false);
+}
+
+block best_fit_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
+                                           std::size_t /*alignment*/) {
+  return allocate_block(stream, bytes, true);
+}
+
+block best_fit_allocator::allocate_block(stream_view stream, std::size_t bytes, bool held) {
   // Blocks are whole upstream allocations (>= 256-byte aligned), so any supported alignment holds.
   const std::size_t rounded = (bytes + round_bytes - 1) / round_bytes * round_bytes;
   {
@@ -30,7 +39,7 @@ block best_fit_allocator::do_allocate(stream_view stream, std::size_t bytes,
       }
       cached_.erase(p);
       cached_bytes_ -= rounded;
-      live_.emplace(p, live_block{rounded, bytes});
+      live_.emplace(p, live_block{rounded, bytes, held});
       return {p, rounded};
     }
   }
@@ -40,7 +49,7 @@ block best_fit_allocator::do_allocate(stream_view stream, std::size_t bytes,
     return {};
   }
   std::lock_guard lock(mutex_);
-  live_.emplace(p, live_block{rounded, bytes});
+  live_.emplace(p, live_block{rounded, bytes, held});
   return {p, rounded};
 }
 
@@ -54,6 +63,9 @@ free_outcome best_fit_allocator::do_deallocate(stream_view /*stream*/, void* ptr
         0, 0};
   }
   const live_block b = it->second;
+  if (b.held) {
+    return {hooks::free_error::none, 0, 0, true};  // a thread cache's: it frees it
+  }
   live_.erase(it);
   account_free(b.rounded, b.requested);  // under the lock: nobody can take the block yet
   if (!cache_block(ptr, b.rounded)) {
@@ -78,6 +90,13 @@ void best_fit_allocator::do_reclaim(stream_view /*stream*/, void* ptr) noexcept 
   live_.erase(it);
   if (!cache_block(ptr, rounded)) {
     upstream_deallocate(stream_view{}, ptr, rounded);  // no host memory to cache it
+  }
+}
+
+void best_fit_allocator::do_unhold(void* ptr) noexcept {
+  std::lock_guard lock(mutex_);
+  if (auto it = live_.find(ptr); it != live_.end()) {
+    it->second.held = false;
   }
 }
 

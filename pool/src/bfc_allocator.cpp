@@ -163,8 +163,8 @@ bfc_allocator::~bfc_allocator() {
 
 // Inlined into the hot paths: they run once per allocate / deallocate.
 [[gnu::always_inline]] inline void bfc_allocator::carve(stream_view stream, bfc_chunk* c,
-                                                        std::size_t rounded,
-                                                        std::size_t bytes) noexcept {
+                                                        std::size_t rounded, std::size_t bytes,
+                                                        bool held) noexcept {
   state& st = *state_;
   st.remove_free(c);
   if (c->size > rounded) {
@@ -186,6 +186,7 @@ bfc_allocator::~bfc_allocator() {
     }
   }
   c->is_free = false;
+  c->held = held;
   c->requested = bytes;
   st.live.insert(c);
 }
@@ -227,8 +228,17 @@ bfc_allocator::~bfc_allocator() {
   st.add_free(c);
 }
 
+// Alignment always holds: segments are >= 256-aligned and chunks start at multiples of 512.
 block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::size_t /*alignment*/) {
-  // Alignment always holds: segments are >= 256-aligned and chunks start at multiples of 512.
+  return allocate_chunk(stream, bytes, false);
+}
+
+block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
+                                      std::size_t /*alignment*/) {
+  return allocate_chunk(stream, bytes, true);
+}
+
+block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool held) {
   const std::size_t rounded = round_up(bytes, round_bytes);
   const bool large = rounded > options_.small_request_max;
   state& st = *state_;
@@ -255,7 +265,7 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
           c = st.index[1].best_fit(rounded);
         }
         if (c != nullptr) [[likely]] {
-          carve(stream, c, rounded, bytes);
+          carve(stream, c, rounded, bytes, held);
           return {c->addr, rounded};
         }
       }
@@ -269,11 +279,12 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
     }
     (void)flush_thread_caches();  // outside the pool's lock (lock order: caches, then pool)
   }
-  return allocate_segment(stream, large, rounded, bytes, detached, detached_bytes, reserved_now);
+  return allocate_segment(stream, large, rounded, bytes, held, detached, detached_bytes,
+                          reserved_now);
 }
 
 block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_t rounded,
-                                      std::size_t bytes, bfc_segment* detached,
+                                      std::size_t bytes, bool held, bfc_segment* detached,
                                       std::size_t detached_bytes, std::size_t reserved_now) {
   // Release first, acquire second: reserved bytes never hold both at once.
   release_detached(detached);
@@ -340,7 +351,7 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   seg->first = c;
   st.link(seg);
   st.add_free(c);
-  carve(stream, c, rounded, bytes);
+  carve(stream, c, rounded, bytes, held);
   return {p, rounded};
 }
 
@@ -348,9 +359,12 @@ free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::si
                                           std::size_t /*alignment*/) noexcept {
   state& st = *state_;
   std::lock_guard lock(st.mutex);
-  bfc_chunk* c = st.live.erase(ptr);
+  bfc_chunk* c = st.live.erase_unless_held(ptr);
   if (c == nullptr) [[unlikely]] {
     return {st.classify(ptr), 0, 0};
+  }
+  if (c->held) [[unlikely]] {
+    return {hooks::free_error::none, 0, 0, true};  // a thread cache's: it frees it
   }
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
@@ -365,7 +379,16 @@ void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {
   state& st = *state_;
   std::lock_guard lock(st.mutex);
   if (bfc_chunk* c = st.live.erase(ptr)) [[likely]] {
+    c->held = false;
     free_chunk(stream, c);
+  }
+}
+
+void bfc_allocator::do_unhold(void* ptr) noexcept {
+  state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  if (bfc_chunk* c = st.live.find(ptr)) {
+    c->held = false;
   }
 }
 
@@ -507,6 +530,9 @@ std::string bfc_allocator::check_invariants() const {
           }
           if (c->requested != 0 || st.live.find(c->addr) != nullptr) {
             return where + ": free but in the live table";
+          }
+          if (c->held) {
+            return where + ": free but held by a thread cache";
           }
         } else {
           ++live_chunks;

@@ -1,13 +1,16 @@
 // The per-thread cache in front of a pool strategy (allocator.hpp, docs/thread_cache.md).
 //
-// Every block a thread allocates through an allocator with a cache is recorded in that thread's
-// cache table (live), so the thread's own free finds it without the strategy's lock or table;
-// a freed block of a cacheable size stays in the table (cached) and in a bin keyed by (stream,
-// rounded size), from which the same thread's next request of that key takes it. A free that
-// the thread's own table does not know (another thread's block, an exited thread's, or an
-// invalid pointer) looks in the registry: the orphans, then every other thread's table under
-// its lock, then the strategy (which validates and reports). So a pointer is always known to
-// exactly one of: one thread's table, the orphans, the strategy's own bookkeeping.
+// A block a thread allocates through an allocator with a cache is recorded in that thread's
+// cache table (live) when the thread may cache it at its free: a size it has a bin for, or one
+// it asked for twice lately (the `wanted` ring); the strategy marks such a block held. So the
+// thread's own free finds it without the strategy's lock or table; a freed block of a cacheable
+// size stays in the table (cached) and in a bin keyed by (stream, rounded size), from which the
+// same thread's next request of that key takes it. Every other block is the strategy's alone,
+// as without a cache. A free that the thread's own table does not know goes to the strategy,
+// which frees its own blocks, reports invalid pointers, and answers `held` for a block another
+// thread's cache recorded; that free then looks in the registry: the orphans (blocks of exited
+// threads), then every thread's table under its lock. So a live block is freed by exactly one
+// of: one thread's table, the orphans, the strategy.
 #include "detail/thread_cache.hpp"
 
 #include <algorithm>
@@ -91,6 +94,7 @@ void allocator::disable_thread_cache() noexcept {
       c->dead = true;
       c->table.clear();
       c->bins = {};
+      c->bin_sizes = {};
       c->cached_bytes = 0;
       c->cached_blocks = 0;
     }
@@ -135,7 +139,7 @@ thread_cache* allocator::tc_local() {
   return c.release();
 }
 
-block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& out) {
+block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& out, bool& record) {
   thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
   if (c == nullptr) [[unlikely]] {
     try {
@@ -149,36 +153,42 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
     }
   }
   const std::size_t rounded = (bytes + tc_granularity_ - 1) & ~(tc_granularity_ - 1);
+  out = c;
+  if (rounded > tc_max_block_) {
+    return {};  // never cached: the strategy's alone
+  }
   std::lock_guard lock(c->lock);
-  if (c->cached_blocks != 0 && rounded <= tc_max_block_) {
-    for (detail::tc_bin& bin : c->bins) {
-      if (bin.rounded == rounded && bin.stream == stream.value() && bin.count != 0) {
-        void* p = bin.blocks[--bin.count];
-        bin.last_use = ++c->tick;
-        c->cached_bytes -= rounded;
-        --c->cached_blocks;
-        tc_entry* e = c->table.find(p);
-        e->cached = false;
-        e->requested = bytes;
-        // The block's shard share goes from cached (-rounded, -rounded) to live (0,
-        // -(rounded - bytes)).
-        detail::shard_add(c->d_in_use, rounded);
-        detail::shard_add(c->d_requested, bytes);
-        detail::shard_add(c->allocations, 1);
-        tc_raise_peaks(*c);
-        out = c;
-        return {p, rounded};
-      }
+  const std::size_t i = c->find_bin(rounded, stream.value());
+  if (i != thread_cache::bin_count && c->bins[i].count != 0) {
+    detail::tc_bin& bin = c->bins[i];
+    void* p = bin.blocks[--bin.count];
+    bin.last_use = ++c->tick;
+    c->cached_bytes -= rounded;
+    --c->cached_blocks;
+    tc_entry* e = c->table.find(p);
+    e->cached = false;
+    e->requested = bytes;
+    // The block's shard share goes from cached (-rounded, -rounded) to live (0,
+    // -(rounded - bytes)).
+    detail::shard_add(c->d_in_use, rounded);
+    detail::shard_add(c->d_requested, bytes);
+    detail::shard_add(c->allocations, 1);
+    tc_raise_peaks(*c);
+    return {p, rounded};
+  }
+  // The strategy's block is recorded here only if this thread may cache it when it frees it:
+  // a size with a bin here, or one a recent request missed (so asked for twice lately). Any
+  // other block stays the strategy's alone, and its free costs one lookup here more than
+  // without a cache; a random-size workload pays no more.
+  const bool may_cache = i != thread_cache::bin_count || c->is_wanted(rounded, stream.value());
+  c->add_wanted(rounded, stream.value());
+  if (may_cache) {
+    try {
+      c->table.reserve_one();  // so that recording the strategy's block cannot fail
+      record = true;
+    } catch (const std::bad_alloc&) {
+      record = false;
     }
-  }
-  if (rounded <= tc_max_block_) {
-    c->wanted[c->wanted_next++ % c->wanted.size()] = {rounded, stream.value()};
-  }
-  try {
-    c->table.reserve_one();  // so that recording the strategy's block cannot fail
-    out = c;
-  } catch (const std::bad_alloc&) {
-    out = nullptr;
   }
   return {};
 }
@@ -284,7 +294,7 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
         detail::shard_add(c->d_requested, -static_cast<std::int64_t>(rec.requested));
         return true;
       }
-      c->table.erase(c->table.find(ptr));  // found again: an eviction may have moved it
+      c->table.erase(e);  // tc_cache_locked found it again if an eviction moved it
       // The block leaves the cache's books: its shard share first (the sum only rises), then
       // the shared counters, before the strategy can hand it out again.
       detail::shard_add(c->d_requested, rec.rounded - rec.requested);
@@ -295,11 +305,11 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
       return true;
     }
   }
-  return tc_give_remote(stream, ptr, bytes, c, out);
+  return false;  // not this thread's: the strategy's, or held by another cache (it says which)
 }
 
 bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
-                               const thread_cache* own, free_outcome& out) noexcept {
+                               free_outcome& out) noexcept {
   thread_cache_registry& r = *tc_;
   tc_entry rec;
   {
@@ -317,9 +327,6 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
     }
     for (auto it = r.caches.begin(); !found && it != r.caches.end(); ++it) {
       thread_cache* c = *it;
-      if (c == own) {
-        continue;  // looked at already; only its owner (this thread) adds to it
-      }
       std::lock_guard cl(c->lock);
       if (tc_entry* e = c->table.find(ptr)) {
         if (e->cached) {
@@ -365,26 +372,25 @@ void allocator::tc_evict_bin_locked(thread_cache& c, std::size_t index) noexcept
   bin.count = 0;
 }
 
-bool allocator::tc_cache_locked(thread_cache& c, tc_entry* entry, void* ptr, std::size_t rounded,
+bool allocator::tc_cache_locked(thread_cache& c, tc_entry*& entry, void* ptr, std::size_t rounded,
                                 void* stream) noexcept {
   const thread_cache_options& o = tc_->options;
-  std::size_t target = thread_cache::bin_count;
-  std::size_t empty = thread_cache::bin_count;
-  for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
-    const detail::tc_bin& b = c.bins[i];
-    if (b.rounded == rounded && b.stream == stream) {
-      target = i;  // the bin of this size, perhaps emptied by hits: a size in use here
-      break;
-    }
-    if (b.count == 0) {
-      empty = std::min(empty, i);
-    }
-  }
+  // The bin of this size, perhaps emptied by hits: a size in use here.
+  std::size_t target = c.find_bin(rounded, stream);
   if (target == thread_cache::bin_count && !c.is_wanted(rounded, stream)) {
     return false;  // no bin for it and no recent request missed it: the strategy may merge it
   }
   if (target != thread_cache::bin_count && c.bins[target].count == detail::tc_bin::capacity) {
     return false;  // this size is cached deep enough already
+  }
+  std::size_t empty = thread_cache::bin_count;
+  if (target == thread_cache::bin_count) {
+    for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
+      if (c.bins[i].count == 0) {
+        empty = i;
+        break;
+      }
+    }
   }
   // Room: the least recently used other sizes go back to the strategy first.
   auto lru_other = [&c, &target]() {
@@ -407,6 +413,7 @@ bool allocator::tc_cache_locked(thread_cache& c, tc_entry* entry, void* ptr, std
   while (c.cached_bytes + rounded > o.max_bytes || c.cached_blocks + 1 > o.max_blocks) {
     const std::size_t lru = lru_other();
     if (lru == thread_cache::bin_count) {
+      entry = evicted ? c.table.find(ptr) : entry;
       return false;  // only this size is cached: keep what is there
     }
     tc_evict_bin_locked(c, lru);
@@ -416,15 +423,16 @@ bool allocator::tc_cache_locked(thread_cache& c, tc_entry* entry, void* ptr, std
     target = empty;
     c.bins[target].rounded = rounded;
     c.bins[target].stream = stream;
+    c.rekey_bins();
   }
   detail::tc_bin& bin = c.bins[target];
   bin.blocks[bin.count++] = ptr;
   bin.last_use = ++c.tick;
   c.cached_bytes += rounded;
   ++c.cached_blocks;
-  tc_entry* e = evicted ? c.table.find(ptr) : entry;
-  e->cached = true;
-  e->stream = stream;
+  entry = evicted ? c.table.find(ptr) : entry;
+  entry->cached = true;
+  entry->stream = stream;
   return true;
 }
 
@@ -460,10 +468,11 @@ void allocator::tc_retire(thread_cache& c) noexcept {
   (void)tc_flush_locked(c);
   tc_fold_locked(c);  // its live blocks now count at (rounded, requested), as orphans do
   std::size_t lost = 0;
-  c.table.for_each([&r, &lost](tc_entry& e) {
+  c.table.for_each([this, &r, &lost](tc_entry& e) {
     try {
       r.orphans.emplace(reinterpret_cast<void*>(e.key), e);
     } catch (const std::bad_alloc&) {
+      do_unhold(reinterpret_cast<void*>(e.key));  // lock order: registry, cache, strategy
       ++lost;
     }
   });

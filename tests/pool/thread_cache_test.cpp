@@ -227,6 +227,10 @@ TYPED_TEST(thread_cache, least_recently_used_sizes_make_room) {
   auto alloc = make<TypeParam>(host, o);
   allocator& a = *alloc;
   allocator_model m;
+  for (std::size_t kib = 1; kib <= 4; ++kib) {
+    give(a, m, take(a, m, kib * KiB));  // asked for once: each size is now in demand here
+  }
+  EXPECT_EQ(a.flush_thread_caches(), 0U) << "a size asked for once was cached";
   void* x = take(a, m, 1 * KiB);
   void* y = take(a, m, 2 * KiB);
   void* z = take(a, m, 3 * KiB);
@@ -245,8 +249,10 @@ TYPED_TEST(thread_cache, invalid_frees_of_cached_and_live_blocks_are_reported) {
   allocator& a = *alloc;
   allocator_model m;
   void* keep = take(a, m, 5000);
+  give(a, m, take(a, m, 1000));  // asked for once: the next block of this size is cached
   void* p = take(a, m, 1000);
   give(a, m, p);  // cached in this thread's cache
+  ASSERT_GT(a.stats().cached_bytes, 0U);
   const auto before = a.stats();
   poolscope::testing::recording_hook rec{a.id()};
   int local = 0;
@@ -274,6 +280,80 @@ TYPED_TEST(thread_cache, invalid_frees_of_cached_and_live_blocks_are_reported) {
   give(a, m, x);
   give(a, m, y);
   EXPECT_TRUE(m.matches(a.stats()));
+}
+
+// A size asked for once is the strategy's alone: its free goes straight back (bfc merges it)
+// and the cache records nothing. The second request of the size is recorded, its free cached.
+TYPED_TEST(thread_cache, only_sizes_in_demand_are_recorded_and_cached) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  allocator_model m;
+  void* p = take(a, m, 3 * KiB);
+  give(a, m, p);
+  EXPECT_EQ(a.flush_thread_caches(), 0U) << "a size asked for once was cached";
+  EXPECT_TRUE(m.matches(a.stats()));
+  void* q = take(a, m, 3 * KiB);
+  give(a, m, q);
+  EXPECT_EQ(a.flush_thread_caches(), 3 * KiB) << "a size asked for twice was not cached";
+  // Sizes asked for once each never displace one in demand.
+  void* r = take(a, m, 3 * KiB);
+  give(a, m, r);
+  for (std::size_t i = 1; i <= 40; ++i) {
+    give(a, m, take(a, m, (8 + i) * KiB));
+  }
+  void* again = take(a, m, 3 * KiB);
+  EXPECT_EQ(again, r) << "the cached block was not reused";
+  give(a, m, again);
+  EXPECT_TRUE(m.matches(a.stats()));
+  if (auto* bfc = dynamic_cast<bfc_allocator*>(&a)) {
+    EXPECT_EQ(bfc->check_invariants(), "");
+  }
+}
+
+// A block one thread's cache recorded, freed by another thread: the strategy answers `held`
+// and the free finds the block in the owner's table and takes it out, so the owner's later free
+// of it is a double free, and the pool stays consistent.
+TYPED_TEST(thread_cache, a_block_recorded_by_one_thread_is_freed_by_another_once) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  void* p = nullptr;
+  std::atomic<int> phase{0};
+  std::thread owner([&] {
+    a.deallocate({}, a.allocate({}, 6 * KiB), 6 * KiB);
+    p = a.allocate({}, 6 * KiB);  // in demand: recorded in this thread's table, held
+    phase = 1;
+    while (phase.load() != 2) {
+      std::this_thread::yield();
+    }
+    a.deallocate({}, p, 6 * KiB);  // freed by the other thread already
+  });
+  while (phase.load() != 1) {
+    std::this_thread::yield();
+  }
+  a.deallocate({}, p, 6 * KiB);
+  phase = 2;
+  owner.join();
+  auto s = a.stats();
+  EXPECT_EQ(s.invalid_frees, 1U) << "the owner's second free was not reported";
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.requested_in_use, 0U);
+  EXPECT_EQ(s.allocations, 2U);
+  EXPECT_EQ(s.deallocations, 2U);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+  // The block is the strategy's again, handed out once.
+  void* x = a.allocate({}, 6 * KiB);
+  void* y = a.allocate({}, 6 * KiB);
+  EXPECT_NE(x, y);
+  a.deallocate({}, x, 6 * KiB);
+  a.deallocate({}, y, 6 * KiB);
+  s = a.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.deallocations, 4U);
+  if (auto* bfc = dynamic_cast<bfc_allocator*>(&a)) {
+    EXPECT_EQ(bfc->check_invariants(), "");
+  }
 }
 
 TYPED_TEST(thread_cache, release_cached_and_set_limit_reach_every_threads_cache) {
@@ -347,6 +427,9 @@ TYPED_TEST(thread_cache, peaks_are_exact_on_one_thread_and_bound_the_true_peak_a
   // One thread: a miss, a free into the cache, hits of smaller requests of the same rounded
   // size; the peaks follow the model exactly after every step.
   std::map<void*, std::size_t> cached;  // the distinct blocks this thread freed: all cached
+  for (std::size_t bytes : {100 * KiB, 100 * KiB - 1000, std::size_t{3000}}) {
+    give(a, m, take(a, m, bytes));  // every size asked for once first: then in demand here
+  }
   void* p = take(a, m, 100 * KiB);
   EXPECT_TRUE(m.matches(a.stats())) << "the first block";
   cached[p] = m.live().at(p).rounded;

@@ -95,6 +95,7 @@ struct alignas(64) bfc_chunk {
   std::uint16_t size_class = 0;    ///< free: the class list the chunk is on
   bfc_pool_kind pool = bfc_pool_kind::small;
   bool is_free = false;
+  bool held = false;  ///< live and recorded by a thread cache (allocator::do_allocate_held)
 
   /// True if this chunk covers its whole segment.
   [[nodiscard]] bool whole_segment() const noexcept { return prev == nullptr && next == nullptr; }
@@ -322,6 +323,18 @@ class bfc_ptr_map {
     }
     bfc_chunk* found = s->value;
     table_.erase(s);
+    return found;
+  }
+  /// The chunk at `p` (null if absent), removed unless it is held.
+  bfc_chunk* erase_unless_held(const void* p) noexcept {
+    slot* s = table_.find(p);
+    if (s == nullptr) {
+      return nullptr;
+    }
+    bfc_chunk* found = s->value;
+    if (!found->held) [[likely]] {
+      table_.erase(s);
+    }
     return found;
   }
   [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }

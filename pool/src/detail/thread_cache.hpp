@@ -106,10 +106,64 @@ struct thread_cache {
   };
   std::array<want, bin_count> wanted{};
   std::uint32_t wanted_next = 0;
+  // Filters over the sizes, so that a size no bin holds and nobody wanted (most sizes of a
+  // random-size workload) costs a bit test instead of a scan of the bins or of `wanted`: bit
+  // size_bit(r) of `bin_sizes` is set if a bin is keyed by a size with that bit, and of
+  // `wanted_sizes` if an entry of `wanted` is (wanted_bit_count counts them per bit). 256 bits
+  // for 16 entries: a size that is in neither passes a filter about once in 16.
+  static constexpr std::size_t filter_bits = 256;
+  using size_filter = std::array<std::uint64_t, filter_bits / 64>;
+  size_filter bin_sizes{};
+  size_filter wanted_sizes{};
+  std::array<std::uint8_t, filter_bits> wanted_bit_count{};
 
+  /// The filter bit of a rounded size.
+  [[nodiscard]] static unsigned size_bit(std::size_t rounded) noexcept {
+    return static_cast<unsigned>((rounded * 0x9E3779B97F4A7C15ULL) >> 56);
+  }
+  [[nodiscard]] static bool test(const size_filter& f, unsigned bit) noexcept {
+    return ((f[bit >> 6] >> (bit & 63)) & 1U) != 0;
+  }
   [[nodiscard]] bool is_wanted(std::size_t rounded, void* stream) const noexcept {
-    return std::any_of(wanted.begin(), wanted.end(),
+    return test(wanted_sizes, size_bit(rounded)) &&
+           std::any_of(wanted.begin(), wanted.end(),
                        [&](const want& w) { return w.rounded == rounded && w.stream == stream; });
+  }
+  /// Records a missed request in the ring of wanted sizes.
+  void add_wanted(std::size_t rounded, void* stream) noexcept {
+    want& w = wanted[wanted_next++ % wanted.size()];
+    if (w.rounded != 0) {
+      const unsigned old = size_bit(w.rounded);
+      if (--wanted_bit_count[old] == 0) {
+        wanted_sizes[old >> 6] &= ~(std::uint64_t{1} << (old & 63));
+      }
+    }
+    w = {rounded, stream};
+    const unsigned bit = size_bit(rounded);
+    ++wanted_bit_count[bit];
+    wanted_sizes[bit >> 6] |= std::uint64_t{1} << (bit & 63);
+  }
+  /// The bin keyed by (rounded, stream), or bin_count.
+  [[nodiscard]] std::size_t find_bin(std::size_t rounded, void* stream) const noexcept {
+    if (!test(bin_sizes, size_bit(rounded))) {
+      return bin_count;
+    }
+    for (std::size_t i = 0; i < bin_count; ++i) {
+      if (bins[i].rounded == rounded && bins[i].stream == stream) {
+        return i;
+      }
+    }
+    return bin_count;
+  }
+  /// Recomputes bin_sizes after a bin's key changed.
+  void rekey_bins() noexcept {
+    bin_sizes = {};
+    for (const tc_bin& b : bins) {
+      if (b.rounded != 0) {
+        const unsigned bit = size_bit(b.rounded);
+        bin_sizes[bit >> 6] |= std::uint64_t{1} << (bit & 63);
+      }
+    }
   }
 
   // The counter shard (docs/thread_cache.md, "Accounting"). Written only under `lock` (so with

@@ -93,6 +93,9 @@ struct free_outcome {
   hooks::free_error error = hooks::free_error::none;
   std::size_t rounded = 0;    ///< bytes released to the cache (0 if the free was ignored)
   std::size_t requested = 0;  ///< bytes the block was allocated with (0 if unknown)
+  /// The block is live and held by a thread cache (do_allocate_held): the strategy left it
+  /// alone, the cache that recorded it frees it.
+  bool held = false;
 };
 
 /// Abstract allocator. Public non-virtual methods validate, count, enforce the limit, retry on
@@ -208,11 +211,21 @@ class allocator {
   virtual void do_cache_stats(allocator_stats& s) const = 0;
   /// Return wholly free upstream blocks; return the bytes released.
   virtual std::size_t do_release_cached() = 0;
-  /// Thread-cache support: take back a block do_allocate handed out that a thread cache held
-  /// (it was validated and accounted when the user freed it) into the strategy's own pool, as
-  /// do_deallocate would, without validating or accounting it again. Never called unless the
+  /// Thread-cache support: as do_allocate, for a block a thread cache will record. The strategy
+  /// marks it held: until do_reclaim or do_unhold, a do_deallocate of it changes nothing and
+  /// answers `held` (the cache that recorded it frees it; a free from another thread finds it
+  /// there). Strategies that call enable_thread_cache override it; never called otherwise.
+  virtual block do_allocate_held(stream_view stream, std::size_t bytes, std::size_t alignment) {
+    return do_allocate(stream, bytes, alignment);
+  }
+  /// Thread-cache support: take back a block do_allocate_held handed out that a thread cache
+  /// held (it was validated and accounted when the user freed it) into the strategy's own pool,
+  /// as do_deallocate would, without validating or accounting it again. Never called unless the
   /// strategy called enable_thread_cache.
   virtual void do_reclaim(stream_view /*stream*/, void* /*ptr*/) noexcept {}
+  /// Thread-cache support: the held live block `ptr` becomes the strategy's alone (no cache
+  /// could keep its record): a later do_deallocate frees it.
+  virtual void do_unhold(void* /*ptr*/) noexcept {}
   /// Thread-cache support: whether a free of `given` bytes names a block allocated with
   /// `requested` bytes and rounded to `rounded` (what do_deallocate accepts without reporting a
   /// size mismatch). Default: exactly the requested size.
@@ -225,20 +238,21 @@ class allocator {
             std::size_t requested, std::size_t rounded,
             hooks::free_error error = hooks::free_error::none) const noexcept;
   block allocate_from_strategy(stream_view stream, std::size_t bytes, std::size_t alignment,
-                               std::size_t lim);
+                               std::size_t lim, bool held);
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
   void report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
                            const free_outcome& outcome) noexcept;
 
   // Thread cache (thread_cache.cpp).
   [[nodiscard]] detail::thread_cache* tc_local();
-  [[nodiscard]] block tc_take(stream_view stream, std::size_t bytes, detail::thread_cache*& c);
+  [[nodiscard]] block tc_take(stream_view stream, std::size_t bytes, detail::thread_cache*& c,
+                              bool& record);
   void tc_record(detail::thread_cache* c, stream_view stream, const block& b,
                  std::size_t bytes) noexcept;
   [[nodiscard]] bool tc_give(stream_view stream, void* ptr, std::size_t bytes, free_outcome& out,
                              bool& counted) noexcept;
   [[nodiscard]] bool tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
-                                    const detail::thread_cache* own, free_outcome& out) noexcept;
+                                    free_outcome& out) noexcept;
   void tc_raise_peaks(const detail::thread_cache& c) noexcept;
   void tc_fold_locked(detail::thread_cache& c) noexcept;
   /// Sums of the thread caches' counter shards (under the registry mutex).
@@ -253,7 +267,9 @@ class allocator {
   /// In-use bytes as hook events carry them: the shared counter plus the calling thread's
   /// shard (exact unless other threads hold cached blocks, which it counts as in use).
   [[nodiscard]] std::size_t in_use_hint() const noexcept;
-  bool tc_cache_locked(detail::thread_cache& c, detail::tc_entry* entry, void* ptr,
+  /// Caches the freed block `ptr` (its table entry `entry`) in a bin, or says no. Evictions
+  /// move table entries: `entry` is the block's entry again on return.
+  bool tc_cache_locked(detail::thread_cache& c, detail::tc_entry*& entry, void* ptr,
                        std::size_t rounded, void* stream) noexcept;
   std::size_t tc_flush_locked(detail::thread_cache& c) noexcept;
   void tc_evict_bin_locked(detail::thread_cache& c, std::size_t bin) noexcept;

@@ -38,19 +38,23 @@ class best_fit_allocator final : public allocator {
 
  private:
   block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) override;
+  block do_allocate_held(stream_view stream, std::size_t bytes, std::size_t alignment) override;
   free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                              std::size_t alignment) noexcept override;
   void do_cache_stats(allocator_stats& s) const override;
   std::size_t do_release_cached() override;
   void do_reclaim(stream_view stream, void* ptr) noexcept override;
+  void do_unhold(void* ptr) noexcept override;
   [[nodiscard]] bool do_size_matches(std::size_t given, std::size_t requested,
                                      std::size_t rounded) const noexcept override;
 
   bool cache_block(void* ptr, std::size_t rounded) noexcept;  // caller holds mutex_
+  block allocate_block(stream_view stream, std::size_t bytes, bool held);
 
   struct live_block {
     std::size_t rounded;
     std::size_t requested;
+    bool held;  ///< recorded by a thread cache (allocator::do_allocate_held)
   };
   mutable std::mutex mutex_;
   std::map<std::size_t, std::vector<void*>> free_;  // rounded size -> cached blocks

@@ -139,20 +139,23 @@ class bfc_allocator final : public allocator {
   struct state;
 
   block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) override;
+  block do_allocate_held(stream_view stream, std::size_t bytes, std::size_t alignment) override;
   free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                              std::size_t alignment) noexcept override;
   void do_cache_stats(allocator_stats& s) const override;
   std::size_t do_release_cached() override;
   void do_reclaim(stream_view stream, void* ptr) noexcept override;
+  void do_unhold(void* ptr) noexcept override;
   [[nodiscard]] bool do_size_matches(std::size_t given, std::size_t requested,
                                      std::size_t rounded) const noexcept override;
 
   // The helpers below marked "locked" require the caller to hold the mutex.
+  block allocate_chunk(stream_view stream, std::size_t bytes, bool held);
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
-                         detail::bfc_segment* detached, std::size_t detached_bytes,
+                         bool held, detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
-  void carve(stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
-             std::size_t bytes) noexcept;                              // locked
+  void carve(stream_view stream, detail::bfc_chunk* c, std::size_t rounded, std::size_t bytes,
+             bool held) noexcept;                                      // locked
   void free_chunk(stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
   void detach_wholly_free(bool large, detail::bfc_segment*& chain,
                           std::size_t& bytes) noexcept;  // locked
