@@ -4,7 +4,11 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include "poolscope/error.hpp"
@@ -318,6 +322,87 @@ baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
           POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
           POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
           POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+        }
+      },
+      [&] {
+        for (const auto& e : events) {
+          POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e.get()));
+        }
+      });
+}
+
+baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int repeat) {
+  const current_device_guard guard;
+  std::vector<device_memory> bufs;
+  std::vector<device_stream> streams;
+  std::vector<device_event> events;
+  for (int d = 0; d < devices; ++d) {
+    bufs.emplace_back(d, bytes);
+    streams.emplace_back(d);
+    events.emplace_back(d);
+  }
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  std::atomic<std::uint64_t> round{0};
+  std::atomic<int> issued{0};
+  std::atomic<bool> stop{false};
+  std::atomic<bool> failed{false};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;  // the first issuer's failure (guarded by failure_mutex)
+  const auto issuer = [&](int d) {
+    const auto i = static_cast<std::size_t>(d);
+    std::uint64_t seen = 0;
+    try {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      while (!stop.load(std::memory_order_acquire)) {
+        const std::uint64_t r = round.load(std::memory_order_acquire);
+        if (r == seen) {
+          continue;  // spin: a sleeping issuer would time its wake-up, not the calls
+        }
+        seen = r;
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+        issued.fetch_add(1, std::memory_order_acq_rel);
+      }
+    } catch (...) {
+      {
+        const std::lock_guard lock(failure_mutex);
+        if (!failure) {
+          failure = std::current_exception();
+        }
+      }
+      failed.store(true, std::memory_order_release);  // after `failure`: the waiter reads it
+    }
+  };
+  std::vector<std::thread> issuers;
+  issuers.reserve(static_cast<std::size_t>(devices));
+  // Stops and joins the issuers on every exit path.
+  struct joiner {
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    joiner(std::atomic<bool>& s, std::vector<std::thread>& t) : stop(s), threads(t) {}
+    joiner(const joiner&) = delete;
+    joiner& operator=(const joiner&) = delete;
+    ~joiner() {
+      stop.store(true, std::memory_order_release);
+      for (auto& t : threads) {
+        t.join();
+      }
+    }
+  } const join{stop, issuers};
+  for (int d = 0; d < devices; ++d) {
+    issuers.emplace_back(issuer, d);
+  }
+  return time_repeated(
+      repeat,
+      [&] {
+        issued.store(0, std::memory_order_relaxed);
+        round.fetch_add(1, std::memory_order_acq_rel);
+        while (issued.load(std::memory_order_acquire) < devices &&
+               !failed.load(std::memory_order_acquire)) {
+        }
+        if (failed.load(std::memory_order_acquire)) {
+          const std::lock_guard lock(failure_mutex);
+          std::rethrow_exception(failure);
         }
       },
       [&] {

@@ -53,4 +53,12 @@ struct baseline_seconds {
 /// cudaEventRecord, then cudaEventSynchronize on each event; timed as time_peer_copies.
 [[nodiscard]] baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat);
 
+/// The same calls with one issuing thread per GPU: each GPU's cudaMemsetAsync and
+/// cudaEventRecord run on a thread of its own (started before timing, spinning on a counter for
+/// the next round), so the calls of different GPUs overlap; the timed thread starts a round,
+/// waits until every GPU's calls returned, then synchronizes each event. The floor of a small op
+/// on `devices` GPUs however the host spreads its issuing.
+[[nodiscard]] baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes,
+                                                         int repeat);
+
 }  // namespace poolscope::bench::detail

@@ -426,6 +426,9 @@ class bench_run {
                               static_cast<std::size_t>(std::max(devs_, 1));
       w.baselines["floor"] = make_baseline("memset + event per GPU", 0,
                                            detail::time_async_floor(devs_, per_device, runs));
+      w.baselines["floor_threaded"] =
+          make_baseline("the same, a thread per GPU", 0,
+                        detail::time_async_floor_threaded(devs_, per_device, runs));
     }
   }
 
@@ -581,6 +584,11 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         floor != nullptr ? fmt("%.1f us ", floor->median_ms * 1e3) + floor->method : "",
         floor != nullptr && add > 0 ? format_ratio(floor->median_ms * 1e3 / add) : "", "<= 8 us",
         add <= 8.0);
+    if (const auto* threaded = find_baseline(w, "floor_threaded")) {
+      row("  floor with parallel issue (median)", "",
+          fmt("%.1f us ", threaded->median_ms * 1e3) + threaded->method,
+          add > 0 ? format_ratio(threaded->median_ms * 1e3 / add) : "");
+    }
     const auto* p = find_baseline(w, "peer");
     row("A + C.reshard(A.index_map()) (median)", fmt("%.1f us", fused),
         p != nullptr ? fmt("%.1f us ", p->median_ms * 1e3) + raw : "",

@@ -711,6 +711,19 @@ backend_stats backend::stats() const {
   return s;
 }
 
+void backend::start_issuers(const backend_options& options, int automatic) {
+  if (options.issue_threads < -1) {
+    throw invalid_argument(
+        "darray backend_options.issue_threads = " + std::to_string(options.issue_threads) +
+        ": must be -1 (automatic), 0 (none) or a thread count");
+  }
+  const int wanted = options.issue_threads == -1 ? automatic : options.issue_threads;
+  const int helpers = std::min(wanted, device_count() - 1);
+  if (helpers > 0) {
+    issuers_ = std::make_unique<detail::fork_join>(static_cast<std::size_t>(helpers));
+  }
+}
+
 void backend::count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept {
   constexpr auto relaxed = std::memory_order_relaxed;
   if (peer) {

@@ -370,6 +370,9 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
         }
       }
     }
+    // A kernel launch and an event record cost microseconds of host time per GPU: issuing each
+    // GPU's share of an op from a thread of its own overlaps them.
+    start_issuers(options, devices - 1);
   } catch (...) {
     release_all();
     throw;

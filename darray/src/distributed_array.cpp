@@ -566,12 +566,18 @@ template <typename Enqueue>
 std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
   backend& be = *s.be;
   auto out = same_layout(s);
+  // Buffers first, on this thread (allocations are attributed to the caller's scopes and
+  // stacks); then each chunk's enqueue calls, chunks (one per device) at once.
+  std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> jobs;
+  jobs.reserve(s.chunks.size());
   for (std::size_t j = 0; j < s.chunks.size(); ++j) {
-    const chunk& c = s.chunks[j];
-    if (c.region.empty()) {
-      continue;
+    if (!s.chunks[j].region.empty()) {
+      jobs.emplace_back(j, dense_buffer(be, s.chunks[j].device, s.chunks[j].region, s.type));
     }
-    auto o = dense_buffer(be, c.device, c.region, s.type);
+  }
+  be.issue_each(jobs.size(), [&](std::size_t k) {
+    const auto& [j, o] = jobs[k];
+    const chunk& c = s.chunks[j];
     for (const auto& q : c.parts) {
       be.wait(c.device, queue_kind::compute, q.ready);
       enqueue(c.device, view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
@@ -580,7 +586,7 @@ std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
       o->add_use(e);
       out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
     }
-  }
+  });
   return out;
 }
 
@@ -621,38 +627,53 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   backend& be = *x->be;
   auto out = same_layout(*x);
   out->info = y->info;
+  // The right operand's parts of a chunk, paired with the left's, in arrival order (local
+  // first, then pieces as they are sent).
+  struct pair_part {
+    const chunk_part* a;
+    const chunk_part* b;
+    box region;
+  };
+  struct job {
+    std::size_t chunk;
+    std::shared_ptr<buffer> out;
+    std::vector<pair_part> pairs;
+  };
+  // Buffers and pairs first, on this thread (allocations are attributed to the caller's scopes
+  // and stacks); then each chunk's enqueue calls, chunks (one per device) at once.
+  std::vector<job> jobs;
+  jobs.reserve(x->chunks.size());
   for (std::size_t j = 0; j < x->chunks.size(); ++j) {
     const chunk& c = x->chunks[j];
     if (c.region.empty()) {
       continue;
     }
-    auto o = dense_buffer(be, c.device, c.region, x->type);
-    // The right operand's parts in arrival order (local first, then pieces as they are sent).
-    struct pair_part {
-      const chunk_part* a;
-      const chunk_part* b;
-      box region;
-    };
-    std::vector<pair_part> pairs;
+    job& w = jobs.emplace_back(job{j, dense_buffer(be, c.device, c.region, x->type), {}});
     for (const auto& pb : y->chunks[j].parts) {
       for (const auto& pa : c.parts) {
         auto r = intersect(pa.region, pb.region);
         if (r && !r->empty()) {
-          pairs.push_back(pair_part{&pa, &pb, std::move(*r)});
+          w.pairs.push_back(pair_part{&pa, &pb, std::move(*r)});
         }
       }
     }
+  }
+  be.issue_each(jobs.size(), [&](std::size_t k) {
+    const job& w = jobs[k];
+    const chunk& c = x->chunks[w.chunk];
+    const auto& o = w.out;
     const auto done = [&](const pair_part& p, const event& e) {
       p.a->storage->add_use(e);
       p.b->storage->add_use(e);
       o->add_use(e);
-      out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
+      out->chunks[w.chunk].parts.push_back(chunk_part{p.region, o, c.region, e});
     };
-    if (pairs.size() > 1 && c.region.size() < batch_parts_below) {
+    if (w.pairs.size() > 1 && c.region.size() < batch_parts_below) {
       // A small chunk: all its parts in one task once all their inputs are there (a launch
       // costs more than computing a small part early would gain).
       std::vector<backend::binary_part> parts;
-      for (const pair_part& p : pairs) {
+      parts.reserve(w.pairs.size());
+      for (const pair_part& p : w.pairs) {
         be.wait(c.device, queue_kind::compute, p.a->ready);
         be.wait(c.device, queue_kind::compute, p.b->ready);
         parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
@@ -660,13 +681,13 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
       }
       be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
       const event e = be.record(c.device, queue_kind::compute);
-      for (const pair_part& p : pairs) {
+      for (const pair_part& p : w.pairs) {
         done(p, e);
       }
-      continue;
+      return;
     }
     // Each part computed as soon as it and the left operand's data are there.
-    for (const pair_part& p : pairs) {
+    for (const pair_part& p : w.pairs) {
       be.wait(c.device, queue_kind::compute, p.a->ready);
       be.wait(c.device, queue_kind::compute, p.b->ready);
       be.binary(c.device, queue_kind::compute, x->type, op,
@@ -674,7 +695,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
                 view_of(*p.b, p.region));
       done(p, be.record(c.device, queue_kind::compute));
     }
-  }
+  });
   return array_handle(std::move(out));
 }
 

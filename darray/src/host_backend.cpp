@@ -581,6 +581,7 @@ class host_backend final : public backend {
       dev->transfer = std::make_unique<work_queue>(d, queue_kind::transfer, tl);
       devices_.push_back(std::move(dev));
     }
+    start_issuers(options, 0);  // an enqueue here is a queue push: nothing to overlap
   }
 
   ~host_backend() override {

@@ -11,8 +11,15 @@
 namespace poolscope::darray {
 namespace {
 
-TEST(darray_concurrency, threads_share_arrays_and_a_backend) {
-  auto be = make_host_backend(3);
+class darray_concurrency : public ::testing::TestWithParam<int> {};
+
+// issue_threads 0: each op's enqueue calls on the calling thread; 2: each device's share from a
+// thread of its own too, several callers contending for those threads.
+TEST_P(darray_concurrency, threads_share_arrays_and_a_backend) {
+  backend_options options;
+  options.issue_threads = GetParam();
+  auto be = make_host_backend(3, options);
+  ASSERT_EQ(be->issue_threads(), static_cast<std::size_t>(GetParam()));
   const std::int64_t n = 4000;
   std::vector<std::int64_t> h(static_cast<std::size_t>(n));
   for (std::size_t i = 0; i < h.size(); ++i) {
@@ -47,6 +54,8 @@ TEST(darray_concurrency, threads_share_arrays_and_a_backend) {
     EXPECT_EQ(be->allocator(d).stats().in_use, 0U) << "device " << d;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(issue_threads, darray_concurrency, ::testing::Values(0, 2));
 
 }  // namespace
 }  // namespace poolscope::darray

@@ -358,8 +358,18 @@ class darray_random : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(darray_random, reshards_and_ops_match_the_host) {
   std::shared_ptr<backend> be;
+  // "<spec>+issue": every device's share of an elementwise op from a thread of its own.
+  std::string spec = GetParam();
+  backend_options options;
+  if (spec.ends_with("+issue")) {
+    spec.resize(spec.size() - 6);
+    options.issue_threads = 8;
+  }
   try {
-    be = make_backend(GetParam());
+    be = make_backend(spec, options);
+    if (options.issue_threads > 0) {
+      ASSERT_EQ(be->issue_threads(), static_cast<std::size_t>(be->device_count() - 1));
+    }
   } catch (const device_unavailable& e) {
     GTEST_SKIP() << "no GPU for " << GetParam() << ": " << e.what();
   }
@@ -456,10 +466,11 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, darray_random,
-                         ::testing::Values("host:2", "host:3", "host:4", "cuda"),
+                         ::testing::Values("host:2", "host:3", "host:4", "host:3+issue", "cuda"),
                          [](const auto& p) {
                            std::string name = p.param;
                            std::erase(name, ':');
+                           std::replace(name.begin(), name.end(), '+', '_');
                            return name;
                          });
 

@@ -47,6 +47,7 @@
 #include <string_view>
 #include <vector>
 
+#include "poolscope/darray/fork_join.hpp"
 #include "poolscope/darray/geometry.hpp"
 #include "poolscope/darray/planner.hpp"
 #include "poolscope/pool/allocator.hpp"
@@ -214,6 +215,10 @@ struct backend_options {
   std::string allocator = "bfc";  ///< pool strategy per device (pool::allocator_names())
   std::string resource;           ///< "" -> cuda for CUDA devices, host for host devices
   transport transfers = transport::automatic;
+  /// Threads that enqueue devices' shares of an elementwise op alongside the calling thread
+  /// (backend::issue_each), so the host cost of several GPUs' enqueue calls overlaps. -1: one
+  /// per GPU after the first on CUDA, none on host (whose enqueue is a queue push); 0: none.
+  int issue_threads = -1;
 };
 
 /// What a backend did.
@@ -329,6 +334,25 @@ class backend : public std::enable_shared_from_this<backend> {
   /// The plans of this backend's recent reshards (thread-safe; see plan_cache).
   [[nodiscard]] plan_cache& plans() noexcept { return plans_; }
 
+  /// Calls f(i) once for each i in [0, n) — calls of different i may run at once, on the
+  /// backend's issuing threads (backend_options::issue_threads) and this one — and returns when
+  /// all have returned, rethrowing the first exception. For enqueue work of different devices
+  /// (each i its own device): the enqueue methods are thread-safe.
+  template <typename F>
+  void issue_each(std::size_t n, F&& f) {
+    if (issuers_ != nullptr) {
+      issuers_->run(n, detail::task_ref(f));
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        f(i);
+      }
+    }
+  }
+  /// The issuing threads besides the caller's (backend_options::issue_threads).
+  [[nodiscard]] std::size_t issue_threads() const noexcept {
+    return issuers_ != nullptr ? issuers_->helpers() : 0;
+  }
+
   /// The key of a queue in event_state::queue_key().
   [[nodiscard]] static constexpr int queue_key(int device, queue_kind q) noexcept {
     return device * 2 + (q == queue_kind::compute ? 0 : 1);
@@ -340,6 +364,10 @@ class backend : public std::enable_shared_from_this<backend> {
   void copy_one_by_one(dtype t, const std::vector<transfer>& list, transport how);
   /// For implementations: the attached timeline (may be null).
   [[nodiscard]] profiler::timeline* attached_timeline() const noexcept;
+  /// For implementations, from the constructor: starts the issuing threads of issue_each as
+  /// options.issue_threads says (-1: `automatic` of them, capped at one per device after the
+  /// first). Throws invalid_argument naming a value below -1.
+  void start_issuers(const backend_options& options, int automatic);
   /// For implementations: counts work in stats().
   void count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept;
   void count_op() noexcept;
@@ -430,6 +458,7 @@ class backend : public std::enable_shared_from_this<backend> {
   std::atomic<profiler::timeline*> timeline_{nullptr};
   counters counters_;
   plan_cache plans_;
+  std::unique_ptr<detail::fork_join> issuers_;  // null: issue_each is a loop
 };
 
 /// A backend by spec: "host:N" (N fake devices, 1..64), "cuda" (every GPU), "cuda:N" (the first

@@ -1,0 +1,133 @@
+#include "poolscope/darray/fork_join.hpp"
+
+namespace poolscope::darray::detail {
+
+namespace {
+
+void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+}  // namespace
+
+fork_join::fork_join(std::size_t helpers, std::chrono::microseconds spin) : spin_(spin) {
+  threads_.reserve(helpers);
+  try {
+    for (std::size_t i = 0; i < helpers; ++i) {
+      threads_.emplace_back([this] { helper_loop(); });
+    }
+  } catch (...) {
+    stop_.store(true);
+    generation_.fetch_add(1);
+    generation_.notify_all();
+    for (auto& t : threads_) {
+      t.join();
+    }
+    throw;
+  }
+}
+
+fork_join::~fork_join() {
+  stop_.store(true);
+  generation_.fetch_add(1);
+  generation_.notify_all();
+  for (auto& t : threads_) {
+    t.join();
+  }
+}
+
+void fork_join::take_tasks() noexcept {
+  for (std::size_t i = next_.fetch_add(1); i < count_; i = next_.fetch_add(1)) {
+    try {
+      task_(i);
+    } catch (...) {
+      const std::lock_guard lock(error_mutex_);
+      if (!error_) {
+        error_ = std::current_exception();
+      }
+    }
+    done_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void fork_join::helper_loop() noexcept {
+  using clock = std::chrono::steady_clock;
+  std::uint64_t seen = generation_.load();
+  for (;;) {
+    // Wait for the next run: spin a while (a run soon after the last one finds us awake), then
+    // sleep on the generation.
+    std::uint64_t g = generation_.load(std::memory_order_acquire);
+    if (g == seen) {
+      const auto until = clock::now() + spin_;
+      for (unsigned k = 1; g == seen; ++k) {
+        cpu_relax();
+        g = generation_.load(std::memory_order_acquire);
+        if (g == seen && k % 64 == 0 && clock::now() >= until) {
+          generation_.wait(seen, std::memory_order_acquire);
+          g = generation_.load(std::memory_order_acquire);
+        }
+      }
+    }
+    seen = g;
+    if (stop_.load()) {
+      return;
+    }
+    // Join the run of generation g unless it closed (or a later one began) meanwhile: run()
+    // closes before it waits for active_ to drop to 0, and a helper counts itself active before
+    // it looks at closed_ (both sequentially consistent), so a helper either sees the run
+    // closed or is waited for.
+    active_.fetch_add(1);
+    if (!closed_.load() && generation_.load() == g) {
+      take_tasks();
+    }
+    active_.fetch_sub(1);
+  }
+}
+
+void fork_join::run(std::size_t n, task_ref task) {
+  std::unique_lock lock(run_mutex_, std::defer_lock);
+  if (n <= 1 || threads_.empty() || !lock.try_lock()) {
+    // Nothing to share, or another run has the helpers: run here, in order, all of them.
+    std::exception_ptr first;
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        task(i);
+      } catch (...) {
+        if (!first) {
+          first = std::current_exception();
+        }
+      }
+    }
+    if (first) {
+      std::rethrow_exception(first);
+    }
+    return;
+  }
+  task_ = task;
+  count_ = n;
+  next_.store(0);
+  done_.store(0);
+  error_ = nullptr;
+  closed_.store(false);
+  generation_.fetch_add(1);  // publishes the run (sequentially consistent: after the fields)
+  generation_.notify_all();
+  take_tasks();
+  while (done_.load(std::memory_order_acquire) < n) {
+    cpu_relax();
+  }
+  closed_.store(true);
+  while (active_.load() != 0) {
+    cpu_relax();
+  }
+  if (error_) {
+    std::exception_ptr e = std::move(error_);
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+}  // namespace poolscope::darray::detail
