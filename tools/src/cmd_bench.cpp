@@ -57,6 +57,12 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();
   darray_cmd
+      ->add_option("--issue-threads", d->options.issue_threads,
+                   "threads enqueueing devices' shares of an op beside the caller's (-1: the "
+                   "backend's default, one per GPU after the first; 0: none)")
+      ->check(CLI::Range(-1, 1024))
+      ->capture_default_str();
+  darray_cmd
       ->add_option("--split-mib", d->options.split_mib,
                    "reshard pieces above this many MiB are split (0: never)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))

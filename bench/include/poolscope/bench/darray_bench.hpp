@@ -50,6 +50,8 @@ struct darray_bench_options {
   int repeat = 5;                  ///< timed runs per figure, after one warm-up
   std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
   std::string allocator = "bfc";   ///< darray's pool strategy per device
+  /// backend_options::issue_threads (-1: the backend's default)
+  int issue_threads = -1;
   /// Reshard pieces above this many MiB are split (reshard_options::split_bytes; 0: never).
   std::int64_t split_mib = 64;
   std::vector<std::string> only;  ///< subset of darray_workload_names() (empty: all)
@@ -94,7 +96,8 @@ struct darray_bench_report {
   std::string baselines;  ///< "cuda" or "memcpy"
   std::string allocator;
   std::string transport;
-  std::int64_t split_mib = 64;  ///< reshard pieces above this are split (0: never)
+  std::size_t issue_threads = 0;  ///< the backend's issuing threads (backend::issue_threads)
+  std::int64_t split_mib = 64;    ///< reshard pieces above this are split (0: never)
   int repeat = 0;
   std::int64_t n = 0;  ///< D1 elements
   std::vector<darray_workload_result> workloads;
