@@ -48,12 +48,14 @@ step "configure+build (sm_90)" "$out/build.log" bash -c "
     -DPOOLSCOPE_WERROR=OFF && cmake --build '$build' -j \$(nproc) -- -k 0" || {
   grep -E 'error|FAILED' "$out/build.log" | head -40; }
 
+# 120 s per test: the longest takes seconds; a hang (the CUDA randomized darray test has hung at
+# process exit about once in 20 runs, docs/perf.md) fails its test instead of the whole call.
 if [ "$only" = darray ]; then
   step "ctest darray+tools (GPUs present)" "$out/tests.log" \
-    ctest --test-dir "$build" --output-on-failure -j 2 --timeout 600 -R 'darray|cli_darray'
+    ctest --test-dir "$build" --output-on-failure -j 2 --timeout 120 -R 'darray|cli_darray'
 else
   step "ctest (all, GPU present)" "$out/tests.log" \
-    ctest --test-dir "$build" --output-on-failure -j 4 --timeout 600
+    ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120
 fi
 grep -E "tests passed|tests failed|Skipped|SKIPPED" "$out/tests.log" | tail -5
 

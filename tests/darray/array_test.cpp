@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 #include <string>
@@ -358,12 +360,16 @@ class darray_random : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(darray_random, reshards_and_ops_match_the_host) {
   std::shared_ptr<backend> be;
-  // "<spec>+issue": every device's share of an elementwise op from a thread of its own.
+  // "<spec>+issue": every device's share of an elementwise op from a thread of its own;
+  // "<spec>+noissue": all from the calling thread.
   std::string spec = GetParam();
   backend_options options;
   if (spec.ends_with("+issue")) {
     spec.resize(spec.size() - 6);
     options.issue_threads = 8;
+  } else if (spec.ends_with("+noissue")) {
+    spec.resize(spec.size() - 8);
+    options.issue_threads = 0;
   }
   try {
     be = make_backend(spec, options);
@@ -381,6 +387,7 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
               be->name().c_str());
   std::mt19937_64 rng(seed);
   auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
+  const bool verbose = std::getenv("POOLSCOPE_TEST_VERBOSE") != nullptr;
   for (int round = 0; round < 12; ++round) {
     shape_t shape;
     const i64 rank = pick(1, 3);
@@ -398,7 +405,13 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
     for (int step = 0; step < 6; ++step) {
       SCOPED_TRACE("round " + std::to_string(round) + " step " + std::to_string(step) + " x " +
                    x.index_map().to_string() + " y " + y.index_map().to_string());
-      switch (pick(0, 5)) {
+      const i64 what = pick(0, 5);
+      if (verbose) {  // which step a hang or a crash stopped at
+        std::fprintf(stderr, "round %d step %d op %lld x %s y %s\n", round, step,
+                     static_cast<long long>(what), x.index_map().to_string().c_str(),
+                     y.index_map().to_string().c_str());
+      }
+      switch (what) {
         case 0: {
           // Piece by piece or as one group (NCCL on GPUs), split or not.
           x = x.reshard(random_map(rng, shape, devices),
@@ -466,7 +479,8 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
 }
 
 INSTANTIATE_TEST_SUITE_P(backends, darray_random,
-                         ::testing::Values("host:2", "host:3", "host:4", "host:3+issue", "cuda"),
+                         ::testing::Values("host:2", "host:3", "host:4", "host:3+issue", "cuda",
+                                           "cuda+noissue"),
                          [](const auto& p) {
                            std::string name = p.param;
                            std::erase(name, ':');
