@@ -303,45 +303,50 @@ baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat) {
       [&] { synchronize_all(streams); });
 }
 
-baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
-  const current_device_guard guard;
+/// What the async floors work on: per GPU a buffer, a stream and an event (synchronized).
+struct floor_state {
   std::vector<device_memory> bufs;
   std::vector<device_stream> streams;
   std::vector<device_event> events;
-  for (int d = 0; d < devices; ++d) {
-    bufs.emplace_back(d, bytes);
-    streams.emplace_back(d);
-    events.emplace_back(d);
+
+  floor_state(int devices, std::size_t bytes) {
+    for (int d = 0; d < devices; ++d) {
+      bufs.emplace_back(d, bytes);
+      streams.emplace_back(d);
+      events.emplace_back(d);
+    }
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  /// GPU d's call and event.
+  void issue(int d, std::size_t bytes) {
+    const auto i = static_cast<std::size_t>(d);
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+  }
+  void wait_all() {
+    for (const auto& e : events) {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e.get()));
+    }
+  }
+};
+
+baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
+  const current_device_guard guard;
+  floor_state st(devices, bytes);
   return time_repeated(
       repeat,
       [&] {
         for (int d = 0; d < devices; ++d) {
-          const auto i = static_cast<std::size_t>(d);
           POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+          st.issue(d, bytes);
         }
       },
-      [&] {
-        for (const auto& e : events) {
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e.get()));
-        }
-      });
+      [&] { st.wait_all(); });
 }
 
 baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int repeat) {
   const current_device_guard guard;
-  std::vector<device_memory> bufs;
-  std::vector<device_stream> streams;
-  std::vector<device_event> events;
-  for (int d = 0; d < devices; ++d) {
-    bufs.emplace_back(d, bytes);
-    streams.emplace_back(d);
-    events.emplace_back(d);
-  }
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  floor_state st(devices, bytes);
   std::atomic<std::uint64_t> round{0};
   std::atomic<int> issued{0};
   std::atomic<bool> stop{false};
@@ -349,7 +354,6 @@ baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int r
   std::mutex failure_mutex;
   std::exception_ptr failure;  // the first issuer's failure (guarded by failure_mutex)
   const auto issuer = [&](int d) {
-    const auto i = static_cast<std::size_t>(d);
     std::uint64_t seen = 0;
     try {
       POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
@@ -359,8 +363,7 @@ baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int r
           continue;  // spin: a sleeping issuer would time its wake-up, not the calls
         }
         seen = r;
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+        st.issue(d, bytes);
         issued.fetch_add(1, std::memory_order_acq_rel);
       }
     } catch (...) {
@@ -405,11 +408,7 @@ baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int r
           std::rethrow_exception(failure);
         }
       },
-      [&] {
-        for (const auto& e : events) {
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e.get()));
-        }
-      });
+      [&] { st.wait_all(); });
 }
 
 }  // namespace poolscope::bench::detail
