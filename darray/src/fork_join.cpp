@@ -23,7 +23,7 @@ fork_join::fork_join(std::size_t helpers, std::chrono::microseconds spin) : spin
   } catch (...) {
     stop_.store(true);
     generation_.fetch_add(1);
-    generation_.notify_all();
+    wake_sleepers();
     for (auto& t : threads_) {
       t.join();
     }
@@ -34,9 +34,20 @@ fork_join::fork_join(std::size_t helpers, std::chrono::microseconds spin) : spin
 fork_join::~fork_join() {
   stop_.store(true);
   generation_.fetch_add(1);
-  generation_.notify_all();
+  wake_sleepers();
   for (auto& t : threads_) {
     t.join();
+  }
+}
+
+void fork_join::wake_sleepers() noexcept {
+  // A helper counts itself asleep, then looks at the generation, both under sleep_mutex_; the
+  // generation changed before this reads the count (both sequentially consistent). So either the
+  // helper saw the change, or this sees it asleep, or about to be: taking the mutex waits until
+  // it sleeps, and the notification wakes it.
+  if (sleepers_.load() != 0) {
+    { const std::lock_guard lock(sleep_mutex_); }
+    wake_.notify_all();
   }
 }
 
@@ -58,16 +69,20 @@ void fork_join::helper_loop() noexcept {
   using clock = std::chrono::steady_clock;
   std::uint64_t seen = generation_.load();
   for (;;) {
-    // Wait for the next run: spin a while (a run soon after the last one finds us awake), then
-    // sleep on the generation.
+    // Wait for the next run or the stop: spin a while (a run soon after the last one finds us
+    // awake), then sleep. The stop is looked at too, not only the generation: a helper that
+    // starts after the destructor's last increment sees no change to wait for.
     std::uint64_t g = generation_.load(std::memory_order_acquire);
     if (g == seen) {
       const auto until = clock::now() + spin_;
-      for (unsigned k = 1; g == seen; ++k) {
+      for (unsigned k = 1; g == seen && !stop_.load(); ++k) {
         cpu_relax();
         g = generation_.load(std::memory_order_acquire);
         if (g == seen && k % 64 == 0 && clock::now() >= until) {
-          generation_.wait(seen, std::memory_order_acquire);
+          std::unique_lock lock(sleep_mutex_);
+          sleepers_.fetch_add(1);
+          wake_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+          sleepers_.fetch_sub(1);
           g = generation_.load(std::memory_order_acquire);
         }
       }
@@ -114,7 +129,7 @@ void fork_join::run(std::size_t n, task_ref task) {
   error_ = nullptr;
   closed_.store(false);
   generation_.fetch_add(1);  // publishes the run (sequentially consistent: after the fields)
-  generation_.notify_all();
+  wake_sleepers();
   take_tasks();
   while (done_.load(std::memory_order_acquire) < n) {
     cpu_relax();

@@ -103,6 +103,20 @@ TEST(fork_join_concurrency, concurrent_callers_each_get_all_their_tasks) {
   EXPECT_EQ(bad.load(), 0);
 }
 
+// Destroyed at once, or after a run the caller did alone, before the helpers even started: they
+// must see the stop (they used to wait for a generation that had already moved).
+TEST(fork_join_concurrency, destruction_right_after_construction_or_a_quick_run) {
+  for (int i = 0; i < 300; ++i) {
+    fork_join fj(2, std::chrono::microseconds(i % 2 == 0 ? 0 : 100));
+    if (i % 3 != 0) {
+      std::atomic<int> ran{0};
+      auto task = [&](std::size_t) { ran.fetch_add(1); };
+      fj.run(2, task);
+      ASSERT_EQ(ran.load(), 2);
+    }
+  }
+}
+
 TEST(fork_join, no_helpers_is_a_loop_in_order) {
   fork_join fj(0);
   std::vector<std::size_t> order;

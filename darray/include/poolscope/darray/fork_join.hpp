@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -60,7 +61,8 @@ class fork_join {
 
  private:
   void helper_loop() noexcept;
-  void take_tasks() noexcept;  // runs tasks of the current run until none is left
+  void take_tasks() noexcept;     // runs tasks of the current run until none is left
+  void wake_sleepers() noexcept;  // after a new generation: wakes helpers asleep on it
 
   const std::chrono::microseconds spin_;
   std::mutex run_mutex_;  // one run at a time uses the helpers
@@ -74,6 +76,10 @@ class fork_join {
   std::atomic<bool> closed_{true};  // no task of the current run is left to join for
   std::atomic<int> active_{0};      // helpers inside the current run
   std::atomic<bool> stop_{false};
+  // Sleeping helpers wait on wake_ for a new generation or the stop.
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+  std::atomic<int> sleepers_{0};
   std::mutex error_mutex_;
   std::exception_ptr error_;  // the run's first exception (error_mutex_)
   std::vector<std::thread> threads_;
