@@ -562,19 +562,27 @@ std::shared_ptr<array_state> same_layout(const array_state& s) {
 
 // An elementwise op of one array: per part of every chunk, as soon as that part is ready,
 // enqueue(device, dst, src) on the device's compute queue into a new dense buffer per chunk.
+// The output buffer of each non-empty chunk of `s`, with the chunk's index. Elementwise ops take
+// them all on the calling thread first (so allocations are attributed to the caller's scopes and
+// stacks), then enqueue each chunk's work through backend::issue_each, chunks (one per device)
+// at once.
+std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> output_buffers(backend& be,
+                                                                            const array_state& s) {
+  std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> outputs;
+  outputs.reserve(s.chunks.size());
+  for (std::size_t j = 0; j < s.chunks.size(); ++j) {
+    if (!s.chunks[j].region.empty()) {
+      outputs.emplace_back(j, dense_buffer(be, s.chunks[j].device, s.chunks[j].region, s.type));
+    }
+  }
+  return outputs;
+}
+
 template <typename Enqueue>
 std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
   backend& be = *s.be;
   auto out = same_layout(s);
-  // Buffers first, on this thread (allocations are attributed to the caller's scopes and
-  // stacks); then each chunk's enqueue calls, chunks (one per device) at once.
-  std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> jobs;
-  jobs.reserve(s.chunks.size());
-  for (std::size_t j = 0; j < s.chunks.size(); ++j) {
-    if (!s.chunks[j].region.empty()) {
-      jobs.emplace_back(j, dense_buffer(be, s.chunks[j].device, s.chunks[j].region, s.type));
-    }
-  }
+  const auto jobs = output_buffers(be, s);
   be.issue_each(jobs.size(), [&](std::size_t k) {
     const auto& [j, o] = jobs[k];
     const chunk& c = s.chunks[j];
@@ -634,46 +642,35 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
     const chunk_part* b;
     box region;
   };
-  struct job {
-    std::size_t chunk;
-    std::shared_ptr<buffer> out;
-    std::vector<pair_part> pairs;
-  };
-  // Buffers and pairs first, on this thread (allocations are attributed to the caller's scopes
-  // and stacks); then each chunk's enqueue calls, chunks (one per device) at once.
-  std::vector<job> jobs;
-  jobs.reserve(x->chunks.size());
-  for (std::size_t j = 0; j < x->chunks.size(); ++j) {
-    const chunk& c = x->chunks[j];
-    if (c.region.empty()) {
-      continue;
-    }
-    job& w = jobs.emplace_back(job{j, dense_buffer(be, c.device, c.region, x->type), {}});
+  const auto jobs = output_buffers(be, *x);
+  std::vector<std::vector<pair_part>> pairs_of(jobs.size());
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    const std::size_t j = jobs[k].first;
     for (const auto& pb : y->chunks[j].parts) {
-      for (const auto& pa : c.parts) {
+      for (const auto& pa : x->chunks[j].parts) {
         auto r = intersect(pa.region, pb.region);
         if (r && !r->empty()) {
-          w.pairs.push_back(pair_part{&pa, &pb, std::move(*r)});
+          pairs_of[k].push_back(pair_part{&pa, &pb, std::move(*r)});
         }
       }
     }
   }
   be.issue_each(jobs.size(), [&](std::size_t k) {
-    const job& w = jobs[k];
-    const chunk& c = x->chunks[w.chunk];
-    const auto& o = w.out;
+    const auto& [j, o] = jobs[k];
+    const std::vector<pair_part>& pairs = pairs_of[k];
+    const chunk& c = x->chunks[j];
     const auto done = [&](const pair_part& p, const event& e) {
       p.a->storage->add_use(e);
       p.b->storage->add_use(e);
       o->add_use(e);
-      out->chunks[w.chunk].parts.push_back(chunk_part{p.region, o, c.region, e});
+      out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
     };
-    if (w.pairs.size() > 1 && c.region.size() < batch_parts_below) {
+    if (pairs.size() > 1 && c.region.size() < batch_parts_below) {
       // A small chunk: all its parts in one task once all their inputs are there (a launch
       // costs more than computing a small part early would gain).
       std::vector<backend::binary_part> parts;
-      parts.reserve(w.pairs.size());
-      for (const pair_part& p : w.pairs) {
+      parts.reserve(pairs.size());
+      for (const pair_part& p : pairs) {
         be.wait(c.device, queue_kind::compute, p.a->ready);
         be.wait(c.device, queue_kind::compute, p.b->ready);
         parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
@@ -681,13 +678,13 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
       }
       be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
       const event e = be.record(c.device, queue_kind::compute);
-      for (const pair_part& p : w.pairs) {
+      for (const pair_part& p : pairs) {
         done(p, e);
       }
       return;
     }
     // Each part computed as soon as it and the left operand's data are there.
-    for (const pair_part& p : w.pairs) {
+    for (const pair_part& p : pairs) {
       be.wait(c.device, queue_kind::compute, p.a->ready);
       be.wait(c.device, queue_kind::compute, p.b->ready);
       be.binary(c.device, queue_kind::compute, x->type, op,

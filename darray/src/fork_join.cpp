@@ -1,18 +1,8 @@
 #include "poolscope/darray/fork_join.hpp"
 
+#include "poolscope/cpu_relax.hpp"
+
 namespace poolscope::darray::detail {
-
-namespace {
-
-void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
-}  // namespace
 
 fork_join::fork_join(std::size_t helpers, std::chrono::microseconds spin) : spin_(spin) {
   threads_.reserve(helpers);

@@ -147,13 +147,16 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
 
 block allocator::allocate_from_strategy(stream_view stream, std::size_t bytes,
                                         std::size_t alignment, std::size_t lim, bool held) {
-  block b =
-      held ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
+  const auto serve = [&] {
+    return held ? do_allocate_held(stream, bytes, alignment)
+                : do_allocate(stream, bytes, alignment);
+  };
+  block b = serve();
   if (b.ptr == nullptr) {
     // Upstream exhausted (or the reserved limit reached): give back the cache, retry once.
     release_cached();
     const std::uint64_t hits = limit_hits_.load(std::memory_order_relaxed);
-    b = held ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
+    b = serve();
     if (b.ptr == nullptr) {
       // The strategy may have asked upstream for more than `bytes` (rounding, segments): a
       // refusal by the limit shows in limit_hits_.

@@ -359,7 +359,7 @@ free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::si
                                           std::size_t /*alignment*/) noexcept {
   state& st = *state_;
   std::lock_guard lock(st.mutex);
-  bfc_chunk* c = st.live.erase_unless_held(ptr);
+  bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
   if (c == nullptr) [[unlikely]] {
     return {st.classify(ptr), 0, 0};
   }

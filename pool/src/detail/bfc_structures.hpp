@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "address_table.hpp"
+#include "poolscope/cpu_relax.hpp"
 
 namespace poolscope::pool::detail {
 
@@ -51,7 +52,7 @@ class bfc_lock {
  private:
   void lock_contended() noexcept {
     for (int i = 0; i < 16; ++i) {
-      pause();
+      cpu_relax();
       std::uint32_t expected = 0;
       if (state_.load(std::memory_order_relaxed) == 0 &&
           state_.compare_exchange_weak(expected, 1, std::memory_order_acquire,
@@ -64,14 +65,6 @@ class bfc_lock {
       state_.wait(2, std::memory_order_relaxed);
     }
   }
-  static void pause() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield");
-#endif
-  }
-
   std::atomic<std::uint32_t> state_{0};
 };
 
@@ -315,24 +308,14 @@ class bfc_ptr_map {
     const slot* s = table_.find(p);
     return s != nullptr ? s->value : nullptr;
   }
-  /// Removes and returns the chunk at `p`, or null if absent.
-  bfc_chunk* erase(const void* p) noexcept {
+  /// The chunk at `p` (null if absent), removed — unless `keep_held` and the chunk is held.
+  bfc_chunk* erase(const void* p, bool keep_held = false) noexcept {
     slot* s = table_.find(p);
     if (s == nullptr) {
       return nullptr;
     }
     bfc_chunk* found = s->value;
-    table_.erase(s);
-    return found;
-  }
-  /// The chunk at `p` (null if absent), removed unless it is held.
-  bfc_chunk* erase_unless_held(const void* p) noexcept {
-    slot* s = table_.find(p);
-    if (s == nullptr) {
-      return nullptr;
-    }
-    bfc_chunk* found = s->value;
-    if (!found->held) [[likely]] {
+    if (!keep_held || !found->held) [[likely]] {
       table_.erase(s);
     }
     return found;
