@@ -56,19 +56,19 @@ struct bfc_allocator::state {
     index[index_of(c->pool)].insert(c);
     ++free_chunks;
     free_bytes += c->size;
-    if (c->whole_segment()) {
-      ++wholly_free[index_of(c->pool)];
-      wholly_free_bytes[index_of(c->pool)] += c->size;
-    }
+    // Counted without a branch: whether a chunk covers its segment is a coin toss on random
+    // sizes, and a mispredicted branch costs more than two additions.
+    const std::size_t whole = c->whole_segment() ? 1 : 0;
+    wholly_free[index_of(c->pool)] += whole;
+    wholly_free_bytes[index_of(c->pool)] += whole * c->size;
   }
   void remove_free(bfc_chunk* c) noexcept {
     index[index_of(c->pool)].remove(c);
     --free_chunks;
     free_bytes -= c->size;
-    if (c->whole_segment()) {
-      --wholly_free[index_of(c->pool)];
-      wholly_free_bytes[index_of(c->pool)] -= c->size;
-    }
+    const std::size_t whole = c->whole_segment() ? 1 : 0;
+    wholly_free[index_of(c->pool)] -= whole;
+    wholly_free_bytes[index_of(c->pool)] -= whole * c->size;
   }
   void link(bfc_segment* s) noexcept {
     bfc_segment*& head = segments[index_of(s->pool)];
@@ -257,8 +257,10 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool 
       // between the steps of a training loop): merge them into one before serving (see the
       // header). A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so
       // merges cost at most three upstream calls per segment ever acquired on a miss.
-      const bool merge_first = large && options_.consolidate && st.wholly_free[1] >= 2 &&
-                               st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1];
+      // (The rare condition first: whether the request is large is a coin toss on mixed sizes.)
+      const bool merge_first = st.wholly_free[1] >= 2 &&
+                               st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1] && large &&
+                               options_.consolidate;
       if (!merge_first) [[likely]] {
         bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
         if (c == nullptr && !large && options_.small_borrows_large) {
@@ -592,11 +594,11 @@ std::string bfc_allocator::check_invariants() const {
         return "class " + std::to_string(cls) + ": bitmap disagrees with the list";
       }
       const bfc_chunk* last = nullptr;
-      for (const bfc_chunk* c = h; c != nullptr; last = c, c = c->free_next) {
+      for (const bfc_chunk* c = h; c != nullptr; last = c, c = ix.next_in_class(c)) {
         ++listed;
         listed_bytes += c->size;
         if (!c->is_free || index_of(c->pool) != i || c->size_class != cls ||
-            detail::bfc_free_index::class_of(c->size) != cls || c->free_prev != last) {
+            detail::bfc_free_index::class_of(c->size) != cls || ix.prev_in_class(c) != last) {
           return "class " + std::to_string(cls) + ": chunk " + at(c->addr) + " misfiled";
         }
         if (last != nullptr && last->size > c->size) {

@@ -75,24 +75,33 @@ inline constexpr unsigned bfc_granularity_shift = 9;
 /// The two segment pools: small requests never share a segment with large ones.
 enum class bfc_pool_kind : std::uint8_t { small = 0, large = 1 };
 
+/// The links of a size-class list, and the size the list is sorted by. Every chunk is one; each
+/// class list also has one of its own as a sentinel (size SIZE_MAX), so that the lists are
+/// circular and never empty of nodes: linking, unlinking and walking need no null checks.
+struct bfc_free_link {
+  bfc_free_link* free_next = nullptr;  ///< free: next in the class list; pooled: next free node
+  bfc_free_link* free_prev = nullptr;  ///< free: previous in the class list
+  std::size_t size = 0;                ///< bytes, a multiple of bfc_granularity
+};
+
 /// One chunk of a segment: a range of bytes either handed out (live) or free.
 /// 64 bytes, one cache line.
-struct alignas(64) bfc_chunk {
+struct alignas(64) bfc_chunk : bfc_free_link {
   char* addr = nullptr;
-  std::size_t size = 0;            ///< bytes, a multiple of bfc_granularity
-  std::size_t requested = 0;       ///< live: bytes the caller asked for; free: 0
-  bfc_chunk* prev = nullptr;       ///< the chunk just below in the same segment (address order)
-  bfc_chunk* next = nullptr;       ///< the chunk just above in the same segment
-  bfc_chunk* free_prev = nullptr;  ///< free: neighbours in the size-class list
-  bfc_chunk* free_next = nullptr;  ///< free: next in the size-class list; pooled: next free node
-  std::uint16_t size_class = 0;    ///< free: the class list the chunk is on
+  std::size_t requested = 0;     ///< live: bytes the caller asked for; free: 0
+  bfc_chunk* prev = nullptr;     ///< the chunk just below in the same segment (address order)
+  bfc_chunk* next = nullptr;     ///< the chunk just above in the same segment
+  std::uint16_t size_class = 0;  ///< free: the class list the chunk is on
   bfc_pool_kind pool = bfc_pool_kind::small;
   bool is_free = false;
   bool held = false;  ///< live and recorded by a thread cache (allocator::do_allocate_held)
 
   /// True if this chunk covers its whole segment.
-  [[nodiscard]] bool whole_segment() const noexcept { return prev == nullptr && next == nullptr; }
+  [[nodiscard]] bool whole_segment() const noexcept {
+    return (prev == nullptr) & (next == nullptr);  // both loads, no branch between them
+  }
 };
+static_assert(sizeof(bfc_chunk) == 64);
 
 /// One block acquired from upstream, cut into chunks. `first` is stable for the segment's life:
 /// a split keeps the front part in the existing node and a merge keeps the lower node.
@@ -118,7 +127,7 @@ class bfc_node_pool {
   /// A node reset to its defaults. Precondition: a node is available (reserve).
   [[nodiscard]] bfc_chunk* take() noexcept {
     bfc_chunk* c = free_;
-    free_ = c->free_next;
+    free_ = static_cast<bfc_chunk*>(c->free_next);
     --free_count_;
     *c = bfc_chunk{};
     return c;
@@ -155,6 +164,9 @@ class bfc_node_pool {
 /// at most ~3 % of their size). Each class list is kept sorted by size (ties: most recently
 /// freed first), so the best fit is the first chunk >= the request in the request's own class,
 /// or else the head of the next non-empty class, found with countr_zero on the bitmap.
+/// The lists are circular around a sentinel per class (bfc_free_link), whose size SIZE_MAX ends
+/// every walk, and the bitmap is updated without branches: on the random sizes of DESIGN.md §4
+/// A2 most of the pool's mispredicted branches were these lists' empty/head/tail cases.
 /// Cost: find O(1) plus a walk of the request's class only when its largest chunk fits;
 /// insert O(1) when the chunk is the smallest or largest of its class, else a walk of it.
 class bfc_free_index {
@@ -166,46 +178,36 @@ class bfc_free_index {
   static constexpr std::size_t word_count = (class_count + 63) / 64;
   static_assert(word_count <= 64, "the summary word covers at most 64 bitmap words");
 
-  /// Class of a chunk of `size` bytes (size >= bfc_granularity).
+  bfc_free_index() noexcept {
+    for (bfc_free_link& s : lists_) {
+      s.free_next = s.free_prev = &s;
+      s.size = SIZE_MAX;
+    }
+  }
+  // The sentinels point at themselves: the index does not move.
+  bfc_free_index(const bfc_free_index&) = delete;
+  bfc_free_index& operator=(const bfc_free_index&) = delete;
+
+  /// Class of a chunk of `size` bytes (size >= bfc_granularity). Without branches: below
+  /// sub_count units the shift is 0 and the class is the unit count; above, the shift keeps the
+  /// top sub_bits + 1 bits of the count, whose leading 1 (worth sub_count) steps the octave.
   [[nodiscard]] static unsigned class_of(std::size_t size) noexcept {
     const std::size_t units = size >> bfc_granularity_shift;
-    const unsigned fl = static_cast<unsigned>(std::bit_width(units)) - 1;
-    if (fl < sub_bits) {
-      return static_cast<unsigned>(units);
-    }
-    const auto sl = static_cast<unsigned>((units >> (fl - sub_bits)) & (sub_count - 1));
-    const unsigned cls = ((fl - sub_bits + 1) << sub_bits) | sl;
-    return cls < class_count ? cls : static_cast<unsigned>(class_count - 1);
+    const auto width = static_cast<unsigned>(std::bit_width(units));
+    const unsigned above = width - (sub_bits + 1);  // wraps when width <= sub_bits + 1
+    const unsigned shift = above & (0U - static_cast<unsigned>(width > sub_bits + 1));
+    const auto cls = static_cast<unsigned>((shift << sub_bits) + (units >> shift));
+    return std::min(cls, static_cast<unsigned>(class_count - 1));
   }
 
   /// Adds free chunk `c` to its class list.
   void insert(bfc_chunk* c) noexcept {
     const unsigned cls = class_of(c->size);
     c->size_class = static_cast<std::uint16_t>(cls);
-    bfc_chunk* h = head_[cls];
-    if (h == nullptr) {
-      c->free_prev = c->free_next = nullptr;
-      head_[cls] = tail_[cls] = c;
-      words_[cls >> 6] |= std::uint64_t{1} << (cls & 63);
-      summary_ |= std::uint64_t{1} << (cls >> 6);
-      return;
-    }
-    if (c->size <= h->size) {  // new smallest (or tied with it): push front
-      c->free_prev = nullptr;
-      c->free_next = h;
-      h->free_prev = c;
-      head_[cls] = c;
-      return;
-    }
-    bfc_chunk* t = tail_[cls];
-    if (c->size > t->size) {  // new largest: append
-      c->free_next = nullptr;
-      c->free_prev = t;
-      t->free_next = c;
-      tail_[cls] = c;
-      return;
-    }
-    bfc_chunk* at = h->free_next;  // h->size < c->size <= t->size: at is never null
+    bfc_free_link* const s = &lists_[cls];
+    // Before the first chunk >= c (ties: in front). A new largest goes straight before the
+    // sentinel; an empty list's sentinel is its own last node, whose SIZE_MAX is never smaller.
+    bfc_free_link* at = c->size > s->free_prev->size ? s : s->free_next;
     while (at->size < c->size) {
       at = at->free_next;
     }
@@ -213,42 +215,35 @@ class bfc_free_index {
     c->free_prev = at->free_prev;
     at->free_prev->free_next = c;
     at->free_prev = c;
+    words_[cls >> 6] |= std::uint64_t{1} << (cls & 63);
+    summary_ |= std::uint64_t{1} << (cls >> 6);
   }
 
   /// Removes free chunk `c` from its class list.
   void remove(bfc_chunk* c) noexcept {
     const unsigned cls = c->size_class;
-    if (c->free_prev != nullptr) {
-      c->free_prev->free_next = c->free_next;
-    } else {
-      head_[cls] = c->free_next;
-    }
-    if (c->free_next != nullptr) {
-      c->free_next->free_prev = c->free_prev;
-    } else {
-      tail_[cls] = c->free_prev;
-    }
-    if (head_[cls] == nullptr) {
-      words_[cls >> 6] &= ~(std::uint64_t{1} << (cls & 63));
-      if (words_[cls >> 6] == 0) {
-        summary_ &= ~(std::uint64_t{1} << (cls >> 6));
-      }
-    }
+    c->free_prev->free_next = c->free_next;
+    c->free_next->free_prev = c->free_prev;
+    const bfc_free_link* s = &lists_[cls];
+    const auto emptied = static_cast<std::uint64_t>(s->free_next == s);
+    std::uint64_t& word = words_[cls >> 6];
+    word &= ~(emptied << (cls & 63));
+    summary_ &= ~(static_cast<std::uint64_t>(word == 0) << (cls >> 6));
   }
 
   /// The smallest free chunk of at least `size` bytes (ties: the most recently freed), or null.
   [[nodiscard]] bfc_chunk* best_fit(std::size_t size) const noexcept {
     const unsigned cls = class_of(size);
-    const bfc_chunk* t = tail_[cls];
-    if (t != nullptr && t->size >= size) {
-      bfc_chunk* c = head_[cls];
+    const bfc_free_link* s = &lists_[cls];
+    if (s->free_prev != s && s->free_prev->size >= size) {
+      const bfc_free_link* c = s->free_next;  // the walk ends at the last chunk at the latest
       while (c->size < size) {
         c = c->free_next;
       }
-      return c;
+      return chunk(c);
     }
     const int next = next_class(cls + 1);
-    return next < 0 ? nullptr : head_[static_cast<std::size_t>(next)];
+    return next < 0 ? nullptr : head(static_cast<std::size_t>(next));
   }
 
   /// Size of the largest free chunk (0 if none).
@@ -258,18 +253,37 @@ class bfc_free_index {
     }
     const unsigned w = 63 - static_cast<unsigned>(std::countl_zero(summary_));
     const unsigned b = 63 - static_cast<unsigned>(std::countl_zero(words_[w]));
-    return tail_[w * 64 + b]->size;
+    return lists_[w * 64 + b].free_prev->size;
   }
 
-  /// Head of class `cls`'s list (for consistency checks).
-  [[nodiscard]] const bfc_chunk* head(std::size_t cls) const noexcept { return head_[cls]; }
-  [[nodiscard]] const bfc_chunk* tail(std::size_t cls) const noexcept { return tail_[cls]; }
+  /// First and last chunk of class `cls` (null when empty), and the chunk after `c` in its
+  /// class (null at the end): for consistency checks.
+  [[nodiscard]] bfc_chunk* head(std::size_t cls) const noexcept {
+    return end_or_chunk(cls, lists_[cls].free_next);
+  }
+  [[nodiscard]] bfc_chunk* tail(std::size_t cls) const noexcept {
+    return end_or_chunk(cls, lists_[cls].free_prev);
+  }
+  [[nodiscard]] bfc_chunk* next_in_class(const bfc_chunk* c) const noexcept {
+    return end_or_chunk(c->size_class, c->free_next);
+  }
+  [[nodiscard]] bfc_chunk* prev_in_class(const bfc_chunk* c) const noexcept {
+    return end_or_chunk(c->size_class, c->free_prev);
+  }
   /// Whether the bitmap marks class `cls` non-empty (for consistency checks).
   [[nodiscard]] bool marked(std::size_t cls) const noexcept {
     return ((words_[cls >> 6] >> (cls & 63)) & 1U) != 0 && ((summary_ >> (cls >> 6)) & 1U) != 0;
   }
 
  private:
+  // Every link but the sentinels is a chunk.
+  [[nodiscard]] static bfc_chunk* chunk(const bfc_free_link* l) noexcept {
+    return static_cast<bfc_chunk*>(const_cast<bfc_free_link*>(l));  // NOLINT: the index's own
+  }
+  [[nodiscard]] bfc_chunk* end_or_chunk(std::size_t cls, const bfc_free_link* l) const noexcept {
+    return l == &lists_[cls] ? nullptr : chunk(l);
+  }
+
   /// The first non-empty class >= `from`, or -1.
   [[nodiscard]] int next_class(unsigned from) const noexcept {
     if (from >= class_count) {
@@ -288,8 +302,7 @@ class bfc_free_index {
     return static_cast<int>(w * 64 + static_cast<unsigned>(std::countr_zero(bits)));
   }
 
-  std::array<bfc_chunk*, class_count> head_{};
-  std::array<bfc_chunk*, class_count> tail_{};
+  std::array<bfc_free_link, class_count> lists_;  // sentinels, by class
   std::array<std::uint64_t, word_count> words_{};
   std::uint64_t summary_ = 0;
 };
