@@ -639,6 +639,7 @@ std::string darray_bench_report::to_json() const {
   j["allocator"] = allocator;
   j["transport"] = transport;
   j["issue_threads"] = issue_threads;
+  j["kernel_graphs"] = kernel_graphs;
   j["split_mib"] = split_mib;
   j["repeat"] = repeat;
   j["n"] = n;
@@ -705,6 +706,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   darray::backend_options bo;
   bo.allocator = o.allocator;
   bo.issue_threads = o.issue_threads;
+  bo.kernel_graphs = o.kernel_graphs;
   bo.transfers = o.transport == "peer"   ? darray::transport::peer
                  : o.transport == "nccl" ? darray::transport::nccl
                                          : darray::transport::automatic;
@@ -721,6 +723,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   rep.allocator = o.allocator;
   rep.transport = o.transport;
   rep.issue_threads = be->issue_threads();
+  rep.kernel_graphs = o.kernel_graphs;
   rep.split_mib = o.split_mib;
   rep.repeat = o.repeat;
   bench_run run(o, be, progress);
@@ -747,8 +750,9 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     t << (d > 0 ? ", " : "") << rep.device_names[d];
   }
   t << "), n = " << rep.n << " float32, allocator " << rep.allocator << ", transport "
-    << rep.transport << ", issuing threads " << rep.issue_threads << ", pieces split above "
-    << rep.split_mib << " MiB, best of " << rep.repeat << " after a warm-up\n";
+    << rep.transport << ", issuing threads " << rep.issue_threads << ", kernels launched "
+    << (rep.kernel_graphs ? "as graphs" : "plainly") << ", pieces split above " << rep.split_mib
+    << " MiB, best of " << rep.repeat << " after a warm-up\n";
   t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
                 : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread per "
                   "link); targets apply to GPUs and are not checked\n");

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 
 #include "cuda_seam.hpp"
@@ -541,6 +542,26 @@ void check_launch() {
   POOLSCOPE_DARRAY_CHECK(cudaGetLastError());
 }
 
+// Enqueues kernel(args...) on on.stream, through on.graphs when the backend has one (kernels.hpp)
+// and with cudaLaunchKernel otherwise; throws cuda_error if the launch fails.
+template <typename... P, typename... A>
+void launch(const launch_target& on, void (*kernel)(P...), dim3 grid, dim3 block, A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "one argument per kernel parameter");
+  std::tuple<std::decay_t<P>...> values{std::forward<A>(args)...};
+  std::apply(
+      [&](auto&... v) {
+        void* pointers[] = {static_cast<void*>(&v)...};
+        if (on.graphs != nullptr) {
+          on.graphs->launch(on.stream, reinterpret_cast<const void*>(kernel), grid, block,
+                            pointers);
+        } else {
+          POOLSCOPE_DARRAY_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
+                                                  block, pointers, 0, on.stream));
+        }
+      },
+      values);
+}
+
 template <typename T, int N, typename F>
 void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
   const i64 n = collapse_jointly(v.data(), v.size());
@@ -571,15 +592,14 @@ void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
     const i64 vectors = (n - head) / static_cast<i64>(W);
     const unsigned blocks =
         grid_for(std::max<i64>({vectors / vector_unroll, head, static_cast<i64>(W)}), on.sm_count);
-    map_vector_kernel<T, N, F><<<blocks, block_threads, 0, on.stream>>>(ops, n, head, reads, f);
+    launch(on, &map_vector_kernel<T, N, F>, blocks, block_threads, ops, n, head, reads, f);
   } else {
     const unsigned blocks = grid_for(n, on.sm_count);
     const layout<N + 1> l = layout_of<N + 1>(v);
     if (n <= std::numeric_limits<std::uint32_t>::max()) {
-      map_strided_kernel<T, N, F, std::uint32_t>
-          <<<blocks, block_threads, 0, on.stream>>>(ops, l, n, f);
+      launch(on, &map_strided_kernel<T, N, F, std::uint32_t>, blocks, block_threads, ops, l, n, f);
     } else {
-      map_strided_kernel<T, N, F, i64><<<blocks, block_threads, 0, on.stream>>>(ops, l, n, f);
+      launch(on, &map_strided_kernel<T, N, F, i64>, blocks, block_threads, ops, l, n, f);
     }
   }
   check_launch();
@@ -786,18 +806,18 @@ void run_reduce_all(const launch_target& on, const view& acc, view src, const R&
   const layout<1> l = layout_of<1>(std::array<view, 1>{src});
   const T* first = element_ptr<T>(src);
   if (src.rank == 1 && src.stride[0] == 1) {
-    reduce_partials_kernel<T, R, true, i64>
-        <<<blocks, block_threads, 0, on.stream>>>(first, l, n, partials, r);
+    launch(on, &reduce_partials_kernel<T, R, true, i64>, blocks, block_threads, first, l, n,
+           partials, r);
   } else if (n <= std::numeric_limits<std::uint32_t>::max()) {
-    reduce_partials_kernel<T, R, false, std::uint32_t>
-        <<<blocks, block_threads, 0, on.stream>>>(first, l, n, partials, r);
+    launch(on, &reduce_partials_kernel<T, R, false, std::uint32_t>, blocks, block_threads, first, l,
+           n, partials, r);
   } else {
-    reduce_partials_kernel<T, R, false, i64>
-        <<<blocks, block_threads, 0, on.stream>>>(first, l, n, partials, r);
+    launch(on, &reduce_partials_kernel<T, R, false, i64>, blocks, block_threads, first, l, n,
+           partials, r);
   }
   check_launch();
-  reduce_final_kernel<T, R><<<1, block_threads, 0, on.stream>>>(partials, static_cast<int>(blocks),
-                                                                element_ptr<T>(acc), r);
+  launch(on, &reduce_final_kernel<T, R>, 1, block_threads, partials, static_cast<int>(blocks),
+         element_ptr<T>(acc), r);
   check_launch();
 }
 
@@ -840,14 +860,13 @@ void run_reduce(const launch_target& on, const view& acc, const view& src, int a
   const T* src_ptr = element_ptr<T>(v[1]);
   const i64 wave = static_cast<i64>(std::max(on.sm_count, 1)) * blocks_per_sm * block_threads;
   if (length < 64 || outputs >= wave / 4) {
-    reduce_axis_threads_kernel<T, R>
-        <<<grid_for(outputs, on.sm_count), block_threads, 0, on.stream>>>(
-            acc_ptr, src_ptr, l, outputs, length, axis_stride, r);
+    launch(on, &reduce_axis_threads_kernel<T, R>, grid_for(outputs, on.sm_count), block_threads,
+           acc_ptr, src_ptr, l, outputs, length, axis_stride, r);
   } else {
     const auto blocks = static_cast<unsigned>(
         std::min<i64>(outputs, static_cast<i64>(std::max(on.sm_count, 1)) * blocks_per_sm));
-    reduce_axis_blocks_kernel<T, R><<<blocks, block_threads, 0, on.stream>>>(
-        acc_ptr, src_ptr, l, outputs, length, axis_stride, r);
+    launch(on, &reduce_axis_blocks_kernel<T, R>, blocks, block_threads, acc_ptr, src_ptr, l,
+           outputs, length, axis_stride, r);
   }
   check_launch();
 }
@@ -1017,7 +1036,7 @@ bool launch_binary_parts(const launch_target& on, dtype t, binary_op op,
     }
     with_binary(op, [&](auto f) {
       const dim3 grid(grid_for(most, on.sm_count), static_cast<unsigned>(parts.size()));
-      map_parts_kernel<T, decltype(f)><<<grid, block_threads, 0, on.stream>>>(table, f);
+      launch(on, &map_parts_kernel<T, decltype(f)>, grid, block_threads, table, f);
     });
   });
   check_launch();
@@ -1062,8 +1081,8 @@ void launch_gemm_accumulate(const launch_target& on, dtype t, const view& c, con
                   static_cast<unsigned>(std::min<i64>((m + tile_edge - 1) / tile_edge, 65535)));
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
-    gemm_kernel<T>
-        <<<grid, block, 0, on.stream>>>(matrix_of<T>(c), matrix_of<T>(a), matrix_of<T>(b), m, n, k);
+    launch(on, &gemm_kernel<T>, grid, block, matrix_of<T>(c), matrix_of<T>(a), matrix_of<T>(b), m,
+           n, k);
   });
   check_launch();
 }

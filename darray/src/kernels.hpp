@@ -24,16 +24,64 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
 
 namespace poolscope::darray::detail {
 
-/// Where kernels run: the stream and the SM count of its device.
+/// Launches kernels as one-node CUDA graphs, one executable per (stream, kernel, grid, block):
+/// the first launch of a combination instantiates it, later ones set the node's arguments and
+/// launch the graph. On the lent H200 hosts that costs 1.6 us of host time against 3.9 us for a
+/// cudaLaunchKernel of the same kernel (docs/perf.md, run A2 of the seventh session), so small
+/// ops spend less of their life being enqueued. The GPU sees the same kernel with the same
+/// arguments, in stream order: an executable's launches are ordered behind its earlier ones,
+/// which are on the same stream already, and setting arguments affects only later launches.
+/// Holds at most `capacity` executables per launcher, dropping the least recently used (CUDA
+/// frees one still running when it completes).
+/// Ownership: owns its graphs. Thread safety: thread-safe (one mutex per launcher; a backend has
+/// one launcher per device, whose work is enqueued by one thread at a time in practice).
+/// Preconditions: the device of every stream passed is current, as for <<<...>>>.
+class graph_launcher {
+ public:
+  explicit graph_launcher(std::size_t capacity = 64) noexcept : capacity_(capacity) {}
+  graph_launcher(const graph_launcher&) = delete;
+  graph_launcher& operator=(const graph_launcher&) = delete;
+  ~graph_launcher();
+
+  /// Enqueues `kernel(args...)` on `stream` (args: pointers to each argument, as for
+  /// cudaLaunchKernel; no dynamic shared memory). Throws cuda_error when a call fails.
+  void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args);
+
+  /// Executables held (for tests).
+  [[nodiscard]] std::size_t size() const;
+
+ private:
+  struct entry {
+    cudaStream_t stream = nullptr;
+    const void* kernel = nullptr;
+    dim3 grid, block;
+    cudaGraph_t graph = nullptr;  // kept: setting a node's arguments names the node of its graph
+    cudaGraphNode_t node = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    std::uint64_t used = 0;
+  };
+  static void destroy(entry& e) noexcept;
+
+  std::size_t capacity_;
+  mutable std::mutex mutex_;
+  std::vector<entry> entries_;  // guarded by mutex_; few, searched linearly
+  std::uint64_t clock_ = 0;     // guarded by mutex_
+};
+
+/// Where kernels run: the stream and the SM count of its device, and the launcher that enqueues
+/// them (null: plain launches).
 struct launch_target {
   cudaStream_t stream = nullptr;
   int sm_count = 1;
+  graph_launcher* graphs = nullptr;
 };
 
 /// Bytes of scratch launch_reduce needs for all-axes reductions (any dtype).

@@ -361,9 +361,13 @@ class darray_random : public ::testing::TestWithParam<std::string> {};
 TEST_P(darray_random, reshards_and_ops_match_the_host) {
   std::shared_ptr<backend> be;
   // "<spec>+issue": every device's share of an elementwise op from a thread of its own;
-  // "<spec>+noissue": all from the calling thread.
+  // "<spec>+noissue": all from the calling thread; "<spec>+nographs": kernels launched plainly.
   std::string spec = GetParam();
   backend_options options;
+  if (spec.ends_with("+nographs")) {
+    spec.resize(spec.size() - 9);
+    options.kernel_graphs = false;
+  }
   if (spec.ends_with("+issue")) {
     spec.resize(spec.size() - 6);
     options.issue_threads = 8;
@@ -480,7 +484,7 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
 
 INSTANTIATE_TEST_SUITE_P(backends, darray_random,
                          ::testing::Values("host:2", "host:3", "host:4", "host:3+issue", "cuda",
-                                           "cuda+noissue"),
+                                           "cuda+noissue+nographs"),
                          [](const auto& p) {
                            std::string name = p.param;
                            std::erase(name, ':');

@@ -946,6 +946,53 @@ TEST_F(cuda_backend_events, buffers_with_pending_uses_return_after_synchronize) 
   be_->wait(0, queue_kind::compute, empty);  // an empty event is complete: nothing to wait for
 }
 
+// Kernels launched as graphs (backend_options::kernel_graphs, the default): one executable per
+// stream, kernel and grid, its arguments set at each launch while earlier launches of it may still
+// be queued. Many sizes (more grids than the launcher keeps, so executables are evicted and made
+// again) on both queues, nothing synchronized until the end; then every output against the host,
+// and the same work with plain launches.
+TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  for (const bool graphs : {true, false}) {
+    backend_options options;
+    options.kernel_graphs = graphs;
+    const auto be = make_cuda_backend(1, options);
+    struct job {
+      std::shared_ptr<buffer> in, out;
+      std::int64_t n = 0;
+      float value = 0;
+    };
+    std::vector<job> jobs;
+    for (int i = 0; i < 300; ++i) {
+      job j;
+      // Sizes from one block to a few hundred: many grids, most of them seen again later.
+      j.n = 1 + (static_cast<std::int64_t>(i) * 7919) % 200 * 1024 + i % 3;
+      j.value = static_cast<float>(i % 97) - 40.0F;
+      j.in = be->allocate(0, static_cast<std::size_t>(j.n) * 4);
+      j.out = be->allocate(0, static_cast<std::size_t>(j.n) * 4);
+      const queue_kind q = i % 2 == 0 ? queue_kind::compute : queue_kind::transfer;
+      const view in = view::dense(j.in->data(), {j.n});
+      const view out = view::dense(j.out->data(), {j.n});
+      be->fill(0, q, dtype::f32, in, scalar::of(j.value));
+      be->binary(0, q, dtype::f32, binary_op::mul, out, in, in);
+      be->unary(0, q, dtype::f32, unary_op::neg, out, out);
+      jobs.push_back(std::move(j));
+    }
+    be->synchronize();
+    for (std::size_t i = 0; i < jobs.size(); ++i) {
+      std::vector<float> host(static_cast<std::size_t>(jobs[i].n));
+      be->download(0, dtype::f32, view::dense(host.data(), {jobs[i].n}),
+                   view::dense(jobs[i].out->data(), {jobs[i].n}));
+      const float want = -jobs[i].value * jobs[i].value;
+      const auto bad =
+          std::count_if(host.begin(), host.end(), [want](float x) { return x != want; });
+      ASSERT_EQ(bad, 0) << "job " << i << " (n " << jobs[i].n << ", graphs " << graphs << ")";
+    }
+  }
+}
+
 TEST(cuda_backend_factory, bad_device_counts_are_rejected) {
   if (!the_gpu().be) {
     GTEST_SKIP() << "no GPU: " << the_gpu().why_not;

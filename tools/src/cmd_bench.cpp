@@ -63,6 +63,10 @@ void register_bench(CLI::App& app) {
       ->check(CLI::Range(-1, 1024))
       ->capture_default_str();
   darray_cmd
+      ->add_option("--kernel-graphs", d->options.kernel_graphs,
+                   "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
+      ->capture_default_str();
+  darray_cmd
       ->add_option("--split-mib", d->options.split_mib,
                    "reshard pieces above this many MiB are split (0: never)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))

@@ -219,6 +219,10 @@ struct backend_options {
   /// (backend::issue_each), so the host cost of several GPUs' enqueue calls overlaps. -1: one
   /// per GPU after the first on CUDA, none on host (whose enqueue is a queue push); 0: none.
   int issue_threads = -1;
+  /// CUDA: launch kernels as one-node graphs, an executable per stream, kernel and grid whose
+  /// arguments are set at each launch: 1.6 us of host time per launch against 3.9 us for
+  /// cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
+  bool kernel_graphs = true;
 };
 
 /// What a backend did.
