@@ -92,9 +92,9 @@ void allocator::disable_thread_cache() noexcept {
       std::lock_guard cl(c->lock);
       tc_fold_locked(*c);  // the cached blocks' memory stays the strategy's: it frees it
       c->dead = true;
-      c->table.clear();
+      c->table_clear();
       c->bins = {};
-      c->bin_sizes = {};
+      c->rekey_bins();
       c->cached_bytes = 0;
       c->cached_blocks = 0;
     }
@@ -157,6 +157,12 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
   if (rounded > tc_max_block_) {
     return {};  // never cached: the strategy's alone
   }
+  if (c->surely_passes(rounded)) {
+    // No bin holds this size and no recent request missed it (most requests of a random-size
+    // workload): a miss, known without the lock; the ring is this thread's own.
+    c->add_wanted(rounded, stream.value());
+    return {};
+  }
   std::lock_guard lock(c->lock);
   const std::size_t i = c->find_bin(rounded, stream.value());
   if (i != thread_cache::bin_count && c->bins[i].count != 0) {
@@ -196,7 +202,7 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
 void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
                           std::size_t bytes) noexcept {
   std::lock_guard lock(c->lock);
-  c->table.insert(
+  c->table_insert(
       {reinterpret_cast<std::uintptr_t>(b.ptr), b.rounded, bytes, stream.value(), false});
   // The shared counters take the block at its rounded size, the shard the rest of its share;
   // raised first, so the sum never passes below the total.
@@ -273,7 +279,8 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
       }
     }
   }
-  if (c != nullptr) {
+  // may_hold: a block this thread never recorded (most, on random sizes) skips the lock.
+  if (c != nullptr && c->may_hold(ptr)) {
     std::unique_lock lock(c->lock);
     if (tc_entry* e = c->table.find(ptr)) {
       if (e->cached) {
@@ -294,7 +301,7 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
         detail::shard_add(c->d_requested, -static_cast<std::int64_t>(rec.requested));
         return true;
       }
-      c->table.erase(e);  // tc_cache_locked found it again if an eviction moved it
+      c->table_erase(e);  // tc_cache_locked found it again if an eviction moved it
       // The block leaves the cache's books: its shard share first (the sum only rises), then
       // the shared counters, before the strategy can hand it out again.
       detail::shard_add(c->d_requested, rec.rounded - rec.requested);
@@ -334,7 +341,7 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
           return true;
         }
         rec = *e;
-        c->table.erase(e);
+        c->table_erase(e);
         // Its share leaves that cache's shard (under its lock), then the shared counters.
         detail::shard_add(c->d_requested, rec.rounded - rec.requested);
         found = true;
@@ -364,7 +371,7 @@ void allocator::tc_evict_bin_locked(thread_cache& c, std::size_t index) noexcept
   in_use_.fetch_sub(bytes, std::memory_order_relaxed);
   requested_in_use_.fetch_sub(bytes, std::memory_order_relaxed);
   for (std::uint32_t i = 0; i < bin.count; ++i) {
-    c.table.erase(c.table.find(bin.blocks[i]));
+    c.table_erase(c.table.find(bin.blocks[i]));
     do_reclaim(stream_view{bin.stream}, bin.blocks[i]);
   }
   c.cached_bytes -= bytes;
@@ -476,7 +483,7 @@ void allocator::tc_retire(thread_cache& c) noexcept {
       ++lost;
     }
   });
-  c.table.clear();
+  c.table_clear();
   std::erase(r.caches, &c);
   if (lost != 0) {
     log(log_level::warn, "poolscope: " + name_ + ": out of host memory retiring an exiting " +

@@ -93,7 +93,8 @@ struct thread_cache {
   const std::uint32_t allocator_id;
   // Guarded by `lock`:
   bool dead = false;  // the allocator is gone: nothing here refers to live memory any more
-  tc_table table;     // every block handed out through this cache, and every block in a bin
+  tc_table table;     // every block handed out through this cache, and every block in a bin;
+                      // changed only through table_insert / table_erase / table_clear
   std::array<tc_bin, bin_count> bins{};
   std::size_t cached_bytes = 0;
   std::size_t cached_blocks = 0;
@@ -111,11 +112,21 @@ struct thread_cache {
   // size_bit(r) of `bin_sizes` is set if a bin is keyed by a size with that bit, and of
   // `wanted_sizes` if an entry of `wanted` is (wanted_bit_count counts them per bit). 256 bits
   // for 16 entries: a size that is in neither passes a filter about once in 16.
+  // `wanted`, `wanted_next`, `wanted_sizes` and `wanted_bit_count` are the owning thread's alone
+  // (no other thread reads or writes them), so they need no lock. `bin_sizes` is written under
+  // `lock` (relaxed load and store) and read by the owner without it: a request whose size bit
+  // is clear in both filters misses without taking the lock (a stale bit costs only that miss).
   static constexpr std::size_t filter_bits = 256;
   using size_filter = std::array<std::uint64_t, filter_bits / 64>;
-  size_filter bin_sizes{};
+  std::array<std::atomic<std::uint64_t>, filter_bits / 64> bin_sizes{};
   size_filter wanted_sizes{};
   std::array<std::uint8_t, filter_bits> wanted_bit_count{};
+  // A counting filter over the addresses in `table`: slot address_slot(p) counts the entries
+  // whose address maps there. Written under `lock` (relaxed load and store), read by the owner
+  // without it: the owner's own inserts are visible to it, so a zero means `p` was not recorded
+  // here, and the free of such a block (most frees of a random-size workload) takes no lock.
+  static constexpr unsigned address_slot_bits = 10;
+  std::array<std::atomic<std::uint32_t>, std::size_t{1} << address_slot_bits> recorded{};
 
   /// The filter bit of a rounded size.
   [[nodiscard]] static unsigned size_bit(std::size_t rounded) noexcept {
@@ -123,6 +134,46 @@ struct thread_cache {
   }
   [[nodiscard]] static bool test(const size_filter& f, unsigned bit) noexcept {
     return ((f[bit >> 6] >> (bit & 63)) & 1U) != 0;
+  }
+  /// Whether a bin may be keyed by a size with filter bit `bit` (lock not needed).
+  [[nodiscard]] bool may_have_bin(unsigned bit) const noexcept {
+    return ((bin_sizes[bit >> 6].load(std::memory_order_relaxed) >> (bit & 63)) & 1U) != 0;
+  }
+  /// Whether no request's size could be served or recorded here: no bin and no recent miss
+  /// share its filter bit (owner only; lock not needed).
+  [[nodiscard]] bool surely_passes(std::size_t rounded) const noexcept {
+    const unsigned bit = size_bit(rounded);
+    return !may_have_bin(bit) && !test(wanted_sizes, bit);
+  }
+
+  [[nodiscard]] static std::size_t address_slot(const void* p) noexcept {
+    return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) * 0x9E3779B97F4A7C15ULL) >>
+                                    (64 - address_slot_bits));
+  }
+  /// False if `p` is surely not in `table` (owner only; lock not needed).
+  [[nodiscard]] bool may_hold(const void* p) const noexcept {
+    return recorded[address_slot(p)].load(std::memory_order_relaxed) != 0;
+  }
+  // The table's changes, which keep `recorded` counting its entries (under `lock`).
+  void table_insert(const tc_entry& e) noexcept {
+    table.insert(e);
+    count_address(reinterpret_cast<const void*>(e.key), 1);
+  }
+  void table_erase(tc_entry* e) noexcept {
+    const auto* p = reinterpret_cast<const void*>(e->key);
+    table.erase(e);
+    count_address(p, -1);
+  }
+  void table_clear() noexcept {
+    table.clear();
+    for (auto& r : recorded) {
+      r.store(0, std::memory_order_relaxed);
+    }
+  }
+  void count_address(const void* p, int delta) noexcept {
+    std::atomic<std::uint32_t>& r = recorded[address_slot(p)];
+    r.store(r.load(std::memory_order_relaxed) + static_cast<std::uint32_t>(delta),
+            std::memory_order_relaxed);
   }
   [[nodiscard]] bool is_wanted(std::size_t rounded, void* stream) const noexcept {
     return test(wanted_sizes, size_bit(rounded)) &&
@@ -145,7 +196,7 @@ struct thread_cache {
   }
   /// The bin keyed by (rounded, stream), or bin_count.
   [[nodiscard]] std::size_t find_bin(std::size_t rounded, void* stream) const noexcept {
-    if (!test(bin_sizes, size_bit(rounded))) {
+    if (!may_have_bin(size_bit(rounded))) {
       return bin_count;
     }
     for (std::size_t i = 0; i < bin_count; ++i) {
@@ -157,12 +208,15 @@ struct thread_cache {
   }
   /// Recomputes bin_sizes after a bin's key changed.
   void rekey_bins() noexcept {
-    bin_sizes = {};
+    size_filter f{};
     for (const tc_bin& b : bins) {
       if (b.rounded != 0) {
         const unsigned bit = size_bit(b.rounded);
-        bin_sizes[bit >> 6] |= std::uint64_t{1} << (bit & 63);
+        f[bit >> 6] |= std::uint64_t{1} << (bit & 63);
       }
+    }
+    for (std::size_t w = 0; w < f.size(); ++w) {
+      bin_sizes[w].store(f[w], std::memory_order_relaxed);
     }
   }
 
