@@ -32,11 +32,6 @@ void graph_launcher::destroy(entry& e) noexcept {
   e = entry{};
 }
 
-std::size_t graph_launcher::size() const {
-  const std::lock_guard lock(mutex_);
-  return entries_.size();
-}
-
 void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block,
                             void** args) {
   cudaKernelNodeParams params{};
@@ -51,9 +46,16 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
   });
   if (it != entries_.end()) {
     it->used = ++clock_;
-    POOLSCOPE_DARRAY_CHECK(cudaGraphExecKernelNodeSetParams(it->exec, it->node, &params));
-    POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(it->exec, stream));
-    return;
+    if (cudaGraphExecKernelNodeSetParams(it->exec, it->node, &params) == cudaSuccess) {
+      POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(it->exec, stream));
+      return;
+    }
+    // The executable would not take the arguments: drop it and make a new one below (whose
+    // own failure, if any, is reported).
+    (void)cudaGetLastError();
+    destroy(*it);
+    *it = std::move(entries_.back());
+    entries_.pop_back();
   }
   if (entries_.size() >= capacity_ && !entries_.empty()) {
     const auto lru =

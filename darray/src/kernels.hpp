@@ -53,10 +53,8 @@ class graph_launcher {
 
   /// Enqueues `kernel(args...)` on `stream` (args: pointers to each argument, as for
   /// cudaLaunchKernel; no dynamic shared memory). Throws cuda_error when a call fails.
+  /// An executable that refuses new arguments is replaced by a new one.
   void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args);
-
-  /// Executables held (for tests).
-  [[nodiscard]] std::size_t size() const;
 
  private:
   struct entry {
@@ -71,7 +69,7 @@ class graph_launcher {
   static void destroy(entry& e) noexcept;
 
   std::size_t capacity_;
-  mutable std::mutex mutex_;
+  std::mutex mutex_;
   std::vector<entry> entries_;  // guarded by mutex_; few, searched linearly
   std::uint64_t clock_ = 0;     // guarded by mutex_
 };

@@ -1,6 +1,6 @@
-// bfc's internal structures against simple references: the size classes against a class
-// computed bit by bit, the free index's best fit against a scan of every free chunk, and the
-// address table against std::unordered_map.
+// The pools' internal structures against simple references: bfc's size classes against a class
+// computed bit by bit, its free index's best fit against a scan of every free chunk, the address
+// table against std::unordered_map, and a thread cache's lock-free filters against its table.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../pool/src/detail/bfc_structures.hpp"
+#include "../../pool/src/detail/thread_cache.hpp"
 
 namespace poolscope::pool::detail {
 namespace {
@@ -150,6 +151,58 @@ TEST(address_table, agrees_with_a_map_through_growth_and_erasure) {
       }
     }
   }
+}
+
+// may_hold may say yes for an address the table lacks (a shared slot), never no for one it holds;
+// surely_passes never for a size that has a bin or was wanted lately.
+TEST(thread_cache_filters, never_deny_what_the_cache_holds) {
+  thread_cache c(nullptr, 1);
+  std::mt19937_64 rng(5);
+  std::unordered_map<std::uintptr_t, bool> held;
+  std::size_t false_yes = 0;
+  std::size_t asked_absent = 0;
+  for (int step = 0; step < 50000; ++step) {
+    const std::uintptr_t key = (1 + rng() % 20000) * 512;
+    if (held.count(key) == 0) {
+      if (c.may_hold(reinterpret_cast<const void*>(key))) {
+        ++false_yes;
+      }
+      ++asked_absent;
+      if (rng() % 2 == 0) {
+        c.table.reserve_one();
+        c.table_insert({key, 512, 512, nullptr, false});
+        held[key] = true;
+      }
+    } else {
+      ASSERT_TRUE(c.may_hold(reinterpret_cast<const void*>(key))) << "step " << step;
+      if (rng() % 2 == 0) {
+        c.table_erase(c.table.find(reinterpret_cast<const void*>(key)));
+        held.erase(key);
+      }
+    }
+    if (step == 40000) {
+      c.table_clear();
+      held.clear();
+      for (std::uintptr_t k = 512; k <= 20000 * 512; k += 512) {
+        ASSERT_FALSE(c.may_hold(reinterpret_cast<const void*>(k)));
+      }
+    }
+  }
+  // With up to ~10000 entries over 1024 slots most absent addresses share a slot; the filter
+  // must still have said no sometimes (it is a filter, not a constant yes).
+  EXPECT_LT(false_yes, asked_absent);
+
+  // Sizes: a bin's size and a wanted size never pass; the others mostly do.
+  c.bins[3].rounded = 7 * 512;
+  c.rekey_bins();
+  EXPECT_FALSE(c.surely_passes(7 * 512));
+  c.add_wanted(9 * 512, nullptr);
+  EXPECT_FALSE(c.surely_passes(9 * 512));
+  std::size_t passed = 0;
+  for (std::size_t units = 100; units < 1100; ++units) {
+    passed += c.surely_passes(units * 512) ? 1 : 0;
+  }
+  EXPECT_GT(passed, 900U);  // 2 bits of 256 set: about 99 % pass
 }
 
 }  // namespace
