@@ -35,7 +35,7 @@ namespace poolscope::darray::detail {
 /// Launches kernels as one-node CUDA graphs, one executable per (stream, kernel, grid, block):
 /// the first launch of a combination instantiates it, later ones set the node's arguments and
 /// launch the graph. On the lent H200 hosts that costs 1.6 us of host time against 3.9 us for a
-/// cudaLaunchKernel of the same kernel (docs/perf.md, run A2 of the seventh session), so small
+/// cudaLaunchKernel of the same kernel (docs/perf.md, seventh session, run B), so small
 /// ops spend less of their life being enqueued. The GPU sees the same kernel with the same
 /// arguments, in stream order: an executable's launches are ordered behind its earlier ones,
 /// which are on the same stream already, and setting arguments affects only later launches.
