@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <new>
 #include <unordered_map>
@@ -104,6 +105,83 @@ std::string_view to_string(sync_kind k) noexcept {
       return "cudaDeviceSynchronize";
   }
   return "synchronization";
+}
+
+namespace {
+
+struct kind_switch {
+  std::string_view name;
+  bool cupti_options::*field;
+};
+constexpr std::array<kind_switch, 8> kind_switches{{
+    {"kernels", &cupti_options::kernels},
+    {"copies", &cupti_options::copies},
+    {"memsets", &cupti_options::memsets},
+    {"memory", &cupti_options::memory},
+    {"sync", &cupti_options::synchronization},
+    {"runtime", &cupti_options::runtime_api},
+    {"driver", &cupti_options::driver_api},
+    {"markers", &cupti_options::markers},
+}};
+
+std::string_view trimmed(std::string_view s) noexcept {
+  const auto first = s.find_first_not_of(" \t");
+  if (first == std::string_view::npos) {
+    return {};
+  }
+  return s.substr(first, s.find_last_not_of(" \t") - first + 1);
+}
+
+}  // namespace
+
+cupti_options with_activity_kinds(std::string_view list, cupti_options base) {
+  for (const kind_switch& k : kind_switches) {
+    base.*k.field = false;
+  }
+  bool any = false;
+  std::size_t at = 0;
+  while (at <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string_view name = trimmed(list.substr(at, comma - at));
+    at = comma + 1;
+    if (name.empty()) {
+      continue;
+    }
+    if (name == "all") {
+      for (const kind_switch& k : kind_switches) {
+        base.*k.field = true;
+      }
+      any = true;
+      continue;
+    }
+    const auto* it = std::find_if(kind_switches.begin(), kind_switches.end(),
+                                  [&](const kind_switch& k) { return k.name == name; });
+    if (it == kind_switches.end()) {
+      throw invalid_argument("poolscope: unknown CUPTI activity kind '" + std::string(name) +
+                             "' (expected all or kernels, copies, memsets, memory, sync, "
+                             "runtime, driver, markers)");
+    }
+    base.*it->field = true;
+    any = true;
+  }
+  if (!any) {
+    throw invalid_argument("poolscope: empty list of CUPTI activity kinds '" + std::string(list) +
+                           "' (to collect none, do not start a collector)");
+  }
+  base.attach_nvtx = base.markers;
+  return base;
+}
+
+std::string activity_kinds_of(const cupti_options& o) {
+  std::string out;
+  std::size_t on = 0;
+  for (const kind_switch& k : kind_switches) {
+    if (o.*k.field) {
+      out += (out.empty() ? "" : ",") + std::string(k.name);
+      ++on;
+    }
+  }
+  return on == kind_switches.size() ? "all" : out;
 }
 
 std::string_view to_string(cupti_state s) noexcept {

@@ -254,3 +254,56 @@ TEST(cupti_buffers, collector_allocates_its_pool_up_front) {
 }
 
 }  // namespace
+
+namespace {
+
+using poolscope::profiler::activity_kinds_of;
+using poolscope::profiler::cupti_options;
+using poolscope::profiler::with_activity_kinds;
+
+// Every switch of cupti_options that names a kind, in with_activity_kinds' order.
+std::vector<bool> switches(const cupti_options& o) {
+  return {o.kernels,         o.copies,      o.memsets,    o.memory,
+          o.synchronization, o.runtime_api, o.driver_api, o.markers};
+}
+
+TEST(cupti_activity_kinds, a_list_turns_on_exactly_the_kinds_it_names) {
+  const cupti_options o = with_activity_kinds(" copies ,kernels,kernels");
+  EXPECT_EQ(switches(o), (std::vector<bool>{true, true, false, false, false, false, false, false}));
+  EXPECT_FALSE(o.attach_nvtx);  // no markers: libcupti is not made the NVTX tool
+  EXPECT_EQ(activity_kinds_of(o), "kernels,copies");
+
+  const cupti_options m = with_activity_kinds("markers,sync,driver,runtime,memsets,memory");
+  EXPECT_EQ(switches(m), (std::vector<bool>{false, false, true, true, true, true, true, true}));
+  EXPECT_TRUE(m.attach_nvtx);
+  EXPECT_EQ(activity_kinds_of(m), "memsets,memory,sync,runtime,driver,markers");
+}
+
+TEST(cupti_activity_kinds, all_is_every_kind_and_other_settings_are_kept) {
+  cupti_options base;
+  base.kernels = false;
+  base.attach_nvtx = false;
+  base.buffer_count = 3;
+  base.flush_period_ms = 7;
+  const cupti_options o = with_activity_kinds("all", base);
+  EXPECT_EQ(switches(o), std::vector<bool>(8, true));
+  EXPECT_TRUE(o.attach_nvtx);
+  EXPECT_EQ(o.buffer_count, 3U);
+  EXPECT_EQ(o.flush_period_ms, 7U);
+  EXPECT_EQ(activity_kinds_of(o), "all");
+  EXPECT_EQ(activity_kinds_of(with_activity_kinds("kernels", o)), "kernels");
+}
+
+TEST(cupti_activity_kinds, unknown_or_empty_lists_are_refused_by_name) {
+  try {
+    (void)with_activity_kinds("kernels,kernal");
+    FAIL() << "a misspelt kind was accepted";
+  } catch (const poolscope::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'kernal'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)with_activity_kinds(""), poolscope::invalid_argument);
+  EXPECT_THROW((void)with_activity_kinds(" , ,"), poolscope::invalid_argument);
+  EXPECT_THROW((void)with_activity_kinds("none"), poolscope::invalid_argument);
+}
+
+}  // namespace

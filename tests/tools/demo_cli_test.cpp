@@ -39,6 +39,7 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   const json& demo = rep.at("run").at("demo");
   EXPECT_EQ(demo.at("backend"), "host:2");
   EXPECT_EQ(demo.at("n"), 200000);
+  EXPECT_EQ(demo.at("cupti_kinds"), "");  // host devices: no CUPTI
   // C split at 0.7 N, A at N/2: 0.2 N floats move from device 0 to device 1.
   EXPECT_EQ(demo.at("bytes_moved").get<std::int64_t>(), 40000 * 4);
   const double add = demo.at("t_add_ms"), reshard = demo.at("t_reshard_ms");
@@ -75,6 +76,16 @@ TEST(cli_darray_demo, bad_options_fail_cleanly) {
     EXPECT_EQ(r.signal, 0) << args[2];
     EXPECT_FALSE(r.err.empty()) << args[2];
   }
+}
+
+TEST(cli_darray_demo, an_unknown_cupti_kind_is_named_before_any_work) {
+  const auto r = run_process(
+      {POOLSCOPE_CLI_PATH, "demo", "--devices", "host:2", "--cupti-kinds", "kernels,telepathy"},
+      {{"POOLSCOPE_LOG", "warn"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_NE(r.err.find("'telepathy'"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("summary"), std::string::npos) << r.out;  // nothing ran
 }
 
 }  // namespace

@@ -35,6 +35,11 @@ void register_demo(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "seed of the data")->capture_default_str();
   sub->add_flag("!--no-cupti", o->cupti, "do not collect CUPTI activity");
+  sub->add_option("--cupti-kinds", o->cupti_kinds,
+                  "CUPTI activity to collect: all, or a comma-separated list of kernels, copies, "
+                  "memsets, memory, sync, runtime, driver, markers (markers makes CUPTI the "
+                  "NVTX tool)")
+      ->capture_default_str();
   sub->callback([o] {
     const darray_demo_result r = run_darray_demo(*o, &std::cerr);
     std::cout << r.text;

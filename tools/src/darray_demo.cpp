@@ -121,6 +121,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     throw invalid_argument("poolscope demo: transport '" + o.transport +
                            "' (expected auto, peer or nccl)");
   }
+  // Checked before any device is touched: a bad list is the caller's error, not CUPTI's.
+  const profiler::cupti_options cupti_settings = profiler::with_activity_kinds(o.cupti_kinds);
   if (o.repeat < 1) {
     throw invalid_argument("poolscope demo: repeat " + std::to_string(o.repeat) + " (at least 1)");
   }
@@ -139,6 +141,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   profiler::timeline_options to;
   to.trace_path = o.trace_path;
   to.cupti = gpu && o.cupti;
+  to.cupti_settings = cupti_settings;
   profiler::timeline tl{to};
   profiler::line_profiler lines;
   tl.start();
@@ -296,8 +299,10 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   const auto line_profile = lines.report();
   rep.add_profile("line", nlohmann::json::parse(line_profile.to_json()));
   // The overlap of the fused op alone (the whole run's, uploads included, is in the report).
-  // On GPUs the device activity comes from CUPTI: without it the overlap is unknown, not 0.
-  const bool device_activity = !gpu || to.cupti;
+  // On GPUs the device activity comes from CUPTI: without it, or without its kernel or copy
+  // records (the two sides of the overlap), the overlap is unknown, not 0.
+  const bool device_activity =
+      !gpu || (to.cupti && cupti_settings.kernels && cupti_settings.copies);
   res.overlap.assign(static_cast<std::size_t>(devs),
                      device_activity ? 0.0 : std::numeric_limits<double>::quiet_NaN());
   const auto origin = static_cast<std::int64_t>(tl.origin_ns());
@@ -316,6 +321,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   demo["matmul_n"] = mm;
   demo["allocator"] = o.allocator;
   demo["transport"] = o.transport;
+  demo["cupti_kinds"] = to.cupti ? profiler::activity_kinds_of(cupti_settings) : "";
   demo["t_add_ms"] = res.t_add_ms;
   demo["t_reshard_ms"] = res.t_reshard_ms;
   demo["t_fused_ms"] = res.t_fused_ms;

@@ -34,7 +34,8 @@ struct darray_demo_options {
   std::string report_path = "report.json";
   int repeat = 3;
   std::uint64_t seed = 1;
-  bool cupti = true;  ///< collect CUPTI activity on GPUs
+  bool cupti = true;                ///< collect CUPTI activity on GPUs
+  std::string cupti_kinds = "all";  ///< profiler::with_activity_kinds' list
 };
 
 /// One check against the host reference.

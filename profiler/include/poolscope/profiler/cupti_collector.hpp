@@ -188,6 +188,16 @@ struct cupti_options {
   std::uint32_t flush_period_ms = 100;
 };
 
+/// `base` with only the activity kinds named in `list` on: a comma-separated list of kernels,
+/// copies, memsets, memory, sync, runtime, driver and markers, or "all". `markers` also decides
+/// attach_nvtx: without it libcupti is not made the NVTX tool, so NVTX calls stay as cheap as
+/// with no tool (what a trace loses: CUPTI's copy of the NVTX ranges; the timeline's own scopes
+/// remain). Order and repeats do not matter; spaces around names are ignored.
+/// Throws invalid_argument naming the entry that is none of these, or for an empty list.
+[[nodiscard]] cupti_options with_activity_kinds(std::string_view list, cupti_options base = {});
+/// The kinds `o` enables, in with_activity_kinds' names ("all" when every one is on, "" when none).
+[[nodiscard]] std::string activity_kinds_of(const cupti_options& o);
+
 /// The state of a collector.
 enum class cupti_state : std::uint8_t {
   off,          ///< not started, or stopped
