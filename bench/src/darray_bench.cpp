@@ -91,6 +91,31 @@ split_seconds time_split(int runs, Make make) {
   return {summarize(std::move(total)), summarize(std::move(issue)), summarize(std::move(wait))};
 }
 
+// Seconds per op of a chain of `length` ops issued back to back, each given the previous one's
+// result (the first `start`), with one wait at the end: the rate a loop of dependent ops sustains,
+// where each op's round trip to the devices hides behind the issuing of the next. One untimed
+// chain, then `runs`; the last chain's result is returned for checking.
+template <typename Array, typename Step>
+std::pair<baseline_seconds, Array> time_chain(int runs, int length, const Array& start, Step step) {
+  const auto chain = [&] {
+    Array x = start;
+    for (int k = 0; k < length; ++k) {
+      x = step(x);
+    }
+    x.wait();
+    return x;
+  };
+  Array last = chain();
+  std::vector<double> per_op;
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    last = chain();
+    const auto t1 = std::chrono::steady_clock::now();
+    per_op.push_back(std::chrono::duration<double>(t1 - t0).count() / std::max(length, 1));
+  }
+  return {summarize(std::move(per_op)), std::move(last)};
+}
+
 // The memcpy stand-in for raw device copies on host devices: every link copied at once, one thread
 // per link (the calling thread takes the first), between buffers touched beforehand.
 baseline_seconds time_host_copies(const std::vector<device_link>& links, int runs) {
@@ -399,10 +424,25 @@ class bench_run {
       plan = moved.handle().last_reshard().plan;
       return a + moved;
     });
+    // The same ops chained: x = x + B (x = x + C.reshard(A.index_map())) `chain` times, one wait.
+    constexpr int chain = 64;
+    const int chains = std::max(10, runs / 10);
+    const auto [t_add_chain, add_last] =
+        time_chain(chains, chain, a, [&](const farray& x) { return x + b; });
+    const auto [t_fused_chain, fused_last] = time_chain(chains, chain, a, [&](const farray& x) {
+      return x + c.reshard(a.index_map(), reshard_options());
+    });
     // The values too: a wrong result at this size would make the times meaningless.
-    const auto got = (a + c.reshard(a.index_map(), reshard_options())).to_host();
-    if (!std::all_of(got.begin(), got.end(), [](float v) { return v == 4.0f; })) {
+    const auto every = [](const std::vector<float>& v, float want) {
+      return std::all_of(v.begin(), v.end(), [want](float e) { return e == want; });
+    };
+    if (!every((a + c.reshard(a.index_map(), reshard_options())).to_host(), 4.0f)) {
       throw runtime_error("bench darray D3: A + C.reshard(A.index_map()) is not 4 everywhere");
+    }
+    // 1 + 64 * 2 and 1 + 64 * 3: exact in float.
+    if (!every(add_last.to_host(), 1.0f + 2.0f * chain) ||
+        !every(fused_last.to_host(), 1.0f + 3.0f * chain)) {
+      throw runtime_error("bench darray D3: a chain of 64 ops did not sum to 129 / 193 everywhere");
     }
     auto& f = w.figures;
     f["n"] = static_cast<double>(n);
@@ -414,6 +454,9 @@ class bench_run {
     f["t_add_wait_us"] = t_add.wait.median * 1e6;
     f["t_fused_enqueue_us"] = t_fused.issue.median * 1e6;
     f["t_fused_wait_us"] = t_fused.wait.median * 1e6;
+    f["chain"] = chain;
+    f["t_add_chained_us"] = t_add_chain.median * 1e6;
+    f["t_fused_chained_us"] = t_fused_chain.median * 1e6;
     f["t_add_best_us"] = t_add.total.best * 1e6;
     f["t_fused_best_us"] = t_fused.total.best * 1e6;
     const auto links = links_of(*plan);
@@ -598,6 +641,9 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         fmt("%.1f / ", figure(w, "t_add_enqueue_us")) + fmt("%.1f us", figure(w, "t_add_wait_us")),
         fmt("%.1f / ", figure(w, "t_fused_enqueue_us")) +
             fmt("%.1f us fused", figure(w, "t_fused_wait_us")));
+    row("  per op in a chain of 64, one wait (medians)",
+        fmt("%.1f us", figure(w, "t_add_chained_us")),
+        fmt("%.1f us fused", figure(w, "t_fused_chained_us")));
   } else if (w.name == "D4") {
     const double r = figure(w, "ratio");
     const auto* p = find_baseline(w, "copy");
@@ -791,7 +837,9 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     } else if (w.name == "D2") {
       s << "swap+add " << ms(figure(w, "t_fused_ms"));
     } else if (w.name == "D3") {
-      s << fmt("%.1f", figure(w, "t_add_us")) << fmt("/%.1f us", figure(w, "t_fused_us"));
+      s << fmt("%.1f", figure(w, "t_add_us")) << fmt("/%.1f us", figure(w, "t_fused_us"))
+        << fmt(" (chained %.1f", figure(w, "t_add_chained_us"))
+        << fmt("/%.1f)", figure(w, "t_fused_chained_us"));
     } else if (w.name == "D4") {
       s << "add/copy " << format_ratio(figure(w, "ratio"));
     } else {

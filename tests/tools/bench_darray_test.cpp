@@ -153,6 +153,10 @@ TEST_F(bench_darray_cli, d3_small_ops) {
   EXPECT_GT(fig(w, "t_add_us"), 0.0);
   EXPECT_GT(fig(w, "t_fused_us"), 0.0);
   EXPECT_GE(fig(w, "t_add_us"), fig(w, "t_add_best_us")) << "median >= best";
+  // The chained figures (their values are checked by the bench itself: 129 and 193 everywhere).
+  EXPECT_EQ(fig(w, "chain"), 64.0);
+  EXPECT_GT(fig(w, "t_add_chained_us"), 0.0);
+  EXPECT_GT(fig(w, "t_fused_chained_us"), 0.0);
   const double moved = static_cast<double>((14 * 4096 / 20 - 2048) * 4);
   EXPECT_EQ(fig(w, "bytes_moved"), moved);
   expect_baseline(w, "peer", moved);

@@ -19,8 +19,10 @@
 //   D2  2-D side x side (side: the largest power of two <= sqrt(n / 2), 16384 at n = 2^29), rows
 //       in blocks -> columns in blocks, fused with an add: X.reshard(cols) + Z (Z column-split),
 //       beside the raw all-to-all copies of the plan's links.
-//   D3  D1's ops at n = 4096: medians of T_add and T_fused in µs (the per-op overhead), beside the
-//       raw copy of the fused op's remote bytes.
+//   D3  D1's ops at n = 4096: medians of T_add and T_fused in µs (the per-op overhead: each op
+//       issued and waited for, a round trip), beside the raw copy of the fused op's remote bytes;
+//       and the same ops per op in a chain of 64 (x = x + B, x = x + C.reshard(A.index_map())),
+//       one wait at the end: the rate a loop of small dependent ops sustains.
 //   D4  one device: A + B (2 reads + 1 write per element) effective bandwidth over the raw d2d
 //       copy bandwidth of an array of the same size (1 read + 1 write).
 //   D5  block matmul of two square matrices on grid maps over the devices,
