@@ -71,6 +71,20 @@ if [ "$only" != pools ]; then
     --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
   step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --no-cupti \
     --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
+  step "demo (cuda, CUPTI all kinds)" "$out/demo.log" "$cli" demo --devices cuda \
+    --cupti-kinds all --trace /tmp/demo_allcupti.json --report "$out/demo_allcupti_report.json"
+  # CUPTI's cost: the demo's step times with the default kinds and with all, over those without.
+  if command -v python3 >/dev/null; then
+    python3 - "$out/demo_report.json" /tmp/demo_nocupti_report.json \
+      "$out/demo_allcupti_report.json" <<'PY' | tee -a "$out/demo.log"
+import json, sys
+d = [json.load(open(p))["run"]["demo"] for p in sys.argv[1:]]
+for name, r in (("default kinds", d[0]), ("all kinds", d[2])):
+    print("CUPTI %s / off: " % name + ", ".join(
+        "%s %.3f/%.3f ms" % (k, r["t_%s_ms" % k], d[1]["t_%s_ms" % k])
+        for k in ("add", "reshard", "fused")))
+PY
+  fi
   step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
   if "$cli" bench darray --help >/dev/null 2>&1; then
     step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \

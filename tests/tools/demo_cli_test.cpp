@@ -14,6 +14,9 @@
 #if defined(POOLSCOPE_CLI_PATH) && __has_include("poolscope/profiler/trace_check.hpp")
 #include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/trace_check.hpp"
+#if __has_include("poolscope/bench/memory_access.hpp")
+#include "poolscope/bench/memory_access.hpp"
+#endif
 
 namespace {
 
@@ -87,6 +90,58 @@ TEST(cli_darray_demo, an_unknown_cupti_kind_is_named_before_any_work) {
   EXPECT_NE(r.err.find("'telepathy'"), std::string::npos) << r.err;
   EXPECT_EQ(r.out.find("summary"), std::string::npos) << r.out;  // nothing ran
 }
+
+#if __has_include("poolscope/bench/memory_access.hpp")
+// On a GPU, the demo collects the devices' activity and NVTX by default, without the records of
+// API calls; `--cupti-kinds all` adds them, and with them the kernels' launch flows.
+TEST(cli_darray_demo, cuda_cupti_kinds_default_and_all) {
+  if (poolscope::bench::gpu_count() == 0) {
+    GTEST_SKIP() << "no GPU: CUPTI collects only on CUDA devices";
+  }
+  struct seen {
+    std::string kinds;
+    std::string state;
+    int kernels = 0;
+    int api_calls = 0;
+    std::uint64_t flows = 0;
+  };
+  const auto run = [](const std::vector<std::string>& extra) {
+    const std::string trace = temp_path("poolscope-demo-cuda-trace") + ".json";
+    const std::string report = temp_path("poolscope-demo-cuda-report") + ".json";
+    std::vector<std::string> argv{POOLSCOPE_CLI_PATH, "demo",       "--devices", "cuda",     "--n",
+                                  "1000000",          "--matmul-n", "256",       "--repeat", "1",
+                                  "--trace",          trace,        "--report",  report};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    const auto r = run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    seen s;
+    const json rep = json::parse(read_file(report));
+    s.kinds = rep.at("run").at("demo").at("cupti_kinds").get<std::string>();
+    s.state = rep.at("run").at("cupti").at("state").get<std::string>();
+    poolscope::profiler::read_trace(trace, [&s](std::uint64_t, const json& e) {
+      const std::string cat = e.value("cat", "");
+      s.kernels += cat == "kernel" && e.value("ph", "") == "X" ? 1 : 0;
+      s.api_calls += cat == "cuda_api" ? 1 : 0;
+    });
+    s.flows = poolscope::profiler::check_trace(trace).flows;
+    std::remove(trace.c_str());
+    std::remove(report.c_str());
+    return s;
+  };
+  const seen light = run({});
+  if (light.state == "unavailable") {
+    GTEST_SKIP() << "CUPTI is unavailable here (another profiler attached?)";
+  }
+  EXPECT_EQ(light.kinds, "kernels,copies,memsets,markers");
+  EXPECT_GT(light.kernels, 0);
+  EXPECT_EQ(light.api_calls, 0);
+  const seen all = run({"--cupti-kinds", "all"});
+  EXPECT_EQ(all.kinds, "all");
+  EXPECT_GT(all.kernels, 0);
+  EXPECT_GT(all.api_calls, 0);
+  EXPECT_GT(all.flows, light.flows);  // launch flows join API calls to their kernels
+}
+#endif
 
 }  // namespace
 #endif

@@ -38,7 +38,9 @@ void register_demo(CLI::App& app) {
   sub->add_option("--cupti-kinds", o->cupti_kinds,
                   "CUPTI activity to collect: all, or a comma-separated list of kernels, copies, "
                   "memsets, memory, sync, runtime, driver, markers (markers makes CUPTI the "
-                  "NVTX tool)")
+                  "NVTX tool). The default leaves out the API records (runtime, driver, sync, "
+                  "memory), which cost the small steps most; add runtime for the trace's launch "
+                  "flows")
       ->capture_default_str();
   sub->callback([o] {
     const darray_demo_result r = run_darray_demo(*o, &std::cerr);

@@ -19,9 +19,14 @@
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace poolscope::tools {
+
+/// The CUPTI activity the demo collects unless told otherwise: what runs on the devices and the
+/// NVTX ranges, without the per-call records of the CUDA APIs.
+inline constexpr std::string_view default_demo_cupti_kinds = "kernels,copies,memsets,markers";
 
 /// What the demo runs.
 struct darray_demo_options {
@@ -34,8 +39,11 @@ struct darray_demo_options {
   std::string report_path = "report.json";
   int repeat = 3;
   std::uint64_t seed = 1;
-  bool cupti = true;                ///< collect CUPTI activity on GPUs
-  std::string cupti_kinds = "all";  ///< profiler::with_activity_kinds' list
+  bool cupti = true;  ///< collect CUPTI activity on GPUs
+  /// profiler::with_activity_kinds' list. The records of API calls (runtime, driver, sync,
+  /// memory), left out by default, cost the demo 15-20 % on 4 GPUs; with runtime the trace has
+  /// its launch flows (docs/perf.md, ninth session).
+  std::string cupti_kinds = std::string(default_demo_cupti_kinds);
 };
 
 /// One check against the host reference.
