@@ -127,7 +127,7 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     b = allocate_from_strategy(stream, bytes, alignment, lim, record);
     if (record) {
       tc_record(cache, stream, b, bytes);
-    } else {
+    } else if (!counts_under_lock_) {  // else the strategy counted it (account_alloc_locked)
       const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
       const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
       allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -202,7 +202,7 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
     }
   }
   // The strategy has lowered in_use_ already (account_free), before the block became reusable.
-  if (!counted) {
+  if (!counted && !counts_under_lock_) {  // else account_free counted it
     deallocations_.fetch_add(1, std::memory_order_relaxed);
   }
   if (hooked || hooks::active()) [[unlikely]] {

@@ -146,6 +146,7 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   thread_cache_options tc = options_.thread_cache;
   tc.max_block_bytes = std::min(tc.max_block_bytes, options_.small_request_max);
   enable_thread_cache(tc, round_bytes);
+  count_under_lock();  // takes effect without a thread cache: every write is under the mutex
 }
 
 bfc_allocator::~bfc_allocator() {
@@ -189,6 +190,9 @@ bfc_allocator::~bfc_allocator() {
   c->held = held;
   c->requested = bytes;
   st.live.insert(c);
+  if (counts_under_lock()) {
+    account_alloc_locked(rounded, bytes);
+  }
 }
 
 [[gnu::always_inline]] inline void bfc_allocator::free_chunk(stream_view stream,

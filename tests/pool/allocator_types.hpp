@@ -27,8 +27,19 @@ struct on_host {
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
 };
 
-using host_allocators = ::testing::Types<on_host<naive_allocator>, on_host<best_fit_allocator>,
-                                         on_host<bfc_allocator>, on_host<stream_pool_allocator>>;
+/// bfc without its per-thread cache: the strategy then counts its blocks under its own lock
+/// (allocator::count_under_lock), a path of its own for the counters and peaks.
+struct on_host_bfc_uncached : on_host<bfc_allocator> {
+  static std::unique_ptr<allocator> make(resource& r) {
+    bfc_options o;
+    o.thread_cache.enabled = false;
+    return std::make_unique<bfc_allocator>(r, o);
+  }
+};
+
+using host_allocators =
+    ::testing::Types<on_host<naive_allocator>, on_host<best_fit_allocator>, on_host<bfc_allocator>,
+                     on_host_bfc_uncached, on_host<stream_pool_allocator>>;
 
 /// An allocator of type Alloc over cudaMalloc on device 0. Needs a GPU: suites check needs_gpu
 /// and skip before calling make_resource (which throws device_unavailable without one). There

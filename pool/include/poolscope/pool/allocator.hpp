@@ -153,11 +153,38 @@ class allocator {
   /// that guards the block, or before giving the block to a resource. Accounted any later,
   /// another thread could take the block and count its bytes while they are still counted here,
   /// and peaks would count them twice. Does nothing on an adopted inner strategy (the composite
-  /// accounts for its blocks itself). Two relaxed atomic subtractions.
+  /// accounts for its blocks itself). Two relaxed atomic subtractions; when the strategy counts
+  /// under its lock (count_under_lock), plain loads and stores, and the free is counted here.
   void account_free(std::size_t rounded, std::size_t requested) noexcept {
-    if (reporter_ == nullptr) {
+    if (counts_under_lock_) {
+      plain_add(in_use_, 0 - rounded);  // wraps: a subtraction
+      plain_add(requested_in_use_, 0 - requested);
+      plain_add(deallocations_, std::uint64_t{1});
+    } else if (reporter_ == nullptr) {
       in_use_.fetch_sub(rounded, std::memory_order_relaxed);
       requested_in_use_.fetch_sub(requested, std::memory_order_relaxed);
+    }
+  }
+  /// For a strategy whose do_allocate and do_deallocate each run wholly under one lock of its
+  /// own: call at the end of its constructor to count its blocks under that lock, with plain
+  /// loads and stores of the counters instead of atomic read-modify-writes (six per alloc+free
+  /// pair, about a tenth of a bfc pair on random sizes). It takes effect only where nothing else
+  /// writes the counters: without a thread cache (whose hits count outside any strategy lock)
+  /// and until adopt() makes the strategy a composite's inner one. The strategy then calls
+  /// account_alloc_locked for every block it hands out, and account_free as before.
+  void count_under_lock() noexcept { counts_under_lock_ = tc_ == nullptr && reporter_ == nullptr; }
+  [[nodiscard]] bool counts_under_lock() const noexcept { return counts_under_lock_; }
+  /// Counts a block handed out (`rounded` bytes for `requested`), under the strategy's lock;
+  /// only when counts_under_lock(). Raises the peaks.
+  void account_alloc_locked(std::size_t rounded, std::size_t requested) noexcept {
+    const std::size_t used = plain_add(in_use_, rounded);
+    const std::size_t req = plain_add(requested_in_use_, requested);
+    plain_add(allocations_, std::uint64_t{1});
+    if (used > peak_in_use_.load(std::memory_order_relaxed)) {
+      peak_in_use_.store(used, std::memory_order_relaxed);
+    }
+    if (req > peak_requested_.load(std::memory_order_relaxed)) {
+      peak_requested_.store(req, std::memory_order_relaxed);
     }
   }
   /// Split/merge events for strategies that carve chunks.
@@ -172,7 +199,10 @@ class allocator {
   /// report for them. After adopt(inner), `inner` emits its split and merge events under this
   /// allocator's identity and no other hook event (its requests and its upstream, an internal
   /// one, are this allocator's to report). Call before `inner` is used.
-  void adopt(allocator& inner) const noexcept { inner.reporter_ = this; }
+  void adopt(allocator& inner) const noexcept {
+    inner.reporter_ = this;
+    inner.counts_under_lock_ = false;
+  }
   /// Run `inner`'s strategy directly, as this allocator's own do_* would: no validation,
   /// counters, limit, retry or pool_malloc/pool_free events of `inner`'s own.
   [[nodiscard]] static block strategy_allocate(allocator& inner, stream_view stream,
@@ -283,9 +313,19 @@ class allocator {
   int device_;
   std::atomic<std::size_t> limit_{SIZE_MAX};
   const allocator* reporter_ = nullptr;  // set by adopt(): the composite that reports for us
+  bool counts_under_lock_ = false;       // count_under_lock(): the strategy counts, locked
   std::shared_ptr<detail::thread_cache_registry> tc_;  // null: no thread cache
   std::size_t tc_granularity_ = 1;
   std::size_t tc_max_block_ = 0;
+
+  /// Adds `v` to a counter whose writers all hold one lock (count_under_lock): a load and a
+  /// store, no read-modify-write. Returns the new value.
+  template <class T>
+  static T plain_add(std::atomic<T>& a, T v) noexcept {
+    const T now = a.load(std::memory_order_relaxed) + v;
+    a.store(now, std::memory_order_relaxed);
+    return now;
+  }
 
   // Counters: relaxed atomics, so stats() never takes a strategy's lock. With thread caches the
   // in-use totals are these plus the caches' shards (docs/thread_cache.md, "Accounting"); these
