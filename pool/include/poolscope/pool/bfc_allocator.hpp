@@ -50,14 +50,14 @@
 // segment releases run outside it; split/merge hooks run inside it, so a hook must be short and
 // must not call back into the same allocator. Without thread caches the counters of stats() are
 // written under that mutex too (allocator::count_under_lock), with plain loads and stores.
-// Threads that miss their cache contend on the one lock
-// and on the cache lines it guards. Chunks held in a thread cache stay carved (live in segments();
-// counted as cached in stats()). Stream semantics: not stream-aware. A block freed on one stream
-// may be handed out for another at once; use stream_pool_allocator when several streams share a
-// pool. Segments are acquired on the requesting stream and released on the default stream. Cost:
-// O(1) per allocate/deallocate (bitmap search with countr_zero, open-addressing hash table, pooled
-// chunk nodes: no heap allocation per operation), plus a walk of one size class when it holds
-// chunks of several sizes; one upstream call per segment.
+// Threads that miss their cache contend on the one lock and on the cache lines it guards. Chunks
+// held in a thread cache stay carved (live in segments(); counted as cached in stats()).
+// Stream semantics: not stream-aware. A block freed on one stream may be handed out for another
+// at once; use stream_pool_allocator when several streams share a pool. Segments are acquired on
+// the requesting stream and released on the default stream. Cost: O(1) per allocate/deallocate
+// (bitmap search with countr_zero, open-addressing hash table, pooled chunk nodes: no heap
+// allocation per operation), plus a walk of one size class when it holds chunks of several
+// sizes; one upstream call per segment.
 #pragma once
 
 #include <cstddef>
