@@ -106,8 +106,7 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   const std::size_t lim = limit_.load(std::memory_order_relaxed);
   // in_use_ bounds the total from above (it counts thread-cached blocks too): refuse only on
   // the exact total.
-  if (lim != SIZE_MAX && in_use_.load(std::memory_order_relaxed) + bytes > lim &&
-      in_use_exact() + bytes > lim) {
+  if (lim != SIZE_MAX && shared_in_use() + bytes > lim && in_use_exact() + bytes > lim) {
     limit_hits_.fetch_add(1, std::memory_order_relaxed);
     if (hooks::active()) [[unlikely]] {
       emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
@@ -127,7 +126,15 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     b = allocate_from_strategy(stream, bytes, alignment, lim, record);
     if (record) {
       tc_record(cache, stream, b, bytes);
-    } else if (!counts_under_lock_) {  // else the strategy counted it (account_alloc_locked)
+    } else if (counts_under_lock_) {
+      // The strategy counted it (account_alloc_locked) and, without caches, raised the peaks.
+      if (cache != nullptr) {
+        tc_raise_peaks(*cache);
+      } else if (tc_ != nullptr) [[unlikely]] {  // no cache for this thread (no host memory)
+        raise_peak(peak_in_use_, shared_in_use());
+        raise_peak(peak_requested_, shared_requested());
+      }
+    } else {
       const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
       const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
       allocations_.fetch_add(1, std::memory_order_relaxed);
@@ -184,9 +191,10 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
     emit(hooks::event_kind::pool_free, hooks::event_phase::pre, stream, ptr, bytes, 0);
   }
   free_outcome out;
-  bool counted = false;  // in a thread cache's shard
+  bool counted = false;  // in a thread cache's shard, or by the strategy (account_free)
   if (tc_ == nullptr || !tc_give(stream, ptr, bytes, out, counted)) {
     out = do_deallocate(stream, ptr, bytes, alignment);
+    counted = counts_under_lock_ && !out.held;
     if (out.held) [[unlikely]] {
       // Another thread's cache recorded it (or an exited thread's, now an orphan).
       if (!tc_give_remote(stream, ptr, bytes, out)) {
@@ -202,7 +210,7 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
     }
   }
   // The strategy has lowered in_use_ already (account_free), before the block became reusable.
-  if (!counted && !counts_under_lock_) {  // else account_free counted it
+  if (!counted) {
     deallocations_.fetch_add(1, std::memory_order_relaxed);
   }
   if (hooked || hooks::active()) [[unlikely]] {
@@ -268,12 +276,12 @@ std::size_t with_delta(std::size_t shared, std::int64_t delta) noexcept {
 }  // namespace
 
 std::size_t allocator::in_use_exact() const {
-  const std::size_t shared = in_use_.load(std::memory_order_relaxed);
+  const std::size_t shared = shared_in_use();
   return tc_ == nullptr ? shared : with_delta(shared, tc_shard_sums().in_use);
 }
 
 std::size_t allocator::in_use_hint() const noexcept {
-  const std::size_t shared = in_use_.load(std::memory_order_relaxed);
+  const std::size_t shared = shared_in_use();
   if (tc_ == nullptr) {
     return shared;
   }
@@ -284,12 +292,14 @@ std::size_t allocator::in_use_hint() const noexcept {
 
 allocator_stats allocator::stats() const {
   allocator_stats s;
-  s.in_use = in_use_.load(std::memory_order_relaxed);
-  s.requested_in_use = requested_in_use_.load(std::memory_order_relaxed);
+  s.in_use = shared_in_use();
+  s.requested_in_use = shared_requested();
   s.reserved = reserved_.load(std::memory_order_relaxed);
   s.peak_reserved = peak_reserved_.load(std::memory_order_relaxed);
-  s.allocations = allocations_.load(std::memory_order_relaxed);
-  s.deallocations = deallocations_.load(std::memory_order_relaxed);
+  s.allocations = allocations_.load(std::memory_order_relaxed) +
+                  locked_.allocations.load(std::memory_order_relaxed);
+  s.deallocations = deallocations_.load(std::memory_order_relaxed) +
+                    locked_.deallocations.load(std::memory_order_relaxed);
   if (tc_ != nullptr) {
     const shard_sums sums = tc_shard_sums();
     s.in_use = with_delta(s.in_use, sums.in_use);

@@ -146,7 +146,7 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   thread_cache_options tc = options_.thread_cache;
   tc.max_block_bytes = std::min(tc.max_block_bytes, options_.small_request_max);
   enable_thread_cache(tc, round_bytes);
-  count_under_lock();  // takes effect without a thread cache: every write is under the mutex
+  count_under_lock();  // its allocations and frees run under the one mutex
 }
 
 bfc_allocator::~bfc_allocator() {
@@ -191,7 +191,9 @@ bfc_allocator::~bfc_allocator() {
   c->requested = bytes;
   st.live.insert(c);
   if (counts_under_lock()) {
-    account_alloc_locked(rounded, bytes);
+    // A thread cache counts the blocks it records; no branch on that (a coin toss on A2).
+    const std::size_t own = held ? 0 : 1;
+    account_alloc_locked(own * rounded, own * bytes, own);
   }
 }
 

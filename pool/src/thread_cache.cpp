@@ -216,17 +216,15 @@ void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
 void allocator::tc_raise_peaks(const thread_cache& c) noexcept {
   // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
   // never misses a high, and it is exact when no other thread holds cached blocks.
-  const auto bound = [](const std::atomic<std::size_t>& shared,
-                        const std::atomic<std::int64_t>& delta) {
-    const auto v = static_cast<std::int64_t>(shared.load(std::memory_order_relaxed)) +
-                   delta.load(std::memory_order_relaxed);
+  const auto bound = [](std::size_t shared, const std::atomic<std::int64_t>& delta) {
+    const auto v = static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
     return v < 0 ? std::size_t{0} : static_cast<std::size_t>(v);
   };
-  const std::size_t used = bound(in_use_, c.d_in_use);
+  const std::size_t used = bound(shared_in_use(), c.d_in_use);
   if (used > peak_in_use_.load(std::memory_order_relaxed)) [[unlikely]] {
     detail::raise_peak(peak_in_use_, used);
   }
-  const std::size_t req = bound(requested_in_use_, c.d_requested);
+  const std::size_t req = bound(shared_requested(), c.d_requested);
   if (req > peak_requested_.load(std::memory_order_relaxed)) [[unlikely]] {
     detail::raise_peak(peak_requested_, req);
   }
@@ -351,8 +349,12 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
       return false;  // the strategy's: it validates and reports
     }
     // Under the registry mutex: a flush in progress cannot be overtaken. The block is known to
-    // nobody now but the strategy, which still counts it handed out.
-    account_free(rec.rounded, orphan ? rec.requested : rec.rounded);
+    // nobody now but the strategy, which still counts it handed out. Not account_free: its
+    // counters under the strategy's lock are not this path's to write (count_under_lock).
+    if (reporter_ == nullptr) {
+      in_use_.fetch_sub(rec.rounded, std::memory_order_relaxed);
+      requested_in_use_.fetch_sub(orphan ? rec.requested : rec.rounded, std::memory_order_relaxed);
+    }
   }
   const bool size_ok = do_size_matches(bytes, rec.requested, rec.rounded);
   out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,

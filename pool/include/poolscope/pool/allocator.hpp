@@ -157,34 +157,43 @@ class allocator {
   /// under its lock (count_under_lock), plain loads and stores, and the free is counted here.
   void account_free(std::size_t rounded, std::size_t requested) noexcept {
     if (counts_under_lock_) {
-      plain_add(in_use_, 0 - rounded);  // wraps: a subtraction
-      plain_add(requested_in_use_, 0 - requested);
-      plain_add(deallocations_, std::uint64_t{1});
+      plain_add(locked_.in_use, 0 - rounded);  // wraps: a subtraction
+      plain_add(locked_.requested, 0 - requested);
+      plain_add(locked_.deallocations, std::uint64_t{1});
     } else if (reporter_ == nullptr) {
       in_use_.fetch_sub(rounded, std::memory_order_relaxed);
       requested_in_use_.fetch_sub(requested, std::memory_order_relaxed);
     }
   }
   /// For a strategy whose do_allocate and do_deallocate each run wholly under one lock of its
-  /// own: call at the end of its constructor to count its blocks under that lock, with plain
-  /// loads and stores of the counters instead of atomic read-modify-writes (six per alloc+free
-  /// pair, about a tenth of a bfc pair on random sizes). It takes effect only where nothing else
-  /// writes the counters: without a thread cache (whose hits count outside any strategy lock)
-  /// and until adopt() makes the strategy a composite's inner one. The strategy then calls
-  /// account_alloc_locked for every block it hands out, and account_free as before.
-  void count_under_lock() noexcept { counts_under_lock_ = tc_ == nullptr && reporter_ == nullptr; }
+  /// own: call at the end of its constructor to count the blocks it hands out and takes back
+  /// under that lock, in counters only it writes (locked_), with plain loads and stores instead
+  /// of atomic read-modify-writes (six per alloc+free pair, about a tenth of a bfc pair on
+  /// random sizes). Not on a composite's inner strategy (adopt() turns it off). The strategy
+  /// then calls account_alloc_locked for every block it hands out that a thread cache does not
+  /// record (do_allocate, not do_allocate_held), and account_free as before; the thread caches
+  /// keep counting their blocks in the shared atomics. Every reader adds the two (modulo 2^64:
+  /// a block counted in one and taken back through the other leaves the sum exact).
+  void count_under_lock() noexcept { counts_under_lock_ = reporter_ == nullptr; }
   [[nodiscard]] bool counts_under_lock() const noexcept { return counts_under_lock_; }
   /// Counts a block handed out (`rounded` bytes for `requested`), under the strategy's lock;
-  /// only when counts_under_lock(). Raises the peaks.
-  void account_alloc_locked(std::size_t rounded, std::size_t requested) noexcept {
-    const std::size_t used = plain_add(in_use_, rounded);
-    const std::size_t req = plain_add(requested_in_use_, requested);
-    plain_add(allocations_, std::uint64_t{1});
-    if (used > peak_in_use_.load(std::memory_order_relaxed)) {
-      peak_in_use_.store(used, std::memory_order_relaxed);
-    }
-    if (req > peak_requested_.load(std::memory_order_relaxed)) {
-      peak_requested_.store(req, std::memory_order_relaxed);
+  /// only when counts_under_lock(). `blocks` is 1, or 0 with sizes 0 for a block a thread cache
+  /// records (so that a strategy needs no branch on that). Without thread caches it raises the
+  /// peaks too (nobody else writes them then); with them allocate() raises them.
+  void account_alloc_locked(std::size_t rounded, std::size_t requested,
+                            std::uint64_t blocks) noexcept {
+    plain_add(locked_.in_use, rounded);
+    plain_add(locked_.requested, requested);
+    plain_add(locked_.allocations, blocks);
+    if (tc_ == nullptr) {
+      const std::size_t used = shared_in_use();
+      const std::size_t req = shared_requested();
+      if (used > peak_in_use_.load(std::memory_order_relaxed)) {
+        peak_in_use_.store(used, std::memory_order_relaxed);
+      }
+      if (req > peak_requested_.load(std::memory_order_relaxed)) {
+        peak_requested_.store(req, std::memory_order_relaxed);
+      }
     }
   }
   /// Split/merge events for strategies that carve chunks.
@@ -327,6 +336,16 @@ class allocator {
     return now;
   }
 
+  /// The in-use and requested bytes the shared atomics and the strategy's locked counters
+  /// count (without the thread caches' shards).
+  [[nodiscard]] std::size_t shared_in_use() const noexcept {
+    return in_use_.load(std::memory_order_relaxed) + locked_.in_use.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::size_t shared_requested() const noexcept {
+    return requested_in_use_.load(std::memory_order_relaxed) +
+           locked_.requested.load(std::memory_order_relaxed);
+  }
+
   // Counters: relaxed atomics, so stats() never takes a strategy's lock. With thread caches the
   // in-use totals are these plus the caches' shards (docs/thread_cache.md, "Accounting"); these
   // and the peaks are written only when a block enters or leaves the caches and the strategy,
@@ -340,6 +359,13 @@ class allocator {
   std::atomic<std::uint64_t> allocations_{0}, deallocations_{0};
   std::atomic<std::uint64_t> upstream_allocs_{0}, upstream_frees_{0}, upstream_failures_{0};
   std::atomic<std::uint64_t> oom_count_{0}, limit_hits_{0}, invalid_frees_{0};
+  // What a strategy that counts under its lock (count_under_lock) counts, written only under
+  // that lock, on a line of their own (the lock's holder writes them, cached hits never).
+  struct locked_counters {
+    std::atomic<std::size_t> in_use{0}, requested{0};
+    std::atomic<std::uint64_t> allocations{0}, deallocations{0};
+  };
+  alignas(64) locked_counters locked_;
 };
 
 }  // namespace poolscope::pool

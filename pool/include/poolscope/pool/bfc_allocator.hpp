@@ -48,8 +48,8 @@
 // (detail/bfc_structures.hpp) whose waiters spin briefly, then sleep. The critical section is
 // short: a bitmap search, a few pointer updates and a hash-table operation. Upstream calls and
 // segment releases run outside it; split/merge hooks run inside it, so a hook must be short and
-// must not call back into the same allocator. Without thread caches the counters of stats() are
-// written under that mutex too (allocator::count_under_lock), with plain loads and stores.
+// must not call back into the same allocator. The counters of the blocks it serves are written
+// under that mutex too (allocator::count_under_lock), with plain loads and stores.
 // Threads that miss their cache contend on the one lock and on the cache lines it guards. Chunks
 // held in a thread cache stay carved (live in segments(); counted as cached in stats()).
 // Stream semantics: not stream-aware. A block freed on one stream may be handed out for another
