@@ -349,12 +349,9 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
       return false;  // the strategy's: it validates and reports
     }
     // Under the registry mutex: a flush in progress cannot be overtaken. The block is known to
-    // nobody now but the strategy, which still counts it handed out. Not account_free: its
-    // counters under the strategy's lock are not this path's to write (count_under_lock).
-    if (reporter_ == nullptr) {
-      in_use_.fetch_sub(rec.rounded, std::memory_order_relaxed);
-      requested_in_use_.fetch_sub(orphan ? rec.requested : rec.rounded, std::memory_order_relaxed);
-    }
+    // nobody now but the strategy, which still counts it handed out. The shared counters only:
+    // those under the strategy's lock are not this path's to write (count_under_lock).
+    account_free_shared(rec.rounded, orphan ? rec.requested : rec.rounded);
   }
   const bool size_ok = do_size_matches(bytes, rec.requested, rec.rounded);
   out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,

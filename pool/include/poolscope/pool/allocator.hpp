@@ -160,7 +160,14 @@ class allocator {
       plain_add(locked_.in_use, 0 - rounded);  // wraps: a subtraction
       plain_add(locked_.requested, 0 - requested);
       plain_add(locked_.deallocations, std::uint64_t{1});
-    } else if (reporter_ == nullptr) {
+    } else {
+      account_free_shared(rounded, requested);
+    }
+  }
+  /// account_free on the shared atomics only: for a path that holds no strategy lock (a thread
+  /// cache's remote free), whose writes must not touch the counters under that lock.
+  void account_free_shared(std::size_t rounded, std::size_t requested) noexcept {
+    if (reporter_ == nullptr) {
       in_use_.fetch_sub(rounded, std::memory_order_relaxed);
       requested_in_use_.fetch_sub(requested, std::memory_order_relaxed);
     }
