@@ -11,11 +11,12 @@ namespace poolscope::pool::detail {
 
 /// Slots keyed by an address (Slot::key, a std::uintptr_t that is never 0; 0 marks an empty
 /// slot): open addressing, linear probing, backward-shift deletion (no tombstones), load factor
-/// <= 1/4, multiplicative hashing. The low load keeps almost every key in its home slot and
+/// <= 1/8, multiplicative hashing. The low load keeps almost every key in its home slot and
 /// almost every erase free of shifts, so lookups rarely take the unpredicted branch: on the
-/// random frees of DESIGN.md §4 A2 it cut the table's mispredicted branches from 3.3 to 1.4 per
-/// alloc+free pair against a load of 1/2, for twice the slots (about 85 bytes per entry on
-/// average instead of 43).
+/// random frees of DESIGN.md §4 A2 the table's mispredicted branches per alloc+free pair were
+/// 3.3 at a load of 1/2, 1.4 at 1/4 and 0.5 at 1/8 (callgrind; at 1/4 the erase's shift loop
+/// alone mispredicted 0.8 per pair with 1000 live blocks), for about 170 bytes of slots per
+/// entry on average (85 at 1/4). A lookup touches one slot's line at any load.
 /// `FirstCapacity` (a power of two) is the first allocation.
 /// Ownership: owns its slots. Thread safety: none (its owner's lock guards it). Nothing throws
 /// except reserve_one (std::bad_alloc), which callers run before they change anything.
@@ -26,7 +27,7 @@ class address_table {
  public:
   /// Makes sure one insert will not allocate. May throw std::bad_alloc.
   void reserve_one() {
-    if ((size_ + 1) * 4 > slots_.size()) [[unlikely]] {
+    if ((size_ + 1) * 8 > slots_.size()) [[unlikely]] {
       rehash(slots_.empty() ? FirstCapacity : slots_.size() * 2);
     }
   }
