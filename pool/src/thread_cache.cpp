@@ -154,13 +154,13 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
   }
   const std::size_t rounded = (bytes + tc_granularity_ - 1) & ~(tc_granularity_ - 1);
   out = c;
-  if (rounded > tc_max_block_) {
-    return {};  // never cached: the strategy's alone
-  }
-  if (c->surely_passes(rounded)) {
-    // No bin holds this size and no recent request missed it (most requests of a random-size
-    // workload): a miss, known without the lock; the ring is this thread's own.
-    c->add_wanted(rounded, stream.value());
+  // A miss known without the lock: a size too large to cache (never cached: the strategy's
+  // alone), or one no bin holds and no recent request missed (most requests of a random-size
+  // workload). One branch for both, each a coin toss on random sizes; the ring is this
+  // thread's own, and add_wanted keeps a large size out of it without a branch.
+  const bool cacheable = rounded <= tc_max_block_;
+  if (!cacheable | c->surely_passes(rounded)) {
+    c->add_wanted(rounded, stream.value(), cacheable);
     return {};
   }
   std::lock_guard lock(c->lock);

@@ -205,5 +205,54 @@ TEST(thread_cache_filters, never_deny_what_the_cache_holds) {
   EXPECT_GT(passed, 900U);  // 2 bits of 256 set: about 99 % pass
 }
 
+// find_bin answers as a scan of every bin would, whether a filter bit has no bin, one, or
+// several (sizes that share a bit, one size on two streams), through random rekeyings.
+TEST(thread_cache_filters, find_bin_agrees_with_a_scan) {
+  thread_cache c(nullptr, 1);
+  std::mt19937_64 rng(11);
+  // Sizes in few filter bits, so that bins share bits often.
+  std::vector<std::size_t> sizes;
+  const unsigned wanted_bits[] = {thread_cache::size_bit(3 * 512),
+                                  thread_cache::size_bit(40 * 512)};
+  for (std::size_t units = 1; sizes.size() < 12; ++units) {
+    const unsigned bit = thread_cache::size_bit(units * 512);
+    if (bit == wanted_bits[0] || bit == wanted_bits[1]) {
+      sizes.push_back(units * 512);
+    }
+  }
+  void* const streams[] = {nullptr, reinterpret_cast<void*>(0x1000)};
+  const auto scan = [&c](std::size_t rounded, void* stream) {
+    for (std::size_t i = 0; i < thread_cache::bin_count; ++i) {
+      if (c.bins[i].rounded == rounded && c.bins[i].stream == stream) {
+        return i;
+      }
+    }
+    return thread_cache::bin_count;
+  };
+  std::size_t found = 0;
+  for (int round = 0; round < 2000; ++round) {
+    // Rekey a few bins (keys stay distinct, as tc_cache_locked keeps them), or clear one.
+    for (int k = 0; k < 3; ++k) {
+      const std::size_t i = rng() % thread_cache::bin_count;
+      const std::size_t rounded = rng() % 4 == 0 ? 0 : sizes[rng() % sizes.size()];
+      void* const stream = streams[rng() % 2];
+      if (rounded == 0 || scan(rounded, stream) == thread_cache::bin_count) {
+        c.bins[i].rounded = rounded;
+        c.bins[i].stream = rounded == 0 ? nullptr : stream;
+      }
+    }
+    c.rekey_bins();
+    for (const std::size_t rounded : sizes) {
+      for (void* const stream : streams) {
+        const std::size_t want = scan(rounded, stream);
+        ASSERT_EQ(c.find_bin(rounded, stream), want) << "round " << round << ", size " << rounded;
+        found += want != thread_cache::bin_count ? 1 : 0;
+      }
+    }
+    ASSERT_EQ(c.find_bin(7777 * 512, nullptr), thread_cache::bin_count);
+  }
+  EXPECT_GT(found, 0U);
+}
+
 }  // namespace
 }  // namespace poolscope::pool::detail

@@ -86,7 +86,9 @@ struct thread_cache {
   static constexpr std::size_t bin_count = 16;
 
   thread_cache(std::shared_ptr<thread_cache_registry> r, std::uint32_t id)
-      : registry(std::move(r)), allocator_id(id) {}
+      : registry(std::move(r)), allocator_id(id) {
+    bin_of_bit.fill(no_bin);
+  }
 
   tc_lock lock;
   const std::shared_ptr<thread_cache_registry> registry;  // the weak handle to the allocator
@@ -101,11 +103,14 @@ struct thread_cache {
   std::uint64_t tick = 0;
   /// The (stream, rounded size) of the latest requests the cache missed, a ring: a freed block
   /// of a size nobody asked for lately and no bin holds goes straight back to the strategy.
+  /// One entry more than the ring: where add_wanted puts a request too large to cache, so that
+  /// it needs no branch on that (no lookup reads the spare).
   struct want {
     std::size_t rounded = 0;
     void* stream = nullptr;
   };
-  std::array<want, bin_count> wanted{};
+  static constexpr std::uint32_t wanted_ring = bin_count;
+  std::array<want, wanted_ring + 1> wanted{};
   std::uint32_t wanted_next = 0;
   // Filters over the sizes, so that a size no bin holds and nobody wanted (most sizes of a
   // random-size workload) costs a bit test instead of a scan of the bins or of `wanted`: bit
@@ -121,6 +126,11 @@ struct thread_cache {
   std::array<std::atomic<std::uint64_t>, filter_bits / 64> bin_sizes{};
   size_filter wanted_sizes{};
   std::array<std::uint8_t, filter_bits> wanted_bit_count{};
+  // For each filter bit, the one bin keyed by a size with that bit, no_bin if none, or
+  // several_bins; so find_bin looks at one bin instead of scanning them. Under `lock`.
+  static constexpr std::uint8_t no_bin = bin_count;
+  static constexpr std::uint8_t several_bins = bin_count + 1;
+  std::array<std::uint8_t, filter_bits> bin_of_bit{};
   // A counting filter over the addresses in `table`: slot address_slot(p) counts the entries
   // whose address maps there. Written under `lock` (relaxed load and store), read by the owner
   // without it: the owner's own inserts are visible to it, so a zero means `p` was not recorded
@@ -140,10 +150,10 @@ struct thread_cache {
     return ((bin_sizes[bit >> 6].load(std::memory_order_relaxed) >> (bit & 63)) & 1U) != 0;
   }
   /// Whether no request's size could be served or recorded here: no bin and no recent miss
-  /// share its filter bit (owner only; lock not needed).
+  /// share its filter bit (owner only; lock not needed). Both loads, no branch between them.
   [[nodiscard]] bool surely_passes(std::size_t rounded) const noexcept {
     const unsigned bit = size_bit(rounded);
-    return !may_have_bin(bit) && !test(wanted_sizes, bit);
+    return !(may_have_bin(bit) | test(wanted_sizes, bit));
   }
 
   [[nodiscard]] static std::size_t address_slot(const void* p) noexcept {
@@ -177,42 +187,53 @@ struct thread_cache {
   }
   [[nodiscard]] bool is_wanted(std::size_t rounded, void* stream) const noexcept {
     return test(wanted_sizes, size_bit(rounded)) &&
-           std::any_of(wanted.begin(), wanted.end(),
+           std::any_of(wanted.begin(), wanted.begin() + wanted_ring,
                        [&](const want& w) { return w.rounded == rounded && w.stream == stream; });
   }
-  /// Records a missed request in the ring of wanted sizes.
-  void add_wanted(std::size_t rounded, void* stream) noexcept {
-    want& w = wanted[wanted_next++ % wanted.size()];
+  /// Records a missed request in the ring of wanted sizes, if `cacheable`; else in the spare
+  /// entry, which no lookup reads: the caller needs no branch on the size (a coin toss on random
+  /// sizes), and the filter counts the spare as one more entry.
+  void add_wanted(std::size_t rounded, void* stream, bool cacheable = true) noexcept {
+    const auto keep = static_cast<std::uint32_t>(cacheable);
+    const std::uint32_t mask = 0U - keep;  // masks, as the compiler branches on `?:` here
+    const std::uint32_t at = ((wanted_next % wanted_ring) & mask) | (wanted_ring & ~mask);
+    wanted_next += keep;
+    want& w = wanted[at];
     if (w.rounded != 0) {
       const unsigned old = size_bit(w.rounded);
-      if (--wanted_bit_count[old] == 0) {
-        wanted_sizes[old >> 6] &= ~(std::uint64_t{1} << (old & 63));
-      }
+      const auto gone = static_cast<std::uint64_t>(--wanted_bit_count[old] == 0);
+      wanted_sizes[old >> 6] &= ~(gone << (old & 63));
     }
     w = {rounded, stream};
     const unsigned bit = size_bit(rounded);
     ++wanted_bit_count[bit];
     wanted_sizes[bit >> 6] |= std::uint64_t{1} << (bit & 63);
   }
-  /// The bin keyed by (rounded, stream), or bin_count.
+  /// The bin keyed by (rounded, stream), or bin_count (under `lock`).
   [[nodiscard]] std::size_t find_bin(std::size_t rounded, void* stream) const noexcept {
-    if (!may_have_bin(size_bit(rounded))) {
+    const std::uint8_t hint = bin_of_bit[size_bit(rounded)];
+    if (hint < bin_count) [[likely]] {
+      return bins[hint].rounded == rounded && bins[hint].stream == stream ? hint : bin_count;
+    }
+    if (hint == no_bin) {
       return bin_count;
     }
-    for (std::size_t i = 0; i < bin_count; ++i) {
+    for (std::size_t i = 0; i < bin_count; ++i) {  // several bins share the bit
       if (bins[i].rounded == rounded && bins[i].stream == stream) {
         return i;
       }
     }
     return bin_count;
   }
-  /// Recomputes bin_sizes after a bin's key changed.
+  /// Recomputes bin_sizes and bin_of_bit after a bin's key changed (under `lock`).
   void rekey_bins() noexcept {
     size_filter f{};
-    for (const tc_bin& b : bins) {
-      if (b.rounded != 0) {
-        const unsigned bit = size_bit(b.rounded);
+    bin_of_bit.fill(no_bin);
+    for (std::size_t i = 0; i < bin_count; ++i) {
+      if (bins[i].rounded != 0) {
+        const unsigned bit = size_bit(bins[i].rounded);
         f[bit >> 6] |= std::uint64_t{1} << (bit & 63);
+        bin_of_bit[bit] = bin_of_bit[bit] == no_bin ? static_cast<std::uint8_t>(i) : several_bins;
       }
     }
     for (std::size_t w = 0; w < f.size(); ++w) {
