@@ -43,6 +43,7 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   EXPECT_EQ(demo.at("backend"), "host:2");
   EXPECT_EQ(demo.at("n"), 200000);
   EXPECT_EQ(demo.at("cupti_kinds"), "");  // host devices: no CUPTI
+  EXPECT_EQ(demo.at("kernel_graphs"), true);
   // C split at 0.7 N, A at N/2: 0.2 N floats move from device 0 to device 1.
   EXPECT_EQ(demo.at("bytes_moved").get<std::int64_t>(), 40000 * 4);
   const double add = demo.at("t_add_ms"), reshard = demo.at("t_reshard_ms");
@@ -71,6 +72,7 @@ TEST(cli_darray_demo, bad_options_fail_cleanly) {
            {"demo", "--devices", "tpu"},
            {"demo", "--transport", "pigeon"},
            {"demo", "--n", "0"},
+           {"demo", "--kernel-graphs", "maybe"},
        }) {
     std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
     argv.insert(argv.end(), args.begin(), args.end());

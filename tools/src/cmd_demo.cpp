@@ -34,6 +34,9 @@ void register_demo(CLI::App& app) {
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
   sub->add_option("--seed", o->seed, "seed of the data")->capture_default_str();
+  sub->add_option("--kernel-graphs", o->kernel_graphs,
+                  "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
+      ->capture_default_str();
   sub->add_flag("!--no-cupti", o->cupti, "do not collect CUPTI activity");
   sub->add_option("--cupti-kinds", o->cupti_kinds,
                   "CUPTI activity to collect: all, or a comma-separated list of kernels, copies, "

@@ -111,6 +111,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   };
   darray::backend_options bo;
   bo.allocator = o.allocator;
+  bo.kernel_graphs = o.kernel_graphs;
   if (o.transport == "auto") {
     bo.transfers = darray::transport::automatic;
   } else if (o.transport == "peer") {
@@ -321,6 +322,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   demo["matmul_n"] = mm;
   demo["allocator"] = o.allocator;
   demo["transport"] = o.transport;
+  demo["kernel_graphs"] = o.kernel_graphs;
   demo["cupti_kinds"] = to.cupti ? profiler::activity_kinds_of(cupti_settings) : "";
   demo["t_add_ms"] = res.t_add_ms;
   demo["t_reshard_ms"] = res.t_reshard_ms;

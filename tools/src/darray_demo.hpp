@@ -44,6 +44,9 @@ struct darray_demo_options {
   /// memory), left out by default, cost the demo 15-20 % on 4 GPUs; with runtime the trace has
   /// its launch flows (docs/perf.md, ninth session).
   std::string cupti_kinds = std::string(default_demo_cupti_kinds);
+  /// CUDA: kernels launched as one-node graphs (darray::backend_options::kernel_graphs) or with
+  /// cudaLaunchKernel; ignored on host devices.
+  bool kernel_graphs = true;
 };
 
 /// One check against the host reference.
