@@ -34,8 +34,12 @@ struct last_cache {
   std::uint32_t allocator_id = 0;
   thread_cache* cache = nullptr;
 };
-thread_local last_cache t_last;
-thread_local bool t_exited = false;  // set when the thread's caches were retired at its exit
+// initial-exec: read inline on every cached operation, not through __tls_get_addr (a call per
+// access in a shared library). 17 bytes of the static TLS block, which glibc keeps a surplus of
+// for libraries loaded later, as the plug-in is (by PyTorch or CuPy).
+[[gnu::tls_model("initial-exec")]] thread_local last_cache t_last;
+// Set when the thread's caches were retired at its exit.
+[[gnu::tls_model("initial-exec")]] thread_local bool t_exited = false;
 
 /// The calling thread's caches, one per allocator it allocated from; retired at thread exit.
 struct thread_caches {
@@ -292,7 +296,8 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
       detail::shard_add(c->deallocations, 1);
       counted = true;
       if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() &&
-          tc_cache_locked(*c, e, ptr, rec.rounded, stream.value())) {
+          (c->push_if_room(e, ptr, rec.rounded, tc_->options.max_bytes, tc_->options.max_blocks) ||
+           tc_cache_locked(*c, e, ptr, rec.rounded, stream.value()))) {
         // Live (0, -(rounded - requested)) to cached (-rounded, -rounded), under the lock a
         // request must take to reuse it.
         detail::shard_add(c->d_in_use, -static_cast<std::int64_t>(rec.rounded));

@@ -225,6 +225,27 @@ struct thread_cache {
     }
     return bin_count;
   }
+  /// The common way a freed block is cached (under `lock`): its size has a bin with room and
+  /// the cache's bounds take one more block, so nothing is evicted. `e` is the block's entry
+  /// (its stream the free's). False changes nothing: allocator::tc_cache_locked decides then.
+  bool push_if_room(tc_entry* e, void* ptr, std::size_t rounded, std::size_t max_bytes,
+                    std::size_t max_blocks) noexcept {
+    const std::size_t i = find_bin(rounded, e->stream);
+    if (i == bin_count) {
+      return false;
+    }
+    tc_bin& bin = bins[i];
+    if (bin.count == tc_bin::capacity || cached_bytes + rounded > max_bytes ||
+        cached_blocks + 1 > max_blocks) {
+      return false;
+    }
+    bin.blocks[bin.count++] = ptr;
+    bin.last_use = ++tick;
+    cached_bytes += rounded;
+    ++cached_blocks;
+    e->cached = true;
+    return true;
+  }
   /// Recomputes bin_sizes and bin_of_bit after a bin's key changed (under `lock`).
   void rekey_bins() noexcept {
     size_filter f{};
