@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "poolscope/darray/distributed_array.hpp"
@@ -169,6 +170,58 @@ TEST(darray_array, small_chunks_compute_their_parts_in_one_task) {
       want[i] = ha[i] + hc[i];
     }
     EXPECT_EQ(sum.to_host(), want);
+  }
+}
+
+// A binary op of arrays on different maps reshards its right operand inside the op and computes
+// part by part: what each device holds, then each received piece. Chunks of 2^20 elements and more
+// take that path (smaller ones compute all their parts in one task); the result and its parts (the
+// local part first, one per piece after it) are checked, on 2 and 3 devices.
+TEST(darray_array, implicit_reshard_computes_the_local_part_then_each_piece) {
+  for (const int devices : {2, 3}) {
+    SCOPED_TRACE("host:" + std::to_string(devices));
+    auto be = make_host_backend(devices);
+    const std::size_t before = in_use(*be);
+    const i64 n = i64{3} << 20;
+    const auto ha = iota_values(n);
+    const auto hc = iota_values(n, 11);
+    std::vector<std::tuple<int, i64, i64>> a_ranges;
+    std::vector<std::tuple<int, i64, i64>> c_ranges;
+    for (int d = 0; d < devices; ++d) {
+      a_ranges.emplace_back(d, n * d / devices, n * (d + 1) / devices);
+      // C's boundaries sit elsewhere: every device but one receives from its neighbours.
+      c_ranges.emplace_back(d, d == 0 ? 0 : n * d / devices + n / 10,
+                            d + 1 == devices ? n : n * (d + 1) / devices + n / 10);
+    }
+    const auto a_map = index_map::split({n}, 0, a_ranges);
+    const auto c_map = index_map::split({n}, 0, c_ranges);
+    {
+      auto a = distributed_array<i64>::from_host(be, ha, {n}, a_map);
+      auto c = distributed_array<i64>::from_host(be, hc, {n}, c_map);
+      const auto copies = be->stats().copies_peer;
+      auto sum = a + c;  // maps differ: resharded inside the op
+      std::vector<i64> want(ha.size());
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        want[i] = ha[i] + hc[i];
+      }
+      EXPECT_EQ(sum.to_host(), want);
+      EXPECT_EQ(sum.index_map(), a_map);
+      const auto received = be->stats().copies_peer - copies;
+      std::size_t parts = 0;
+      for (std::size_t j = 0; j < sum.chunks().size(); ++j) {
+        const auto& ch = sum.chunks()[j];
+        ASSERT_GE(ch.parts.size(), 1U);
+        // The part C's chunk on this device holds comes first.
+        const auto [d, c_lo, c_hi] = c_ranges[static_cast<std::size_t>(ch.device)];
+        const auto [d2, a_lo, a_hi] = a_ranges[static_cast<std::size_t>(ch.device)];
+        EXPECT_EQ(ch.parts[0].region.dims[0].start, std::max(a_lo, c_lo)) << "chunk " << j;
+        EXPECT_EQ(ch.parts[0].region.dims[0].stop, std::min(a_hi, c_hi)) << "chunk " << j;
+        parts += ch.parts.size();
+      }
+      EXPECT_EQ(parts, sum.chunks().size() + received);  // one local part each, one per piece
+    }
+    be->synchronize();
+    EXPECT_EQ(in_use(*be), before);
   }
 }
 
