@@ -295,9 +295,18 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
              rec.requested};
       detail::shard_add(c->deallocations, 1);
       counted = true;
-      if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() &&
-          (c->push_if_room(e, ptr, rec.rounded, tc_->options.max_bytes, tc_->options.max_blocks) ||
-           tc_cache_locked(*c, e, ptr, rec.rounded, stream.value()))) {
+      bool cached = false;
+      if (rec.rounded <= tc_max_block_ && rec.stream == stream.value()) {
+        // The common case inline: the size's bin has room within the bounds (nothing evicted).
+        const std::size_t bin = c->find_bin(rec.rounded, rec.stream);
+        if (c->room_in(bin, rec.rounded, tc_->options.max_bytes, tc_->options.max_blocks)) {
+          c->push(bin, e, ptr, rec.rounded);
+          cached = true;
+        } else {
+          cached = tc_cache_locked(*c, e, ptr, rec.rounded, rec.stream, bin);
+        }
+      }
+      if (cached) {
         // Live (0, -(rounded - requested)) to cached (-rounded, -rounded), under the lock a
         // request must take to reuse it.
         detail::shard_add(c->d_in_use, -static_cast<std::int64_t>(rec.rounded));
@@ -384,10 +393,9 @@ void allocator::tc_evict_bin_locked(thread_cache& c, std::size_t index) noexcept
 }
 
 bool allocator::tc_cache_locked(thread_cache& c, tc_entry*& entry, void* ptr, std::size_t rounded,
-                                void* stream) noexcept {
+                                void* stream, std::size_t target) noexcept {
   const thread_cache_options& o = tc_->options;
-  // The bin of this size, perhaps emptied by hits: a size in use here.
-  std::size_t target = c.find_bin(rounded, stream);
+  // `target`: the bin of this size, perhaps emptied by hits (a size in use here), or none.
   if (target == thread_cache::bin_count && !c.is_wanted(rounded, stream)) {
     return false;  // no bin for it and no recent request missed it: the strategy may merge it
   }
@@ -436,14 +444,8 @@ bool allocator::tc_cache_locked(thread_cache& c, tc_entry*& entry, void* ptr, st
     c.bins[target].stream = stream;
     c.rekey_bins();
   }
-  detail::tc_bin& bin = c.bins[target];
-  bin.blocks[bin.count++] = ptr;
-  bin.last_use = ++c.tick;
-  c.cached_bytes += rounded;
-  ++c.cached_blocks;
   entry = evicted ? c.table.find(ptr) : entry;
-  entry->cached = true;
-  entry->stream = stream;
+  c.push(target, entry, ptr, rounded);
   return true;
 }
 

@@ -225,26 +225,21 @@ struct thread_cache {
     }
     return bin_count;
   }
-  /// The common way a freed block is cached (under `lock`): its size has a bin with room and
-  /// the cache's bounds take one more block, so nothing is evicted. `e` is the block's entry
-  /// (its stream the free's). False changes nothing: allocator::tc_cache_locked decides then.
-  bool push_if_room(tc_entry* e, void* ptr, std::size_t rounded, std::size_t max_bytes,
-                    std::size_t max_blocks) noexcept {
-    const std::size_t i = find_bin(rounded, e->stream);
-    if (i == bin_count) {
-      return false;
-    }
+  /// Whether bin `i` (bin_count: none) can take one more block of `rounded` bytes within the
+  /// cache's bounds, so that caching it evicts nothing (under `lock`).
+  [[nodiscard]] bool room_in(std::size_t i, std::size_t rounded, std::size_t max_bytes,
+                             std::size_t max_blocks) const noexcept {
+    return i != bin_count && bins[i].count != tc_bin::capacity &&
+           cached_bytes + rounded <= max_bytes && cached_blocks + 1 <= max_blocks;
+  }
+  /// Caches block `ptr` (table entry `e`) in bin `i`, which has room (under `lock`).
+  void push(std::size_t i, tc_entry* e, void* ptr, std::size_t rounded) noexcept {
     tc_bin& bin = bins[i];
-    if (bin.count == tc_bin::capacity || cached_bytes + rounded > max_bytes ||
-        cached_blocks + 1 > max_blocks) {
-      return false;
-    }
     bin.blocks[bin.count++] = ptr;
     bin.last_use = ++tick;
     cached_bytes += rounded;
     ++cached_blocks;
     e->cached = true;
-    return true;
   }
   /// Recomputes bin_sizes and bin_of_bit after a bin's key changed (under `lock`).
   void rekey_bins() noexcept {

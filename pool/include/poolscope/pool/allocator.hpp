@@ -313,10 +313,12 @@ class allocator {
   /// In-use bytes as hook events carry them: the shared counter plus the calling thread's
   /// shard (exact unless other threads hold cached blocks, which it counts as in use).
   [[nodiscard]] std::size_t in_use_hint() const noexcept;
-  /// Caches the freed block `ptr` (its table entry `entry`) in a bin, or says no. Evictions
-  /// move table entries: `entry` is the block's entry again on return.
+  /// Caches the freed block `ptr` (its table entry `entry`, already of stream `stream`) in a
+  /// bin, evicting other sizes if the bounds need it, or says no. `target` is the bin of its
+  /// size (thread_cache::find_bin; bin_count: none). Evictions move table entries: `entry` is
+  /// the block's entry again on return.
   bool tc_cache_locked(detail::thread_cache& c, detail::tc_entry*& entry, void* ptr,
-                       std::size_t rounded, void* stream) noexcept;
+                       std::size_t rounded, void* stream, std::size_t target) noexcept;
   std::size_t tc_flush_locked(detail::thread_cache& c) noexcept;
   void tc_evict_bin_locked(detail::thread_cache& c, std::size_t bin) noexcept;
   void tc_retire(detail::thread_cache& c) noexcept;
