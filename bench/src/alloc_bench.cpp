@@ -539,6 +539,7 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
   const run_sizes z = sizes_for(o.quick);
   const double budget = o.seconds_per_row > 0 ? o.seconds_per_row : (o.quick ? 0.05 : 1.0);
   rep.timer_overhead_ns = timer_overhead_ns();
+  rep.owner_bias = pool::owner_bias_available();
   const double overhead = rep.timer_overhead_ns;
 
   // The resources: the one benchmarked, and the raw baselines beside it.
@@ -612,14 +613,20 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
           rep.rows.push_back(std::move(row));
         }
       }
-      std::vector<std::pair<std::string, bool>> variants;  // (row target, thread cache on)
+      struct variant {
+        std::string target;  // the row's
+        bool cached;         // thread cache on
+        bool bias;           // its lock biased towards the owning thread
+      };
+      std::vector<variant> variants;
       for (const std::string& a : allocators) {
-        variants.emplace_back(a, true);
+        variants.push_back({a, true, true});
         if (o.compare_thread_cache && (a == "bfc" || a == "best_fit")) {
-          variants.emplace_back(a + " -tc", false);
+          variants.push_back({a + " -tc", false, false});
+          variants.push_back({a + " -bias", true, false});
         }
       }
-      for (const auto& [a, cached] : variants) {
+      for (const auto& [a, cached, bias] : variants) {
         if (progress != nullptr) {
           *progress << "[bench] " << w << (w == "A3" ? " x" + std::to_string(th) : "") << ": " << a
                     << std::endl;
@@ -628,6 +635,7 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
         try {
           pool::thread_cache_options tc;
           tc.enabled = cached;
+          tc.owner_bias = bias;
           alloc = pool::make_allocator(a.substr(0, a.find(' ')), *res, tc);
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
@@ -661,7 +669,7 @@ void alloc_bench_report::print_table(std::ostream& out) const {
   out << "poolscope allocator benchmark: resource " << resource
       << (capacity ? " (capped at " + format_size(*capacity) + ")" : std::string{})
       << (quick ? ", quick" : "") << ", timer overhead " << format_ns(timer_overhead_ns)
-      << " (subtracted)\n";
+      << (owner_bias ? "" : ", thread caches' locks unbiased (no membarrier)") << " (subtracted)\n";
   text_table t({"workload", "target", "threads", "pairs", "batch", "median", "p99", "peak req",
                 "peak res", "res/req", "upstream", "note"},
                2);
@@ -730,6 +738,7 @@ std::string alloc_bench_report::to_json() const {
               {"seed", seed},
               {"capacity", opt(capacity)},
               {"timer_overhead_ns", timer_overhead_ns},
+              {"owner_bias", owner_bias},
               {"method", timing_method()},
               {"rows", std::move(rows_j)},
               {"summary", summary}};

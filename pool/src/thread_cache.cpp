@@ -124,7 +124,7 @@ thread_cache* allocator::tc_local() {
   std::erase_if(mine, [](thread_cache* c) {
     bool dead = false;
     {
-      std::lock_guard lock(c->lock);
+      detail::owner_guard lock(c->lock);  // this thread's own caches
       dead = c->dead;
     }
     if (dead) {
@@ -132,7 +132,7 @@ thread_cache* allocator::tc_local() {
     }
     return dead;
   });
-  auto c = std::make_unique<thread_cache>(tc_, id_);
+  auto c = std::make_unique<thread_cache>(tc_, id_, tc_->options.owner_bias);
   mine.reserve(mine.size() + 1);
   {
     std::lock_guard lock(tc_->mutex);
@@ -167,7 +167,7 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
     c->add_wanted(rounded, stream.value(), cacheable);
     return {};
   }
-  std::lock_guard lock(c->lock);
+  detail::owner_guard lock(c->lock);
   const std::size_t i = c->find_bin(rounded, stream.value());
   if (i != thread_cache::bin_count && c->bins[i].count != 0) {
     detail::tc_bin& bin = c->bins[i];
@@ -205,7 +205,7 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
 
 void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
                           std::size_t bytes) noexcept {
-  std::lock_guard lock(c->lock);
+  detail::owner_guard lock(c->lock);
   c->table_insert(
       {reinterpret_cast<std::uintptr_t>(b.ptr), b.rounded, bytes, stream.value(), false});
   // The shared counters take the block at its rounded size, the shard the rest of its share;
@@ -283,7 +283,7 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
   }
   // may_hold: a block this thread never recorded (most, on random sizes) skips the lock.
   if (c != nullptr && c->may_hold(ptr)) {
-    std::unique_lock lock(c->lock);
+    detail::owner_guard lock(c->lock);
     if (tc_entry* e = c->table.find(ptr)) {
       if (e->cached) {
         out = {hooks::free_error::double_free, 0, 0};
@@ -346,6 +346,9 @@ bool allocator::tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
     }
     for (auto it = r.caches.begin(); !found && it != r.caches.end(); ++it) {
       thread_cache* c = *it;
+      if (!c->may_hold(ptr)) {
+        continue;  // not recorded there: its owner keeps its lock's bias
+      }
       std::lock_guard cl(c->lock);
       if (tc_entry* e = c->table.find(ptr)) {
         if (e->cached) {
@@ -477,7 +480,7 @@ std::size_t allocator::flush_thread_caches() noexcept {
 void allocator::tc_retire(thread_cache& c) noexcept {
   // The caller holds the registry mutex; the thread that owns `c` is exiting.
   thread_cache_registry& r = *tc_;
-  std::lock_guard cl(c.lock);
+  detail::owner_guard cl(c.lock);
   (void)tc_flush_locked(c);
   tc_fold_locked(c);  // its live blocks now count at (rounded, requested), as orphans do
   std::size_t lost = 0;

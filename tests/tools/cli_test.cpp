@@ -222,6 +222,7 @@ TEST(cli_bench, alloc_quick_host_json) {
   }
   // The hook figures.
   ASSERT_TRUE(j["hooks"].is_object());
+  EXPECT_TRUE(j["owner_bias"].is_boolean());
   EXPECT_GE(j["hooks"]["check_ns"].get<double>(), 0.0);
   EXPECT_GT(j["hooks"]["check_loop_ns"].get<double>(), 0.0);
   EXPECT_EQ(j["hooks"]["events_per_pair"], 4U);
@@ -237,6 +238,21 @@ TEST(cli_bench, workload_and_allocator_filters) {
   EXPECT_EQ(j["rows"][0]["workload"], "A1");
   EXPECT_EQ(j["rows"][0]["target"], "best_fit");
   EXPECT_TRUE(j["hooks"].is_null());
+}
+
+TEST(cli_bench, compare_thread_cache_adds_rows_without_the_cache_and_without_its_bias) {
+  poolscope::testing::process_result r;
+  const json j = run_json(
+      {"bench", "alloc", "--quick", "--resource", "host", "--workloads", "A1", "--allocators",
+       "bfc,naive", "--no-baselines", "--seconds", "0.01", "--compare-thread-cache"},
+      r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> targets;
+  for (const auto& row : j["rows"]) {
+    targets.push_back(row["target"].get<std::string>());
+    EXPECT_TRUE(row["error"].is_null() || row["error"] == "") << row.dump();
+  }
+  EXPECT_EQ(targets, (std::vector<std::string>{"bfc", "bfc -tc", "bfc -bias", "naive"}));
 }
 
 TEST(cli_bench, bad_options_fail_cleanly) {

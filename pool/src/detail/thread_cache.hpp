@@ -2,7 +2,8 @@
 // docs/thread_cache.md). The logic that uses them is in thread_cache.cpp.
 //
 // Locking: a thread_cache's members are guarded by its `lock` (taken by the owning thread on
-// every cached operation, and by other threads to flush it or to free one of its blocks); a
+// every cached operation, through the bias, and by other threads to flush it or to free one of
+// its blocks, revoking the bias); a
 // thread_cache_registry's members by its `mutex`. Lock order: registry mutex, then a thread
 // cache's lock, then the strategy's own lock. The owning thread never holds its cache's lock
 // while it calls the strategy's do_allocate (an out-of-memory retry flushes every cache).
@@ -22,38 +23,10 @@
 #include <vector>
 
 #include "address_table.hpp"
+#include "biased_lock.hpp"
 #include "poolscope/pool/allocator.hpp"
 
 namespace poolscope::pool::detail {
-
-/// A test-and-test-and-set lock for a thread cache. Its owner takes it on every cached
-/// operation and almost never finds it held, so lock is one exchange and unlock one release
-/// store; a contender (a flush, a cross-thread free) spins briefly, then yields.
-class tc_lock {
- public:
-  void lock() noexcept {
-    if (!state_.exchange(true, std::memory_order_acquire)) [[likely]] {
-      return;
-    }
-    lock_contended();
-  }
-  void unlock() noexcept { state_.store(false, std::memory_order_release); }
-
- private:
-  void lock_contended() noexcept {
-    for (int spins = 0;; ++spins) {
-      if (!state_.load(std::memory_order_relaxed) &&
-          !state_.exchange(true, std::memory_order_acquire)) {
-        return;
-      }
-      if (spins >= 64) {
-        std::this_thread::yield();
-      }
-    }
-  }
-
-  std::atomic<bool> state_{false};
-};
 
 /// What a thread cache knows of one block: handed out through it (live) or held in a bin
 /// (cached). `stream` is the stream of the allocation (live) or of the free (cached).
@@ -85,12 +58,14 @@ struct thread_cache_registry;
 struct thread_cache {
   static constexpr std::size_t bin_count = 16;
 
-  thread_cache(std::shared_ptr<thread_cache_registry> r, std::uint32_t id)
-      : registry(std::move(r)), allocator_id(id) {
+  thread_cache(std::shared_ptr<thread_cache_registry> r, std::uint32_t id, bool owner_bias = true)
+      : lock(owner_bias), registry(std::move(r)), allocator_id(id) {
     bin_of_bit.fill(no_bin);
   }
 
-  tc_lock lock;
+  /// The owning thread takes it through owner_guard, every other thread (and the owner's
+  /// flushes and exit) through lock(): biased towards the owner (biased_lock.hpp).
+  biased_lock lock;
   const std::shared_ptr<thread_cache_registry> registry;  // the weak handle to the allocator
   const std::uint32_t allocator_id;
   // Guarded by `lock`:
@@ -160,7 +135,9 @@ struct thread_cache {
     return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) * 0x9E3779B97F4A7C15ULL) >>
                                     (64 - address_slot_bits));
   }
-  /// False if `p` is surely not in `table` (owner only; lock not needed).
+  /// False if `p` is surely not in `table` (lock not needed): for the owner, and for any thread
+  /// that `p`'s allocation happens before (the slot's count then includes `p`'s entry, if any,
+  /// for as long as the entry stays; a free of `p` racing this one is a double free anyway).
   [[nodiscard]] bool may_hold(const void* p) const noexcept {
     return recorded[address_slot(p)].load(std::memory_order_relaxed) != 0;
   }

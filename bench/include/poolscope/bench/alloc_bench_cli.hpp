@@ -57,7 +57,7 @@ class alloc_bench_command {
     app.add_flag("--no-baselines", no_baselines_, "skip the raw resource rows");
     app.add_flag("--compare-thread-cache", options_.compare_thread_cache,
                  "also run each allocator that has a per-thread cache without it (rows '<name> "
-                 "-tc')");
+                 "-tc') and with its lock unbiased (rows '<name> -bias')");
     app.add_option("--json", json_path_, "also write the results as JSON to this file");
   }
 

@@ -80,7 +80,17 @@ struct thread_cache_options {
   std::size_t max_blocks = 64;
   /// Larger blocks bypass the cache.
   std::size_t max_block_bytes = std::size_t{4} << 20;
+  /// The owning thread takes its cache's lock without a locked instruction while no other
+  /// thread has touched the cache lately (an asymmetric fence, membarrier(2), makes the others
+  /// pay instead; docs/thread_cache.md). Off, or where the fence is missing: one exchange per
+  /// cached operation.
+  bool owner_bias = true;
 };
+
+/// Whether thread caches' locks can be biased towards their threads in this process
+/// (thread_cache_options::owner_bias): membarrier(2)'s private expedited command is there, and
+/// this is not a ThreadSanitizer build. Thread-safe.
+[[nodiscard]] bool owner_bias_available() noexcept;
 
 /// What a strategy hands back: the block and the bytes it took for it.
 struct block {
