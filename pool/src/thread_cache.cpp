@@ -156,8 +156,18 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
       return {};
     }
   }
-  const std::size_t rounded = (bytes + tc_granularity_ - 1) & ~(tc_granularity_ - 1);
   out = c;
+  if (c->resting != 0) [[unlikely]] {
+    // The cache has not paid on this thread's requests lately: bypass it.
+    if (--c->resting == 0) {
+      c->resting_now.store(false, std::memory_order_relaxed);
+    }
+    return {};
+  }
+  if (++c->sampled == thread_cache::sample_takes) [[unlikely]] {
+    tc_judge(*c);
+  }
+  const std::size_t rounded = (bytes + tc_granularity_ - 1) & ~(tc_granularity_ - 1);
   // A miss known without the lock: a size too large to cache (never cached: the strategy's
   // alone), or one no bin holds and no recent request missed (most requests of a random-size
   // workload). One branch for both, each a coin toss on random sizes; the ring is this
@@ -173,6 +183,7 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
     detail::tc_bin& bin = c->bins[i];
     void* p = bin.blocks[--bin.count];
     bin.last_use = ++c->tick;
+    ++c->sample_hits;
     c->cached_bytes -= rounded;
     --c->cached_blocks;
     tc_entry* e = c->table.find(p);
@@ -201,6 +212,20 @@ block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& o
     }
   }
   return {};
+}
+
+void allocator::tc_judge(thread_cache& c) noexcept {
+  if (c.sample_hits < thread_cache::min_sample_hits) {
+    // Too few hits to pay for the misses: rest, and give the strategy the blocks held idle
+    // here (it may merge them). Live blocks recorded here are still found at their frees.
+    c.resting = thread_cache::resting_takes;
+    c.resting_now.store(true, std::memory_order_relaxed);
+    c.rests.store(c.rests.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    detail::owner_guard lock(c.lock);
+    (void)tc_flush_locked(c);
+  }
+  c.sampled = 0;
+  c.sample_hits = 0;
 }
 
 void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
@@ -296,7 +321,7 @@ bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_o
       detail::shard_add(c->deallocations, 1);
       counted = true;
       bool cached = false;
-      if (rec.rounded <= tc_max_block_ && rec.stream == stream.value()) {
+      if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() && c->resting == 0) {
         // The common case inline: the size's bin has room within the bounds (nothing evicted).
         const std::size_t bin = c->find_bin(rec.rounded, rec.stream);
         if (c->room_in(bin, rec.rounded, tc_->options.max_bytes, tc_->options.max_blocks)) {
@@ -469,7 +494,13 @@ std::size_t allocator::flush_thread_caches() noexcept {
   std::size_t moved = 0;
   std::lock_guard lock(tc_->mutex);
   for (thread_cache* c : tc_->caches) {
-    std::lock_guard cl(c->lock);
+    // An empty cache is skipped without its lock (so its owner keeps the lock's bias): a block
+    // cached before this call, in any thread that call happens after, shows in the count. The
+    // caller's own cache is locked as its owner.
+    if (c->cached_blocks == 0) {
+      continue;
+    }
+    detail::biased_guard cl(c->lock, c->owned_here());
     if (c->cached_blocks != 0) {
       moved += tc_flush_locked(*c);
     }
@@ -501,10 +532,28 @@ void allocator::tc_retire(thread_cache& c) noexcept {
   }
 }
 
+thread_cache_counters allocator::thread_cache_counts() const {
+  thread_cache_counters n;
+  if (tc_ == nullptr) {
+    return n;
+  }
+  std::lock_guard lock(tc_->mutex);
+  for (const thread_cache* c : tc_->caches) {
+    ++n.caches;
+    n.revocations += c->lock.revocations();
+    n.rests += c->rests.load(std::memory_order_relaxed);
+    n.resting += c->resting_now.load(std::memory_order_relaxed) ? 1 : 0;
+  }
+  return n;
+}
+
 void allocator::tc_cache_stats(allocator_stats& s) const {
   std::lock_guard lock(tc_->mutex);
   for (thread_cache* c : tc_->caches) {
-    std::lock_guard cl(c->lock);
+    if (c->cached_blocks == 0) {
+      continue;  // nothing to add; its owner keeps the lock's bias (see flush_thread_caches)
+    }
+    detail::biased_guard cl(c->lock, c->owned_here());
     s.cached_blocks += c->cached_blocks;
     s.cached_bytes += c->cached_bytes;
     for (const detail::tc_bin& b : c->bins) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../pool/src/detail/thread_cache.hpp"
 #include "hooks/recording_hook.hpp"
 #include "pool/model.hpp"
 #include "poolscope/error.hpp"
@@ -382,6 +383,92 @@ TYPED_TEST(thread_cache, release_cached_and_set_limit_reach_every_threads_cache)
   EXPECT_EQ(s.reserved, 0U) << "release_cached left blocks in a thread cache";
   EXPECT_EQ(s.cached_bytes, 0U);
   EXPECT_EQ(host.allocated_bytes(), 0U);
+}
+
+// The biased lock of a cache is revoked only when another thread must take it: not by the
+// owner's own flushes, stats and growth, nor by flushes that find a cache empty.
+TYPED_TEST(thread_cache, only_other_threads_touching_a_cache_with_blocks_revoke_its_bias) {
+  if (!owner_bias_available()) {
+    GTEST_SKIP() << "membarrier(2) private expedited is unavailable here (or under "
+                    "ThreadSanitizer): thread caches' locks are never biased";
+  }
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  auto churn = [&a](std::size_t bytes, int blocks) {
+    std::vector<void*> v;
+    for (int i = 0; i < blocks; ++i) {
+      v.push_back(a.allocate({}, bytes));
+    }
+    for (void* p : v) {
+      a.deallocate({}, p, bytes);
+    }
+  };
+  const parked_thread empty([&] {
+    churn(64 * KiB, 2);
+    (void)a.flush_thread_caches();  // its own cache, as its owner: empty now, still biased
+  });
+  churn(64 * KiB, 8);  // this thread's cache holds blocks now
+  (void)a.stats();
+  (void)a.flush_thread_caches();
+  churn(64 * KiB, 8);
+  (void)a.release_cached();
+  for (int i = 0; i < 64; ++i) {
+    churn((1 + static_cast<std::size_t>(i)) * 512 * KiB, 1);  // grows the pool, flushing
+  }
+  EXPECT_EQ(a.thread_cache_counts().revocations, 0U)
+      << "the owner's own flushes and stats, or flushes of an empty cache, revoked a bias";
+  {
+    const parked_thread full([&] { churn(64 * KiB, 4); });  // its cache holds blocks, idle
+    (void)a.stats();                                        // takes its lock: one revocation
+    EXPECT_EQ(a.thread_cache_counts().revocations, 1U);
+    EXPECT_GT(a.flush_thread_caches(), 0U);  // revoked already: no second fence
+    EXPECT_EQ(a.thread_cache_counts().revocations, 1U);
+  }
+}
+
+// A cache whose requests rarely hit (sizes that do not repeat) rests: it is bypassed, caches
+// nothing, then samples again, and stays on for a workload whose sizes repeat.
+TYPED_TEST(thread_cache, a_cache_that_rarely_hits_rests_then_samples_again) {
+  using detail::thread_cache;
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  auto pair = [&a](std::size_t bytes) { a.deallocate({}, a.allocate({}, bytes), bytes); };
+  // Sizes that recur only 2000 requests apart: the ring of recent misses never holds them.
+  for (std::uint32_t i = 0; i < thread_cache::sample_takes; ++i) {
+    pair(512 * (1 + i % 2000));
+  }
+  auto n = a.thread_cache_counts();
+  EXPECT_EQ(n.caches, 1U);
+  EXPECT_EQ(n.rests, 1U);
+  EXPECT_EQ(n.resting, 1U);
+  EXPECT_EQ(a.flush_thread_caches(), 0U) << "a resting cache gave its blocks back";
+  // Resting, it caches nothing, even a size asked for again and again.
+  for (int i = 0; i < 4; ++i) {
+    pair(64 * KiB);
+  }
+  EXPECT_EQ(a.flush_thread_caches(), 0U) << "a resting cache kept a freed block";
+  for (std::uint32_t i = 4; i < thread_cache::resting_takes; ++i) {
+    pair(64 * KiB);
+  }
+  n = a.thread_cache_counts();
+  EXPECT_EQ(n.resting, 0U) << "the rest lasts resting_takes requests";
+  for (int i = 0; i < 4; ++i) {
+    pair(64 * KiB);
+  }
+  EXPECT_EQ(a.flush_thread_caches(), 64 * KiB) << "after its rest the cache caches again";
+  // Half the requests hit: above the bar, no rest.
+  for (std::uint32_t i = 0; i < 3 * thread_cache::sample_takes; ++i) {
+    pair(i % 2 == 0 ? 64 * KiB : 512 * (1 + i % 2000));
+  }
+  n = a.thread_cache_counts();
+  EXPECT_EQ(n.rests, 1U);
+  EXPECT_EQ(n.resting, 0U);
+  const auto s = a.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.allocations, s.deallocations);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
 }
 
 TYPED_TEST(thread_cache, out_of_memory_retry_takes_blocks_from_other_threads_caches) {

@@ -165,4 +165,30 @@ class owner_guard {
   bool through_bias_;
 };
 
+/// Holds a biased_lock for a scope: through the owner's path when the caller is its owner
+/// (`as_owner`), so that the owner's own flush or retirement does not revoke the bias.
+class biased_guard {
+ public:
+  biased_guard(biased_lock& l, bool as_owner) noexcept
+      : lock_(l), as_owner_(as_owner), through_bias_(as_owner && l.owner_lock()) {
+    if (!as_owner_) {
+      lock_.lock();
+    }
+  }
+  biased_guard(const biased_guard&) = delete;
+  biased_guard& operator=(const biased_guard&) = delete;
+  ~biased_guard() {
+    if (as_owner_) {
+      lock_.owner_unlock(through_bias_);
+    } else {
+      lock_.unlock();
+    }
+  }
+
+ private:
+  biased_lock& lock_;
+  const bool as_owner_;
+  const bool through_bias_;
+};
+
 }  // namespace poolscope::pool::detail

@@ -28,6 +28,26 @@
 
 namespace poolscope::pool::detail {
 
+/// A count written only under a thread cache's lock (a relaxed load and store, no atomic
+/// read-modify-write) and read by other threads without it.
+class locked_count {
+ public:
+  operator std::size_t() const noexcept {  // NOLINT(google-explicit-constructor): a count
+    return v_.load(std::memory_order_relaxed);
+  }
+  locked_count& operator=(std::size_t v) noexcept {
+    v_.store(v, std::memory_order_relaxed);
+    return *this;
+  }
+  locked_count& operator+=(std::size_t d) noexcept { return *this = *this + d; }
+  locked_count& operator-=(std::size_t d) noexcept { return *this = *this - d; }
+  locked_count& operator++() noexcept { return *this += 1; }
+  locked_count& operator--() noexcept { return *this -= 1; }
+
+ private:
+  std::atomic<std::size_t> v_{0};
+};
+
 /// What a thread cache knows of one block: handed out through it (live) or held in a bin
 /// (cached). `stream` is the stream of the allocation (live) or of the free (cached).
 struct tc_entry {
@@ -68,14 +88,33 @@ struct thread_cache {
   biased_lock lock;
   const std::shared_ptr<thread_cache_registry> registry;  // the weak handle to the allocator
   const std::uint32_t allocator_id;
+  const std::thread::id owner_thread = std::this_thread::get_id();  // created by its owner
+  /// Whether the calling thread owns this cache (takes `lock` through owner_guard).
+  [[nodiscard]] bool owned_here() const noexcept {
+    return owner_thread == std::this_thread::get_id();
+  }
   // Guarded by `lock`:
   bool dead = false;  // the allocator is gone: nothing here refers to live memory any more
   tc_table table;     // every block handed out through this cache, and every block in a bin;
                       // changed only through table_insert / table_erase / table_clear
   std::array<tc_bin, bin_count> bins{};
-  std::size_t cached_bytes = 0;
-  std::size_t cached_blocks = 0;
+  locked_count cached_bytes;
+  locked_count cached_blocks;  // read without the lock by flushes and stats (skip empty caches)
   std::uint64_t tick = 0;
+  // Whether the cache pays for itself (docs/thread_cache.md, "When a cache steps aside"); the
+  // owning thread's alone. Every `sample_takes` requests it counts its hits; below
+  // `min_sample_hits` the cache rests: for `resting_takes` requests it is bypassed (its blocks
+  // go back to the strategy, frees cache nothing), then it samples again.
+  static constexpr std::uint32_t sample_takes = 4096;
+  static constexpr std::uint32_t min_sample_hits = sample_takes / 3;
+  static constexpr std::uint32_t resting_takes = 16 * sample_takes;
+  std::uint32_t sampled = 0;
+  std::uint32_t sample_hits = 0;
+  std::uint32_t resting = 0;
+  // For thread_cache_counts(), read by other threads: times it went to rest, and whether it
+  // rests now (written by the owner).
+  std::atomic<std::uint64_t> rests{0};
+  std::atomic<bool> resting_now{false};
   /// The (stream, rounded size) of the latest requests the cache missed, a ring: a freed block
   /// of a size nobody asked for lately and no bin holds goes straight back to the strategy.
   /// One entry more than the ring: where add_wanted puts a request too large to cache, so that

@@ -92,6 +92,21 @@ struct thread_cache_options {
 /// this is not a ThreadSanitizer build. Thread-safe.
 [[nodiscard]] bool owner_bias_available() noexcept;
 
+/// What the live threads' caches of an allocator have done (allocator::thread_cache_counts).
+struct thread_cache_counters {
+  /// Threads with a cache for this allocator.
+  std::uint64_t caches = 0;
+  /// Times another thread revoked the bias of a cache's lock (thread_cache_options::owner_bias;
+  /// each costs one membarrier(2)). Growing steadily: threads free each other's blocks often,
+  /// and their caches run on plain locks.
+  std::uint64_t revocations = 0;
+  /// Times a cache went to rest: its hits over a sample of requests were too few to pay for its
+  /// misses (random sizes), so it was bypassed for a while (docs/thread_cache.md).
+  std::uint64_t rests = 0;
+  /// Caches resting now.
+  std::uint64_t resting = 0;
+};
+
 /// What a strategy hands back: the block and the bytes it took for it.
 struct block {
   void* ptr = nullptr;
@@ -147,9 +162,12 @@ class allocator {
   /// strategy that supports them).
   [[nodiscard]] bool thread_cache_enabled() const noexcept { return tc_ != nullptr; }
   /// Returns the blocks held in every thread's cache to the strategy (they stay reserved, now
-  /// in the strategy's own cache); returns the bytes moved. Thread-safe; takes each thread's
-  /// cache lock in turn. release_cached, set_limit and the out-of-memory retry call it.
+  /// in the strategy's own cache); returns the bytes moved. Thread-safe; takes the lock of each
+  /// thread's cache that holds blocks, in turn (another thread's revokes that lock's bias).
+  /// release_cached, set_limit, the out-of-memory retry and bfc before it grows call it.
   std::size_t flush_thread_caches() noexcept;
+  /// What the live threads' caches have done (a diagnostic; zeros without caches). Thread-safe.
+  [[nodiscard]] thread_cache_counters thread_cache_counts() const;
 
  protected:
   /// Strategies get upstream memory only through these: they count, enforce the limit on
@@ -330,6 +348,7 @@ class allocator {
   bool tc_cache_locked(detail::thread_cache& c, detail::tc_entry*& entry, void* ptr,
                        std::size_t rounded, void* stream, std::size_t target) noexcept;
   std::size_t tc_flush_locked(detail::thread_cache& c) noexcept;
+  void tc_judge(detail::thread_cache& c) noexcept;
   void tc_evict_bin_locked(detail::thread_cache& c, std::size_t bin) noexcept;
   void tc_retire(detail::thread_cache& c) noexcept;
   void tc_cache_stats(allocator_stats& s) const;
