@@ -120,7 +120,11 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   bool record = false;
   block b{};
   if (tc_ != nullptr) {
-    b = tc_take(stream, bytes, cache, record);
+    // The thread's last-used cache, inline: a resting one (random sizes) is skipped here.
+    cache = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
+    if (cache == nullptr || !cache->skip_resting()) {
+      b = tc_take(stream, bytes, cache, record);
+    }
   }
   if (b.ptr == nullptr) {
     b = allocate_from_strategy(stream, bytes, alignment, lim, record);
@@ -192,7 +196,16 @@ void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,
   }
   free_outcome out;
   bool counted = false;  // in a thread cache's shard, or by the strategy (account_free)
-  if (tc_ == nullptr || !tc_give(stream, ptr, bytes, out, counted)) {
+  // The thread's own cache first, if it may hold the block (the address filter, inline: most
+  // frees of a random-size workload are not recorded there).
+  bool given = false;
+  if (tc_ != nullptr) {
+    detail::thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
+    if (c == nullptr || c->may_hold(ptr)) {
+      given = tc_give(c, stream, ptr, bytes, out, counted);
+    }
+  }
+  if (!given) {
     out = do_deallocate(stream, ptr, bytes, alignment);
     counted = counts_under_lock_ && !out.held;
     if (out.held) [[unlikely]] {

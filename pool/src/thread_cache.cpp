@@ -26,20 +26,14 @@ struct thread_cache_access {
   static void retire(allocator& a, thread_cache& c) noexcept { a.tc_retire(c); }
 };
 
-namespace {
+// initial-exec (as declared): read inline on every cached operation, not through
+// __tls_get_addr (a call per access in a shared library). 17 bytes of the static TLS block,
+// which glibc keeps a surplus of for libraries loaded later, as the plug-in is (by PyTorch or
+// CuPy).
+thread_local last_cache t_last;
+thread_local bool t_exited = false;
 
-/// The calling thread's most recently used cache: trivially destructible, so the hot path
-/// reads it without a TLS guard.
-struct last_cache {
-  std::uint32_t allocator_id = 0;
-  thread_cache* cache = nullptr;
-};
-// initial-exec: read inline on every cached operation, not through __tls_get_addr (a call per
-// access in a shared library). 17 bytes of the static TLS block, which glibc keeps a surplus of
-// for libraries loaded later, as the plug-in is (by PyTorch or CuPy).
-[[gnu::tls_model("initial-exec")]] thread_local last_cache t_last;
-// Set when the thread's caches were retired at its exit.
-[[gnu::tls_model("initial-exec")]] thread_local bool t_exited = false;
+namespace {
 
 /// The calling thread's caches, one per allocator it allocated from; retired at thread exit.
 struct thread_caches {
@@ -143,26 +137,21 @@ thread_cache* allocator::tc_local() {
   return c.release();
 }
 
-block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& out, bool& record) {
-  thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
+block allocator::tc_take(stream_view stream, std::size_t bytes, thread_cache*& cache,
+                         bool& record) {
+  // `cache`: the thread's last-used cache if it is this allocator's (the caller found it not
+  // resting), else null; on return, the thread's cache (null without one).
+  thread_cache* c = cache;
   if (c == nullptr) [[unlikely]] {
     try {
       c = tc_local();
     } catch (const std::bad_alloc&) {
       c = nullptr;  // no host memory for a cache: this block bypasses it
     }
-    if (c == nullptr) {
-      out = nullptr;
+    cache = c;
+    if (c == nullptr || c->skip_resting()) {
       return {};
     }
-  }
-  out = c;
-  if (c->resting != 0) [[unlikely]] {
-    // The cache has not paid on this thread's requests lately: bypass it.
-    if (--c->resting == 0) {
-      c->resting_now.store(false, std::memory_order_relaxed);
-    }
-    return {};
   }
   if (++c->sampled == thread_cache::sample_takes) [[unlikely]] {
     tc_judge(*c);
@@ -242,23 +231,6 @@ void allocator::tc_record(thread_cache* c, stream_view stream, const block& b,
   tc_raise_peaks(*c);
 }
 
-void allocator::tc_raise_peaks(const thread_cache& c) noexcept {
-  // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
-  // never misses a high, and it is exact when no other thread holds cached blocks.
-  const auto bound = [](std::size_t shared, const std::atomic<std::int64_t>& delta) {
-    const auto v = static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
-    return v < 0 ? std::size_t{0} : static_cast<std::size_t>(v);
-  };
-  const std::size_t used = bound(shared_in_use(), c.d_in_use);
-  if (used > peak_in_use_.load(std::memory_order_relaxed)) [[unlikely]] {
-    detail::raise_peak(peak_in_use_, used);
-  }
-  const std::size_t req = bound(shared_requested(), c.d_requested);
-  if (req > peak_requested_.load(std::memory_order_relaxed)) [[unlikely]] {
-    detail::raise_peak(peak_requested_, req);
-  }
-}
-
 void allocator::tc_fold_locked(thread_cache& c) noexcept {
   // Moves the shard into the shared counters (the cache's lock is held). Its blocks then count
   // as blocks of the strategy's: live ones at (rounded, requested).
@@ -294,20 +266,26 @@ std::int64_t allocator::tc_own_in_use_delta() const noexcept {
   return 0;
 }
 
-bool allocator::tc_give(stream_view stream, void* ptr, std::size_t bytes, free_outcome& out,
-                        bool& counted) noexcept {
-  thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
-  if (c == nullptr && !detail::t_exited) {
-    for (thread_cache* mine : detail::t_caches.caches) {
-      if (mine->allocator_id == id_) {
-        c = mine;
-        detail::t_last = {id_, c};
-        break;
+bool allocator::tc_give(thread_cache* c, stream_view stream, void* ptr, std::size_t bytes,
+                        free_outcome& out, bool& counted) noexcept {
+  // `c`: the thread's last-used cache if it is this allocator's and its address filter counts
+  // `ptr` (the caller checked), else null: looked up here. may_hold: a block this thread never
+  // recorded (most, on random sizes) skips the lock.
+  if (c == nullptr) {
+    if (!detail::t_exited) {
+      for (thread_cache* mine : detail::t_caches.caches) {
+        if (mine->allocator_id == id_) {
+          c = mine;
+          detail::t_last = {id_, c};
+          break;
+        }
       }
     }
+    if (c == nullptr || !c->may_hold(ptr)) {
+      return false;
+    }
   }
-  // may_hold: a block this thread never recorded (most, on random sizes) skips the lock.
-  if (c != nullptr && c->may_hold(ptr)) {
+  {
     detail::owner_guard lock(c->lock);
     if (tc_entry* e = c->table.find(ptr)) {
       if (e->cached) {

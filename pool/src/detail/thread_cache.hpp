@@ -170,6 +170,17 @@ struct thread_cache {
     return !(may_have_bin(bit) | test(wanted_sizes, bit));
   }
 
+  /// While the cache rests, counts one request and returns true (owner only).
+  [[nodiscard]] bool skip_resting() noexcept {
+    if (resting == 0) {
+      return false;
+    }
+    if (--resting == 0) {
+      resting_now.store(false, std::memory_order_relaxed);
+    }
+    return true;
+  }
+
   [[nodiscard]] static std::size_t address_slot(const void* p) noexcept {
     return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) * 0x9E3779B97F4A7C15ULL) >>
                                     (64 - address_slot_bits));
@@ -285,6 +296,16 @@ struct thread_cache {
   std::atomic<std::uint64_t> deallocations{0};  // pool_free of a block found in this table
 };
 
+/// The calling thread's most recently used cache: trivially destructible, so the hot paths
+/// read it without a TLS guard (thread_cache.cpp defines it, initial-exec).
+struct last_cache {
+  std::uint32_t allocator_id = 0;
+  thread_cache* cache = nullptr;
+};
+[[gnu::tls_model("initial-exec")]] extern thread_local last_cache t_last;
+/// Set when the calling thread's caches were retired at its exit.
+[[gnu::tls_model("initial-exec")]] extern thread_local bool t_exited;
+
 /// Raises `peak` to `value` if it is higher.
 inline void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
   std::size_t cur = peak.load(std::memory_order_relaxed);
@@ -314,3 +335,25 @@ struct thread_cache_registry {
 };
 
 }  // namespace poolscope::pool::detail
+
+namespace poolscope::pool {
+
+// Inline: called after every allocation the strategy serves to a thread with a cache.
+inline void allocator::tc_raise_peaks(const detail::thread_cache& c) noexcept {
+  // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
+  // never misses a high, and it is exact when no other thread holds cached blocks.
+  const auto bound = [](std::size_t shared, const std::atomic<std::int64_t>& delta) {
+    const auto v = static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
+    return v < 0 ? std::size_t{0} : static_cast<std::size_t>(v);
+  };
+  const std::size_t used = bound(shared_in_use(), c.d_in_use);
+  if (used > peak_in_use_.load(std::memory_order_relaxed)) [[unlikely]] {
+    detail::raise_peak(peak_in_use_, used);
+  }
+  const std::size_t req = bound(shared_requested(), c.d_requested);
+  if (req > peak_requested_.load(std::memory_order_relaxed)) [[unlikely]] {
+    detail::raise_peak(peak_requested_, req);
+  }
+}
+
+}  // namespace poolscope::pool

@@ -323,11 +323,11 @@ class allocator {
                               bool& record);
   void tc_record(detail::thread_cache* c, stream_view stream, const block& b,
                  std::size_t bytes) noexcept;
-  [[nodiscard]] bool tc_give(stream_view stream, void* ptr, std::size_t bytes, free_outcome& out,
-                             bool& counted) noexcept;
+  [[nodiscard]] bool tc_give(detail::thread_cache* c, stream_view stream, void* ptr,
+                             std::size_t bytes, free_outcome& out, bool& counted) noexcept;
   [[nodiscard]] bool tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
                                     free_outcome& out) noexcept;
-  void tc_raise_peaks(const detail::thread_cache& c) noexcept;
+  void tc_raise_peaks(const detail::thread_cache& c) noexcept;  // inline, detail/thread_cache.hpp
   void tc_fold_locked(detail::thread_cache& c) noexcept;
   /// Sums of the thread caches' counter shards (under the registry mutex).
   struct shard_sums {
