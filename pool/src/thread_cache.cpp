@@ -208,8 +208,7 @@ void allocator::tc_judge(thread_cache& c) noexcept {
     // Too few hits to pay for the misses: rest, and give the strategy the blocks held idle
     // here (it may merge them). Live blocks recorded here are still found at their frees.
     c.resting = thread_cache::resting_takes;
-    c.resting_now.store(true, std::memory_order_relaxed);
-    c.rests.store(c.rests.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    ++c.rests;
     detail::owner_guard lock(c.lock);
     (void)tc_flush_locked(c);
   }
@@ -519,8 +518,8 @@ thread_cache_counters allocator::thread_cache_counts() const {
   for (const thread_cache* c : tc_->caches) {
     ++n.caches;
     n.revocations += c->lock.revocations();
-    n.rests += c->rests.load(std::memory_order_relaxed);
-    n.resting += c->resting_now.load(std::memory_order_relaxed) ? 1 : 0;
+    n.rests += c->rests;
+    n.resting += c->resting != 0 ? 1 : 0;
   }
   return n;
 }

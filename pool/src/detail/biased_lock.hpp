@@ -143,7 +143,9 @@ class biased_lock {
   std::atomic<std::uint64_t> revocations_{0};  // written under it, read anywhere
 };
 
-/// Holds a biased_lock as its owner, for a scope.
+/// Holds a biased_lock as its owner, for a scope. Kept apart from biased_guard (which also
+/// takes the lock as any thread): it runs on every cached operation, and folding it into
+/// biased_guard cost a cached A1 pair about 60 instructions (callgrind).
 class owner_guard {
  public:
   explicit owner_guard(biased_lock& l) noexcept : lock_(&l), through_bias_(l.owner_lock()) {}

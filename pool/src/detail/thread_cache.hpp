@@ -28,24 +28,26 @@
 
 namespace poolscope::pool::detail {
 
-/// A count written only under a thread cache's lock (a relaxed load and store, no atomic
-/// read-modify-write) and read by other threads without it.
-class locked_count {
+/// A count with one writer at a time — under a thread cache's lock, or its owning thread for
+/// the owner's own fields — read by other threads without a lock: a relaxed load and store, no
+/// atomic read-modify-write.
+template <class T>
+class single_writer {
  public:
-  operator std::size_t() const noexcept {  // NOLINT(google-explicit-constructor): a count
+  operator T() const noexcept {  // NOLINT(google-explicit-constructor): a count
     return v_.load(std::memory_order_relaxed);
   }
-  locked_count& operator=(std::size_t v) noexcept {
+  single_writer& operator=(T v) noexcept {
     v_.store(v, std::memory_order_relaxed);
     return *this;
   }
-  locked_count& operator+=(std::size_t d) noexcept { return *this = *this + d; }
-  locked_count& operator-=(std::size_t d) noexcept { return *this = *this - d; }
-  locked_count& operator++() noexcept { return *this += 1; }
-  locked_count& operator--() noexcept { return *this -= 1; }
+  single_writer& operator+=(T d) noexcept { return *this = static_cast<T>(*this + d); }
+  single_writer& operator-=(T d) noexcept { return *this = static_cast<T>(*this - d); }
+  single_writer& operator++() noexcept { return *this += 1; }
+  single_writer& operator--() noexcept { return *this -= 1; }
 
  private:
-  std::atomic<std::size_t> v_{0};
+  std::atomic<T> v_{0};
 };
 
 /// What a thread cache knows of one block: handed out through it (live) or held in a bin
@@ -98,8 +100,8 @@ struct thread_cache {
   tc_table table;     // every block handed out through this cache, and every block in a bin;
                       // changed only through table_insert / table_erase / table_clear
   std::array<tc_bin, bin_count> bins{};
-  locked_count cached_bytes;
-  locked_count cached_blocks;  // read without the lock by flushes and stats (skip empty caches)
+  single_writer<std::size_t> cached_bytes;
+  single_writer<std::size_t> cached_blocks;  // read without the lock by flushes and stats
   std::uint64_t tick = 0;
   // Whether the cache pays for itself (docs/thread_cache.md, "When a cache steps aside"); the
   // owning thread's alone. Every `sample_takes` requests it counts its hits; below
@@ -110,11 +112,9 @@ struct thread_cache {
   static constexpr std::uint32_t resting_takes = 16 * sample_takes;
   std::uint32_t sampled = 0;
   std::uint32_t sample_hits = 0;
-  std::uint32_t resting = 0;
-  // For thread_cache_counts(), read by other threads: times it went to rest, and whether it
-  // rests now (written by the owner).
-  std::atomic<std::uint64_t> rests{0};
-  std::atomic<bool> resting_now{false};
+  // Written by the owner, read by thread_cache_counts(): requests left to rest, times rested.
+  single_writer<std::uint32_t> resting;
+  single_writer<std::uint64_t> rests;
   /// The (stream, rounded size) of the latest requests the cache missed, a ring: a freed block
   /// of a size nobody asked for lately and no bin holds goes straight back to the strategy.
   /// One entry more than the ring: where add_wanted puts a request too large to cache, so that
@@ -175,9 +175,7 @@ struct thread_cache {
     if (resting == 0) {
       return false;
     }
-    if (--resting == 0) {
-      resting_now.store(false, std::memory_order_relaxed);
-    }
+    --resting;
     return true;
   }
 
