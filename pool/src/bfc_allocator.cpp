@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "detail/bfc_structures.hpp"
+#include "detail/biased_lock.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 
@@ -39,7 +40,9 @@ void check_option(const char* field, std::size_t value, bool ok, const char* rul
 }  // namespace
 
 struct bfc_allocator::state {
-  mutable detail::bfc_lock mutex;
+  explicit state(bool lock_bias) noexcept : mutex(lock_bias) {}
+
+  mutable detail::biased_mutex<detail::bfc_lock> mutex;
   std::array<detail::bfc_free_index, 2> index{};  // by bfc_pool_kind
   detail::bfc_ptr_map live;                       // live chunks by address
   detail::bfc_node_pool nodes;
@@ -119,7 +122,7 @@ struct bfc_allocator::state {
 bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
     : allocator(upstream, "bfc/" + upstream.name()),
       options_(options),
-      state_(std::make_unique<state>()) {
+      state_(std::make_unique<state>(options.lock_bias)) {
   const auto multiple = [](std::size_t v) { return v != 0 && v % round_bytes == 0; };
   const char* not_multiple = "must be a positive multiple of 512";
   check_option("small_request_max", options_.small_request_max,
@@ -453,6 +456,11 @@ std::size_t bfc_allocator::do_release_cached() {
   }
   release_detached(chain);
   return bytes;
+}
+
+bfc_lock_counters bfc_allocator::lock_counts() const noexcept {
+  const auto& m = state_->mutex;
+  return {m.biased(), m.revocations()};
 }
 
 std::vector<bfc_segment_info> bfc_allocator::segments() const {

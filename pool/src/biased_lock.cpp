@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <new>
 #include <string>
 
 #include "poolscope/log.hpp"
@@ -51,6 +53,70 @@ bool register_fence() noexcept {
 #endif
 
 }  // namespace
+
+// initial-exec (as declared), like the thread caches' t_last: 8 bytes of the static TLS block.
+thread_local thread_presence* t_presence = nullptr;
+
+namespace {
+
+/// Records of exited threads, for later threads. Never destroyed: threads may exit after static
+/// destruction has begun, and mutexes may name any record as their owner until the process ends.
+struct presence_pool {
+  std::mutex mutex;
+  thread_presence* free = nullptr;
+};
+presence_pool& presences() {
+  static auto* pool = new presence_pool;  // NOLINT: intentionally leaked (see above)
+  return *pool;
+}
+
+/// Gives the thread's record back when the thread exits; afterwards the thread takes biased
+/// mutexes through their inner locks (its remaining thread-exit work may still use a pool).
+struct presence_holder {
+  bool released = false;
+  presence_holder() = default;
+  presence_holder(const presence_holder&) = delete;
+  presence_holder& operator=(const presence_holder&) = delete;
+  ~presence_holder() {
+    released = true;
+    thread_presence* const mine = t_presence;
+    t_presence = nullptr;
+    if (mine != nullptr) {
+      presence_pool& pool = presences();
+      std::lock_guard lock(pool.mutex);  // publishes `inside == false` to the next thread
+      mine->next_free = pool.free;
+      pool.free = mine;
+    }
+  }
+};
+thread_local presence_holder t_holder;
+
+}  // namespace
+
+thread_presence* claim_thread_presence() noexcept {
+  if (t_presence != nullptr) {
+    return t_presence;
+  }
+  presence_holder& holder = t_holder;  // constructed here, on the thread's first claim
+  if (holder.released) {
+    return nullptr;
+  }
+  thread_presence* mine = nullptr;
+  {
+    presence_pool& pool = presences();
+    std::lock_guard lock(pool.mutex);
+    if (pool.free != nullptr) {
+      mine = pool.free;
+      pool.free = mine->next_free;
+      mine->next_free = nullptr;
+    }
+  }
+  if (mine == nullptr) {
+    mine = new (std::nothrow) thread_presence;  // NOLINT: never freed (see presence_pool)
+  }
+  t_presence = mine;
+  return mine;
+}
 
 bool asymmetric_fence_available() noexcept {
   static const bool available = register_fence();

@@ -1,8 +1,9 @@
 // bfc_allocator's own behaviour (the common contract is in conformance_test.cpp): splitting,
 // merging with each neighbour and never across segments, exact fragmentation figures, what
 // release_cached gives back, the limit, the upstream-exhaustion retry, segment consolidation,
-// small requests borrowing large chunks, invalid frees, the A5 reserved/requested ratio, and a
-// randomized run against a model with the internal consistency check after every batch.
+// small requests borrowing large chunks, invalid frees, the A5 reserved/requested ratio, a
+// randomized run against a model with the internal consistency check after every batch, and the
+// pool lock's bias towards a lone thread.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -916,6 +917,138 @@ TEST(bfc_concurrency, threads_share_one_pool_without_losing_blocks) {
   EXPECT_EQ(s.allocations, s.deallocations);
   EXPECT_EQ(s.reserved, s.cached_bytes);
   EXPECT_EQ(pool.check_invariants(), "");
+}
+
+TEST(bfc_lock_bias, a_lone_thread_gets_the_pool_lock_and_another_threads_free_revokes_it) {
+  if (!owner_bias_available()) {
+    GTEST_SKIP() << "membarrier(2) private expedited is unavailable here (or under "
+                    "ThreadSanitizer): the pool lock is never biased";
+  }
+  host_resource host;
+  bfc_allocator pool{host, uncached()};  // every request and free takes the pool lock
+  void* kept = pool.allocate({}, 3000);
+  EXPECT_FALSE(pool.lock_counts().biased);
+  for (int i = 0; i < 200; ++i) {  // 1 + 400 lone entries: over the 256 needed
+    void* p = pool.allocate({}, 1000 + 512 * static_cast<std::size_t>(i % 7));
+    pool.deallocate({}, p, 1000 + 512 * static_cast<std::size_t>(i % 7));
+  }
+  EXPECT_TRUE(pool.lock_counts().biased);
+  EXPECT_EQ(pool.lock_counts().revocations, 0U);
+  std::thread([&] { pool.deallocate({}, kept, 3000); }).join();
+  EXPECT_FALSE(pool.lock_counts().biased);
+  EXPECT_EQ(pool.lock_counts().revocations, 1U);
+  const auto s = pool.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.allocations, 201U);
+  EXPECT_EQ(s.deallocations, 201U);
+  EXPECT_EQ(pool.check_invariants(), "");
+}
+
+TEST(bfc_lock_bias, off_by_option) {
+  host_resource host;
+  bfc_options o = uncached();
+  o.lock_bias = false;
+  bfc_allocator pool{host, o};
+  for (int i = 0; i < 1000; ++i) {
+    void* p = pool.allocate({}, 4096);
+    pool.deallocate({}, p, 4096);
+  }
+  EXPECT_FALSE(pool.lock_counts().biased);
+  std::thread([&] { pool.deallocate({}, pool.allocate({}, 4096), 4096); }).join();
+  EXPECT_EQ(pool.lock_counts().revocations, 0U);
+}
+
+TEST(bfc_concurrency, a_thread_revoking_the_lock_bias_of_a_running_thread_loses_no_block) {
+  // One thread runs alone long enough to get the pool lock's bias, again and again (256, 512,
+  // ... lone entries); another frees blocks of the first and allocates its own after each such
+  // run, revoking the bias while the first runs through it.
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = under_sanitizer ? 20000 : 200000;
+  host_resource host;
+  bfc_allocator pool{host, uncached()};
+  std::mutex handoff_mutex;
+  std::vector<std::pair<void*, std::size_t>> handoff;  // the first thread's blocks, for the other
+  std::atomic<std::uint64_t> progress{0};
+  std::atomic<bool> done{false};
+  std::atomic<bool> failed{false};
+  std::thread first([&] {
+    std::mt19937_64 rng(seed);
+    std::vector<std::pair<void*, std::size_t>> mine;
+    for (std::uint64_t i = 0; i < ops && !failed; ++i) {
+      if (mine.size() < 64 || rng() % 2 == 0) {
+        const std::size_t n = log_uniform(rng, 1, 256 * KiB);
+        void* p = pool.allocate({}, n);
+        std::memset(p, 1, std::min<std::size_t>(n, 64));
+        mine.emplace_back(p, n);
+      } else {
+        const std::size_t k = rng() % mine.size();
+        const auto [p, n] = mine[k];
+        mine[k] = mine.back();
+        mine.pop_back();
+        if (i % 997 == 0) {
+          std::lock_guard lock(handoff_mutex);
+          handoff.emplace_back(p, n);  // the other thread frees it
+        } else {
+          for (std::size_t j = 0; j < std::min<std::size_t>(n, 64); ++j) {
+            if (static_cast<const std::uint8_t*>(p)[j] != 1) {
+              failed = true;
+            }
+          }
+          pool.deallocate({}, p, n);
+        }
+      }
+      progress.store(i, std::memory_order_relaxed);
+    }
+    for (const auto& [p, n] : mine) {
+      pool.deallocate({}, p, n);
+    }
+    done = true;
+  });
+  std::thread other([&] {
+    std::mt19937_64 rng(seed + 1);
+    std::uint64_t seen = 0;
+    std::uint64_t interval = 600;  // doubled per visit, as the lone entries needed are
+    while (!done) {
+      if (progress.load(std::memory_order_relaxed) < seen + interval) {
+        std::this_thread::yield();
+        continue;
+      }
+      seen = progress.load(std::memory_order_relaxed);
+      interval *= 2;
+      std::vector<std::pair<void*, std::size_t>> take;
+      {
+        std::lock_guard lock(handoff_mutex);
+        take.swap(handoff);
+      }
+      for (const auto& [p, n] : take) {
+        pool.deallocate({}, p, n);
+      }
+      const std::size_t n = log_uniform(rng, 1, 256 * KiB);
+      void* p = pool.allocate({}, n);
+      std::memset(p, 2, std::min<std::size_t>(n, 64));
+      for (std::size_t j = 0; j < std::min<std::size_t>(n, 64); ++j) {
+        if (static_cast<const std::uint8_t*>(p)[j] != 2) {
+          failed = true;
+        }
+      }
+      pool.deallocate({}, p, n);
+    }
+  });
+  first.join();
+  other.join();
+  for (const auto& [p, n] : handoff) {
+    pool.deallocate({}, p, n);
+  }
+  EXPECT_FALSE(failed) << "a block was written by the other thread";
+  const auto s = pool.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.allocations, s.deallocations);
+  EXPECT_EQ(pool.check_invariants(), "");
+  if (owner_bias_available()) {
+    EXPECT_GE(pool.lock_counts().revocations, 3U);
+  }
+  std::cout << "[          ] " << ops << " operations, " << pool.lock_counts().revocations
+            << " revocations of the pool lock's bias\n";
 }
 
 }  // namespace

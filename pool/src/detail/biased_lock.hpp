@@ -15,6 +15,10 @@
 // Without the fence (a kernel older than 4.14, a sandbox without membarrier, ThreadSanitizer,
 // which cannot see it) or with the bias switched off, the lock is the inner lock alone: one
 // exchange to take it, one release store to leave it.
+//
+// biased_mutex is the same protocol for a lock with no fixed owner (a pool's lock): it biases
+// itself towards whichever thread takes it alone for long enough, and marks the owner's presence
+// in a record of that thread's (thread_presence) rather than in the lock (see there).
 #pragma once
 
 #include <atomic>
@@ -191,6 +195,144 @@ class biased_guard {
   biased_lock& lock_;
   const bool as_owner_;
   const bool through_bias_;
+};
+
+/// A thread's presence mark for biased_mutex: `inside` is true while the thread holds some
+/// biased_mutex through its bias. One record per thread, written by that thread only; records
+/// are never freed, and a thread's record goes to a later thread when it exits, because a mutex
+/// may still name it as its owner (the later thread then inherits that bias, which is sound: it
+/// is the record's only user). The mark lives in the thread's record and not in the lock because
+/// the owner may change: a thread that read a stale "I am the owner" would otherwise clear a
+/// flag the new owner had just set.
+struct alignas(64) thread_presence {
+  std::atomic<bool> inside{false};
+  thread_presence* next_free = nullptr;  // on the free list, between threads
+};
+
+/// The calling thread's record, or null before claim_thread_presence() (or after the thread's
+/// exit began). Trivially initialised: read inline without a TLS guard (biased_lock.cpp).
+[[gnu::tls_model("initial-exec")]] extern thread_local thread_presence* t_presence;
+
+/// Makes (or reuses) the calling thread's record and sets t_presence; returns it, or null when
+/// none can be had (no memory, or the thread is exiting). Thread-safe; takes a global mutex.
+[[nodiscard]] thread_presence* claim_thread_presence() noexcept;
+
+/// A mutex biased towards the thread that takes it alone, for a pool's lock. While biased, that
+/// thread enters with plain loads and stores (its mark, the owner, how it entered) and leaves
+/// with two stores: no locked instruction (on random-size requests a pool takes its lock twice
+/// per alloc+free pair, and each locked exchange also waits for every store before it to drain).
+/// Any other thread takes the inner lock, revokes the bias with the asymmetric fence and waits for
+/// the owner to leave. A thread that takes the inner lock `rebias_after` times in a row, with no
+/// other thread in between, sets the bias towards itself; each revocation doubles that count (up to
+/// 2^20), so a lock that several threads share settles on the inner lock and pays for a fence at
+/// most about a dozen times, then once per 2^20 lone entries.
+///
+/// Satisfies BasicLockable. Thread-safe. Not recursive. A thread may hold several biased_mutexes
+/// at once (all but the first then through their inner locks), but no two threads may take them
+/// in opposite orders, as for any locks. `Inner` is any BasicLockable (bfc's futex lock).
+template <typename Inner>
+class biased_mutex {
+ public:
+  static constexpr std::uint32_t initial_rebias_after = 256;
+  static constexpr std::uint32_t max_rebias_after = std::uint32_t{1} << 20;
+
+  /// `bias`: allow the bias at all (when the asymmetric fence is available). `rebias_after`
+  /// and `rebias_cap`: lone inner-lock entries before a thread sets the bias, at first and at
+  /// most (tests lower them, to revoke often).
+  explicit biased_mutex(bool bias = true, std::uint32_t rebias_after = initial_rebias_after,
+                        std::uint32_t rebias_cap = max_rebias_after) noexcept
+      : can_bias_(bias && asymmetric_fence_available()),
+        rebias_cap_(rebias_cap < 1 ? 1 : rebias_cap),
+        rebias_after_(rebias_after < 1 ? 1 : rebias_after) {}
+  biased_mutex(const biased_mutex&) = delete;
+  biased_mutex& operator=(const biased_mutex&) = delete;
+
+  void lock() noexcept {
+    thread_presence* const me = t_presence;
+    // Not when the thread is already inside another biased_mutex through its bias: its one mark
+    // is taken (it enters this one through the inner lock, and keeps its bias if it owns it).
+    // A thread that is not the owner marks itself for nothing, and nobody waits on its mark.
+    if (me != nullptr && !me->inside.load(std::memory_order_relaxed)) [[likely]] {
+      me->inside.store(true, std::memory_order_relaxed);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // the store before the load
+      if (owner_.load(std::memory_order_acquire) == me) [[likely]] {
+        via_bias_ = me;
+        return;
+      }
+      me->inside.store(false, std::memory_order_release);
+    }
+    lock_slow(me);
+  }
+
+  void unlock() noexcept {
+    if (thread_presence* const me = via_bias_) {
+      via_bias_ = nullptr;  // before the release below: the next holder reads it
+      me->inside.store(false, std::memory_order_release);
+      return;
+    }
+    inner_.unlock();
+  }
+
+  /// Whether the calling thread owns the bias now (a snapshot, for tests and reports).
+  [[nodiscard]] bool biased_to_caller() const noexcept {
+    const thread_presence* const me = t_presence;
+    return me != nullptr && owner_.load(std::memory_order_relaxed) == me;
+  }
+  /// Whether some thread owns the bias now (a snapshot).
+  [[nodiscard]] bool biased() const noexcept {
+    return owner_.load(std::memory_order_relaxed) != nullptr;
+  }
+  /// Whether this mutex may be biased at all (the option and the fence).
+  [[nodiscard]] bool can_bias() const noexcept { return can_bias_; }
+  /// Times the bias was revoked (a snapshot).
+  [[nodiscard]] std::uint64_t revocations() const noexcept {
+    return revocations_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  [[gnu::noinline]] void lock_slow(thread_presence* me) noexcept {
+    if (me == nullptr && can_bias_) {
+      me = claim_thread_presence();  // before the inner lock: it may allocate
+    }
+    inner_.lock();
+    thread_presence* const owner = owner_.load(std::memory_order_relaxed);
+    if (owner != nullptr && owner != me) {
+      // Another thread's bias: revoke it, then wait for that thread to leave. (The owner's own
+      // entries through the inner lock keep its bias: it is not inside, the lock not being
+      // recursive, and nobody else enters through the bias.)
+      owner_.store(nullptr, std::memory_order_relaxed);
+      asymmetric_fence();
+      for (int spins = 0; owner->inside.load(std::memory_order_acquire); ++spins) {
+        if (spins >= 64) {
+          std::this_thread::yield();
+        }
+      }
+      lone_entries_ = 0;
+      rebias_after_ = rebias_after_ >= rebias_cap_ / 2 ? rebias_cap_ : rebias_after_ * 2;
+      revocations_.store(revocations_.load(std::memory_order_relaxed) + 1,
+                         std::memory_order_relaxed);
+    } else if (owner == nullptr && me != nullptr && can_bias_) {
+      if (last_ != me) {
+        last_ = me;
+        lone_entries_ = 0;
+      }
+      if (++lone_entries_ >= rebias_after_) {
+        lone_entries_ = 0;
+        owner_.store(me, std::memory_order_relaxed);  // for this thread's next entry
+      }
+    }
+  }
+
+  Inner inner_;
+  std::atomic<thread_presence*> owner_{nullptr};  // written under the inner lock only
+  thread_presence* via_bias_ = nullptr;  // the holder's record if it entered through the bias
+  const bool can_bias_;
+  const std::uint32_t rebias_cap_;
+  // Under the inner lock:
+  std::uint32_t rebias_after_;
+  std::uint32_t lone_entries_ = 0;   // inner-lock entries of `last_` in a row
+  thread_presence* last_ = nullptr;  // the last thread through the inner lock (a tag only)
+  std::atomic<std::uint64_t> revocations_{0};  // written under it, read anywhere
 };
 
 }  // namespace poolscope::pool::detail

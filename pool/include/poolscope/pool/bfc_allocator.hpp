@@ -45,7 +45,10 @@
 // thread_cache; allocator.hpp): a request it can serve, and the free of a block the thread
 // allocated, take only that thread's own uncontended cache lock. Behind the caches one mutex
 // guards all state (free index, live table, segment lists): an inline futex-style lock
-// (detail/bfc_structures.hpp) whose waiters spin briefly, then sleep. The critical section is
+// (detail/bfc_structures.hpp) whose waiters spin briefly, then sleep, biased towards a thread
+// that takes it alone (lock_bias; detail/biased_lock.hpp: after 256 entries with no other
+// thread in between, that thread enters with plain stores until another thread revokes the
+// bias with one membarrier(2); the count doubles per revocation). The critical section is
 // short: a bitmap search, a few pointer updates and a hash-table operation. Upstream calls and
 // segment releases run outside it; split/merge hooks run inside it, so a hook must be short and
 // must not call back into the same allocator. The counters of the blocks it serves are written
@@ -61,6 +64,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +99,22 @@ struct bfc_options {
   bool small_borrows_large = true;
   /// The per-thread cache in front of the pool (allocator.hpp); on by default.
   thread_cache_options thread_cache{};
+  /// Bias the pool's lock towards a thread that takes it alone (no other thread in between for
+  /// a while): that thread then takes and leaves it with plain stores, no locked instruction,
+  /// and another thread's first entry revokes the bias with an asymmetric fence, membarrier(2)
+  /// (see the file comment). Off, or where the fence is missing (owner_bias_available()): one
+  /// compare-exchange and one exchange per lock.
+  bool lock_bias = true;
+};
+
+/// The state of a bfc_allocator's pool lock (bfc_allocator::lock_counts).
+struct bfc_lock_counters {
+  /// Some thread takes the lock through its bias now.
+  bool biased = false;
+  /// Times another thread revoked the bias (each costs one membarrier(2)). The count a thread
+  /// needs to take the lock alone before the bias is set again doubles with each, so it stays
+  /// small (about a dozen) when threads share the pool.
+  std::uint64_t revocations = 0;
 };
 
 /// One chunk of a segment, as reported by bfc_allocator::segments().
@@ -136,6 +156,9 @@ class bfc_allocator final : public allocator {
   /// right sorted class list and bitmap, counters exact). Returns "" when consistent, else a
   /// description of the first violation. Takes the mutex; O(chunks + size classes).
   [[nodiscard]] std::string check_invariants() const;
+
+  /// The pool lock's bias now (bfc_options::lock_bias). Thread-safe; a snapshot.
+  [[nodiscard]] bfc_lock_counters lock_counts() const noexcept;
 
  private:
   struct state;
