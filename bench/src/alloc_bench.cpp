@@ -18,6 +18,7 @@
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/counting_hook.hpp"
 #include "poolscope/hooks/hook.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
 
 namespace poolscope::bench {
@@ -616,14 +617,17 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
       struct variant {
         std::string target;  // the row's
         bool cached;         // thread cache on
-        bool bias;           // its lock biased towards the owning thread
+        bool bias;           // locks biased towards the threads using them (caches', bfc's pool)
       };
       std::vector<variant> variants;
       for (const std::string& a : allocators) {
         variants.push_back({a, true, true});
         if (o.compare_thread_cache && (a == "bfc" || a == "best_fit")) {
-          variants.push_back({a + " -tc", false, false});
+          variants.push_back({a + " -tc", false, true});
           variants.push_back({a + " -bias", true, false});
+          if (a == "bfc") {  // its pool lock's bias alone: against "-tc"
+            variants.push_back({a + " -tc -bias", false, false});
+          }
         }
       }
       for (const auto& [a, cached, bias] : variants) {
@@ -636,7 +640,15 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
           pool::thread_cache_options tc;
           tc.enabled = cached;
           tc.owner_bias = bias;
-          alloc = pool::make_allocator(a.substr(0, a.find(' ')), *res, tc);
+          const std::string strategy = a.substr(0, a.find(' '));
+          if (strategy == "bfc") {
+            pool::bfc_options bo;
+            bo.thread_cache = tc;
+            bo.lock_bias = bias;
+            alloc = std::make_unique<pool::bfc_allocator>(*res, bo);
+          } else {
+            alloc = pool::make_allocator(strategy, *res, tc);
+          }
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));
@@ -669,7 +681,7 @@ void alloc_bench_report::print_table(std::ostream& out) const {
   out << "poolscope allocator benchmark: resource " << resource
       << (capacity ? " (capped at " + format_size(*capacity) + ")" : std::string{})
       << (quick ? ", quick" : "") << ", timer overhead " << format_ns(timer_overhead_ns)
-      << (owner_bias ? "" : ", thread caches' locks unbiased (no membarrier)") << " (subtracted)\n";
+      << (owner_bias ? "" : ", locks unbiased (no membarrier)") << " (subtracted)\n";
   text_table t({"workload", "target", "threads", "pairs", "batch", "median", "p99", "peak req",
                 "peak res", "res/req", "upstream", "note"},
                2);

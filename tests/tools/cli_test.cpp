@@ -240,7 +240,7 @@ TEST(cli_bench, workload_and_allocator_filters) {
   EXPECT_TRUE(j["hooks"].is_null());
 }
 
-TEST(cli_bench, compare_thread_cache_adds_rows_without_the_cache_and_without_its_bias) {
+TEST(cli_bench, compare_thread_cache_adds_rows_without_the_cache_and_without_the_biases) {
   poolscope::testing::process_result r;
   const json j = run_json(
       {"bench", "alloc", "--quick", "--resource", "host", "--workloads", "A1", "--allocators",
@@ -252,7 +252,8 @@ TEST(cli_bench, compare_thread_cache_adds_rows_without_the_cache_and_without_its
     targets.push_back(row["target"].get<std::string>());
     EXPECT_TRUE(row["error"].is_null() || row["error"] == "") << row.dump();
   }
-  EXPECT_EQ(targets, (std::vector<std::string>{"bfc", "bfc -tc", "bfc -bias", "naive"}));
+  EXPECT_EQ(targets,
+            (std::vector<std::string>{"bfc", "bfc -tc", "bfc -bias", "bfc -tc -bias", "naive"}));
 }
 
 TEST(cli_bench, bad_options_fail_cleanly) {

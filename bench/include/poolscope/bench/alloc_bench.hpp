@@ -51,8 +51,10 @@ struct alloc_bench_options {
   double capacity_gib = -1.0;           ///< cap on the resource (default: host 80, device none)
   bool baselines = true;                ///< measure the raw resource rows
   /// Also run every allocator that has a per-thread cache with the cache off (target
-  /// "<name> -tc") and with the cache's lock not biased towards its thread (thread_cache_options
-  /// ::owner_bias off, "<name> -bias"), beside the default rows: their effects in one run.
+  /// "<name> -tc") and with no lock biased towards a thread (thread_cache_options::owner_bias
+  /// and, for bfc, bfc_options::lock_bias off: "<name> -bias"), beside the default rows: their
+  /// effects in one run; for bfc also with neither ("bfc -tc -bias": against "bfc -tc", the
+  /// pool lock's bias alone).
   bool compare_thread_cache = false;
 };
 
@@ -91,7 +93,7 @@ struct alloc_bench_report {
   bool quick = false;
   std::uint64_t seed = 0;
   double timer_overhead_ns = 0.0;
-  bool owner_bias = false;              ///< thread caches' locks biased towards their threads here
+  bool owner_bias = false;              ///< locks may be biased towards threads here (membarrier)
   std::optional<std::size_t> capacity;  ///< the cap put on the resource, if any
   std::vector<bench_row> rows;
   std::optional<hook_costs> hooks;
