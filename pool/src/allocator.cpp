@@ -127,7 +127,11 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
     }
   }
   if (b.ptr == nullptr) {
-    b = allocate_from_strategy(stream, bytes, alignment, lim, record);
+    // The strategy, called here (one call less per request); a refusal goes to the retry.
+    b = record ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
+    if (b.ptr == nullptr) [[unlikely]] {
+      b = allocate_after_refusal(stream, bytes, alignment, lim, record);
+    }
     if (record) {
       tc_record(cache, stream, b, bytes);
     } else if (counts_under_lock_) {
@@ -156,28 +160,23 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   return b.ptr;
 }
 
-block allocator::allocate_from_strategy(stream_view stream, std::size_t bytes,
+// Upstream exhausted (or the reserved limit reached) on the first try: give back the cache and
+// retry once; out of line, as the first try is not.
+block allocator::allocate_after_refusal(stream_view stream, std::size_t bytes,
                                         std::size_t alignment, std::size_t lim, bool held) {
-  const auto serve = [&] {
-    return held ? do_allocate_held(stream, bytes, alignment)
-                : do_allocate(stream, bytes, alignment);
-  };
-  block b = serve();
+  release_cached();
+  const std::uint64_t hits = limit_hits_.load(std::memory_order_relaxed);
+  const block b =
+      held ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
   if (b.ptr == nullptr) {
-    // Upstream exhausted (or the reserved limit reached): give back the cache, retry once.
-    release_cached();
-    const std::uint64_t hits = limit_hits_.load(std::memory_order_relaxed);
-    b = serve();
-    if (b.ptr == nullptr) {
-      // The strategy may have asked upstream for more than `bytes` (rounding, segments): a
-      // refusal by the limit shows in limit_hits_.
-      throw_oom(stream, bytes,
-                limit_hits_.load(std::memory_order_relaxed) != hits ||
-                        (lim != SIZE_MAX && reserved_.load(std::memory_order_relaxed) + bytes > lim)
-                    ? "limit: reserved bytes would exceed the allocator's limit"
-                    : "upstream exhausted: the resource could not supply a new block even after "
-                      "cached blocks were released");
-    }
+    // The strategy may have asked upstream for more than `bytes` (rounding, segments): a
+    // refusal by the limit shows in limit_hits_.
+    throw_oom(stream, bytes,
+              limit_hits_.load(std::memory_order_relaxed) != hits ||
+                      (lim != SIZE_MAX && reserved_.load(std::memory_order_relaxed) + bytes > lim)
+                  ? "limit: reserved bytes would exceed the allocator's limit"
+                  : "upstream exhausted: the resource could not supply a new block even after "
+                    "cached blocks were released");
   }
   return b;
 }

@@ -311,8 +311,8 @@ class allocator {
   void emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream, void* ptr,
             std::size_t requested, std::size_t rounded,
             hooks::free_error error = hooks::free_error::none) const noexcept;
-  block allocate_from_strategy(stream_view stream, std::size_t bytes, std::size_t alignment,
-                               std::size_t lim, bool held);
+  [[gnu::noinline]] block allocate_after_refusal(stream_view stream, std::size_t bytes,
+                                                 std::size_t alignment, std::size_t lim, bool held);
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
   void report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
                            const free_outcome& outcome) noexcept;
