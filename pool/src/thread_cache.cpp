@@ -207,10 +207,13 @@ void allocator::tc_judge(thread_cache& c) noexcept {
   if (c.sample_hits < thread_cache::min_sample_hits) {
     // Too few hits to pay for the misses: rest, and give the strategy the blocks held idle
     // here (it may merge them). Live blocks recorded here are still found at their frees.
-    c.resting = thread_cache::resting_takes;
+    c.resting = c.next_rest;
+    c.next_rest = std::min(2 * c.next_rest, thread_cache::max_resting_takes);
     ++c.rests;
     detail::owner_guard lock(c.lock);
     (void)tc_flush_locked(c);
+  } else {
+    c.next_rest = thread_cache::resting_takes;
   }
   c.sampled = 0;
   c.sample_hits = 0;

@@ -471,6 +471,51 @@ TYPED_TEST(thread_cache, a_cache_that_rarely_hits_rests_then_samples_again) {
   EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
 }
 
+// Each bad sample right after a rest doubles the next rest (up to max_resting_takes); a good
+// sample brings it back to resting_takes.
+TYPED_TEST(thread_cache, a_cache_that_keeps_missing_rests_longer_each_time) {
+  using detail::thread_cache;
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  std::uint32_t k = 0;
+  // Sizes that recur only 2000 requests apart: nearly every request misses.
+  auto random_pairs = [&](std::uint32_t n) {
+    for (std::uint32_t i = 0; i < n; ++i, ++k) {
+      const std::size_t bytes = 512 * (1 + k % 2000);
+      a.deallocate({}, a.allocate({}, bytes), bytes);
+    }
+  };
+  auto resting = [&a] { return a.thread_cache_counts().resting == 1; };
+  random_pairs(thread_cache::sample_takes);
+  ASSERT_EQ(a.thread_cache_counts().rests, 1U);
+  random_pairs(thread_cache::resting_takes - 1);
+  EXPECT_TRUE(resting());
+  random_pairs(1);
+  EXPECT_FALSE(resting()) << "the first rest lasts resting_takes requests";
+  random_pairs(thread_cache::sample_takes);
+  ASSERT_EQ(a.thread_cache_counts().rests, 2U);
+  random_pairs(2 * thread_cache::resting_takes - 1);
+  EXPECT_TRUE(resting()) << "a second bad sample in a row doubles the rest";
+  random_pairs(1);
+  EXPECT_FALSE(resting());
+  // Repeated sizes: the sample is good, and the next rest is back to resting_takes.
+  for (std::uint32_t i = 0; i < thread_cache::sample_takes; ++i) {
+    a.deallocate({}, a.allocate({}, 64 * KiB), 64 * KiB);
+  }
+  EXPECT_EQ(a.thread_cache_counts().rests, 2U);
+  random_pairs(thread_cache::sample_takes);
+  ASSERT_EQ(a.thread_cache_counts().rests, 3U);
+  random_pairs(thread_cache::resting_takes - 1);
+  EXPECT_TRUE(resting());
+  random_pairs(1);
+  EXPECT_FALSE(resting()) << "a good sample resets the rest to resting_takes";
+  static_assert(thread_cache::max_resting_takes >= 4 * thread_cache::resting_takes);
+  const auto s = a.stats();
+  EXPECT_EQ(s.in_use, 0U);
+  EXPECT_EQ(s.allocations, s.deallocations);
+}
+
 TYPED_TEST(thread_cache, out_of_memory_retry_takes_blocks_from_other_threads_caches) {
   host_resource host{256 * KiB};  // room for 4 blocks of 64 KiB (bfc: segments of 64 KiB)
   auto alloc = make<TypeParam>(host);

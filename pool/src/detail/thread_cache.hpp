@@ -105,13 +105,17 @@ struct thread_cache {
   std::uint64_t tick = 0;
   // Whether the cache pays for itself (docs/thread_cache.md, "When a cache steps aside"); the
   // owning thread's alone. Every `sample_takes` requests it counts its hits; below
-  // `min_sample_hits` the cache rests: for `resting_takes` requests it is bypassed (its blocks
-  // go back to the strategy, frees cache nothing), then it samples again.
+  // `min_sample_hits` the cache rests: for `next_rest` requests it is bypassed (its blocks go
+  // back to the strategy, frees cache nothing), then it samples again. A rest lasts
+  // `resting_takes` requests after a good sample and twice the last one after a bad one, up to
+  // `max_resting_takes`: a thread whose sizes never repeat samples ever more rarely.
   static constexpr std::uint32_t sample_takes = 4096;
   static constexpr std::uint32_t min_sample_hits = sample_takes / 3;
   static constexpr std::uint32_t resting_takes = 16 * sample_takes;
+  static constexpr std::uint32_t max_resting_takes = 16 * resting_takes;
   std::uint32_t sampled = 0;
   std::uint32_t sample_hits = 0;
+  std::uint32_t next_rest = resting_takes;
   // Written by the owner, read by thread_cache_counts(): requests left to rest, times rested.
   single_writer<std::uint32_t> resting;
   single_writer<std::uint64_t> rests;
