@@ -70,15 +70,17 @@ presence_pool& presences() {
   return *pool;
 }
 
+/// Set when the thread's record went back (trivially destructible: readable to the thread's end).
+thread_local bool t_presence_released = false;
+
 /// Gives the thread's record back when the thread exits; afterwards the thread takes biased
 /// mutexes through their inner locks (its remaining thread-exit work may still use a pool).
 struct presence_holder {
-  bool released = false;
   presence_holder() = default;
   presence_holder(const presence_holder&) = delete;
   presence_holder& operator=(const presence_holder&) = delete;
   ~presence_holder() {
-    released = true;
+    t_presence_released = true;
     thread_presence* const mine = t_presence;
     t_presence = nullptr;
     if (mine != nullptr) {
@@ -97,10 +99,11 @@ thread_presence* claim_thread_presence() noexcept {
   if (t_presence != nullptr) {
     return t_presence;
   }
-  presence_holder& holder = t_holder;  // constructed here, on the thread's first claim
-  if (holder.released) {
+  if (t_presence_released) {
     return nullptr;
   }
+  (void)&t_holder;  // constructed here, on the thread's first claim, to give the record back
+
   thread_presence* mine = nullptr;
   {
     presence_pool& pool = presences();
