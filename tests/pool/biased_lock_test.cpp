@@ -33,13 +33,20 @@ struct guarded {
   }
 };
 
-TEST(biased_lock_concurrency, excludes_other_threads_from_the_owners_biased_path) {
-  // The owner sets the bias again after each entry through the inner lock, so that nearly
-  // every other thread's entry revokes it while the owner runs through it.
-  biased_lock lock(true, 1, 1);
-  guarded g;
-  constexpr std::uint64_t other_ops = 4000;
-  constexpr int others = 2;
+/// What run_owner_against_others saw.
+struct contest {
+  std::uint64_t owner_ops = 0;
+  std::uint64_t biased_entries = 0;  ///< the owner's entries through the bias
+};
+
+/// The owner runs batches of 64 entries (`owner_entry(g)` takes the lock, bumps `g`, leaves,
+/// and says whether it went through the bias) for as long as `others` threads make
+/// `other_ops` entries each (`other_entry(g)`). Each of their entries waits for the owner to run
+/// two more batches (calling `spin()` meanwhile), so that it finds the bias set again and
+/// revokes it while the owner runs through it.
+template <typename OwnerEntry, typename OtherEntry, typename Spin>
+contest run_owner_against_others(guarded& g, int others, std::uint64_t other_ops,
+                                 OwnerEntry owner_entry, OtherEntry other_entry, Spin spin) {
   std::atomic<int> started{0};
   std::atomic<int> finished{0};
   std::atomic<std::uint64_t> owner_batches{0};
@@ -48,44 +55,60 @@ TEST(biased_lock_concurrency, excludes_other_threads_from_the_owners_biased_path
     threads.emplace_back([&] {
       started.fetch_add(1);
       for (std::uint64_t i = 0; i < other_ops; ++i) {
-        // Each entry waits for the owner to run on, so that it finds the bias set again.
         const std::uint64_t seen = owner_batches.load();
         while (owner_batches.load() < seen + 2) {
-          std::this_thread::yield();
+          spin();
         }
-        lock.lock();
-        g.bump();
-        lock.unlock();
+        other_entry(g);
       }
       finished.fetch_add(1);
     });
   }
   while (started.load() != others) {
   }
-  // The owner runs for as long as the others do.
-  std::uint64_t owner_ops = 0;
-  std::uint64_t biased_entries = 0;
+  contest c;
   while (finished.load(std::memory_order_relaxed) != others) {
-    for (int i = 0; i < 64; ++i, ++owner_ops) {
-      const bool through_bias = lock.owner_lock();
-      biased_entries += through_bias ? 1 : 0;
-      g.bump();
-      lock.owner_unlock(through_bias);
+    for (int i = 0; i < 64; ++i, ++c.owner_ops) {
+      c.biased_entries += owner_entry(g) ? 1 : 0;
     }
     owner_batches.fetch_add(1, std::memory_order_relaxed);
   }
   for (auto& t : threads) {
     t.join();
   }
+  return c;
+}
+
+TEST(biased_lock_concurrency, excludes_other_threads_from_the_owners_biased_path) {
+  // The owner sets the bias again after each entry through the inner lock, so that nearly
+  // every other thread's entry revokes it while the owner runs through it.
+  biased_lock lock(true, 1, 1);
+  guarded g;
+  constexpr std::uint64_t other_ops = 4000;
+  constexpr int others = 2;
+  const contest c = run_owner_against_others(
+      g, others, other_ops,
+      [&lock](guarded& x) {
+        const bool through_bias = lock.owner_lock();
+        x.bump();
+        lock.owner_unlock(through_bias);
+        return through_bias;
+      },
+      [&lock](guarded& x) {
+        lock.lock();
+        x.bump();
+        lock.unlock();
+      },
+      [] { std::this_thread::yield(); });
   EXPECT_FALSE(g.torn);
-  EXPECT_EQ(g.a, owner_ops + others * other_ops);
+  EXPECT_EQ(g.a, c.owner_ops + others * other_ops);
   if (lock.can_bias()) {
-    EXPECT_GT(biased_entries, 0U);
+    EXPECT_GT(c.biased_entries, 0U);
     // Most entries of the others found the bias set (with the fence a no-op, this test fails
     // about four runs in five at 2000 entries each).
     EXPECT_GT(lock.revocations(), others * other_ops / 2);
   } else {
-    EXPECT_EQ(biased_entries, 0U);
+    EXPECT_EQ(c.biased_entries, 0U);
   }
 }
 
@@ -159,9 +182,6 @@ TEST(biased_mutex_concurrency, excludes_other_threads_from_the_owners_biased_pat
   guarded g;
   constexpr std::uint64_t other_ops = 4000;
   constexpr int others = 2;
-  std::atomic<int> started{0};
-  std::atomic<int> finished{0};
-  std::atomic<std::uint64_t> owner_batches{0};
   // The others wait reading the owner's mark, so that its line is shared when the owner sets it
   // and the store lingers, as the fence's absence needs to show (the owner's record has a line
   // of its own, unlike biased_lock's flags, which share the lock's). With the fence replaced by
@@ -171,50 +191,36 @@ TEST(biased_mutex_concurrency, excludes_other_threads_from_the_owners_biased_pat
   m.unlock();
   const thread_presence* const owner_mark = t_presence;
   ASSERT_TRUE(owner_mark != nullptr || !m.can_bias());
-  std::vector<std::thread> threads;
-  for (int t = 0; t < others; ++t) {
-    threads.emplace_back([&] {
-      started.fetch_add(1);
-      for (std::uint64_t i = 0; i < other_ops; ++i) {
-        const std::uint64_t seen = owner_batches.load();
-        for (int spins = 1; owner_batches.load() < seen + 2; ++spins) {
-          if (owner_mark != nullptr) {
-            (void)owner_mark->inside.load(std::memory_order_relaxed);
-          }
-          if (spins % 64 == 0) {
-            std::this_thread::yield();
-          }
-        }
+  const contest c = run_owner_against_others(
+      g, others, other_ops,
+      [&m](guarded& x) {
         m.lock();
-        g.bump();
+        const bool biased = m.biased_to_caller();
+        x.bump();
         m.unlock();
-      }
-      finished.fetch_add(1);
-    });
-  }
-  while (started.load() != others) {
-  }
-  std::uint64_t owner_ops = 0;
-  std::uint64_t biased_holds = 0;
-  while (finished.load(std::memory_order_relaxed) != others) {
-    for (int i = 0; i < 64; ++i, ++owner_ops) {
-      m.lock();
-      biased_holds += m.biased_to_caller() ? 1 : 0;
-      g.bump();
-      m.unlock();
-    }
-    owner_batches.fetch_add(1, std::memory_order_relaxed);
-  }
-  for (auto& t : threads) {
-    t.join();
-  }
+        return biased;
+      },
+      [&m](guarded& x) {
+        m.lock();
+        x.bump();
+        m.unlock();
+      },
+      [owner_mark] {
+        thread_local int spun = 0;
+        if (owner_mark != nullptr) {
+          (void)owner_mark->inside.load(std::memory_order_relaxed);
+        }
+        if (++spun % 64 == 0) {
+          std::this_thread::yield();
+        }
+      });
   EXPECT_FALSE(g.torn);
-  EXPECT_EQ(g.a, owner_ops + others * other_ops);
+  EXPECT_EQ(g.a, c.owner_ops + others * other_ops);
   if (m.can_bias()) {
-    EXPECT_GT(biased_holds, 0U);
+    EXPECT_GT(c.biased_entries, 0U);
     EXPECT_GT(m.revocations(), others * other_ops / 2);
   } else {
-    EXPECT_EQ(biased_holds, 0U);
+    EXPECT_EQ(c.biased_entries, 0U);
     EXPECT_EQ(m.revocations(), 0U);
   }
 }
