@@ -49,6 +49,17 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   const double add = demo.at("t_add_ms"), reshard = demo.at("t_reshard_ms");
   const double fused = demo.at("t_fused_ms");
   EXPECT_NEAR(demo.at("eta").get<double>(), (add + reshard - fused) / std::min(add, reshard), 1e-9);
+  // The three steps take turns: a warm-up round and the timed one, each step a scope per round.
+  EXPECT_EQ(demo.at("rounds"), 1);
+  int step_scopes = 0;
+  for (const auto& sc : rep.at("profiles").at("function").at("scopes")) {
+    const std::string name = sc.at("name");
+    if (name == "demo.add" || name == "demo.reshard" || name == "demo.fused") {
+      EXPECT_EQ(sc.at("calls"), 2) << name;
+      ++step_scopes;
+    }
+  }
+  EXPECT_EQ(step_scopes, 3);
   for (const auto& c : demo.at("checks")) {
     EXPECT_TRUE(c.at("ok").get<bool>()) << c.dump();
   }

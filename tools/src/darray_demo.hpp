@@ -9,10 +9,12 @@
 //   std::cout << r.text;
 //   return r.ok() ? 0 : 2;
 //
-// Times are wall-clock on the host from the first enqueue to the end of the last piece of work
-// (best of `repeat` runs after a warm-up). eta = (T_reshard + T_add - T_fused) / min(T_reshard,
-// T_add), DESIGN.md §4 (D1): 1 when the fused op costs no more than the longer of its parts.
-// Thread safety: run_darray_demo runs on the calling thread. The result is a plain value.
+// Times are wall-clock on the host from the first enqueue to the end of the last piece of work:
+// the three steps take turns for `repeat` rounds after a warm-up round, and each keeps its best
+// (so a drift of the machine's speed slows all three alike). eta = (T_reshard + T_add - T_fused) /
+// min(T_reshard, T_add), DESIGN.md §4 (D1): 1 when the fused op costs no more than the longer of
+// its parts. Thread safety: run_darray_demo runs on the calling thread. The result is a plain
+// value.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +39,7 @@ struct darray_demo_options {
   std::string transport = "auto";  ///< auto, peer, nccl
   std::string trace_path = "trace.json";
   std::string report_path = "report.json";
-  int repeat = 3;
+  int repeat = 0;  ///< rounds; 0: 3 on GPUs, 20 on host devices
   std::uint64_t seed = 1;
   bool cupti = true;  ///< collect CUPTI activity on GPUs
   /// profiler::with_activity_kinds' list. The records of API calls (runtime, driver, sync,
