@@ -197,15 +197,18 @@ class biased_guard {
   const bool through_bias_;
 };
 
-/// A thread's presence mark for biased_mutex: `inside` is true while the thread holds some
-/// biased_mutex through its bias. One record per thread, written by that thread only; records
+/// A thread's presence mark for biased_mutex: `inside` names the biased_mutex the thread holds
+/// through its bias (null when none). One record per thread, written by that thread only; records
 /// are never freed, and a thread's record goes to a later thread when it exits, because a mutex
 /// may still name it as its owner (the later thread then inherits that bias, which is sound: it
 /// is the record's only user). The mark lives in the thread's record and not in the lock because
 /// the owner may change: a thread that read a stale "I am the owner" would otherwise clear a
-/// flag the new owner had just set.
+/// flag the new owner had just set. It names the mutex, not just "some", so that a revoker waits
+/// only for the owner to leave the mutex being revoked: a thread that holds one biased mutex
+/// through its bias and then waits for another's inner lock must not be waited for by that
+/// other's revoker (two threads would wait for each other).
 struct alignas(64) thread_presence {
-  std::atomic<bool> inside{false};
+  std::atomic<const void*> inside{nullptr};
   thread_presence* next_free = nullptr;  // on the free list, between threads
 };
 
@@ -228,8 +231,9 @@ struct alignas(64) thread_presence {
 /// most about a dozen times, then once per 2^20 lone entries.
 ///
 /// Satisfies BasicLockable. Thread-safe. Not recursive. A thread may hold several biased_mutexes
-/// at once (all but the first then through their inner locks), but no two threads may take them
-/// in opposite orders, as for any locks. `Inner` is any BasicLockable (bfc's futex lock).
+/// at once (all but the first through their inner locks, its mark being taken), but no two
+/// threads may take them in opposite orders, as for any locks. `Inner` is any BasicLockable (bfc's
+/// futex lock).
 template <typename Inner>
 class biased_mutex {
  public:
@@ -252,14 +256,16 @@ class biased_mutex {
     // Not when the thread is already inside another biased_mutex through its bias: its one mark
     // is taken (it enters this one through the inner lock, and keeps its bias if it owns it).
     // A thread that is not the owner marks itself for nothing, and nobody waits on its mark.
-    if (me != nullptr && !me->inside.load(std::memory_order_relaxed)) [[likely]] {
-      me->inside.store(true, std::memory_order_relaxed);
+    if (me != nullptr && me->inside.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+      // Release, as every store of the mark: a revoker that reads any of them (this one, if the
+      // thread entered another mutex since) then sees what the thread did in this one before.
+      me->inside.store(this, std::memory_order_release);
       std::atomic_signal_fence(std::memory_order_seq_cst);  // the store before the load
       if (owner_.load(std::memory_order_acquire) == me) [[likely]] {
         via_bias_ = me;
         return;
       }
-      me->inside.store(false, std::memory_order_release);
+      me->inside.store(nullptr, std::memory_order_release);
     }
     lock_slow(me);
   }
@@ -267,7 +273,7 @@ class biased_mutex {
   void unlock() noexcept {
     if (thread_presence* const me = via_bias_) {
       via_bias_ = nullptr;  // before the release below: the next holder reads it
-      me->inside.store(false, std::memory_order_release);
+      me->inside.store(nullptr, std::memory_order_release);
       return;
     }
     inner_.unlock();
@@ -297,12 +303,12 @@ class biased_mutex {
     inner_.lock();
     thread_presence* const owner = owner_.load(std::memory_order_relaxed);
     if (owner != nullptr && owner != me) {
-      // Another thread's bias: revoke it, then wait for that thread to leave. (The owner's own
-      // entries through the inner lock keep its bias: it is not inside, the lock not being
-      // recursive, and nobody else enters through the bias.)
+      // Another thread's bias: revoke it, then wait for that thread to leave this mutex. (The
+      // owner's own entries through the inner lock keep its bias: it is not inside, the lock not
+      // being recursive, and nobody else enters through the bias.)
       owner_.store(nullptr, std::memory_order_relaxed);
       asymmetric_fence();
-      for (int spins = 0; owner->inside.load(std::memory_order_acquire); ++spins) {
+      for (int spins = 0; owner->inside.load(std::memory_order_acquire) == this; ++spins) {
         if (spins >= 64) {
           std::this_thread::yield();
         }
