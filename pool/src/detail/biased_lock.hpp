@@ -25,6 +25,8 @@
 #include <cstdint>
 #include <thread>
 
+#include "single_writer.hpp"
+
 namespace poolscope::pool::detail {
 
 /// Whether asymmetric_fence() is available in this process (registers for it on first call).
@@ -64,13 +66,61 @@ class spin_lock {
   std::atomic<bool> state_{false};
 };
 
+/// When a biased lock sets its bias again (biased_lock, biased_mutex): after `after` entries
+/// through its inner lock, counted since the last revocation (or in a row), where each revocation
+/// doubles `after`, up to `cap`. Guarded by the lock's inner lock; revocations() may be read by
+/// any thread.
+class rebias_schedule {
+ public:
+  static constexpr std::uint32_t initial_after = 256;
+  static constexpr std::uint32_t max_after = std::uint32_t{1} << 20;
+
+  rebias_schedule(std::uint32_t after, std::uint32_t cap) noexcept
+      : cap_(cap < 1 ? 1 : cap), after_(after < 1 ? 1 : after) {}
+  /// Counts one entry through the inner lock; true for the one that sets the bias (the count
+  /// then starts again).
+  [[nodiscard]] bool entered() noexcept {
+    if (++entries_ < after_) {
+      return false;
+    }
+    entries_ = 0;
+    return true;
+  }
+  /// Starts the count again (another thread came in between).
+  void restart() noexcept { entries_ = 0; }
+  /// A revocation: the count starts again and the entries needed double.
+  void revoked() noexcept {
+    entries_ = 0;
+    after_ = after_ >= cap_ / 2 ? cap_ : after_ * 2;
+    ++revocations_;
+  }
+  [[nodiscard]] std::uint64_t revocations() const noexcept { return revocations_; }
+
+ private:
+  const std::uint32_t cap_;
+  std::uint32_t after_;
+  std::uint32_t entries_ = 0;
+  single_writer<std::uint64_t> revocations_;
+};
+
+/// Spins while `owner_inside()` holds, yielding after a while: a revoker waiting for the owner
+/// to leave (it holds the lock for a few hundred nanoseconds, unless it was preempted).
+template <typename F>
+void wait_while(F owner_inside) noexcept {
+  for (int spins = 0; owner_inside(); ++spins) {
+    if (spins >= 64) {
+      std::this_thread::yield();
+    }
+  }
+}
+
 /// The lock of a thread cache. Its owning thread calls owner_lock / owner_unlock (one thread
 /// only, the same for the lock's life); every other thread, and the owner when it acts as any
 /// thread would (a flush, its exit), lock / unlock. Mutual exclusion holds between all of them.
 class biased_lock {
  public:
-  static constexpr std::uint32_t initial_rebias_after = 256;
-  static constexpr std::uint32_t max_rebias_after = std::uint32_t{1} << 20;
+  static constexpr std::uint32_t initial_rebias_after = rebias_schedule::initial_after;
+  static constexpr std::uint32_t max_rebias_after = rebias_schedule::max_after;
 
   /// `bias`: start biased, if the asymmetric fence is available. `rebias_after` and
   /// `rebias_cap`: the owner's inner-lock entries before it sets the bias again, at first and
@@ -78,9 +128,8 @@ class biased_lock {
   explicit biased_lock(bool bias = true, std::uint32_t rebias_after = initial_rebias_after,
                        std::uint32_t rebias_cap = max_rebias_after) noexcept
       : can_bias_(bias && asymmetric_fence_available()),
-        rebias_cap_(rebias_cap < 1 ? 1 : rebias_cap),
         biased_(can_bias_),
-        rebias_after_(rebias_after < 1 ? 1 : rebias_after) {}
+        schedule_(rebias_after, rebias_cap) {}
 
   /// Owner only. Returns whether it entered through the bias (pass it to owner_unlock).
   [[nodiscard]] bool owner_lock() noexcept {
@@ -93,8 +142,7 @@ class biased_lock {
       busy_.store(false, std::memory_order_release);
     }
     inner_.lock();
-    if (can_bias_ && ++owner_locks_ >= rebias_after_) {
-      owner_locks_ = 0;
+    if (can_bias_ && schedule_.entered()) {
       biased_.store(true, std::memory_order_relaxed);  // published by the inner lock's unlock
     }
     return false;
@@ -113,15 +161,8 @@ class biased_lock {
     if (biased_.load(std::memory_order_relaxed)) {  // only set under the inner lock
       biased_.store(false, std::memory_order_relaxed);
       asymmetric_fence();
-      for (int spins = 0; busy_.load(std::memory_order_acquire); ++spins) {
-        if (spins >= 64) {
-          std::this_thread::yield();
-        }
-      }
-      owner_locks_ = 0;
-      rebias_after_ = rebias_after_ >= rebias_cap_ / 2 ? rebias_cap_ : rebias_after_ * 2;
-      revocations_.store(revocations_.load(std::memory_order_relaxed) + 1,
-                         std::memory_order_relaxed);
+      wait_while([this] { return busy_.load(std::memory_order_acquire); });
+      schedule_.revoked();
     }
   }
   void unlock() noexcept { inner_.unlock(); }
@@ -131,20 +172,14 @@ class biased_lock {
   /// Whether this lock may be biased at all (the option and the fence).
   [[nodiscard]] bool can_bias() const noexcept { return can_bias_; }
   /// Times the bias was revoked (a snapshot).
-  [[nodiscard]] std::uint64_t revocations() const noexcept {
-    return revocations_.load(std::memory_order_relaxed);
-  }
+  [[nodiscard]] std::uint64_t revocations() const noexcept { return schedule_.revocations(); }
 
  private:
   const bool can_bias_;
-  const std::uint32_t rebias_cap_;
   spin_lock inner_;
   std::atomic<bool> biased_;
   std::atomic<bool> busy_{false};
-  // Under the inner lock:
-  std::uint32_t owner_locks_ = 0;  // the owner's inner-lock entries since the last revocation
-  std::uint32_t rebias_after_;
-  std::atomic<std::uint64_t> revocations_{0};  // written under it, read anywhere
+  rebias_schedule schedule_;  // under the inner lock: the owner's entries since a revocation
 };
 
 /// Holds a biased_lock as its owner, for a scope. Kept apart from biased_guard (which also
@@ -237,17 +272,15 @@ struct alignas(64) thread_presence {
 template <typename Inner>
 class biased_mutex {
  public:
-  static constexpr std::uint32_t initial_rebias_after = 256;
-  static constexpr std::uint32_t max_rebias_after = std::uint32_t{1} << 20;
+  static constexpr std::uint32_t initial_rebias_after = rebias_schedule::initial_after;
+  static constexpr std::uint32_t max_rebias_after = rebias_schedule::max_after;
 
   /// `bias`: allow the bias at all (when the asymmetric fence is available). `rebias_after`
   /// and `rebias_cap`: lone inner-lock entries before a thread sets the bias, at first and at
   /// most (tests lower them, to revoke often).
   explicit biased_mutex(bool bias = true, std::uint32_t rebias_after = initial_rebias_after,
                         std::uint32_t rebias_cap = max_rebias_after) noexcept
-      : can_bias_(bias && asymmetric_fence_available()),
-        rebias_cap_(rebias_cap < 1 ? 1 : rebias_cap),
-        rebias_after_(rebias_after < 1 ? 1 : rebias_after) {}
+      : can_bias_(bias && asymmetric_fence_available()), schedule_(rebias_after, rebias_cap) {}
   biased_mutex(const biased_mutex&) = delete;
   biased_mutex& operator=(const biased_mutex&) = delete;
 
@@ -291,9 +324,7 @@ class biased_mutex {
   /// Whether this mutex may be biased at all (the option and the fence).
   [[nodiscard]] bool can_bias() const noexcept { return can_bias_; }
   /// Times the bias was revoked (a snapshot).
-  [[nodiscard]] std::uint64_t revocations() const noexcept {
-    return revocations_.load(std::memory_order_relaxed);
-  }
+  [[nodiscard]] std::uint64_t revocations() const noexcept { return schedule_.revocations(); }
 
  private:
   [[gnu::noinline]] void lock_slow(thread_presence* me) noexcept {
@@ -308,22 +339,14 @@ class biased_mutex {
       // being recursive, and nobody else enters through the bias.)
       owner_.store(nullptr, std::memory_order_relaxed);
       asymmetric_fence();
-      for (int spins = 0; owner->inside.load(std::memory_order_acquire) == this; ++spins) {
-        if (spins >= 64) {
-          std::this_thread::yield();
-        }
-      }
-      lone_entries_ = 0;
-      rebias_after_ = rebias_after_ >= rebias_cap_ / 2 ? rebias_cap_ : rebias_after_ * 2;
-      revocations_.store(revocations_.load(std::memory_order_relaxed) + 1,
-                         std::memory_order_relaxed);
+      wait_while([this, owner] { return owner->inside.load(std::memory_order_acquire) == this; });
+      schedule_.revoked();
     } else if (owner == nullptr && me != nullptr && can_bias_) {
       if (last_ != me) {
         last_ = me;
-        lone_entries_ = 0;
+        schedule_.restart();
       }
-      if (++lone_entries_ >= rebias_after_) {
-        lone_entries_ = 0;
+      if (schedule_.entered()) {
         owner_.store(me, std::memory_order_relaxed);  // for this thread's next entry
       }
     }
@@ -333,12 +356,9 @@ class biased_mutex {
   std::atomic<thread_presence*> owner_{nullptr};  // written under the inner lock only
   thread_presence* via_bias_ = nullptr;  // the holder's record if it entered through the bias
   const bool can_bias_;
-  const std::uint32_t rebias_cap_;
   // Under the inner lock:
-  std::uint32_t rebias_after_;
-  std::uint32_t lone_entries_ = 0;   // inner-lock entries of `last_` in a row
+  rebias_schedule schedule_;         // the entries of `last_` in a row
   thread_presence* last_ = nullptr;  // the last thread through the inner lock (a tag only)
-  std::atomic<std::uint64_t> revocations_{0};  // written under it, read anywhere
 };
 
 }  // namespace poolscope::pool::detail

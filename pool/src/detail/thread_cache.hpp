@@ -25,30 +25,9 @@
 #include "address_table.hpp"
 #include "biased_lock.hpp"
 #include "poolscope/pool/allocator.hpp"
+#include "single_writer.hpp"
 
 namespace poolscope::pool::detail {
-
-/// A count with one writer at a time — under a thread cache's lock, or its owning thread for
-/// the owner's own fields — read by other threads without a lock: a relaxed load and store, no
-/// atomic read-modify-write.
-template <class T>
-class single_writer {
- public:
-  operator T() const noexcept {  // NOLINT(google-explicit-constructor): a count
-    return v_.load(std::memory_order_relaxed);
-  }
-  single_writer& operator=(T v) noexcept {
-    v_.store(v, std::memory_order_relaxed);
-    return *this;
-  }
-  single_writer& operator+=(T d) noexcept { return *this = static_cast<T>(*this + d); }
-  single_writer& operator-=(T d) noexcept { return *this = static_cast<T>(*this - d); }
-  single_writer& operator++() noexcept { return *this += 1; }
-  single_writer& operator--() noexcept { return *this -= 1; }
-
- private:
-  std::atomic<T> v_{0};
-};
 
 /// What a thread cache knows of one block: handed out through it (live) or held in a bin
 /// (cached). `stream` is the stream of the allocation (live) or of the free (cached).
