@@ -308,12 +308,20 @@ std::string trace_summary::to_text(std::size_t top) const {
       format_ns(static_cast<double>(total_transfer)).c_str(),
       percent(static_cast<double>(total_both), static_cast<double>(total_transfer)).c_str());
   out += line;
+  if (malformed != 0) {
+    std::snprintf(line, sizeof line,
+                  "%llu event(s) left out: times that cannot be read (`poolscope trace check` "
+                  "names them)\n",
+                  static_cast<unsigned long long>(malformed));
+    out += line;
+  }
   return out;
 }
 
 nlohmann::json trace_summary::to_json(std::size_t top) const {
   nlohmann::json j;
   j["events"] = events;
+  j["malformed"] = malformed;
   j["window_begin_ns"] = window_begin_ns;
   j["window_end_ns"] = window_end_ns;
   j["devices"] = nlohmann::json::array();
@@ -343,22 +351,46 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
   std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
   std::int64_t lo = INT64_MAX;
   std::int64_t hi = INT64_MIN;
+  // A time in µs that converts to ns without overflow (about ±285 years).
+  const auto time_of = [](const nlohmann::json& v, double& us) {
+    if (!v.is_number()) {
+      return false;
+    }
+    us = v.get<double>();
+    return std::isfinite(us) && std::abs(us) <= 9e15;
+  };
   const trace_read_info info = read_trace(path, [&](std::uint64_t, const nlohmann::json& e) {
+    // What `trace check` rejects as unreadable times is left out and counted, never summed: a
+    // negative or missing duration would otherwise count as years of device time.
     if (!e.is_object()) {
+      ++s.malformed;
       return;
     }
     const auto ph = e.find("ph");
-    const auto ts = e.find("ts");
-    if (ph == e.end() || !ph->is_string() || *ph == "M" || ts == e.end() || !ts->is_number()) {
+    if (ph == e.end() || !ph->is_string()) {
+      ++s.malformed;
       return;
     }
-    std::int64_t begin = us_to_ns(ts->get<double>());
+    if (*ph == "M") {
+      return;  // metadata: names of processes and threads, no time
+    }
+    const auto ts = e.find("ts");
+    double ts_us = 0;
+    if (ts == e.end() || !time_of(*ts, ts_us)) {
+      ++s.malformed;
+      return;
+    }
+    std::int64_t begin = us_to_ns(ts_us);
     std::int64_t end = begin;
     const bool complete = *ph == "X";
     if (complete) {
-      if (const auto dur = e.find("dur"); dur != e.end() && dur->is_number()) {
-        end = begin + us_to_ns(dur->get<double>());
+      const auto dur = e.find("dur");
+      double dur_us = 0;
+      if (dur == e.end() || !time_of(*dur, dur_us) || dur_us < 0) {
+        ++s.malformed;
+        return;
       }
+      end = begin + us_to_ns(dur_us);
     }
     lo = std::min(lo, begin);
     hi = std::max(hi, end);

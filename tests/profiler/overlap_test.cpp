@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <vector>
 
@@ -325,6 +326,49 @@ TEST(overlap, summarize_a_written_trace) {
   EXPECT_EQ(j["devices"][0]["top_kernels"].size(), 1U);
   EXPECT_EQ(j["devices"][0]["top_kernels"][0]["name"], "A");
   EXPECT_EQ(j["devices"][1]["both_ns"], 100);
+}
+
+TEST(overlap, summary_leaves_out_and_counts_events_with_unreadable_times) {
+  poolscope::profiler::testing::temp_file f(".json");
+  {
+    // Two good kernels on device 0 ([1, 3) µs and [4, 5) µs) among events `trace check` rejects:
+    // a negative dur (summed as is, it was 2^64 ns of kernel time), a dur given as a string, an
+    // X event without dur, a ts given as a string, a ts out of any range, no ph, not an object.
+    std::ofstream out(f.path());
+    out << R"({"traceEvents": [
+      {"name": "process_name", "ph": "M", "pid": 100, "args": {"name": "GPU 0"}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 1, "dur": 2,
+       "args": {"device": 0}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 4, "dur": 1,
+       "args": {"device": 0}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 2, "dur": -1,
+       "args": {"device": 0}},
+      {"name": "C", "cat": "memcpy", "ph": "X", "pid": 100, "tid": 2, "ts": 2, "dur": "1",
+       "args": {"device": 0}},
+      {"name": "C", "cat": "memcpy", "ph": "X", "pid": 100, "tid": 2, "ts": 2,
+       "args": {"device": 0}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": "3", "dur": 1,
+       "args": {"device": 0}},
+      {"name": "i", "ph": "i", "pid": 100, "tid": 1, "ts": 1e300},
+      {"name": "K", "cat": "kernel", "pid": 100, "tid": 1, "ts": 6, "dur": 1,
+       "args": {"device": 0}},
+      7
+    ]})";
+  }
+  const auto s = poolscope::profiler::summarize_trace(f.path());
+  EXPECT_EQ(s.malformed, 7U);
+  EXPECT_EQ(s.window_begin_ns, 1000);
+  EXPECT_EQ(s.window_end_ns, 5000);
+  ASSERT_EQ(s.devices.size(), 1U);
+  EXPECT_EQ(s.devices[0].compute_ns, 3000U);
+  EXPECT_EQ(s.devices[0].compute_ops, 2U);
+  EXPECT_EQ(s.devices[0].transfer_ops, 0U);
+  ASSERT_EQ(s.kernels.size(), 1U);
+  EXPECT_EQ(s.kernels[0].count, 2U);
+  EXPECT_EQ(s.kernels[0].total_ns, 3000U);
+  EXPECT_TRUE(s.copies.empty());
+  EXPECT_NE(s.to_text().find("7 event(s) left out"), std::string::npos) << s.to_text();
+  EXPECT_EQ(s.to_json()["malformed"], 7);
 }
 
 }  // namespace
