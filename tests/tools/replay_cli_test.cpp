@@ -116,6 +116,25 @@ TEST(replay_cli, table_and_summary_line) {
   EXPECT_NE(out.find("bfc"), std::string::npos) << out;
   EXPECT_NE(out.find("summary: 2 allocators, 3 mallocs replayed, 0 failed"), std::string::npos)
       << out;
+  EXPECT_EQ(out.find("\nlog: "), std::string::npos) << out;  // a complete, consistent log
+}
+
+TEST(replay_cli, an_inconsistent_log_is_said_so_under_the_table) {
+  // The hand log, then a double free of A, a free of a pointer never allocated and a block D
+  // never freed: the replay leaves the two frees out, and says so, and D.
+  const std::string log =
+      write_file("poolscope-replay", hand_log() + rec(7, "free", "0x1000", 1000, "pre") +
+                                         rec(8, "free", "0x9000", 64, "pre") +
+                                         rec(9, "malloc", "0x4000", 512, "post"));
+  const std::string out = run_cli({"replay", log, "--allocators", "naive,bfc"});
+  EXPECT_NE(out.find("\nlog: 2 frees of pointers not live (left out: double frees, or a log "
+                     "begun mid-run); 1 block never freed\n"),
+            std::string::npos)
+      << out;
+  const json j = replay_json({"--allocators", "naive"}, log);
+  EXPECT_EQ(j["results"][0]["unknown_frees"], 2);
+  EXPECT_EQ(j["results"][0]["live_at_end"], 1);
+  EXPECT_EQ(j["results"][0]["peak_requested"], 5000);
 }
 
 TEST(replay_cli, capacity_with_suffix_fails_the_allocation_over_it) {

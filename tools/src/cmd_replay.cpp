@@ -110,6 +110,34 @@ void print_table(std::ostream& out, const std::vector<profiler::replay_result>& 
   }
 }
 
+/// What the log itself says, the same on every strategy: frees of pointers that were not live
+/// (a double free, or a log that starts mid-run), records skipped, failures recorded, blocks
+/// never freed (from a replay that failed no allocation: a failed block is not live). Nothing
+/// when the log is complete and consistent.
+void print_log_notes(std::ostream& out, const std::vector<profiler::replay_result>& results) {
+  const profiler::replay_result& r = results.front();
+  const auto whole = std::find_if(results.begin(), results.end(),
+                                  [](const auto& x) { return x.failed_allocations == 0; });
+  std::string notes;
+  const auto note = [&notes](std::uint64_t n, const char* one, const char* many) {
+    if (n != 0) {
+      notes += (notes.empty() ? "" : "; ") + std::to_string(n) + " " + (n == 1 ? one : many);
+    }
+  };
+  note(r.unknown_frees,
+       "free of a pointer not live (left out: a double free, or a log begun mid-run)",
+       "frees of pointers not live (left out: double frees, or a log begun mid-run)");
+  note(r.skipped_records, "record skipped (another allocator's, or not a malloc or free)",
+       "records skipped (another allocator's, or not a malloc or free)");
+  note(r.recorded_failures, "allocation failure recorded", "allocation failures recorded");
+  if (whole != results.end()) {
+    note(whole->live_at_end, "block never freed", "blocks never freed");
+  }
+  if (!notes.empty()) {
+    out << "log: " << notes << "\n";
+  }
+}
+
 void run_replay(const replay_command& cmd) {
   const std::size_t capacity = cmd.capacity.empty() ? std::numeric_limits<std::size_t>::max()
                                                     : parse_byte_size(cmd.capacity);
@@ -139,6 +167,9 @@ void run_replay(const replay_command& cmd) {
   }
   std::cout << "\n";
   print_table(std::cout, results);
+  if (!results.empty()) {
+    print_log_notes(std::cout, results);
+  }
 
   const auto best =
       std::min_element(results.begin(), results.end(), [](const auto& a, const auto& b) {
