@@ -247,6 +247,7 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
   return allocate_chunk(stream, bytes, true);
 }
 
+POOLSCOPE_HOT_CLONES
 block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool held) {
   const std::size_t rounded = round_up(bytes, round_bytes);
   const bool large = rounded > options_.small_request_max;
@@ -368,6 +369,12 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
 
 free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                                           std::size_t /*alignment*/) noexcept {
+  return deallocate_chunk(stream, ptr, bytes);  // (a virtual function has no clones)
+}
+
+POOLSCOPE_HOT_CLONES
+free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
+                                             std::size_t bytes) noexcept {
   state& st = *state_;
   std::lock_guard lock(st.mutex);
   bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);

@@ -19,6 +19,21 @@
 #include "address_table.hpp"
 #include "poolscope/cpu_relax.hpp"
 
+// bfc's two hot functions (allocate_chunk, deallocate_chunk, with the index and table code
+// inlined into them) are compiled twice on x86-64: for x86-64-v3 (Haswell, Zen and later: BMI,
+// BMI2, LZCNT) and for the baseline, the loader picking one for the CPU (GNU ifunc). The size
+// classes and bitmaps shift by variable amounts, which the baseline does with `shl %cl` (three
+// micro-ops on Intel cores, against one for BMI2's shlx), and std::countr_zero / bit_width test
+// for zero first without TZCNT / LZCNT: on DESIGN.md §4 A2 the v3 copy saves about 4 ns of
+// 110 per pair on the lent Xeon hosts (docs/perf.md, thirteenth session). Builds under ASan or
+// TSan keep one (baseline) copy: that is the copy CI's sanitizer runs test.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define POOLSCOPE_HOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#else
+#define POOLSCOPE_HOT_CLONES
+#endif
+
 namespace poolscope::pool::detail {
 
 /// The pool's one lock: a futex-style mutex (Drepper's "mutex2": 0 free, 1 held, 2 held with

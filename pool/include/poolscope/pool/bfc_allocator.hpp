@@ -176,6 +176,7 @@ class bfc_allocator final : public allocator {
 
   // The helpers below marked "locked" require the caller to hold the mutex.
   block allocate_chunk(stream_view stream, std::size_t bytes, bool held);
+  free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
                          bool held, detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
