@@ -55,7 +55,7 @@ bool register_fence() noexcept {
 }  // namespace
 
 // initial-exec (as declared), like the thread caches' t_last: 8 bytes of the static TLS block.
-thread_local thread_presence* t_presence = nullptr;
+constinit thread_local thread_presence* t_presence = nullptr;
 
 namespace {
 

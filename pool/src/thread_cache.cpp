@@ -30,8 +30,8 @@ struct thread_cache_access {
 // __tls_get_addr (a call per access in a shared library). 17 bytes of the static TLS block,
 // which glibc keeps a surplus of for libraries loaded later, as the plug-in is (by PyTorch or
 // CuPy).
-thread_local last_cache t_last;
-thread_local bool t_exited = false;
+constinit thread_local last_cache t_last;
+constinit thread_local bool t_exited = false;
 
 namespace {
 

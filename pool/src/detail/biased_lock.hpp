@@ -249,7 +249,7 @@ struct alignas(64) thread_presence {
 
 /// The calling thread's record, or null before claim_thread_presence() (or after the thread's
 /// exit began). Trivially initialised: read inline without a TLS guard (biased_lock.cpp).
-[[gnu::tls_model("initial-exec")]] extern thread_local thread_presence* t_presence;
+[[gnu::tls_model("initial-exec")]] extern thread_local constinit thread_presence* t_presence;
 
 /// Makes (or reuses) the calling thread's record and sets t_presence; returns it, or null when
 /// none can be had (no memory, or the thread is exiting). Thread-safe; takes a global mutex.

@@ -278,14 +278,15 @@ struct thread_cache {
 };
 
 /// The calling thread's most recently used cache: trivially destructible, so the hot paths
-/// read it without a TLS guard (thread_cache.cpp defines it, initial-exec).
+/// read it without a TLS guard (thread_cache.cpp defines it, initial-exec; `constinit` tells
+/// every includer so, and no access calls the TLS init wrapper).
 struct last_cache {
   std::uint32_t allocator_id = 0;
   thread_cache* cache = nullptr;
 };
-[[gnu::tls_model("initial-exec")]] extern thread_local last_cache t_last;
+[[gnu::tls_model("initial-exec")]] extern thread_local constinit last_cache t_last;
 /// Set when the calling thread's caches were retired at its exit.
-[[gnu::tls_model("initial-exec")]] extern thread_local bool t_exited;
+[[gnu::tls_model("initial-exec")]] extern thread_local constinit bool t_exited;
 
 /// Raises `peak` to `value` if it is higher.
 inline void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
