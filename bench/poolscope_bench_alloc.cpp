@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "poolscope/bench/alloc_bench_cli.hpp"
+#include "poolscope/bench/cli_checks.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"poolscope allocator benchmark: A1-A5 and hook costs, with raw-resource baselines"};
@@ -16,7 +17,7 @@ int main(int argc, char** argv) {
   app.add_option("--benchmark_min_time", min_time,
                  "same as --seconds (for Google Benchmark "
                  "drivers)")
-      ->check(CLI::PositiveNumber);
+      ->check(poolscope::bench::positive_number());
   try {
     app.parse(argc, argv);
     if (min_time > 0.0) {

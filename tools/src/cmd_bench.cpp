@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "poolscope/bench/alloc_bench_cli.hpp"
+#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/error.hpp"
 
@@ -45,11 +46,11 @@ void register_bench(CLI::App& app) {
       ->add_option("--n", d->options.n,
                    "D1 elements; D2 uses the largest power-of-two side <= sqrt(n/2) (default "
                    "2^29 on GPUs, 2^20 on host devices)")
-      ->check(CLI::PositiveNumber);
+      ->check(poolscope::bench::positive_number());
   darray_cmd
       ->add_option("--matmul-n", d->options.matmul_n,
                    "D5 matrix side (default 8192 on GPUs, 256 on host devices)")
-      ->check(CLI::PositiveNumber);
+      ->check(poolscope::bench::positive_number());
   darray_cmd->add_option("--repeat", d->options.repeat, "timed runs per figure after a warm-up")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();

@@ -6,6 +6,7 @@
 
 #include "commands.hpp"
 #include "pools_demo.hpp"
+#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 
@@ -28,7 +29,7 @@ void register_pools(CLI::App& app) {
                   "upstream resource (default: cuda with a GPU, else host)")
       ->check(CLI::IsMember(pool::resource_names()));
   sub->add_option("--device", cmd->options.device, "GPU ordinal for device resources")
-      ->check(CLI::NonNegativeNumber);
+      ->check(poolscope::bench::non_negative_number());
   sub->add_option("--steps", cmd->options.steps,
                   "sequence-batch steps (the random mix adds 100 pairs per step)")
       ->check(CLI::Range(1, 100000));

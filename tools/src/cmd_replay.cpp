@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "byte_size.hpp"
+#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/event_log.hpp"
@@ -236,7 +237,7 @@ void register_replay(CLI::App& app) {
   sub->add_option("--resource", cmd->resource, "upstream resource (default: host)")
       ->check(CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async"}));
   sub->add_option("--device", cmd->device, "GPU ordinal for device resources")
-      ->check(CLI::NonNegativeNumber);
+      ->check(poolscope::bench::non_negative_number());
   sub->add_option("--capacity", cmd->capacity,
                   "bytes the upstream may hold (suffixes K, M, G, T: 512M, 80G; default: no "
                   "limit)")

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/trace_check.hpp"
@@ -77,7 +78,7 @@ void register_trace(CLI::App& app) {
       "flows, named tracks; exit 1 with the list of problems");
   check->add_option("file", check_cmd->file, "the trace (.json or .json.gz)")->required();
   check->add_option("--max-issues", check_cmd->max_issues, "problems listed (all are counted)")
-      ->check(CLI::PositiveNumber);
+      ->check(poolscope::bench::positive_number());
   check->add_flag("-q,--quiet", check_cmd->quiet, "print nothing when the trace is valid");
   check->callback([check_cmd] { run_check(*check_cmd); });
 

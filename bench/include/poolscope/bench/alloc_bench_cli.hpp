@@ -17,6 +17,7 @@
 #include <string>
 
 #include "poolscope/bench/alloc_bench.hpp"
+#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 
@@ -32,7 +33,7 @@ class alloc_bench_command {
                    "upstream resource (default: cuda with a GPU, else host)")
         ->check(CLI::IsMember(pool::resource_names()));
     app.add_option("--device", options_.device, "GPU ordinal for device resources")
-        ->check(CLI::NonNegativeNumber);
+        ->check(poolscope::bench::non_negative_number());
     app.add_option("--allocators", options_.allocators,
                    "comma-separated strategies (default: all registered)")
         ->delimiter(',')
@@ -49,11 +50,11 @@ class alloc_bench_command {
     app.add_option("--seed", options_.seed, "seed of the random workloads (A2, A5)");
     app.add_option("--seconds", options_.seconds_per_row,
                    "time budget per row (default 1, quick 0.05)")
-        ->check(CLI::PositiveNumber);
+        ->check(poolscope::bench::positive_number());
     app.add_option("--capacity-gib", options_.capacity_gib,
                    "cap the resource at this many GiB; 0 = none (default: 80 on host, none on a "
                    "GPU)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(poolscope::bench::non_negative_number());
     app.add_flag("--no-baselines", no_baselines_, "skip the raw resource rows");
     app.add_flag("--compare-thread-cache", options_.compare_thread_cache,
                  "also run each allocator that has a per-thread cache without it (rows '<name> "
