@@ -24,9 +24,9 @@
 // BMI2, LZCNT) and for the baseline, the loader picking one for the CPU (GNU ifunc). The size
 // classes and bitmaps shift by variable amounts, which the baseline does with `shl %cl` (three
 // micro-ops on Intel cores, against one for BMI2's shlx), and std::countr_zero / bit_width test
-// for zero first without TZCNT / LZCNT: on DESIGN.md §4 A2 the v3 copy saves about 4 ns of
-// 110 per pair on the lent Xeon hosts (docs/perf.md, thirteenth session). Builds under ASan or
-// TSan keep one (baseline) copy: that is the copy CI's sanitizer runs test.
+// for zero first without TZCNT / LZCNT: on DESIGN.md §4 A2 the v3 copy saves 4–6 ns of 110–120
+// per pair on the lent H200 hosts' Xeons and 1–2 ns on an H100 host's (docs/perf.md, thirteenth
+// session). Builds under ASan or TSan keep one (baseline) copy: the copy CI's sanitizer runs test.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define POOLSCOPE_HOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
