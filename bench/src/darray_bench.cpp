@@ -345,7 +345,9 @@ class bench_run {
     f["t_reshard_median_ms"] = t_reshard.median * 1e3;
     f["t_fused_median_ms"] = t_fused.median * 1e3;
     const double lo = std::min(f["t_add_ms"], f["t_reshard_ms"]);
-    f["eta"] = lo > 0 ? (f["t_reshard_ms"] + f["t_add_ms"] - f["t_fused_ms"]) / lo : 0.0;
+    if (plan->bytes_remote > 0 && lo > 0) {  // else no transfer to hide: no eta (one device)
+      f["eta"] = (f["t_reshard_ms"] + f["t_add_ms"] - f["t_fused_ms"]) / lo;
+    }
     f["reshard_gbps"] = static_cast<double>(plan->bytes_remote) / t_reshard.best / 1e9;
 
     link_baselines(w, links_of(*plan));
@@ -585,13 +587,18 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
   }
   if (w.name == "D1") {
     const double fused = figure(w, "t_fused_ms");
-    const double eta = figure(w, "eta");
+    const bool has_eta = w.figures.count("eta") != 0;
+    const double eta = has_eta ? figure(w, "eta") : 0.0;
     row("A + B", ms(figure(w, "t_add_ms")));
     row("C.reshard(A.index_map())", ms(figure(w, "t_reshard_ms")),
         "moves " + mib(figure(w, "bytes_moved")));
     row("A + C.reshard(A.index_map())", ms(fused), "", "", at_scale ? "<= 1.3 ms" : "",
         at_scale ? std::optional<bool>(fused <= 1.3) : std::nullopt);
-    row("eta", fmt("%.2f", eta), "", "", ">= 0.85", eta >= 0.85);
+    if (has_eta) {
+      row("eta", fmt("%.2f", eta), "", "", ">= 0.85", eta >= 0.85);
+    } else {
+      row("eta", "n/a", "nothing moves between devices");
+    }
     if (const auto* p = find_baseline(w, "peer")) {
       const double r = figure(w, "ratio_peer");
       row("reshard bandwidth / raw copy", gbps(figure(w, "reshard_gbps")),
@@ -830,7 +837,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
       continue;
     }
     if (w.name == "D1") {
-      s << "fused " << ms(figure(w, "t_fused_ms")) << fmt(", eta %.2f", figure(w, "eta"));
+      s << "fused " << ms(figure(w, "t_fused_ms"))
+        << (w.figures.count("eta") != 0 ? fmt(", eta %.2f", figure(w, "eta")) : ", eta n/a");
       if (w.figures.count("ratio_peer") != 0) {
         s << fmt(", reshard/raw %.2f", figure(w, "ratio_peer"));
       }

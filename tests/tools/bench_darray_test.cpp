@@ -203,6 +203,20 @@ TEST(bench_darray_cli_options, only_runs_the_named_workloads) {
   EXPECT_EQ(j.at("workloads").at("D1").at("figures").at("bytes_moved").get<double>(), 800 * 4.0);
 }
 
+TEST(bench_darray_cli_options, one_device_moves_nothing_and_has_no_eta) {
+  // On one device C.reshard(A.index_map()) moves no byte: there is no transfer for the add to
+  // hide, and eta's formula would divide by a reshard of next to no time.
+  process_result r;
+  const json j =
+      run_bench({"--devices", "host:1", "--n", "4000", "--repeat", "1", "--only", "D1"}, r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(j.is_object());
+  const json& f = j.at("workloads").at("D1").at("figures");
+  EXPECT_EQ(f.at("bytes_moved").get<double>(), 0.0);
+  EXPECT_FALSE(f.contains("eta")) << f.dump();
+  EXPECT_NE(r.out.find("eta n/a"), std::string::npos) << r.out;
+}
+
 TEST(bench_darray_cli_options, rejects_bad_options) {
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--only", "D9"}, std::vector<std::string>{"--transport", "smoke"},

@@ -77,6 +77,20 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   std::remove(report.c_str());
 }
 
+TEST(cli_darray_demo, one_device_moves_nothing_and_says_eta_is_not_applicable) {
+  const std::string report = temp_path("poolscope-demo-report") + ".json";
+  const auto r = run_process(
+      {POOLSCOPE_CLI_PATH, "demo", "--devices", "host:1", "--n", "20000", "--matmul-n", "32",
+       "--repeat", "1", "--trace", temp_path("poolscope-demo-trace") + ".json", "--report", report},
+      {{"POOLSCOPE_LOG", "warn"}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("summary: all"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; eta n/a;"), std::string::npos) << r.out;
+  const json demo = json::parse(read_file(report)).at("run").at("demo");
+  EXPECT_EQ(demo.at("bytes_moved"), 0);
+  EXPECT_TRUE(demo.at("eta").is_null()) << demo.dump();
+}
+
 TEST(cli_darray_demo, bad_options_fail_cleanly) {
   for (const auto& args : std::vector<std::vector<std::string>>{
            {"demo", "--devices", "host:0"},

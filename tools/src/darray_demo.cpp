@@ -60,6 +60,11 @@ std::string overlap_text(double ov) {
   return std::isnan(ov) ? std::string("n/a") : fmt("%.2f", ov);
 }
 
+// eta as the text shows it; NaN (nothing moved: nothing to hide) as "n/a".
+std::string eta_text(double eta) {
+  return std::isnan(eta) ? std::string("n/a") : fmt("%.2f", eta);
+}
+
 // Boundaries of `parts` equal blocks of n, shifted by `shift` (a fraction of a block).
 index_map split_map(std::int64_t n, int parts, double shift) {
   std::vector<std::tuple<int, std::int64_t, std::int64_t>> ranges;
@@ -214,10 +219,14 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
         }
       }
     }
+    // eta measures how much of the transfer hides behind the add: with nothing to transfer (one
+    // device) there is none to hide, and the formula would divide by a reshard of no time.
     const double lo = std::min(res.t_add_ms, res.t_reshard_ms);
-    res.eta = lo > 0 ? (res.t_reshard_ms + res.t_add_ms - res.t_fused_ms) / lo : 0.0;
+    res.eta = res.bytes_moved > 0 && lo > 0
+                  ? (res.t_reshard_ms + res.t_add_ms - res.t_fused_ms) / lo
+                  : std::numeric_limits<double>::quiet_NaN();
     say("A+B " + fmt("%.3f", res.t_add_ms) + " ms, reshard " + fmt("%.3f", res.t_reshard_ms) +
-        " ms, fused " + fmt("%.3f", res.t_fused_ms) + " ms, eta " + fmt("%.2f", res.eta));
+        " ms, fused " + fmt("%.3f", res.t_fused_ms) + " ms, eta " + eta_text(res.eta));
 
     // Checks against the host.
     {
@@ -344,7 +353,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   demo["t_add_ms"] = res.t_add_ms;
   demo["t_reshard_ms"] = res.t_reshard_ms;
   demo["t_fused_ms"] = res.t_fused_ms;
-  demo["eta"] = res.eta;
+  demo["eta"] = std::isnan(res.eta) ? nlohmann::json(nullptr) : nlohmann::json(res.eta);
   demo["bytes_moved"] = res.bytes_moved;
   demo["bytes_local"] = res.bytes_local;
   // Per device, during A + C.reshard(A.index_map()); null where unknown (CUPTI off).
@@ -386,7 +395,9 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   t << fmt("  C.reshard(A.index_map())   %9.3f ms", res.t_reshard_ms) << "   moved "
     << mib(res.bytes_moved) << ", already in place " << mib(res.bytes_local) << "\n";
   t << fmt("  A + C.reshard(A.index_map) %9.3f ms", res.t_fused_ms)
-    << fmt("   eta = %.2f  (1: the transfer is hidden behind the add)\n", res.eta);
+    << (std::isnan(res.eta)
+            ? std::string("   eta n/a  (nothing moves between devices: no transfer to hide)\n")
+            : fmt("   eta = %.2f  (1: the transfer is hidden behind the add)\n", res.eta));
   if (!gpu) {
     // Host devices run on the CPU cores: with fewer cores than worker threads (a compute and a
     // transfer worker per device) the copies can only take time from the adds.
@@ -468,7 +479,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   t << "summary: "
     << (failed == 0 ? "all " + std::to_string(res.checks.size()) + " checks passed"
                     : std::to_string(failed) + " checks FAILED")
-    << fmt("; eta %.2f", res.eta) << "; overlap";
+    << "; eta " << eta_text(res.eta) << "; overlap";
   for (double ov : res.overlap) {
     t << ' ' << overlap_text(ov);
   }

@@ -13,8 +13,8 @@
 // the three steps take turns for `repeat` rounds after a warm-up round, and each keeps its best
 // (so a drift of the machine's speed slows all three alike). eta = (T_reshard + T_add - T_fused) /
 // min(T_reshard, T_add), DESIGN.md §4 (D1): 1 when the fused op costs no more than the longer of
-// its parts. Thread safety: run_darray_demo runs on the calling thread. The result is a plain
-// value.
+// its parts; n/a (NaN, null in the report) when the reshard moves nothing. Thread safety:
+// run_darray_demo runs on the calling thread. The result is a plain value.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +62,8 @@ struct demo_check {
 /// What the demo found.
 struct darray_demo_result {
   std::vector<demo_check> checks;
-  double t_add_ms = 0, t_reshard_ms = 0, t_fused_ms = 0, eta = 0;
+  double t_add_ms = 0, t_reshard_ms = 0, t_fused_ms = 0;
+  double eta = 0;  ///< NaN when the reshard moves nothing (one device): no transfer to hide
   std::int64_t bytes_moved = 0;  ///< remote bytes of C.reshard(A.index_map())
   std::int64_t bytes_local = 0;  ///< bytes already in place
   std::vector<double> overlap;   ///< per device: overlap ratio from the trace (NaN: unknown)
