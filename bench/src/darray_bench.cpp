@@ -344,9 +344,9 @@ class bench_run {
     f["t_add_median_ms"] = t_add.median * 1e3;
     f["t_reshard_median_ms"] = t_reshard.median * 1e3;
     f["t_fused_median_ms"] = t_fused.median * 1e3;
-    const double lo = std::min(f["t_add_ms"], f["t_reshard_ms"]);
-    if (plan->bytes_remote > 0 && lo > 0) {  // else no transfer to hide: no eta (one device)
-      f["eta"] = (f["t_reshard_ms"] + f["t_add_ms"] - f["t_fused_ms"]) / lo;
+    if (const auto eta =
+            fusion_eta(f["t_add_ms"], f["t_reshard_ms"], f["t_fused_ms"], plan->bytes_remote)) {
+      f["eta"] = *eta;  // absent when nothing moves (one device)
     }
     f["reshard_gbps"] = static_cast<double>(plan->bytes_remote) / t_reshard.best / 1e9;
 

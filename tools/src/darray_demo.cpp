@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
@@ -46,8 +47,7 @@ std::string mib(std::int64_t bytes) {
   return fmt("%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
 
-// Wall time of `fn` (which returns once its result is complete), best of `repeat` after a warm-up.
-// Milliseconds `fn` takes.
+// Wall time of `fn` (which returns once its result is complete), in milliseconds.
 double time_ms(const std::function<void()>& fn) {
   const auto t0 = std::chrono::steady_clock::now();
   fn();
@@ -219,12 +219,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
         }
       }
     }
-    // eta measures how much of the transfer hides behind the add: with nothing to transfer (one
-    // device) there is none to hide, and the formula would divide by a reshard of no time.
-    const double lo = std::min(res.t_add_ms, res.t_reshard_ms);
-    res.eta = res.bytes_moved > 0 && lo > 0
-                  ? (res.t_reshard_ms + res.t_add_ms - res.t_fused_ms) / lo
-                  : std::numeric_limits<double>::quiet_NaN();
+    res.eta = bench::fusion_eta(res.t_add_ms, res.t_reshard_ms, res.t_fused_ms, res.bytes_moved)
+                  .value_or(std::numeric_limits<double>::quiet_NaN());
     say("A+B " + fmt("%.3f", res.t_add_ms) + " ms, reshard " + fmt("%.3f", res.t_reshard_ms) +
         " ms, fused " + fmt("%.3f", res.t_fused_ms) + " ms, eta " + eta_text(res.eta));
 

@@ -118,6 +118,20 @@ struct darray_bench_report {
   [[nodiscard]] bool any_error() const;
 };
 
+/// η of DESIGN.md §4 (D1), (T_reshard + T_add - T_fused) / min(T_reshard, T_add): 1 when the
+/// fused op costs no more than the longer of its parts. None when the reshard moved no byte (one
+/// device: no transfer to hide, and the formula would divide by a reshard of no time) or a time
+/// is not positive. `poolscope bench darray` and `poolscope demo` both report it.
+[[nodiscard]] inline std::optional<double> fusion_eta(double add_ms, double reshard_ms,
+                                                      double fused_ms,
+                                                      std::int64_t bytes_moved) noexcept {
+  const double lo = add_ms < reshard_ms ? add_ms : reshard_ms;
+  if (bytes_moved <= 0 || !(lo > 0)) {
+    return std::nullopt;
+  }
+  return (reshard_ms + add_ms - fused_ms) / lo;
+}
+
 /// "D1", "D2", "D3", "D4", "D5".
 [[nodiscard]] std::vector<std::string> darray_workload_names();
 
