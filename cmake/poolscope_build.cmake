@@ -33,7 +33,11 @@ function(poolscope_add_component name)
   cmake_parse_arguments(ARG "" "" "SOURCES;PUBLIC_DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(poolscope_${name} ${ARG_SOURCES})
   add_library(poolscope::${name} ALIAS poolscope_${name})
-  set_target_properties(poolscope_${name} PROPERTIES EXPORT_NAME ${name} OUTPUT_NAME poolscope_${name})
+  # Installed, a component finds its sibling components next to itself ($ORIGIN) and libraries
+  # outside the system's directories (CUDA, NCCL) where it was linked against them: an
+  # application linking poolscope::darray loads without LD_LIBRARY_PATH.
+  set_target_properties(poolscope_${name} PROPERTIES EXPORT_NAME ${name} OUTPUT_NAME poolscope_${name}
+    INSTALL_RPATH "$ORIGIN" INSTALL_RPATH_USE_LINK_PATH ON)
   target_include_directories(poolscope_${name} PUBLIC
     $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
     $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
