@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 #include <tuple>
@@ -148,6 +149,14 @@ TEST(cli_pools, bad_options_fail_cleanly) {
     EXPECT_GT(r.exit_code, 0) << r.out << r.err;
     EXPECT_FALSE(r.err.empty()) << "a message on stderr";
   }
+}
+
+TEST(cli_main, version_flag_prints_the_project_version) {
+  const auto r = run_process({POOLSCOPE_CLI_PATH, "--version"});
+  EXPECT_EQ(r.signal, 0) << "crashed";
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // "poolscope MAJOR.MINOR.PATCH" (CMake's PROJECT_VERSION), one line.
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("poolscope [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
 }
 
 TEST(cli_bench, alloc_quick_host_json) {

@@ -5,9 +5,14 @@
 
 #include "commands.hpp"
 
+#ifndef POOLSCOPE_VERSION
+#define POOLSCOPE_VERSION "unknown"
+#endif
+
 int main(int argc, char** argv) {
   CLI::App app{"poolscope: GPU memory pools and profiling"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "poolscope " POOLSCOPE_VERSION);
   poolscope::tools::register_demo(app);
   poolscope::tools::register_pools(app);
   poolscope::tools::register_bench(app);
