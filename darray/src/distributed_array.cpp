@@ -114,6 +114,30 @@ std::shared_ptr<buffer> dense_buffer(backend& be, int device, const box& b, dtyp
   return be.allocate(device, std::max<std::size_t>(n, 1) * size_of(t));
 }
 
+// The result of a reduction of nothing (a sum over an axis of extent 0, a matmul whose inner
+// extent is 0): a partial array of `shape` (mode `m`) whose one chunk, on the first device of
+// `from`'s map, holds `identity` everywhere. No chunk of `from` has an element to give, so
+// without it no chunk would cover the result's elements.
+std::shared_ptr<array_state> identity_partial(const array_state& from, shape_t shape, array_mode m,
+                                              scalar identity) {
+  backend& be = *from.be;
+  auto out = std::make_shared<array_state>();
+  out->be = from.be;
+  out->type = from.type;
+  out->mode = m;
+  out->shape = std::move(shape);
+  const std::vector<int> devices = from.map.devices();
+  const int device = devices.empty() ? 0 : devices.front();
+  const box b = box::full(out->shape);
+  auto o = dense_buffer(be, device, b, from.type);
+  be.fill(device, queue_kind::compute, from.type, view::dense(o->data(), b.extents()), identity);
+  const event e = be.record(device, queue_kind::compute);
+  o->add_use(e);
+  out->map.add(device, b);
+  out->chunks.push_back(chunk{device, b, {chunk_part{b, o, b, e}}});
+  return out;
+}
+
 void check_rank(const shape_t& shape) {
   if (shape.size() > max_rank) {
     throw invalid_index_map("darray: rank " + std::to_string(shape.size()) +
@@ -713,17 +737,34 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
                            std::to_string(*axis) + " of an array of shape " +
                            shape_string(s0.shape));
   }
+  shape_t out_shape;
+  if (axis) {
+    out_shape = s0.shape;
+    out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(*axis));
+  }
+  // Nothing to reduce, yet elements to give (a full reduction of a zero-size array, or one over
+  // an axis of extent 0): no chunk would hold them. Sum and prod of nothing are their identity
+  // (0, 1), as in NumPy; max and min of nothing have none.
+  const bool of_nothing = element_count(s0.shape) == 0 && element_count(out_shape) != 0;
+  if (of_nothing && (op == reduce_op::max || op == reduce_op::min)) {
+    throw invalid_argument("darray " + std::string(to_string(op)) +
+                           (axis ? " over axis " + std::to_string(*axis) : std::string()) +
+                           ": the array of shape " + shape_string(s0.shape) +
+                           " has no elements to reduce, and " + std::string(to_string(op)) +
+                           " of nothing has no identity");
+  }
   const auto s = completed(state_);
   const profiler::scope op_scope{site_of(op)};
+  if (of_nothing) {
+    return array_handle(
+        identity_partial(*s, std::move(out_shape), mode_of(op), identity(op, s->type)));
+  }
   backend& be = *s->be;
   auto out = std::make_shared<array_state>();
   out->be = s->be;
   out->type = s->type;
   out->mode = mode_of(op);
-  if (axis) {
-    out->shape = s->shape;
-    out->shape.erase(out->shape.begin() + static_cast<std::ptrdiff_t>(*axis));
-  }
+  out->shape = std::move(out_shape);
   const auto owned = owned_regions(refs_of(s->chunks));
   for (std::size_t i = 0; i < s->chunks.size(); ++i) {
     const chunk& c = s->chunks[i];
@@ -773,6 +814,11 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
   }
   const auto x = completed(a.state_);
   const auto y = completed(b.state_);
+  if (x->shape[1] == 0) {
+    // An inner extent of 0: every element is a sum of nothing (zeros, as in NumPy).
+    return array_handle(
+        identity_partial(*x, {x->shape[0], y->shape[1]}, array_mode::sum, scalar::of(0)));
+  }
   for (std::size_t i = 0; i < x->chunks.size(); ++i) {
     for (const auto& d : x->chunks[i].region.dims) {
       if (d.step != 1 && d.size() > 1) {

@@ -301,6 +301,49 @@ TEST(darray_array, reductions_give_partial_arrays_completed_by_change_mode) {
   }
 }
 
+TEST(darray_array, reductions_and_matmuls_of_nothing_give_the_identity_or_a_typed_error) {
+  auto be = make_host_backend(2);
+  // A zero-size 1-D array: sum and prod of nothing are 0 and 1 (NumPy's answers).
+  auto empty = distributed_array<double>::from_host(be, std::vector<double>{}, {0},
+                                                    index_map::blocks({0}, 0, 2));
+  EXPECT_EQ(sum(empty).to_host(), std::vector<double>{0.0});
+  EXPECT_EQ(sum(empty).change_mode(array_mode::replica).to_host(), std::vector<double>{0.0});
+  EXPECT_EQ(prod(empty).to_host(), std::vector<double>{1.0});
+  // Max and min of nothing have no identity: a typed error naming the op and the shape.
+  for (const auto& [name, op] :
+       {std::pair{"max", +[](const distributed_array<double>& x) { return max(x); }},
+        std::pair{"min", +[](const distributed_array<double>& x) { return min(x); }}}) {
+    try {
+      (void)op(empty);
+      ADD_FAILURE() << name << " of a zero-size array gave a value";
+    } catch (const poolscope::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("(0,)"), std::string::npos) << e.what();
+    }
+  }
+  // Shape (0, 3): over axis 0 (extent 0) three sums of nothing; over axis 1 nothing at all.
+  auto rows = distributed_array<i64>::from_host(be, std::vector<i64>{}, {0, 3},
+                                                index_map::blocks({0, 3}, 1, 2));
+  EXPECT_EQ(sum(rows, 0).change_mode(array_mode::replica).to_host(), (std::vector<i64>{0, 0, 0}));
+  EXPECT_EQ(prod(rows, 0).to_host(), (std::vector<i64>{1, 1, 1}));
+  // Resharded to a map of its own, completed by the reshard.
+  EXPECT_EQ(sum(rows, 0).reshard(index_map::split({3}, 0, {{1, 0, 2}, {0, 2, 3}})).to_host(),
+            (std::vector<i64>{0, 0, 0}));
+  EXPECT_TRUE(sum(rows, 1).to_host().empty());
+  EXPECT_TRUE(max(rows, 1).to_host().empty());  // nothing to give: no identity needed
+  EXPECT_THROW((void)max(rows, 0), poolscope::invalid_argument);
+  // A matmul whose inner extent is 0: every element a sum of nothing.
+  auto a = distributed_array<i64>::from_host(be, std::vector<i64>{}, {3, 0},
+                                             index_map::grid({3, 0}, 1, 1, {{0}}));
+  auto b = distributed_array<i64>::from_host(be, std::vector<i64>{}, {0, 2},
+                                             index_map::grid({0, 2}, 1, 1, {{1}}));
+  auto c = matmul(a, b);
+  EXPECT_EQ(c.shape(), (shape_t{3, 2}));
+  EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), std::vector<i64>(6, 0));
+  // The arrays stay usable.
+  EXPECT_EQ((rows + rows).shape(), (shape_t{0, 3}));
+}
+
 TEST(darray_array, block_matmul_matches_the_host) {
   auto be = make_host_backend(3);
   const i64 m = 7, k = 9, n = 5;
