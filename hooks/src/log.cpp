@@ -3,26 +3,48 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace poolscope {
 namespace {
 
+/// `v` equals `name` ignoring ASCII case ("ERROR" and "Error" mean "error").
+bool equals_ignoring_case(const char* v, const char* name) noexcept {
+  for (; *v != '\0' && *name != '\0'; ++v, ++name) {
+    const char c = *v >= 'A' && *v <= 'Z' ? static_cast<char>(*v - 'A' + 'a') : *v;
+    if (c != *name) {
+      return false;
+    }
+  }
+  return *v == '\0' && *name == '\0';
+}
+
+/// The threshold POOLSCOPE_LOG asks for. An unrecognised value keeps the default (warn) and
+/// says so once on stderr, naming the value: a POOLSCOPE_LOG=none or =quiet meant to silence
+/// poolscope must not be ignored without a word. Written directly (not through log()): this
+/// runs while the threshold itself is being initialised.
 log_level level_from_env() noexcept {
   const char* v = std::getenv("POOLSCOPE_LOG");
-  if (v == nullptr) {
+  if (v == nullptr || *v == '\0') {
     return log_level::warn;
   }
-  if (std::strcmp(v, "off") == 0)
-    return log_level::off;
-  if (std::strcmp(v, "error") == 0)
-    return log_level::error;
-  if (std::strcmp(v, "info") == 0)
-    return log_level::info;
-  if (std::strcmp(v, "debug") == 0)
-    return log_level::debug;
+  static constexpr std::pair<const char*, log_level> names[] = {
+      {"off", log_level::off},   {"error", log_level::error}, {"warn", log_level::warn},
+      {"info", log_level::info}, {"debug", log_level::debug},
+  };
+  for (const auto& [name, level] : names) {
+    if (equals_ignoring_case(v, name)) {
+      return level;
+    }
+  }
+  try {
+    const std::string line = "[poolscope warn] POOLSCOPE_LOG='" + std::string(v) +
+                             "' is not one of off|error|warn|info|debug; using warn\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+  } catch (...) {
+  }
   return log_level::warn;
 }
 

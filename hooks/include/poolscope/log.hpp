@@ -2,7 +2,8 @@
 //
 //   poolscope::log(poolscope::log_level::warn, "double free of 0x7f..0 (bfc/host)");
 //
-// The threshold comes from POOLSCOPE_LOG=off|error|warn|info|debug (default warn) or set_log_level.
+// The threshold comes from POOLSCOPE_LOG=off|error|warn|info|debug (any case; default warn, and an
+// unrecognised value is reported once on stderr) or set_log_level.
 // A sink can replace stderr (tests capture messages that way).
 // Thread safety: all functions are thread-safe; a message is written whole. Never throws.
 #pragma once
