@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -89,6 +90,123 @@ TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
   EXPECT_EQ(report.value("format", ""), "poolscope.line_profile");
   EXPECT_NE(report.dump().find(std::to_string(pairs * bytes)), std::string::npos)
       << "total used bytes " << pairs * bytes << " not found in " << report.dump();
+  std::filesystem::remove_all(dir);
+}
+
+/// Runs child_workload with the plug-in's environment set, the child's stderr going to
+/// `stderr_path`; after the workload the child writes "workload done" to stderr, then exits.
+int run_child_logged(const std::string& record, const std::string& profile,
+                     const std::string& stderr_path, int pairs, long bytes) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (std::freopen(stderr_path.c_str(), "w", stderr) == nullptr) {
+      std::_Exit(13);
+    }
+    ::setenv("POOLSCOPE_RESOURCE", "host", 1);
+    ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
+    ::setenv("POOLSCOPE_RECORD", record.c_str(), 1);
+    ::setenv("POOLSCOPE_PROFILE", profile.c_str(), 1);
+    ::setenv("POOLSCOPE_LOG", "warn", 1);
+    void* h = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      std::_Exit(10);
+    }
+    using malloc_fn = void* (*)(ssize_t, int, void*);
+    using free_fn = void (*)(void*, ssize_t, int, void*);
+    auto m = reinterpret_cast<malloc_fn>(::dlsym(h, "poolscope_malloc"));
+    auto f = reinterpret_cast<free_fn>(::dlsym(h, "poolscope_free"));
+    if (m == nullptr || f == nullptr) {
+      std::_Exit(11);
+    }
+    for (int i = 0; i < pairs; ++i) {
+      void* p = m(bytes, 7, nullptr);
+      if (p == nullptr) {
+        std::_Exit(12);
+      }
+      f(p, bytes, 7, nullptr);
+    }
+    std::fputs("workload done\n", stderr);
+    std::fflush(stderr);
+    std::exit(0);  // runs the plug-in's exit handler
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::filesystem::path fresh_dir(const char* stem) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   (std::string(stem) + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// POOLSCOPE_PROFILE naming the file POOLSCOPE_RECORD writes: the profile, written at exit,
+// used to overwrite the whole event log. The profile is refused (one error line naming both),
+// and the event log stays complete.
+TEST(plugin_env, profile_on_the_record_file_is_refused_and_the_event_log_kept) {
+  const auto dir = fresh_dir("poolscope_plugin_env_same");
+  const std::string record = (dir / "events.jsonl").string();
+  const std::string err = (dir / "stderr.txt").string();
+  constexpr int pairs = 4;
+  constexpr long bytes = 2000;
+  ASSERT_EQ(run_child_logged(record, record, err, pairs, bytes), 0);
+
+  std::ifstream log(record);
+  ASSERT_TRUE(log.good()) << record;
+  std::string line;
+  ASSERT_TRUE(std::getline(log, line));
+  const auto header = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(header.is_object()) << "not the event log's header: " << line;
+  EXPECT_EQ(header.value("format", ""), "poolscope.events") << line;
+  int mallocs = 0;
+  int frees = 0;
+  while (std::getline(log, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object() && j.contains("action")) << line;
+    const auto action = j["action"].get<std::string>();
+    mallocs += action == "malloc" ? 1 : 0;
+    frees += action == "free" ? 1 : 0;
+  }
+  EXPECT_EQ(mallocs, pairs);
+  EXPECT_EQ(frees, pairs);
+
+  const std::string text = slurp(err);
+  const auto refused = text.find("POOLSCOPE_PROFILE ignored");
+  ASSERT_NE(refused, std::string::npos) << text;
+  EXPECT_NE(text.find("POOLSCOPE_RECORD", refused), std::string::npos) << text;
+  EXPECT_LT(refused, text.find("workload done")) << "refused at first use, not at exit:\n" << text;
+  std::filesystem::remove_all(dir);
+}
+
+// An unwritable POOLSCOPE_PROFILE used to be found out only at exit, after the whole run had
+// been profiled for nothing. It is now refused at the first use, naming the path and the
+// reason, and nothing more is said at exit.
+TEST(plugin_env, unwritable_profile_path_is_refused_at_first_use) {
+  const auto dir = fresh_dir("poolscope_plugin_env_unwritable");
+  const std::string record = (dir / "events.jsonl").string();
+  const std::string profile = (dir / "no_such_dir" / "profile.json").string();
+  const std::string err = (dir / "stderr.txt").string();
+  ASSERT_EQ(run_child_logged(record, profile, err, 3, 1000), 0);
+  const std::string text = slurp(err);
+  const auto refused = text.find("POOLSCOPE_PROFILE ignored: '" + profile + "'");
+  ASSERT_NE(refused, std::string::npos) << text;
+  EXPECT_NE(text.find("No such file or directory", refused), std::string::npos) << text;
+  const auto done = text.find("workload done");
+  ASSERT_NE(done, std::string::npos) << text;
+  EXPECT_LT(refused, done) << text;
+  EXPECT_EQ(text.find("[poolscope", done), std::string::npos) << "nothing more to say at exit:\n"
+                                                              << text;
+  EXPECT_FALSE(std::filesystem::exists(profile));
+  // The event log is unaffected.
+  EXPECT_NE(slurp(record).find("\"action\":\"malloc\""), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 

@@ -348,6 +348,32 @@ TEST_F(plugin, unknown_resource_fails) {
   EXPECT_NE(j["error"].get<std::string>().find("no_such_resource"), std::string::npos);
 }
 
+// An allocator name from the environment that is not valid UTF-8 (a stray Latin-1 byte) used to
+// make poolscope_stats_json fail as a whole ({"error":"poolscope_stats_json failed"}), for that
+// device and for every device not used yet, hiding which name was wrong. The report stays
+// whole; the bad byte becomes U+FFFD.
+TEST_F(plugin, stats_json_survives_a_name_that_is_not_utf8) {
+  configure("best_fit\xff", "host");
+  constexpr int dev = 12;
+  constexpr int unused_dev = 13;
+  EXPECT_EQ(api_->malloc(1024, dev, nullptr), nullptr);
+  const std::string replaced = "best_fit\xef\xbf\xbd";  // U+FFFD in UTF-8
+  for (int d : {dev, unused_dev}) {
+    const auto j = stats(d);
+    ASSERT_TRUE(j.contains("device") && j.contains("allocator")) << "report lost: " << j.dump();
+    EXPECT_EQ(j["device"], d);
+    EXPECT_EQ(j["initialized"], false);
+    EXPECT_EQ(j["allocator"], replaced);
+    EXPECT_EQ(j["resource"], "host");
+  }
+  const auto j = stats(dev);
+  ASSERT_TRUE(j.contains("error"));
+  EXPECT_NE(j["error"].get<std::string>().find("unknown allocator '" + replaced + "'"),
+            std::string::npos)
+      << j.dump();
+  configure("best_fit");  // a valid name again for devices used later
+}
+
 TEST_F(plugin, negative_and_zero_sizes) {
   log_capture logs;
   configure("best_fit");

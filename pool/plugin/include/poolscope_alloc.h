@@ -12,10 +12,12 @@
  *
  * Configuration, read from the environment once per device, at that device's first use:
  *   POOLSCOPE_ALLOCATOR = naive | best_fit | bfc | stream_pool   (default bfc)
- *   POOLSCOPE_RESOURCE  = cuda | cuda_async | host              (default cuda)
+ *   POOLSCOPE_RESOURCE  = cuda | cuda_async | pinned | host     (default cuda)
  * Read once per process, at the first device's first use:
  *   POOLSCOPE_RECORD    = FILE   write the allocator event log (JSON Lines, docs/event_log.md)
- *   POOLSCOPE_PROFILE   = FILE   write the line profile (JSON, docs/line_profile.md) at exit
+ *   POOLSCOPE_PROFILE   = FILE   write the line profile (JSON, docs/line_profile.md) at exit;
+ *                                checked then: a FILE that cannot be written, or that is the
+ *                                POOLSCOPE_RECORD file, is refused with one log line
  * With POOLSCOPE_RESOURCE=host the device argument is only a key selecting one of up to
  * POOLSCOPE_ALLOC_MAX_DEVICES independent pools. An unknown name is logged once (stderr,
  * "[poolscope error] ...") and every later poolscope_malloc on that device returns NULL.

@@ -4,8 +4,11 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -93,11 +96,35 @@ void finish_env_profilers() noexcept {
   }
 }
 
+/// Why the line profile cannot go to `path` ("" if it can): checked when the profiler is
+/// installed, so that a long run does not learn only at exit that its profile is lost. Leaves
+/// no file behind that was not there.
+std::string profile_path_problem(const std::string& path, const std::string& record_path) {
+  std::error_code ec;
+  const bool existed = std::filesystem::exists(path, ec);
+  if (existed && !record_path.empty() && std::filesystem::equivalent(path, record_path, ec)) {
+    // The profile, written at exit, would overwrite the event log.
+    return "it is the file POOLSCOPE_RECORD writes the event log to ('" + record_path + "')";
+  }
+  errno = 0;
+  std::ofstream probe(path, std::ios::app);  // append: an existing file keeps its contents
+  if (!probe) {
+    const int err = errno;
+    return std::string("cannot open it for writing") +
+           (err != 0 ? std::string(": ") + std::strerror(err) : std::string());
+  }
+  probe.close();
+  if (!existed) {
+    std::filesystem::remove(path, ec);
+  }
+  return {};
+}
+
 void install_env_profilers() noexcept {
   const char* record = std::getenv("POOLSCOPE_RECORD");
   const char* profile = std::getenv("POOLSCOPE_PROFILE");
   const bool want_record = record != nullptr && *record != '\0';
-  const bool want_profile = profile != nullptr && *profile != '\0';
+  bool want_profile = profile != nullptr && *profile != '\0';
   if (!want_record && !want_profile) {
     return;
   }
@@ -112,6 +139,21 @@ void install_env_profilers() noexcept {
     } catch (const std::exception& ex) {
       e->recorder.reset();
       log(log_level::error, std::string("poolscope_alloc: POOLSCOPE_RECORD ignored: ") + ex.what());
+    }
+  }
+  if (want_profile) {
+    try {
+      const std::string problem =
+          profile_path_problem(profile, e->recorder != nullptr ? std::string(record) : "");
+      if (!problem.empty()) {
+        log_error(std::string("poolscope_alloc: POOLSCOPE_PROFILE ignored: '") + profile +
+                  "': " + problem);
+        want_profile = false;
+      }
+    } catch (const std::exception& ex) {
+      log(log_level::error,
+          std::string("poolscope_alloc: POOLSCOPE_PROFILE ignored: ") + ex.what());
+      want_profile = false;
     }
   }
   if (want_profile) {
@@ -222,7 +264,9 @@ std::string stats_json(int device) {
   } else if (p != nullptr && p->allocator == nullptr) {
     j["error"] = p->error;
   }
-  return j.dump();
+  // The names come from the environment and may hold any bytes: made valid UTF-8 (U+FFFD)
+  // rather than failing the whole report.
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace
