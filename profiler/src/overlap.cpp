@@ -278,11 +278,14 @@ std::string trace_summary::to_text(std::size_t top) const {
       if (shown++ == 0) {
         out += "  top kernels:        total      count         mean  name\n";
       }
-      std::snprintf(line, sizeof line, "    %17s %10llu %12s  %s%s\n",
+      // The name is appended, not formatted into `line`: demangled template kernels (CUB,
+      // CUTLASS) run past any fixed buffer, and a cut line would lose its end of line.
+      std::snprintf(line, sizeof line, "    %17s %10llu %12s  ",
                     format_ns(static_cast<double>(k.total_ns)).c_str(),
-                    static_cast<unsigned long long>(k.count), format_ns(k.mean_ns()).c_str(),
-                    k.name.c_str(), k.category == "nccl" ? " [nccl]" : "");
+                    static_cast<unsigned long long>(k.count), format_ns(k.mean_ns()).c_str());
       out += line;
+      out += k.name;
+      out += k.category == "nccl" ? " [nccl]\n" : "\n";
     }
     shown = 0;
     for (const op_summary& c : copies) {
@@ -292,11 +295,13 @@ std::string trace_summary::to_text(std::size_t top) const {
       if (shown++ == 0) {
         out += "  top copies:         total      count        bytes     GB/s  kind\n";
       }
-      std::snprintf(line, sizeof line, "    %17s %10llu %12llu %8.2f  %s\n",
+      std::snprintf(line, sizeof line, "    %17s %10llu %12llu %8.2f  ",
                     format_ns(static_cast<double>(c.total_ns)).c_str(),
                     static_cast<unsigned long long>(c.count),
-                    static_cast<unsigned long long>(c.bytes), c.gbps(), c.name.c_str());
+                    static_cast<unsigned long long>(c.bytes), c.gbps());
       out += line;
+      out += c.name;
+      out += '\n';
     }
   }
   std::snprintf(

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "poolscope/profiler/trace_writer.hpp"
@@ -369,6 +371,53 @@ TEST(overlap, summary_leaves_out_and_counts_events_with_unreadable_times) {
   EXPECT_TRUE(s.copies.empty());
   EXPECT_NE(s.to_text().find("7 event(s) left out"), std::string::npos) << s.to_text();
   EXPECT_EQ(s.to_json()["malformed"], 7);
+}
+
+TEST(overlap, summary_text_keeps_long_kernel_names_whole) {
+  // CUB and CUTLASS kernels demangle to hundreds of characters; such a name was cut with the
+  // rest of its line at 511 bytes, end of line included, so the next line ran into it.
+  poolscope::profiler::trace_summary s;
+  s.events = 3;
+  s.window_end_ns = 10000;
+  device_overlap d;
+  d.device = 0;
+  d.window_ns = 10000;
+  s.devices = {d};
+  const std::string long_kernel =
+      "void cub::DeviceRadixSortOnesweepKernel<" + std::string(700, 'P') + ">(int*)";
+  const std::string long_nccl = "ncclDevKernel_AllReduce_" + std::string(600, 'R');
+  const std::string long_copy = "Memcpy " + std::string(520, 'C');
+  poolscope::profiler::op_summary k;
+  k.name = long_kernel;
+  k.category = "kernel";
+  k.add(3000, 0);
+  poolscope::profiler::op_summary n = k;
+  n.name = long_nccl;
+  n.category = "nccl";
+  poolscope::profiler::op_summary c;
+  c.name = long_copy;
+  c.category = "memcpy";
+  c.add(2000, 4000);
+  s.kernels = {k, n};
+  s.copies = {c};
+  std::istringstream in(s.to_text());
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(line);
+  }
+  // Device: three lines; "top kernels" and two kernels; "top copies" and one copy; the total.
+  ASSERT_EQ(lines.size(), 9U) << s.to_text();
+  EXPECT_EQ(lines[3].rfind("  top kernels:", 0), 0U) << lines[3];
+  const auto ends_with = [](const std::string& line, const std::string& tail) {
+    return line.size() >= tail.size() &&
+           line.compare(line.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  EXPECT_TRUE(ends_with(lines[4], "  " + long_kernel)) << lines[4];
+  EXPECT_EQ(lines[4].find(" 3.000 us "), 4U + 17U - 9U) << lines[4];  // total, right-aligned
+  EXPECT_TRUE(ends_with(lines[5], "  " + long_nccl + " [nccl]")) << lines[5];
+  EXPECT_EQ(lines[6].rfind("  top copies:", 0), 0U) << lines[6];
+  EXPECT_TRUE(ends_with(lines[7], " 2.00  " + long_copy)) << lines[7];  // 4000 B / 2000 ns
+  EXPECT_EQ(lines[8].rfind("1 device(s), 3 events", 0), 0U) << lines[8];
 }
 
 }  // namespace
