@@ -143,9 +143,19 @@ std::string get_string(const nlohmann::json& j, const char* field) {
   return it->get<std::string>();
 }
 
-profile_node node_from_json(const nlohmann::json& j) {
+// Nodes nested deeper than this are refused: parsing, totals and rendering recurse once per
+// level, and a crafted file a million levels deep would overflow the stack. The line profiler
+// writes at most 257 levels (the root and max_depth <= 256 frames).
+constexpr std::size_t max_json_node_depth = 1024;
+
+profile_node node_from_json(const nlohmann::json& j, std::size_t depth) {
   if (!j.is_object()) {
     throw invalid_argument("poolscope: line profile node is not an object");
+  }
+  if (depth > max_json_node_depth) {
+    throw invalid_argument("poolscope: line profile nodes are nested more than " +
+                           std::to_string(max_json_node_depth) +
+                           " deep (a line profile has at most 257 levels)");
   }
   profile_node n;
   n.function = get_string(j, "function");
@@ -174,7 +184,7 @@ profile_node node_from_json(const nlohmann::json& j) {
     }
     n.children.reserve(kids->size());
     for (const auto& k : *kids) {
-      n.children.push_back(node_from_json(k));
+      n.children.push_back(node_from_json(k, depth + 1));
     }
   }
   return n;
@@ -409,7 +419,7 @@ line_profile line_profile::from_json(std::string_view json) {
     if (root == j.end()) {
       throw invalid_argument("poolscope: line profile has no 'root'");
     }
-    p.root = node_from_json(*root);
+    p.root = node_from_json(*root, 1);
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument(std::string("poolscope: malformed line profile: ") + e.what());
   }

@@ -249,6 +249,45 @@ TEST(line_profile, from_json_rejects_other_documents) {
   }
 }
 
+/// A line profile document whose nodes are nested `levels` deep (root included), written as
+/// text so that nothing here recurses over it.
+std::string nested_profile_json(std::size_t levels) {
+  const std::string self =
+      R"("self":{"count":1,"used":8,"rounded":8,"freed":0,"live":8,"live_at_peak":8,)"
+      R"("acquire_count":0,"acquired":0,"live_acquired":0})";
+  std::string json =
+      R"({"format":"poolscope.line_profile","version":1,"unwinder":"frame_pointer",)"
+      R"("symbolizer":"none","max_depth":256,"complete":true,"events":1,)"
+      R"("unmatched_frees":0,"truncated_stacks":0,"peak_live":8,"peak_seq":1,"root":)";
+  for (std::size_t i = 0; i < levels; ++i) {
+    json += "{\"function\":\"f" + std::to_string(i) + "\"," + self + ",\"children\":[";
+  }
+  for (std::size_t i = 0; i < levels; ++i) {
+    json += "]}";
+  }
+  json += "}";
+  return json;
+}
+
+TEST(line_profile, from_json_refuses_absurd_nesting_instead_of_overflowing_the_stack) {
+  // What the profiler can write (the root and 256 frames) loads, with totals recomputed.
+  const line_profile deepest = line_profile::from_json(nested_profile_json(257));
+  EXPECT_EQ(deepest.root.total.used, 257U * 8);
+  std::size_t levels = 1;
+  for (const profile_node* n = &deepest.root; !n->children.empty(); n = &n->children[0]) {
+    ++levels;
+  }
+  EXPECT_EQ(levels, 257U);
+  // A crafted file 200000 levels deep once recursed once per level and crashed the reader
+  // (`poolscope report`); it is refused with a typed error saying why.
+  try {
+    (void)line_profile::from_json(nested_profile_json(200000));
+    FAIL() << "accepted 200000 levels";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("nested more than 1024"), std::string::npos) << e.what();
+  }
+}
+
 TEST(line_profile, a_saved_report_loads_and_renders) {
   const line_profile p = sample();
   const std::string path = ::testing::TempDir() + "poolscope_line_profile_test.json";

@@ -116,7 +116,8 @@ class line_profile {
   [[nodiscard]] std::string to_folded(profile_metric metric = profile_metric::used) const;
 
   /// Parses a document written by to_json. Totals are recomputed from the self figures.
-  /// Throws poolscope::invalid_argument naming what is wrong if `json` is not such a document.
+  /// Throws poolscope::invalid_argument naming what is wrong if `json` is not such a document
+  /// (nodes nested more than 1024 deep included: the profiler writes at most 257 levels).
   [[nodiscard]] static line_profile from_json(std::string_view json);
 
   /// Recomputes every node's `total` from the `self` figures below it.
