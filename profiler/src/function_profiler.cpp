@@ -660,11 +660,17 @@ std::string function_profile::to_table() const {
   for (const auto& s : scopes) {
     width = std::max(width, s.name.size());
   }
+  // The name column is padded here, not by snprintf: a name may be longer than any fixed
+  // buffer (a __PRETTY_FUNCTION__ of a template), and a cut row would lose its end of line.
+  const auto name_cell = [width](std::string& out, std::string_view name) {
+    out += name;
+    out.append(width - name.size(), ' ');
+  };
   std::string out;
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "%-*s %8s %12s %12s %12s %12s %12s %12s\n",
-                static_cast<int>(width), "name", "calls", "cpu total", "cpu self", "gpu total",
-                "cpu avg", "used", "acquired");
+  char buf[512];  // the columns after the name and the summary: bounded, far below this
+  name_cell(out, "name");
+  std::snprintf(buf, sizeof buf, " %8s %12s %12s %12s %12s %12s %12s\n", "calls", "cpu total",
+                "cpu self", "gpu total", "cpu avg", "used", "acquired");
   out += buf;
   std::uint64_t calls = 0;
   std::uint64_t self = 0;
@@ -673,8 +679,8 @@ std::string function_profile::to_table() const {
   std::uint64_t acquired = 0;
   for (const auto& s : scopes) {
     const std::string gpu_text = s.gpu_total_ns ? format_ns(*s.gpu_total_ns) : "-";
-    std::snprintf(buf, sizeof buf, "%-*s %8" PRIu64 " %12s %12s %12s %12s %12s %12s\n",
-                  static_cast<int>(width), s.name.c_str(), s.calls,
+    name_cell(out, s.name);
+    std::snprintf(buf, sizeof buf, " %8" PRIu64 " %12s %12s %12s %12s %12s %12s\n", s.calls,
                   format_ns(s.cpu_total_ns).c_str(), format_ns(s.cpu_self_ns).c_str(),
                   gpu_text.c_str(), format_ns(static_cast<std::uint64_t>(s.cpu_avg_ns())).c_str(),
                   format_size(s.used_bytes).c_str(), format_size(s.acquired_bytes).c_str());
@@ -724,35 +730,99 @@ std::string function_profile::to_json() const {
   return j.dump();
 }
 
+namespace {
+
+[[noreturn]] void bad_profile_field(std::string_view where, const char* field,
+                                    const nlohmann::json& value, const char* expected) {
+  throw invalid_argument(
+      "poolscope: function profile " + std::string(where) + "field '" + field + "' is " +
+      value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + ", not " + expected);
+}
+
+const nlohmann::json& profile_field(const nlohmann::json& j, std::string_view where,
+                                    const char* field) {
+  const auto it = j.find(field);
+  if (it == j.end()) {
+    throw invalid_argument("poolscope: function profile " + std::string(where) + "has no field '" +
+                           field + "'");
+  }
+  return *it;
+}
+
+// nlohmann's get<std::uint64_t>() converts -1 and 2.5 without a word (to 2^64-1 and 2): a count
+// or a time is taken only as a non-negative integer.
+std::uint64_t profile_u64_value(const nlohmann::json& v, std::string_view where,
+                                const char* field) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>();
+  }
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  }
+  bad_profile_field(where, field, v, "a non-negative integer");
+}
+
+std::uint64_t profile_u64(const nlohmann::json& j, std::string_view where, const char* field) {
+  return profile_u64_value(profile_field(j, where, field), where, field);
+}
+
+}  // namespace
+
 function_profile function_profile::from_json(std::string_view json) {
+  nlohmann::json j;
   try {
-    const auto j = nlohmann::json::parse(json);
-    function_profile p;
-    p.gpu_timing = j.at("gpu_timing").get<bool>();
-    p.gpu_pending = j.at("gpu_pending").get<std::uint64_t>();
-    p.gpu_dropped = j.at("gpu_dropped").get<std::uint64_t>();
-    for (const auto& s : j.at("scopes")) {
-      scope_record r;
-      r.name = s.at("name").get<std::string>();
-      r.cat = category_from_string(s.at("category").get<std::string>());
-      r.calls = s.at("calls").get<std::uint64_t>();
-      r.cpu_total_ns = s.at("cpu_total_ns").get<std::uint64_t>();
-      r.cpu_self_ns = s.at("cpu_self_ns").get<std::uint64_t>();
-      const auto& g = s.at("gpu_total_ns");
-      if (!g.is_null()) {
-        r.gpu_total_ns = g.get<std::uint64_t>();
-      }
-      r.gpu_samples = s.at("gpu_samples").get<std::uint64_t>();
-      r.used_bytes = s.at("used_bytes").get<std::uint64_t>();
-      r.self_used_bytes = s.at("self_used_bytes").get<std::uint64_t>();
-      r.acquired_bytes = s.at("acquired_bytes").get<std::uint64_t>();
-      r.self_acquired_bytes = s.at("self_acquired_bytes").get<std::uint64_t>();
-      p.scopes.push_back(std::move(r));
-    }
-    return p;
+    j = nlohmann::json::parse(json);
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument(std::string("poolscope: not a function profile JSON: ") + e.what());
   }
+  if (!j.is_object()) {
+    throw invalid_argument("poolscope: not a function profile JSON: not an object");
+  }
+  function_profile p;
+  const auto& timing = profile_field(j, "", "gpu_timing");
+  if (!timing.is_boolean()) {
+    bad_profile_field("", "gpu_timing", timing, "true or false");
+  }
+  p.gpu_timing = timing.get<bool>();
+  p.gpu_pending = profile_u64(j, "", "gpu_pending");
+  p.gpu_dropped = profile_u64(j, "", "gpu_dropped");
+  const auto& scopes = profile_field(j, "", "scopes");
+  if (!scopes.is_array()) {
+    bad_profile_field("", "scopes", scopes, "an array");
+  }
+  p.scopes.reserve(scopes.size());
+  for (std::size_t i = 0; i < scopes.size(); ++i) {
+    const nlohmann::json& s = scopes[i];
+    const std::string where = "scopes[" + std::to_string(i) + "] ";
+    if (!s.is_object()) {
+      throw invalid_argument("poolscope: function profile " + where + "is not an object");
+    }
+    scope_record r;
+    const auto& name = profile_field(s, where, "name");
+    if (!name.is_string()) {
+      bad_profile_field(where, "name", name, "a string");
+    }
+    r.name = name.get<std::string>();
+    const auto& cat = profile_field(s, where, "category");
+    if (!cat.is_string()) {
+      bad_profile_field(where, "category", cat, "a string");
+    }
+    r.cat = category_from_string(cat.get<std::string>());
+    r.calls = profile_u64(s, where, "calls");
+    r.cpu_total_ns = profile_u64(s, where, "cpu_total_ns");
+    r.cpu_self_ns = profile_u64(s, where, "cpu_self_ns");
+    const auto& g = profile_field(s, where, "gpu_total_ns");
+    if (!g.is_null()) {
+      r.gpu_total_ns = profile_u64_value(g, where, "gpu_total_ns");
+    }
+    r.gpu_samples = profile_u64(s, where, "gpu_samples");
+    r.used_bytes = profile_u64(s, where, "used_bytes");
+    r.self_used_bytes = profile_u64(s, where, "self_used_bytes");
+    r.acquired_bytes = profile_u64(s, where, "acquired_bytes");
+    r.self_acquired_bytes = profile_u64(s, where, "self_acquired_bytes");
+    p.scopes.push_back(std::move(r));
+  }
+  return p;
 }
 
 // ---- function_profiler -----------------------------------------------------------------------

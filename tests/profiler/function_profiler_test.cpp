@@ -416,6 +416,80 @@ TEST(function_profiler, table_has_a_row_per_scope_and_a_summary) {
   EXPECT_NE(rows[3].find("incomplete"), std::string::npos);
 }
 
+TEST(function_profiler, table_rows_stay_whole_with_long_names) {
+  // A demangled template's __PRETTY_FUNCTION__ runs to hundreds of characters; such a name once
+  // cut every row at 511 bytes, end of line included, so the rows ran into each other.
+  function_profile p = sample_profile();
+  const std::string long_name = "void run<" + std::string(600, 'T') + ">(stream)";
+  p.scopes[0].name = long_name;
+  std::istringstream in(p.to_table());
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    rows.push_back(line);
+  }
+  ASSERT_EQ(rows.size(), 4U) << p.to_table();  // header, two scopes, summary
+  // Every column after the name starts at the same offset: the name column is as wide as the
+  // longest name plus one space, in the header and in each row.
+  const std::size_t width = long_name.size();
+  EXPECT_EQ(rows[0].rfind("name" + std::string(width - 4, ' ') + " ", 0), 0U);
+  EXPECT_EQ(rows[1].rfind(long_name + " ", 0), 0U);
+  EXPECT_EQ(rows[2].rfind("inner" + std::string(width - 5, ' ') + " ", 0), 0U);
+  // The long row is whole: calls, then the six columns, the last one (acquired) at its end.
+  std::istringstream cells(rows[1].substr(width));
+  std::string calls;
+  cells >> calls;
+  EXPECT_EQ(calls, "3");
+  EXPECT_EQ(rows[1].substr(rows[1].size() - 8), "1.00 MiB");  // acquired: 1 << 20
+  EXPECT_NE(rows[1].find(" 5.00 TiB "), std::string::npos);   // used
+  EXPECT_EQ(rows[0].substr(rows[0].size() - 8), "acquired");
+  EXPECT_EQ(rows[2].substr(rows[2].size() - 4), " 0 B");
+  EXPECT_EQ(rows[3].rfind("total: 2 scopes, 4 calls", 0), 0U);
+}
+
+TEST(function_profiler, from_json_refuses_negative_and_fractional_figures) {
+  // nlohmann's get<std::uint64_t>() turns -1 into 2^64-1 and 2.5 into 2 without a word: a
+  // hand-edited or foreign profile must be refused instead, naming the field and its value.
+  const auto with = [](const std::string& field, const std::string& value) {
+    auto j = nlohmann::json::parse(sample_profile().to_json());
+    j["scopes"][0][field] = nlohmann::json::parse(value);
+    return j.dump();
+  };
+  const auto message = [](const std::string& text) {
+    try {
+      (void)function_profile::from_json(text);
+    } catch (const poolscope::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  std::string m = message(with("calls", "-1"));
+  EXPECT_NE(m.find("scopes[0]"), std::string::npos) << m;
+  EXPECT_NE(m.find("'calls'"), std::string::npos) << m;
+  EXPECT_NE(m.find("-1"), std::string::npos) << m;
+  m = message(with("cpu_total_ns", "2.5"));
+  EXPECT_NE(m.find("'cpu_total_ns'"), std::string::npos) << m;
+  EXPECT_NE(m.find("2.5"), std::string::npos) << m;
+  m = message(with("gpu_total_ns", "-7"));
+  EXPECT_NE(m.find("'gpu_total_ns'"), std::string::npos) << m;
+  m = message(with("used_bytes", "\"12\""));
+  EXPECT_NE(m.find("'used_bytes'"), std::string::npos) << m;
+  m = message(with("name", "12"));
+  EXPECT_NE(m.find("'name'"), std::string::npos) << m;
+  auto top = nlohmann::json::parse(sample_profile().to_json());
+  top["gpu_dropped"] = -3;
+  m = message(top.dump());
+  EXPECT_NE(m.find("'gpu_dropped'"), std::string::npos) << m;
+  top = nlohmann::json::parse(sample_profile().to_json());
+  top["scopes"] = nlohmann::json::object();
+  m = message(top.dump());
+  EXPECT_NE(m.find("'scopes'"), std::string::npos) << m;
+  EXPECT_EQ(message("[1, 2]").rfind("poolscope: not a function profile JSON", 0), 0U);
+  // The largest figures still load: 2^64-1 is an unsigned integer, not a negative one.
+  auto big = nlohmann::json::parse(sample_profile().to_json());
+  big["scopes"][0]["used_bytes"] = ~std::uint64_t{0};
+  EXPECT_EQ(function_profile::from_json(big.dump()).scopes[0].used_bytes, ~std::uint64_t{0});
+}
+
 // ---- GPU timing (skipped without a GPU) ------------------------------------------------------
 
 bool have_gpu() {

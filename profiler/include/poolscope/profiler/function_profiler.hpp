@@ -107,7 +107,8 @@ struct function_profile {
   /// JSON: {"gpu_timing":..,"gpu_pending":..,"gpu_dropped":..,"scopes":[{"name":..,...}]}.
   /// gpu_total_ns is null where absent.
   [[nodiscard]] std::string to_json() const;
-  /// Parses what to_json wrote. Throws invalid_argument on malformed input.
+  /// Parses what to_json wrote. Throws invalid_argument naming the field and its value on
+  /// malformed input (a count, time or byte figure that is not a non-negative integer included).
   [[nodiscard]] static function_profile from_json(std::string_view json);
 
   friend bool operator==(const function_profile&, const function_profile&) = default;
