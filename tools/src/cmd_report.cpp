@@ -1,6 +1,7 @@
 // `poolscope report FILE`: renders a saved profiler report. A line-profile JSON
 // (profiler/line_profile.hpp, docs/line_profile.md) prints as its text tree, or as folded stacks
-// with --folded; a function-profile JSON (profiler/function_profiler.hpp) prints as its table.
+// with --folded; a function-profile JSON (profiler/function_profiler.hpp) prints as its table; a
+// run report (profiler/report.hpp, `poolscope demo --report`) prints the profiles it holds.
 // Which one the file is, is found from its content.
 //
 //   poolscope report alloc.json --threshold 1M
@@ -13,6 +14,7 @@
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -22,6 +24,7 @@
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
+#include "poolscope/profiler/report.hpp"
 
 namespace poolscope::tools {
 
@@ -35,6 +38,78 @@ struct report_command {
   std::string metric = "used";
 };
 
+profiler::line_profile parse_line_profile(const report_command& cmd, const std::string& text,
+                                          const std::string& where) {
+  try {
+    return profiler::line_profile::from_json(text);
+  } catch (const std::exception& e) {
+    throw invalid_argument("poolscope report: '" + cmd.file + "'" + where + ": " + e.what());
+  }
+}
+
+profiler::function_profile parse_function_profile(const report_command& cmd,
+                                                  const std::string& text,
+                                                  const std::string& where) {
+  try {
+    return profiler::function_profile::from_json(text);
+  } catch (const std::exception& e) {
+    throw invalid_argument("poolscope report: '" + cmd.file + "'" + where + ": " + e.what());
+  }
+}
+
+void print_line_profile(const report_command& cmd, const profiler::line_profile& p,
+                        std::size_t threshold, profiler::profile_metric metric) {
+  if (cmd.folded) {
+    std::cout << p.to_folded(metric);
+  } else {
+    std::cout << p.to_text({.threshold_bytes = threshold, .show_live = cmd.show_live});
+  }
+}
+
+// A run report (profiler/report.hpp: "schema": "poolscope.report", what `poolscope demo
+// --report` writes) carries its profiles under "profiles": the function profile's table and the
+// line profile's tree (or folded stacks) are printed from there.
+void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_t threshold,
+                profiler::profile_metric metric) {
+  const auto profiles = doc.find("profiles");
+  const bool have_profiles = profiles != doc.end() && profiles->is_object();
+  const auto function = have_profiles ? profiles->find("function") : doc.end();
+  const auto line = have_profiles ? profiles->find("line") : doc.end();
+  const bool have_function = have_profiles && function != profiles->end();
+  const bool have_line = have_profiles && line != profiles->end();
+  if (cmd.folded) {
+    if (!have_line) {
+      throw invalid_argument("poolscope report: '" + cmd.file +
+                             "' is a run report without a line profile (profiles.line); "
+                             "--folded needs one");
+    }
+    print_line_profile(cmd, parse_line_profile(cmd, line->dump(), " (profiles.line)"), threshold,
+                       metric);
+    return;
+  }
+  if (!have_function && !have_line) {
+    throw invalid_argument("poolscope report: '" + cmd.file +
+                           "' is a run report holding no function or line profile "
+                           "(profiles.function, profiles.line)");
+  }
+  // Both parsed before anything is printed: a broken second profile leaves no half output.
+  std::optional<profiler::function_profile> fp;
+  std::optional<profiler::line_profile> lp;
+  if (have_function) {
+    fp = parse_function_profile(cmd, function->dump(), " (profiles.function)");
+  }
+  if (have_line) {
+    lp = parse_line_profile(cmd, line->dump(), " (profiles.line)");
+  }
+  if (fp) {
+    std::cout << "function profile (profiles.function):\n" << fp->to_table();
+  }
+  if (lp) {
+    std::cout << (fp ? "\n" : "") << "line profile (profiles.line):\n";
+    print_line_profile(cmd, *lp, threshold, metric);
+  }
+}
+
 void run_report(const report_command& cmd) {
   const std::size_t threshold = parse_byte_size(cmd.threshold);
   const profiler::profile_metric metric = profiler::parse_profile_metric(cmd.metric);
@@ -47,36 +122,26 @@ void run_report(const report_command& cmd) {
   if (doc.is_discarded() || !doc.is_object()) {
     throw invalid_argument("poolscope report: '" + cmd.file + "' is not a JSON object");
   }
-  const auto format = doc.find("format");
-  if (format != doc.end() && format->is_string() &&
-      format->get<std::string>() == "poolscope.line_profile") {
-    profiler::line_profile p;
-    try {
-      p = profiler::line_profile::from_json(text);
-    } catch (const std::exception& e) {
-      throw invalid_argument("poolscope report: '" + cmd.file + "': " + e.what());
-    }
-    if (cmd.folded) {
-      std::cout << p.to_folded(metric);
-    } else {
-      std::cout << p.to_text({.threshold_bytes = threshold, .show_live = cmd.show_live});
-    }
+  const auto string_field = [&doc](const char* key) {
+    const auto it = doc.find(key);
+    return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (string_field("format") == "poolscope.line_profile") {
+    print_line_profile(cmd, parse_line_profile(cmd, text, ""), threshold, metric);
+  } else if (string_field("schema") == profiler::report_schema) {
+    // Checked before "scopes": a run report has a "scopes" summary of its own.
+    report_run(cmd, doc, threshold, metric);
   } else if (doc.contains("scopes")) {
     if (cmd.folded) {
       throw invalid_argument("poolscope report: '" + cmd.file +
                              "' is a function profile; --folded needs a line profile");
     }
-    profiler::function_profile p;
-    try {
-      p = profiler::function_profile::from_json(text);
-    } catch (const std::exception& e) {
-      throw invalid_argument("poolscope report: '" + cmd.file + "': " + e.what());
-    }
-    std::cout << p.to_table();
+    std::cout << parse_function_profile(cmd, text, "").to_table();
   } else {
     throw invalid_argument("poolscope report: '" + cmd.file +
-                           "' is neither a line profile (format \"poolscope.line_profile\") nor "
-                           "a function profile (\"scopes\")");
+                           "' is neither a line profile (format \"poolscope.line_profile\"), a "
+                           "function profile (\"scopes\") nor a run report (schema \"" +
+                           profiler::report_schema + "\")");
   }
   std::cout.flush();
 }
@@ -89,7 +154,7 @@ void register_report(CLI::App& app) {
   auto* sub = app.add_subcommand(
       "report",
       "render a saved report: a line-profile JSON as its text tree (or folded stacks), a "
-      "function-profile JSON as its table");
+      "function-profile JSON as its table, a run report as the profiles it holds");
   sub->add_option("file", cmd->file, "the JSON report")->required();
   sub->add_option("--threshold", cmd->threshold,
                   "line profile: leave out call sites below this many used and acquired bytes "

@@ -1,0 +1,170 @@
+// `poolscope report` on run reports (profiler/report.hpp, what `poolscope demo --report`
+// writes): parsed in-process (register_report on a fresh CLI::App, stdout captured) on reports
+// written here through run_report; the output is checked against the embedded profiles' own
+// renderings. Line and function profile files are covered by replay_cli_test.cpp.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "subprocess.hpp"
+
+#if defined(POOLSCOPE_TEST_REPLAY_CLI) && __has_include("poolscope/profiler/report.hpp")
+#include "poolscope/profiler/function_profiler.hpp"
+#include "poolscope/profiler/line_profile.hpp"
+#include "poolscope/profiler/report.hpp"
+
+namespace poolscope::tools {
+void register_report(CLI::App& app);
+}  // namespace poolscope::tools
+
+namespace {
+
+using nlohmann::json;
+using poolscope::testing::temp_path;
+
+/// Parses `args` (after the program name) on an app with `report`; returns stdout.
+std::string run_report_cli(const std::vector<std::string>& args) {
+  CLI::App app{"poolscope"};
+  app.require_subcommand(1);
+  poolscope::tools::register_report(app);
+  std::vector<const char*> argv{"poolscope"};
+  for (const auto& a : args) {
+    argv.push_back(a.c_str());
+  }
+  std::ostringstream out;
+  std::streambuf* old = std::cout.rdbuf(out.rdbuf());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (...) {
+    std::cout.rdbuf(old);
+    throw;
+  }
+  std::cout.rdbuf(old);
+  return out.str();
+}
+
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    (void)run_report_cli(args);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+poolscope::profiler::function_profile scopes_profile() {
+  poolscope::profiler::function_profile f;
+  poolscope::profiler::scope_record step;
+  step.name = "step";
+  step.calls = 4;
+  step.cpu_total_ns = 4000000;
+  step.cpu_self_ns = 1000000;
+  step.used_bytes = 1 << 20;
+  f.scopes = {step};
+  return f;
+}
+
+// <root> -> main (m.cpp:3) -> grow (m.cpp:9): self used 3000, rounded 3072
+poolscope::profiler::line_profile stacks_profile() {
+  poolscope::profiler::line_profile p;
+  poolscope::profiler::profile_node main_node;
+  main_node.function = "main";
+  main_node.file = "m.cpp";
+  main_node.line = 3;
+  poolscope::profiler::profile_node grow;
+  grow.function = "grow";
+  grow.file = "m.cpp";
+  grow.line = 9;
+  grow.self.count = 1;
+  grow.self.used = 3000;
+  grow.self.rounded = 3072;
+  main_node.children = {grow};
+  p.root.children = {main_node};
+  p.root.function = "<root>";
+  p.unwinder = "frame_pointer";
+  p.symbolizer = "none";
+  p.max_depth = 24;
+  p.recompute_totals();
+  return p;
+}
+
+/// A run report as the demo writes it: a timeline summary with a scope summary of its own
+/// ("scopes" at the top level, as a function profile has) and the profiles under "profiles".
+std::string write_run_report(bool function, bool line) {
+  poolscope::profiler::timeline_summary summary;
+  summary.trace_path = "run.json";
+  summary.scopes.push_back({.name = "step", .category = "user", .count = 4, .total_ns = 4000000});
+  poolscope::profiler::run_report r{summary};
+  if (function) {
+    r.add_profile("function", json::parse(scopes_profile().to_json()));
+  }
+  if (line) {
+    r.add_profile("line", json::parse(stacks_profile().to_json()));
+  }
+  const std::string path = temp_path("poolscope-run-report") + ".json";
+  r.write(path);
+  return path;
+}
+
+TEST(report_cli, run_report_prints_the_profiles_it_holds) {
+  // It was taken for a function profile (it has "scopes") and refused: "key 'gpu_timing' not
+  // found", though poolscope itself wrote it.
+  const std::string path = write_run_report(true, true);
+  const std::string out = run_report_cli({"report", path});
+  const std::string expected = "function profile (profiles.function):\n" +
+                               scopes_profile().to_table() + "\nline profile (profiles.line):\n" +
+                               stacks_profile().to_text();
+  EXPECT_EQ(out, expected);
+  EXPECT_NE(out.find("grow (m.cpp:9)"), std::string::npos) << out;
+
+  // The line profile's options apply to the embedded one.
+  const std::string live = run_report_cli({"report", path, "--show-live"});
+  EXPECT_NE(live.find(stacks_profile().to_text({.show_live = true})), std::string::npos) << live;
+  EXPECT_EQ(run_report_cli({"report", path, "--folded", "--metric", "rounded"}),
+            "main (m.cpp:3);grow (m.cpp:9) 3072\n");
+  std::remove(path.c_str());
+}
+
+TEST(report_cli, run_report_with_one_profile_or_none) {
+  const std::string only_function = write_run_report(true, false);
+  EXPECT_EQ(run_report_cli({"report", only_function}),
+            "function profile (profiles.function):\n" + scopes_profile().to_table());
+  std::string m = error_of({"report", only_function, "--folded"});
+  EXPECT_NE(m.find(only_function), std::string::npos) << m;
+  EXPECT_NE(m.find("profiles.line"), std::string::npos) << m;
+
+  const std::string only_line = write_run_report(false, true);
+  EXPECT_EQ(run_report_cli({"report", only_line}),
+            "line profile (profiles.line):\n" + stacks_profile().to_text());
+
+  const std::string none = write_run_report(false, false);
+  m = error_of({"report", none});
+  EXPECT_NE(m.find(none), std::string::npos) << m;
+  EXPECT_NE(m.find("run report"), std::string::npos) << m;
+
+  // A broken embedded profile is named.
+  json broken = json::parse(poolscope::testing::read_file(only_function));
+  broken["profiles"]["line"] = {{"format", "poolscope.line_profile"}, {"version", 1}};
+  const std::string broken_path = temp_path("poolscope-run-report") + ".json";
+  {
+    std::ofstream f(broken_path);
+    f << broken.dump();
+  }
+  m = error_of({"report", broken_path});
+  EXPECT_NE(m.find("profiles.line"), std::string::npos) << m;
+  EXPECT_NE(m.find(broken_path), std::string::npos) << m;
+  for (const auto& p : {only_function, only_line, none, broken_path}) {
+    std::remove(p.c_str());
+  }
+}
+
+}  // namespace
+
+#endif  // POOLSCOPE_TEST_REPLAY_CLI
