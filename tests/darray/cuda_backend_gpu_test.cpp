@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
+#include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "test_support.hpp"
 
@@ -991,6 +992,31 @@ TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
       ASSERT_EQ(bad, 0) << "job " << i << " (n " << jobs[i].n << ", graphs " << graphs << ")";
     }
   }
+}
+
+// Reductions and matmuls of nothing (docs/darray.md, "Modes") on the GPUs: the identity chunk is
+// filled and recorded on a CUDA stream, then completed like any partial array.
+TEST(cuda_backend_arrays, reductions_and_matmuls_of_nothing_give_the_identity) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  const auto& be = the_gpu().be;
+  const int devices = be->device_count();
+  auto empty = distributed_array<double>::from_host(be, std::vector<double>{}, {0},
+                                                    index_map::blocks({0}, 0, devices));
+  EXPECT_EQ(sum(empty).change_mode(array_mode::replica).to_host(), std::vector<double>{0.0});
+  EXPECT_EQ(prod(empty).to_host(), std::vector<double>{1.0});
+  EXPECT_THROW((void)max(empty), invalid_argument);
+  auto rows = distributed_array<std::int64_t>::from_host(be, std::vector<std::int64_t>{}, {0, 5},
+                                                         index_map::blocks({0, 5}, 1, devices));
+  EXPECT_EQ(sum(rows, 0).change_mode(array_mode::replica).to_host(),
+            std::vector<std::int64_t>(5, 0));
+  auto a = distributed_array<float>::from_host(be, std::vector<float>{}, {3, 0},
+                                               index_map::grid({3, 0}, 1, 1, {{0}}));
+  auto b = distributed_array<float>::from_host(be, std::vector<float>{}, {0, 2},
+                                               index_map::grid({0, 2}, 1, 1, {{devices - 1}}));
+  EXPECT_EQ(matmul(a, b).change_mode(array_mode::replica).to_host(), std::vector<float>(6, 0.0f));
+  be->synchronize();
 }
 
 TEST(cuda_backend_factory, bad_device_counts_are_rejected) {
