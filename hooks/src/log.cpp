@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -56,11 +57,18 @@ std::atomic<int>& threshold() {
 struct sink_state {
   std::mutex mutex;
   log_sink sink;
+  // set_log_sink called from inside the sink: applied once the sink returns (the running
+  // std::function must not be destroyed under its own feet).
+  std::optional<log_sink> replacement;
 };
 sink_state& sink() {
   static auto* s = new sink_state;  // leaked: logging may happen during static destruction
   return *s;
 }
+
+/// True while this thread runs the sink (and so holds sink_state::mutex): a nested log() or
+/// set_log_sink() must not take the mutex again.
+thread_local bool t_in_sink = false;
 
 const char* name(log_level l) {
   switch (l) {
@@ -78,6 +86,25 @@ const char* name(log_level l) {
   return "off";
 }
 
+/// One whole line on stderr, in a single write.
+void write_stderr(log_level level, std::string_view message) {
+  std::string line = "[poolscope ";
+  line += name(level);
+  line += "] ";
+  line.append(message);
+  line += '\n';
+  std::fwrite(line.data(), 1, line.size(), stderr);
+}
+
+/// Sets t_in_sink for the duration of one sink call, exceptions included.
+class in_sink_scope {
+ public:
+  in_sink_scope() noexcept { t_in_sink = true; }
+  in_sink_scope(const in_sink_scope&) = delete;
+  in_sink_scope& operator=(const in_sink_scope&) = delete;
+  ~in_sink_scope() { t_in_sink = false; }
+};
+
 }  // namespace
 
 bool log_enabled(log_level level) noexcept {
@@ -90,20 +117,30 @@ void log(log_level level, std::string_view message) noexcept {
     return;
   }
   try {
+    if (t_in_sink) {
+      // Logged from inside the sink (directly or through code it calls): this thread already
+      // holds the mutex, and calling the sink again could recurse without end.
+      write_stderr(level, message);
+      return;
+    }
     auto& s = sink();
     std::lock_guard lock(s.mutex);
     if (s.sink) {
-      s.sink(level, message);
+      try {
+        const in_sink_scope in_sink;
+        s.sink(level, message);
+      } catch (...) {
+        // A failing sink must not take the program down; a replacement it asked for still holds.
+      }
+      if (s.replacement) {
+        s.sink = std::move(*s.replacement);
+        s.replacement.reset();
+      }
       return;
     }
-    std::string line = "[poolscope ";
-    line += name(level);
-    line += "] ";
-    line.append(message);
-    line += '\n';
-    std::fwrite(line.data(), 1, line.size(), stderr);
+    write_stderr(level, message);
   } catch (...) {
-    // A failing sink must not take the program down.
+    // No memory for the line: nothing more can be done.
   }
 }
 
@@ -115,6 +152,10 @@ log_level get_log_level() noexcept {
 }
 void set_log_sink(log_sink s) {
   auto& st = sink();
+  if (t_in_sink) {
+    st.replacement = std::move(s);  // this thread holds the mutex; applied when the sink returns
+    return;
+  }
   std::lock_guard lock(st.mutex);
   st.sink = std::move(s);
 }
