@@ -97,19 +97,27 @@ void format_event(std::string& out, const event& e) {
   out += "}\n";
 }
 
+/// A file opened unbuffered: the hook batches lines itself, so it knows which reached the OS.
+std::unique_ptr<std::ostream> open_unbuffered(const std::string& path) {
+  auto file = std::make_unique<std::ofstream>();
+  file->rdbuf()->pubsetbuf(nullptr, 0);  // before open(), as libstdc++ requires
+  file->open(path, std::ios::out | std::ios::trunc);
+  return file;
+}
+
+constexpr std::size_t k_batch_bytes = 64 * 1024;
+
 }  // namespace
 
 jsonl_hook::jsonl_hook(const std::string& path, kind_set kinds)
-    : owned_(std::make_unique<std::ofstream>(path, std::ios::out | std::ios::trunc)),
-      out_(owned_.get()),
-      target_(path),
-      kinds_(kinds) {
+    : owned_(open_unbuffered(path)), out_(owned_.get()), target_(path), kinds_(kinds) {
   if (!*out_) {
     const int err = errno;
     throw runtime_error("poolscope: jsonl_hook cannot open '" + path + "' for writing" +
                         (err != 0 ? std::string(": ") + std::strerror(err) : std::string()));
   }
   line_.reserve(512);
+  batch_.reserve(k_batch_bytes + 1024);
 }
 
 jsonl_hook::jsonl_hook(std::ostream& out, kind_set kinds)
@@ -131,10 +139,22 @@ void jsonl_hook::on_event(const event& e) noexcept {
   }
   try {
     format_event(line_, e);
-    out_->write(line_.data(), static_cast<std::streamsize>(line_.size()));
+    if (owned_) {
+      batch_ += line_;
+      ++batch_lines_;
+    } else {
+      out_->write(line_.data(), static_cast<std::streamsize>(line_.size()));
+      out_->flush();
+    }
   } catch (...) {
     // No memory for the line, or a stream with exceptions() enabled.
     fail("formatting or writing an event failed");
+    return;
+  }
+  if (owned_) {
+    if (batch_.size() >= k_batch_bytes) {
+      write_batch();
+    }
     return;
   }
   if (!*out_) {
@@ -144,9 +164,33 @@ void jsonl_hook::on_event(const event& e) noexcept {
   lines_.fetch_add(1, std::memory_order_relaxed);
 }
 
+void jsonl_hook::write_batch() noexcept {
+  if (batch_.empty()) {
+    return;
+  }
+  try {
+    out_->write(batch_.data(), static_cast<std::streamsize>(batch_.size()));
+    out_->flush();
+  } catch (...) {
+    fail("a write failed");
+    return;
+  }
+  if (!*out_) {
+    fail("a write failed");
+    return;
+  }
+  lines_.fetch_add(batch_lines_, std::memory_order_relaxed);
+  batch_.clear();
+  batch_lines_ = 0;
+}
+
 void jsonl_hook::flush() noexcept {
   std::lock_guard lock(mutex_);
   if (failed_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  if (owned_) {
+    write_batch();
     return;
   }
   try {
@@ -162,9 +206,19 @@ void jsonl_hook::flush() noexcept {
 
 void jsonl_hook::fail(const char* what) noexcept {
   failed_.store(true, std::memory_order_relaxed);
+  const std::uint64_t lost = batch_lines_;
+  batch_lines_ = 0;
+  batch_.clear();
+  batch_.shrink_to_fit();  // the hook writes nothing more: give the batch's memory back
   try {
-    log(log_level::error, "jsonl_hook writing to " + target_ + ": " + what +
-                              "; the hook is disabled and ignores later events");
+    std::string message = "jsonl_hook writing to " + target_ + ": " + what + " after " +
+                          std::to_string(lines_.load(std::memory_order_relaxed)) +
+                          " line(s) written";
+    if (lost != 0) {
+      message += "; " + std::to_string(lost) + " buffered line(s) were not written";
+    }
+    message += "; the hook is disabled and ignores later events";
+    log(log_level::error, message);
   } catch (...) {
     log(log_level::error, "jsonl_hook: a write failed; the hook is disabled");
   }

@@ -281,7 +281,8 @@ TEST(jsonl_hook, writes_a_file_and_flushes_on_destruction) {
       e.seq = static_cast<std::uint64_t>(i);
       h.on_event(e);
     }
-    EXPECT_EQ(h.lines(), 3U);
+    // Still in the hook's batch: not written yet, so not counted.
+    EXPECT_EQ(h.lines(), 0U);
   }
   std::ifstream in(path);
   std::stringstream text;
@@ -291,6 +292,84 @@ TEST(jsonl_hook, writes_a_file_and_flushes_on_destruction) {
   ASSERT_EQ(lines.size(), 3U);
   EXPECT_EQ(lines[2].at("seq").get<int>(), 2);
   EXPECT_EQ(lines[2].at("requested").get<int>(), 5);
+}
+
+// lines() used to count lines that had only reached a buffer: a hook writing to /dev/full
+// reported 33 lines with nothing written. It counts only lines written, and the failure is
+// logged once, naming the file and the lines lost.
+TEST(jsonl_hook, lines_counts_only_what_was_written_on_a_full_disk) {
+  if (!std::filesystem::exists("/dev/full")) {
+    GTEST_SKIP() << "no /dev/full on this system";
+  }
+  log_capture logs;
+  ph::jsonl_hook h{"/dev/full"};
+  ph::event e;
+  for (int i = 0; i < 100; ++i) {  // ~30 KiB: more than a stdio buffer, less than a batch
+    e.seq = static_cast<std::uint64_t>(i);
+    h.on_event(e);
+  }
+  EXPECT_EQ(h.lines(), 0U);
+  h.flush();  // must not throw
+  EXPECT_FALSE(h.enabled());
+  EXPECT_EQ(h.lines(), 0U);
+  for (int i = 0; i < 1000; ++i) {  // ignored once disabled
+    h.on_event(e);
+  }
+  h.flush();
+  EXPECT_EQ(h.lines(), 0U);
+  const auto messages = logs.messages();
+  ASSERT_EQ(messages.size(), 1U);
+  EXPECT_EQ(messages[0].first, poolscope::log_level::error);
+  EXPECT_NE(messages[0].second.find("/dev/full"), std::string::npos) << messages[0].second;
+  EXPECT_NE(messages[0].second.find("100 buffered line(s) were not written"), std::string::npos)
+      << messages[0].second;
+}
+
+TEST(jsonl_hook, a_full_disk_is_noticed_without_flush_once_a_batch_is_due) {
+  if (!std::filesystem::exists("/dev/full")) {
+    GTEST_SKIP() << "no /dev/full on this system";
+  }
+  log_capture logs;
+  ph::jsonl_hook h{"/dev/full"};
+  ph::event e;
+  for (int i = 0; i < 2000 && h.enabled(); ++i) {  // ~600 KiB: several batches' worth
+    h.on_event(e);
+  }
+  EXPECT_FALSE(h.enabled());
+  EXPECT_EQ(h.lines(), 0U);
+  EXPECT_EQ(logs.messages().size(), 1U);
+}
+
+TEST(jsonl_hook, lines_agrees_with_the_file_across_batches) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("poolscope_jsonl_batches_" + std::to_string(::getpid()) + ".jsonl");
+  constexpr int events = 1500;  // several 64 KiB batches and a partial one
+  std::uint64_t counted_before_flush = 0;
+  std::uint64_t counted = 0;
+  {
+    ph::jsonl_hook h{path.string()};
+    ph::event e;
+    for (int i = 0; i < events; ++i) {
+      e.seq = static_cast<std::uint64_t>(i);
+      h.on_event(e);
+    }
+    counted_before_flush = h.lines();
+    h.flush();
+    counted = h.lines();
+    EXPECT_TRUE(h.enabled());
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::filesystem::remove(path);
+  const auto lines = parse_lines(text.str());
+  EXPECT_EQ(counted, lines.size());
+  EXPECT_EQ(counted, static_cast<std::uint64_t>(events));
+  EXPECT_GT(counted_before_flush, 0U) << "full batches are written without waiting for flush()";
+  EXPECT_LT(counted_before_flush, counted);
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_EQ(lines[i].at("seq").get<std::size_t>(), i);
+  }
 }
 
 TEST(jsonl_hook, unopenable_path_throws_naming_it) {

@@ -22,14 +22,20 @@
 // Ownership: opened from a path, the hook owns the file and closes it on destruction; given a
 // std::ostream, it only borrows it (the stream must outlive the hook). Either way it flushes on
 // destruction.
+// Buffering: to a file it opened, the hook writes lines in batches of about 64 KiB (and on
+// flush() and destruction); to a borrowed stream, it writes each line and flushes the stream at
+// once, so a console or pipe shows events as they happen (give a path for large traces).
 // Thread safety: thread-safe; one mutex serialises formatting and writing, so lines never
 // interleave. Lines appear in the order hooks are called, which across threads may differ from
 // `seq` order by a few events; sort by seq to get the true order.
 // Errors: never throws from on_event. If a write fails (disk full, closed stream, no memory),
-// the hook disables itself and says so once through poolscope::log; later events are ignored.
+// the hook disables itself and says so once through poolscope::log (error level, naming the
+// target and how many lines were written and lost); later events are ignored. lines() counts
+// only lines that were written: a batch whose write failed is not counted (part of it may be
+// in the file).
 // Stream semantics: none; the event's stream is only printed.
-// Cost: a debug tool, not for hot loops: a mutex, ~200 bytes of formatting and a buffered
-// write per event.
+// Cost: a debug tool, not for hot loops: a mutex, ~300 bytes of formatting and a buffered
+// write per event (a write and flush of the stream per event when the stream is borrowed).
 #pragma once
 
 #include <atomic>
@@ -86,25 +92,30 @@ class jsonl_hook final : public hook {
 
   /// Writes `e` as one line if its kind is in the filter. Never throws.
   void on_event(const event& e) noexcept override;
-  /// Flushes buffered lines to the file or stream. Never throws; a failure disables the hook.
+  /// Writes buffered lines to the file, or flushes the stream. Never throws; a failure disables
+  /// the hook.
   void flush() noexcept;
 
   /// False once a write failed (the hook then ignores events).
   [[nodiscard]] bool enabled() const noexcept { return !failed_.load(std::memory_order_relaxed); }
-  /// Lines written so far.
+  /// Lines written so far: handed to the OS (file) or accepted and flushed by the stream. Lines
+  /// still in the hook's batch are not counted until it is written (flush() writes it).
   [[nodiscard]] std::uint64_t lines() const noexcept {
     return lines_.load(std::memory_order_relaxed);
   }
 
  private:
   void fail(const char* what) noexcept;  // caller holds mutex_
+  void write_batch() noexcept;           // caller holds mutex_
 
   std::unique_ptr<std::ostream> owned_;  // the file, when opened from a path
   std::ostream* out_;
   std::string target_;  // for the log line: the path or "a std::ostream"
   kind_set kinds_;
   std::mutex mutex_;
-  std::string line_;  // reused formatting buffer, guarded by mutex_
+  std::string line_;               // reused formatting buffer, guarded by mutex_
+  std::string batch_;              // lines not yet written to the owned file, guarded by mutex_
+  std::uint64_t batch_lines_ = 0;  // lines in batch_, guarded by mutex_
   std::atomic<bool> failed_{false};
   std::atomic<std::uint64_t> lines_{0};
 };
