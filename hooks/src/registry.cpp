@@ -1,17 +1,35 @@
 // The process's one hook registry (STYLE rule 7: defined here, never as a header inline variable).
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <vector>
 
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
+#include "poolscope/log.hpp"
 
 namespace poolscope::hooks {
 namespace detail {
 
 std::atomic<std::uint32_t> g_installed{0};
+
+/// One thread's hooks. Its thread delivers from it; any thread may remove from it (a scoped_hook
+/// destroyed elsewhere), hence the mutex, which delivery holds while calling the hooks so that a
+/// removal returns only once the hook is no longer running.
+struct thread_registry {
+  std::mutex mutex;
+  std::vector<hook*> stack;  // most recent last; guarded by mutex
+  // stack.size(), written under mutex. Read without the lock by the owning thread only, which
+  // alone adds entries: a zero it reads cannot be stale, so delivery skips the lock when empty.
+  std::atomic<std::uint32_t> count{0};
+  bool exited = false;  // the owning thread has ended (its hooks are uninstalled); under mutex
+
+  void update_count() noexcept {
+    count.store(static_cast<std::uint32_t>(stack.size()), std::memory_order_relaxed);
+  }
+};
 
 namespace {
 
@@ -29,10 +47,11 @@ process_hooks& process_registry() {
   return *registry;
 }
 
-/// This thread's hooks, most recent last. A thread that exits with hooks still installed
-/// takes their installations off g_installed, so active() does not stay true for good.
+/// This thread's registry, created at its first thread-scope installation. A thread that exits
+/// with hooks still installed takes their installations off g_installed, so active() does not
+/// stay true for good.
 struct thread_hooks {
-  std::vector<hook*> stack;
+  std::shared_ptr<thread_registry> registry;
 
   thread_hooks() = default;
   thread_hooks(const thread_hooks&) = delete;
@@ -44,11 +63,57 @@ thread_local bool t_in_hook = false;     // set while delivering, to drop nested
 thread_local bool t_hooks_gone = false;  // t_hooks destroyed (events from later exit code)
 
 thread_hooks::~thread_hooks() {
-  if (!stack.empty()) {
-    g_installed.fetch_sub(static_cast<std::uint32_t>(stack.size()), std::memory_order_relaxed);
-    stack.clear();
+  if (registry) {
+    std::lock_guard lock(registry->mutex);
+    if (!registry->stack.empty()) {
+      g_installed.fetch_sub(static_cast<std::uint32_t>(registry->stack.size()),
+                            std::memory_order_relaxed);
+      registry->stack.clear();
+      registry->update_count();
+    }
+    registry->exited = true;
   }
   t_hooks_gone = true;
+}
+
+/// Removes the most recent `h` from `stack`; false if it is not there.
+bool remove_last(std::vector<hook*>& stack, const hook& h) noexcept {
+  auto it = std::find(stack.rbegin(), stack.rend(), &h);
+  if (it == stack.rend()) {
+    return false;
+  }
+  stack.erase(std::next(it).base());
+  return true;
+}
+
+/// Installs `h` on this thread; returns this thread's registry.
+std::shared_ptr<thread_registry> install_on_this_thread(hook& h) {
+  if (t_hooks_gone) {
+    throw logic_error("poolscope::hooks::install: thread scope asked for by an exiting thread");
+  }
+  if (!t_hooks.registry) {
+    t_hooks.registry = std::make_shared<thread_registry>();
+  }
+  thread_registry& r = *t_hooks.registry;
+  {
+    std::lock_guard lock(r.mutex);
+    r.stack.push_back(&h);
+    r.update_count();
+  }
+  g_installed.fetch_add(1, std::memory_order_relaxed);
+  return t_hooks.registry;
+}
+
+/// Removes the most recent installation of `h` from `r`, from any thread. Waits for a delivery
+/// in progress on r's thread, so `h` is unused once this returns.
+bool uninstall_from(thread_registry& r, hook& h) noexcept {
+  std::lock_guard lock(r.mutex);
+  if (!remove_last(r.stack, h)) {
+    return false;  // not there, or the thread has exited and taken its hooks off already
+  }
+  r.update_count();
+  g_installed.fetch_sub(1, std::memory_order_relaxed);
+  return true;
 }
 
 }  // namespace
@@ -63,8 +128,12 @@ void deliver(event& e) noexcept {
   e.time_ns = now_ns();
   e.thread = current_thread_id();
   if (!t_hooks_gone) {
-    for (auto it = t_hooks.stack.rbegin(); it != t_hooks.stack.rend(); ++it) {
-      (*it)->on_event(e);
+    thread_registry* r = t_hooks.registry.get();
+    if (r != nullptr && r->count.load(std::memory_order_relaxed) != 0) {
+      std::lock_guard lock(r->mutex);
+      for (auto it = r->stack.rbegin(); it != r->stack.rend(); ++it) {
+        (*it)->on_event(e);
+      }
     }
   }
   auto& reg = process_registry();
@@ -84,12 +153,11 @@ void install(hook& h, scope where) {
     throw logic_error("poolscope::hooks::install called from inside a hook");
   }
   if (where == scope::thread) {
-    if (detail::t_hooks_gone) {
-      throw logic_error("poolscope::hooks::install: thread scope asked for by an exiting thread");
-    }
-    detail::t_hooks.stack.push_back(&h);
-  } else {
-    auto& reg = detail::process_registry();
+    (void)detail::install_on_this_thread(h);
+    return;
+  }
+  auto& reg = detail::process_registry();
+  {
     std::unique_lock lock(reg.mutex);
     reg.stack.push_back(&h);
   }
@@ -100,26 +168,43 @@ bool uninstall(hook& h, scope where) noexcept {
   if (detail::t_in_hook) {
     return false;  // would deadlock on the registry lock; the contract forbids it
   }
-  auto remove_last = [&h](std::vector<hook*>& stack) {
-    auto it = std::find(stack.rbegin(), stack.rend(), &h);
-    if (it == stack.rend()) {
-      return false;
-    }
-    stack.erase(std::next(it).base());
-    return true;
-  };
-  bool removed = false;
   if (where == scope::thread) {
-    removed = !detail::t_hooks_gone && remove_last(detail::t_hooks.stack);
+    return !detail::t_hooks_gone && detail::t_hooks.registry &&
+           detail::uninstall_from(*detail::t_hooks.registry, h);
+  }
+  auto& reg = detail::process_registry();
+  std::unique_lock lock(reg.mutex);  // waits for in-flight deliveries: h is unused after return
+  if (!detail::remove_last(reg.stack, h)) {
+    return false;
+  }
+  detail::g_installed.fetch_sub(1, std::memory_order_relaxed);
+  return true;
+}
+
+scoped_hook::scoped_hook(hook& h, scope where) : hook_(&h), where_(where) {
+  if (detail::t_in_hook) {
+    throw logic_error("poolscope::hooks::install called from inside a hook");
+  }
+  if (where == scope::thread) {
+    owner_ = detail::install_on_this_thread(h);
   } else {
-    auto& reg = detail::process_registry();
-    std::unique_lock lock(reg.mutex);  // waits for in-flight deliveries: h is unused after return
-    removed = remove_last(reg.stack);
+    install(h, where);
   }
-  if (removed) {
-    detail::g_installed.fetch_sub(1, std::memory_order_relaxed);
+}
+
+scoped_hook::~scoped_hook() {
+  if (detail::t_in_hook) {
+    // Removing would wait on a registry lock this thread may hold: the hook stays installed.
+    log(log_level::error,
+        "poolscope::hooks::scoped_hook destroyed from inside a hook, which hooks must not do; "
+        "its hook stays installed and must outlive the process's allocator events");
+    return;
   }
-  return removed;
+  if (owner_) {
+    (void)detail::uninstall_from(*owner_, *hook_);
+  } else {
+    (void)uninstall(*hook_, where_);
+  }
 }
 
 std::uint64_t dropped_reentrant_events() noexcept {
