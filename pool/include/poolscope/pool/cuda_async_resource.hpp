@@ -31,8 +31,9 @@ namespace poolscope::pool {
 class cuda_async_resource final : public resource {
  public:
   /// A pool on CUDA device `device` that keeps up to `release_threshold` bytes of freed memory
-  /// across synchronizations (max: keep everything). Throws device_unavailable without a GPU
-  /// or without memory-pool support, invalid_argument for a bad device ordinal.
+  /// across synchronizations (max: keep everything). Throws invalid_argument naming `device`
+  /// when it is negative (checked first, on any machine) or past the last device, and
+  /// device_unavailable without a GPU or without memory-pool support.
   explicit cuda_async_resource(
       int device = 0, std::size_t release_threshold = std::numeric_limits<std::size_t>::max());
   ~cuda_async_resource() override;

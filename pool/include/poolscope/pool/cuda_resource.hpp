@@ -20,8 +20,9 @@ namespace poolscope::pool {
 
 class cuda_resource final : public resource {
  public:
-  /// Memory on CUDA device `device`. Throws device_unavailable when there is no GPU, and
-  /// invalid_argument when `device` is not a device ordinal.
+  /// Memory on CUDA device `device`. Throws invalid_argument naming `device` when it is negative
+  /// (checked first, on any machine) or past the last device, and device_unavailable when there
+  /// is no GPU.
   explicit cuda_resource(int device = 0);
 
  private:

@@ -5,6 +5,14 @@
 //
 // This is how CI exercises every allocator without a GPU, and how `poolscope replay
 // --capacity` simulates a device of a given size. Useful in its own right for host staging.
+// Accounting: in bytes handed out, the sizes callers asked for: allocated_bytes() is the sum of
+// the live blocks' requested sizes (so it equals an allocator's `reserved`, which the allocator
+// tests and `poolscope replay` rely on), and the capacity bounds that sum. The memory really
+// taken is larger: blocks under 64 KiB are rounded up to 256 bytes (plus malloc's own overhead),
+// larger ones to whole pages. To bound the footprint, leave about 256 bytes per live block of
+// headroom.
+// Ownership: the caller owns each block until it deallocates it; the resource tracks no blocks,
+// so destroying it with live blocks leaks them.
 // Thread safety: thread-safe (an atomic byte counter). Cost: one mmap/munmap per block of
 // >= 64 KiB, aligned_alloc below. Stream: ignored.
 #pragma once
@@ -20,11 +28,12 @@ namespace poolscope::pool {
 
 class host_resource final : public resource {
  public:
-  /// `capacity`: the most bytes live at once; try_allocate returns nullptr beyond it.
+  /// `capacity`: the most bytes live at once, counted as requested (see Accounting above);
+  /// try_allocate returns nullptr beyond it.
   explicit host_resource(std::size_t capacity = std::numeric_limits<std::size_t>::max()) noexcept
       : capacity_(capacity) {}
 
-  /// Bytes currently allocated from this resource.
+  /// Bytes currently allocated from this resource: the requested sizes of the live blocks.
   [[nodiscard]] std::size_t allocated_bytes() const noexcept {
     return allocated_.load(std::memory_order_relaxed);
   }

@@ -10,8 +10,8 @@
 // deallocate(stream, ptr, bytes) is noexcept and takes the size that was allocated.
 // Stream semantics: stream-ordered resources (cuda_async) allocate and free in stream order;
 // the others ignore the stream.
-// Ownership: a resource owns nothing the caller did not free; destroying it with live
-// allocations leaks them (device resources) or frees them (host resources with a capacity).
+// Ownership: a resource owns nothing the caller did not free and tracks no blocks; destroying it
+// with live allocations leaks them (device, pinned and host resources alike).
 // Thread safety: every resource is thread-safe.
 #pragma once
 
