@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "detail/recorder_crash.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
 #include "poolscope/profiler/event_log.hpp"
@@ -46,6 +47,8 @@ void write_all(int fd, const char* data, std::size_t n) noexcept {
   }
 }
 
+std::atomic<detail::recorder_write_function> g_write{nullptr};  // null: ::write
+
 void flush_views_for_crash() noexcept {
   for (auto& slot : g_views) {
     recorder::crash_view* v = slot.load(std::memory_order_acquire);
@@ -63,7 +66,7 @@ void flush_views_for_crash() noexcept {
 
 void on_fatal_signal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
-  flush_views_for_crash();
+  detail::flush_recorders_for_fatal_signal();
   errno = saved_errno;
   std::size_t i = 0;
   while (i < fatal_signals.size() && fatal_signals[i] != sig) {
@@ -177,6 +180,18 @@ std::size_t format_line(const hooks::event& e, char* out, std::size_t cap) noexc
 
 }  // namespace
 
+namespace detail {
+
+void set_recorder_write_for_testing(recorder_write_function f) noexcept {
+  g_write.store(f, std::memory_order_relaxed);
+}
+
+void flush_recorders_for_fatal_signal() noexcept {
+  flush_views_for_crash();
+}
+
+}  // namespace detail
+
 recorder::recorder(const std::string& path, const recorder_options& options)
     : path_(path), options_(options) {
   capacity_ = options_.buffer_bytes < min_buffer_bytes ? min_buffer_bytes : options_.buffer_bytes;
@@ -230,8 +245,10 @@ bool recorder::write_buffer_locked() noexcept {
   crash_view& v = *view_;
   const std::size_t end = v.committed.load(std::memory_order_relaxed);
   std::size_t pos = v.written.load(std::memory_order_relaxed);
+  const detail::recorder_write_function write_fn = g_write.load(std::memory_order_relaxed);
   while (pos < end) {
-    const ssize_t w = ::write(v.fd, buffer_.get() + pos, end - pos);
+    const ssize_t w = write_fn != nullptr ? write_fn(v.fd, buffer_.get() + pos, end - pos)
+                                          : ::write(v.fd, buffer_.get() + pos, end - pos);
     if (w < 0) {
       if (errno == EINTR) {
         continue;
@@ -240,10 +257,13 @@ bool recorder::write_buffer_locked() noexcept {
       return false;
     }
     pos += static_cast<std::size_t>(w);
+    // Each partial write moves the mark at once: a fatal signal arriving before the loop ends
+    // (on this thread, or on another while this one is in write(2)) has the handler write only
+    // [written, committed), never bytes already in the file.
+    v.written.store(pos, std::memory_order_release);
   }
   // Order matters for the signal handler: it writes [written, committed) and must never see a
   // range it has to write twice.
-  v.written.store(end, std::memory_order_release);
   v.committed.store(0, std::memory_order_release);
   v.written.store(0, std::memory_order_release);
   return true;
@@ -272,10 +292,22 @@ void recorder::on_event(const hooks::event& e) noexcept {
   std::memcpy(buffer_.get() + used, line, n);
   view_->committed.store(used + n, std::memory_order_release);
   lines_.fetch_add(1, std::memory_order_relaxed);
+  if (write_through_) [[unlikely]] {
+    (void)write_buffer_locked();
+  }
 }
 
 bool recorder::flush() noexcept {
   std::lock_guard lock(mutex_);
+  if (failed_.load(std::memory_order_relaxed)) {
+    return false;
+  }
+  return write_buffer_locked();
+}
+
+bool recorder::flush_and_write_through() noexcept {
+  std::lock_guard lock(mutex_);
+  write_through_ = true;
   if (failed_.load(std::memory_order_relaxed)) {
     return false;
   }

@@ -1,6 +1,9 @@
 // recorder: the log parses back line by line to the events; crash flushing; buffering.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../../profiler/src/detail/recorder_crash.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
@@ -238,6 +242,120 @@ TEST(recorder, segfault_flushes_the_buffer) {
   const std::string path = temp_path("segv");
   EXPECT_DEATH(record_then_die(path, SIGSEGV), "");
   expect_five_mallocs_in(path);
+}
+
+// A fatal signal arriving while the recorder is partway through writing its buffer (write(2)
+// returned short, more to write) used to make the handler write the whole buffer again: the
+// "written" mark moved only after the loop, so the file held the first part twice. Here writes
+// are cut to 100 bytes and the crash "happens" before the third one: the file must then hold
+// every line exactly once. After the crash nothing more reaches the file (as in a dead process).
+std::atomic<int> g_write_calls{0};
+std::atomic<bool> g_crashed{false};
+std::string g_crash_path;
+std::string g_at_crash;  // the file's content right after the crash flush
+
+ssize_t short_write_then_crash(int fd, const void* data, std::size_t bytes) {
+  if (g_crashed.load()) {
+    return static_cast<ssize_t>(bytes);  // the process is gone: nothing more is written
+  }
+  if (g_write_calls.fetch_add(1) == 2) {
+    detail::flush_recorders_for_fatal_signal();
+    g_at_crash = slurp(g_crash_path);
+    g_crashed.store(true);
+    return static_cast<ssize_t>(bytes);
+  }
+  return ::write(fd, data, std::min<std::size_t>(bytes, 100));
+}
+
+TEST(recorder, crash_during_a_partial_write_writes_each_line_once) {
+  const std::string path = temp_path("partial");
+  g_crash_path = path;
+  capture_hook cap;
+  {
+    recorder rec{path, {.buffer_bytes = 1 << 16}};
+    {
+      pool::host_resource host;
+      pool::best_fit_allocator alloc{host};
+      hooks::scoped_hook on_rec{rec};
+      hooks::scoped_hook on_cap{cap};
+      std::vector<void*> blocks;
+      for (std::size_t n = 1; n <= 20; ++n) {
+        blocks.push_back(alloc.allocate({}, n * 100));
+      }
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        alloc.deallocate({}, blocks[i], (i + 1) * 100);
+      }
+    }
+    detail::set_recorder_write_for_testing(&short_write_then_crash);
+    const bool flushed = rec.flush();
+    detail::set_recorder_write_for_testing(nullptr);
+    EXPECT_TRUE(flushed);
+  }
+  ASSERT_TRUE(g_crashed.load()) << "the buffer took fewer than three writes";
+
+  // Independent reference: the events the capture hook saw, one line each, once.
+  std::vector<std::uint64_t> expected;
+  for (const auto& c : cap.events()) {
+    if (one_line_per_operation(c.e)) {
+      expected.push_back(c.e.seq);
+    }
+  }
+  ASSERT_GT(expected.size(), 20u);
+  std::istringstream in(g_at_crash);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_EQ(line.rfind("{\"format\":\"poolscope.events\"", 0), 0u) << line;
+  std::vector<std::uint64_t> seqs;
+  while (std::getline(in, line)) {
+    const std::string key = "{\"seq\":";
+    ASSERT_EQ(line.rfind(key, 0), 0u) << "not an event line: " << line;
+    seqs.push_back(std::stoull(line.substr(key.size())));
+  }
+  EXPECT_EQ(seqs, expected);
+  EXPECT_EQ(parse_event_log_text(g_at_crash).records.size(), expected.size());
+  std::remove(path.c_str());
+}
+
+// flush_and_write_through (the plug-in's exit handler): lines recorded after it are in the file
+// at once, without another flush and without destroying the recorder.
+TEST(recorder, after_flush_and_write_through_each_line_is_written_at_once) {
+  const std::string path = temp_path("through");
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};
+  recorder rec{path};
+  capture_hook cap;
+  const auto lines_in_file = [&path] {
+    const std::string text = slurp(path);
+    return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+  };
+  // The reference: the header and one line per operation the capture hook saw.
+  const auto lines_expected = [&cap] {
+    std::size_t n = 1;
+    for (const auto& c : cap.events()) {
+      n += one_line_per_operation(c.e) ? 1 : 0;
+    }
+    return n;
+  };
+  {
+    hooks::scoped_hook on_rec{rec};
+    hooks::scoped_hook on_cap{cap};
+    void* early = alloc.allocate({}, 1000);
+    ASSERT_GT(lines_expected(), 1u);
+    EXPECT_EQ(lines_in_file(), 0u) << "buffered until a flush";
+    ASSERT_TRUE(rec.flush_and_write_through());
+    EXPECT_EQ(lines_in_file(), lines_expected());
+    alloc.deallocate({}, early, 1000);
+    EXPECT_EQ(lines_in_file(), lines_expected());
+    void* late = alloc.allocate({}, 3000);
+    alloc.deallocate({}, late, 3000);
+    EXPECT_EQ(lines_in_file(), lines_expected());
+    // Read while the recorder is alive: nothing has flushed it since.
+    const event_log log = read_event_log(path);
+    ASSERT_FALSE(log.records.empty());
+    EXPECT_EQ(log.records.back().kind, hooks::event_kind::pool_free);
+    EXPECT_EQ(log.records.back().ptr, reinterpret_cast<std::uintptr_t>(late));
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

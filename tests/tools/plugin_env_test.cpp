@@ -210,6 +210,94 @@ TEST(plugin_env, unwritable_profile_path_is_refused_at_first_use) {
   std::filesystem::remove_all(dir);
 }
 
+// Frees that come after the plug-in's exit handler (PyTorch's static destructors, exit handlers
+// registered before the plug-in's first use) used to stay in the recorder's buffer and never
+// reach the file: the log showed blocks never freed. The child registers its exit handler before
+// the first poolscope_malloc, so it runs after the plug-in's, and frees a block there.
+using plugin_free_fn = void (*)(void*, ssize_t, int, void*);
+plugin_free_fn g_late_free = nullptr;
+void* g_late_block = nullptr;
+constexpr long late_bytes = 5000;
+
+void free_late_block() {
+  g_late_free(g_late_block, late_bytes, 7, nullptr);
+}
+
+TEST(plugin_env, frees_after_the_exit_handler_reach_the_event_log) {
+  const auto dir = fresh_dir("poolscope_plugin_env_late");
+  const std::string record = (dir / "events.jsonl").string();
+  constexpr int pairs = 3;
+  constexpr long bytes = 1000;
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("POOLSCOPE_RESOURCE", "host", 1);
+    ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
+    ::setenv("POOLSCOPE_RECORD", record.c_str(), 1);
+    ::unsetenv("POOLSCOPE_PROFILE");
+    void* h = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      std::_Exit(10);
+    }
+    using malloc_fn = void* (*)(ssize_t, int, void*);
+    auto m = reinterpret_cast<malloc_fn>(::dlsym(h, "poolscope_malloc"));
+    g_late_free = reinterpret_cast<plugin_free_fn>(::dlsym(h, "poolscope_free"));
+    if (m == nullptr || g_late_free == nullptr) {
+      std::_Exit(11);
+    }
+    // Registered before the plug-in's first use registers its own: runs after it.
+    if (std::atexit(free_late_block) != 0) {
+      std::_Exit(14);
+    }
+    for (int i = 0; i < pairs; ++i) {
+      void* p = m(bytes, 7, nullptr);
+      if (p == nullptr) {
+        std::_Exit(12);
+      }
+      g_late_free(p, bytes, 7, nullptr);
+    }
+    g_late_block = m(late_bytes, 7, nullptr);
+    if (g_late_block == nullptr) {
+      std::_Exit(12);
+    }
+    std::exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+
+  std::ifstream log(record);
+  ASSERT_TRUE(log.good()) << record;
+  std::string line;
+  std::string late_ptr;
+  int mallocs = 0;
+  int frees = 0;
+  bool late_freed = false;
+  while (std::getline(log, line)) {
+    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(j.is_object()) << line;
+    if (!j.contains("action")) {
+      continue;
+    }
+    const auto action = j["action"].get<std::string>();
+    if (action == "malloc") {
+      ++mallocs;
+      if (j["size"] == late_bytes) {
+        late_ptr = j["ptr"].get<std::string>();
+      }
+    } else if (action == "free") {
+      ++frees;
+      late_freed = late_freed || (!late_ptr.empty() && j["ptr"] == late_ptr);
+    }
+  }
+  EXPECT_EQ(mallocs, pairs + 1);
+  EXPECT_EQ(frees, pairs + 1);
+  EXPECT_FALSE(late_ptr.empty()) << "the late block's malloc is missing";
+  EXPECT_TRUE(late_freed) << "the free made after the plug-in's exit handler is missing:\n"
+                          << slurp(record);
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 #endif  // POOLSCOPE_ALLOC_PLUGIN_PATH

@@ -73,7 +73,9 @@ struct env_profilers {
 std::atomic<env_profilers*> g_env_profilers{nullptr};
 std::once_flag g_env_profilers_once;
 
-/// atexit: flush the event log and write the line profile. Never throws.
+/// atexit: flush the event log and write the line profile. Never throws. Frees can still come
+/// after this handler (static destructors, exit handlers registered before the plug-in's first
+/// use, which run after it): the event log writes those through, one line at a time.
 void finish_env_profilers() noexcept {
   env_profilers* e = g_env_profilers.load(std::memory_order_acquire);
   if (e == nullptr) {
@@ -81,7 +83,7 @@ void finish_env_profilers() noexcept {
   }
   try {
     if (e->recorder != nullptr) {
-      e->recorder->flush();
+      e->recorder->flush_and_write_through();
     }
     if (e->line_profiler != nullptr) {
       std::ofstream out(e->profile_path, std::ios::trunc);

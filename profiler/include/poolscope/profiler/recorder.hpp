@@ -21,7 +21,10 @@
 // written. ptr and stream are "0x..." hex strings; the rest are JSON numbers and strings.
 //
 // Buffering: lines go into one fixed buffer (buffer_bytes), written to the file with write(2)
-// when the next line does not fit, on flush(), and on destruction. On SIGSEGV, SIGBUS, SIGILL,
+// when the next line does not fit, on flush(), and on destruction. After
+// flush_and_write_through() (for the end of a program: frees made by static destructors and by
+// exit handlers that run later must still reach the file) every line is written as it comes.
+// On SIGSEGV, SIGBUS, SIGILL,
 // SIGFPE and SIGABRT the recorder's handler writes what is buffered (write(2) only:
 // async-signal-safe) and then hands the signal on to the handler that was installed before it
 // (or, if that was the default action, restores it and re-raises), so the log is complete up to
@@ -69,6 +72,11 @@ class recorder final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// Writes the buffered lines to the file. Returns false if the recorder is disabled.
   bool flush() noexcept;
+  /// Flushes, and from then on writes each line to the file as it is recorded (a write(2) per
+  /// line) instead of buffering it. For exit handlers: events that come after them (frees made
+  /// by static destructors, by exit handlers that run later) are written, not left in the buffer
+  /// with nobody to flush it. Returns false if the recorder is disabled.
+  bool flush_and_write_through() noexcept;
 
   /// Event lines written or buffered so far (the header not counted).
   [[nodiscard]] std::uint64_t lines() const noexcept {
@@ -99,6 +107,7 @@ class recorder final : public hooks::hook {
   std::unique_ptr<crash_view> view_;
   int slot_ = -1;  // index in the crash registry, -1 if not registered
   std::mutex mutex_;
+  bool write_through_ = false;  // guarded by mutex_
   std::atomic<bool> failed_{false};
   std::atomic<std::uint64_t> lines_{0};
 };
