@@ -4,6 +4,7 @@
 #include <charconv>
 #include <fstream>
 #include <istream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
@@ -305,10 +306,25 @@ void parse_json_lines(line_reader& reader, std::string first, const std::string&
           if (!d->is_number_integer()) {
             c.fail("field 'device' is not an integer");
           }
-          r.device = d->get<int>();
+          // get<int>() would wrap 4294967296 to device 0: a device is -1 (host) or an int.
+          const bool in_range = d->is_number_unsigned()
+                                    ? d->get<std::uint64_t>() <= std::numeric_limits<int>::max()
+                                    : d->get<std::int64_t>() >= -1 &&
+                                          d->get<std::int64_t>() <= std::numeric_limits<int>::max();
+          if (!in_range) {
+            c.fail("field 'device' value " + d->dump() + " is out of range [-1, " +
+                   std::to_string(std::numeric_limits<int>::max()) + "]");
+          }
+          r.device = static_cast<int>(d->get<std::int64_t>());
         }
         r.stream = json_pointer(j, "stream", c, false);
-        r.allocator_id = static_cast<std::uint32_t>(json_u64(j, "allocator_id", c, false));
+        const std::uint64_t allocator_id = json_u64(j, "allocator_id", c, false);
+        if (allocator_id > std::numeric_limits<std::uint32_t>::max()) {
+          c.fail("field 'allocator_id' value " + std::to_string(allocator_id) +
+                 " is out of range [0, " +
+                 std::to_string(std::numeric_limits<std::uint32_t>::max()) + "]");
+        }
+        r.allocator_id = static_cast<std::uint32_t>(allocator_id);
         r.ptr = json_pointer(j, "ptr", c, true);
         r.rounded = json_u64(j, "rounded", c, false);
         log.records.push_back(r);

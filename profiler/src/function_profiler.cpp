@@ -655,10 +655,44 @@ const scope_record* function_profile::find(std::string_view name) const noexcept
   return nullptr;
 }
 
+namespace {
+
+/// A scope name as one table cell: control characters (a newline would split the row in two)
+/// written as \n, \t, \r or \xHH, and a backslash as \\ so that the cell reads back unambiguously.
+std::string table_cell_text(std::string_view name) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(name.size());
+  for (const char ch : name) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += digits[c >> 4];
+      out += digits[c & 0xf];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string function_profile::to_table() const {
+  std::vector<std::string> names;
+  names.reserve(scopes.size());
   std::size_t width = 4;
   for (const auto& s : scopes) {
-    width = std::max(width, s.name.size());
+    names.push_back(table_cell_text(s.name));
+    width = std::max(width, names.back().size());
   }
   // The name column is padded here, not by snprintf: a name may be longer than any fixed
   // buffer (a __PRETTY_FUNCTION__ of a template), and a cut row would lose its end of line.
@@ -677,9 +711,10 @@ std::string function_profile::to_table() const {
   std::uint64_t gpu_ns = 0;
   std::uint64_t used = 0;
   std::uint64_t acquired = 0;
-  for (const auto& s : scopes) {
+  for (std::size_t i = 0; i < scopes.size(); ++i) {
+    const scope_record& s = scopes[i];
     const std::string gpu_text = s.gpu_total_ns ? format_ns(*s.gpu_total_ns) : "-";
-    name_cell(out, s.name);
+    name_cell(out, names[i]);
     std::snprintf(buf, sizeof buf, " %8" PRIu64 " %12s %12s %12s %12s %12s %12s\n", s.calls,
                   format_ns(s.cpu_total_ns).c_str(), format_ns(s.cpu_self_ns).c_str(),
                   gpu_text.c_str(), format_ns(static_cast<std::uint64_t>(s.cpu_avg_ns())).c_str(),
@@ -734,9 +769,13 @@ namespace {
 
 [[noreturn]] void bad_profile_field(std::string_view where, const char* field,
                                     const nlohmann::json& value, const char* expected) {
-  throw invalid_argument(
-      "poolscope: function profile " + std::string(where) + "field '" + field + "' is " +
-      value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + ", not " + expected);
+  // An array or an object is named by its type: dump() recurses once per level, and a crafted
+  // value nested 100,000 deep would overflow the stack.
+  const std::string shown =
+      value.is_structured() ? std::string("an ") + value.type_name()
+                            : value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  throw invalid_argument("poolscope: function profile " + std::string(where) + "field '" + field +
+                         "' is " + shown + ", not " + expected);
 }
 
 const nlohmann::json& profile_field(const nlohmann::json& j, std::string_view where,
@@ -775,6 +814,10 @@ function_profile function_profile::from_json(std::string_view json) {
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument(std::string("poolscope: not a function profile JSON: ") + e.what());
   }
+  return from_json_document(j);
+}
+
+function_profile function_profile::from_json_document(const nlohmann::json& j) {
   if (!j.is_object()) {
     throw invalid_argument("poolscope: not a function profile JSON: not an object");
   }

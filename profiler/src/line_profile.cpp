@@ -1,9 +1,11 @@
 #include "poolscope/profiler/line_profile.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -24,6 +26,8 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
+// "0x1a2b" or "1a2b", at most 64 bits. std::stoull would also take "-1" (negated, to 2^64-1),
+// " 1a" and "+1a": only hex digits are accepted here.
 std::uint64_t parse_hex(const nlohmann::json& j, const char* field) {
   if (j.is_number_unsigned()) {
     return j.get<std::uint64_t>();
@@ -32,19 +36,42 @@ std::uint64_t parse_hex(const nlohmann::json& j, const char* field) {
     throw invalid_argument(std::string("poolscope: line profile field '") + field +
                            "' is not a hex string");
   }
-  const std::string s = j.get<std::string>();
-  std::size_t used = 0;
-  std::uint64_t v = 0;
-  try {
-    v = std::stoull(s, &used, 16);
-  } catch (const std::exception&) {
-    used = 0;
+  const std::string& s = j.get_ref<const std::string&>();
+  std::string_view digits = s;
+  if (digits.size() > 2 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) {
+    digits.remove_prefix(2);
   }
-  if (used != s.size() || s.empty()) {
-    throw invalid_argument(std::string("poolscope: line profile field '") + field + "' value '" +
-                           s + "' is not a hex number");
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v, 16);
+  if (digits.empty() || ec != std::errc{} || end != digits.data() + digits.size()) {
+    throw invalid_argument(
+        std::string("poolscope: line profile field '") + field + "' value '" + s +
+        (ec == std::errc::result_out_of_range ? "' is out of range (more than 64 bits)"
+                                              : "' is not a hex number"));
   }
   return v;
+}
+
+/// `v` for a message: scalars as JSON, arrays and objects by their type (dump() recurses once per
+/// level, and a crafted value may be nested 100,000 deep).
+std::string shown(const nlohmann::json& v) {
+  return v.is_structured() ? std::string("an ") + v.type_name()
+                           : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+/// An integer field that must fit [lo, hi]; get<int>() would wrap 4294967297 to 1.
+std::int64_t get_bounded_int(const nlohmann::json& v, const char* field, std::int64_t lo,
+                             std::int64_t hi) {
+  const bool in_range =
+      v.is_number_unsigned()
+          ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi)
+          : v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+  if (!in_range) {
+    throw invalid_argument(std::string("poolscope: line profile field '") + field + "' value " +
+                           shown(v) + " is not an integer in [" + std::to_string(lo) + ", " +
+                           std::to_string(hi) + "]");
+  }
+  return v.get<std::int64_t>();
 }
 
 std::string short_bytes(std::uint64_t bytes) {
@@ -162,10 +189,7 @@ profile_node node_from_json(const nlohmann::json& j, std::size_t depth) {
   n.file = get_string(j, "file");
   n.module = get_string(j, "module");
   if (auto it = j.find("line"); it != j.end()) {
-    if (!it->is_number_integer()) {
-      throw invalid_argument("poolscope: line profile field 'line' is not an integer");
-    }
-    n.line = it->get<int>();
+    n.line = static_cast<int>(get_bounded_int(*it, "line", 0, std::numeric_limits<int>::max()));
   }
   if (auto it = j.find("offset"); it != j.end()) {
     n.offset = parse_hex(*it, "offset");
@@ -393,14 +417,20 @@ line_profile line_profile::from_json(std::string_view json) {
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument(std::string("poolscope: not a JSON line profile: ") + e.what());
   }
+  return from_json_document(j);
+}
+
+line_profile line_profile::from_json_document(const nlohmann::json& j) {
   if (!j.is_object() || get_string(j, "format") != format_name) {
     throw invalid_argument(std::string("poolscope: not a line profile (expected \"format\": \"") +
                            format_name + "\")");
   }
+  // Compared as JSON: get<int>() would take 4294967297 for version 1.
   if (auto v = j.find("version");
-      v == j.end() || !v->is_number_integer() || v->get<int>() != format_version) {
-    throw invalid_argument("poolscope: unsupported line profile version (this build reads " +
-                           std::to_string(format_version) + ")");
+      v == j.end() || !v->is_number_integer() || *v != nlohmann::json(format_version)) {
+    throw invalid_argument("poolscope: unsupported line profile version " +
+                           (v == j.end() ? std::string("(none)") : shown(*v)) +
+                           " (this build reads " + std::to_string(format_version) + ")");
   }
   line_profile p;
   try {

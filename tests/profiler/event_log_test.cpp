@@ -130,6 +130,32 @@ TEST(event_log, bad_fields_are_named) {
   EXPECT_EQ(error_of("\n\n{\"format\":\"other\"}\n").line(), 3u);
 }
 
+// "device" was read with get<int>() and "allocator_id" cut to 32 bits: 4294967296 loaded as
+// device 0 and allocator 0 without a word. Out-of-range values are refused, naming the field
+// and the value; the extremes that fit still load.
+TEST(event_log, out_of_range_device_and_allocator_id_are_refused) {
+  const auto line = [](const std::string& device, const std::string& id) {
+    return std::string(k_header) + "{\"seq\":1,\"device\":" + device + ",\"allocator_id\":" + id +
+           ",\"action\":\"malloc\",\"ptr\":\"0x10\",\"size\":1}\n";
+  };
+  const auto what_of = [&line](const std::string& device, const std::string& id) {
+    return std::string(error_of(line(device, id)).what());
+  };
+  for (const char* device : {"4294967296", "2147483648", "-2", "-4294967295"}) {
+    const std::string what = what_of(device, "1");
+    EXPECT_NE(what.find("'device' value " + std::string(device)), std::string::npos) << what;
+  }
+  for (const char* id : {"4294967296", "18446744073709551615"}) {
+    const std::string what = what_of("0", id);
+    EXPECT_NE(what.find("'allocator_id' value " + std::string(id)), std::string::npos) << what;
+  }
+  const event_log ok = parse_event_log_text(line("2147483647", "4294967295"));
+  ASSERT_EQ(ok.records.size(), 1u);
+  EXPECT_EQ(ok.records[0].device, 2147483647);
+  EXPECT_EQ(ok.records[0].allocator_id, 4294967295u);
+  EXPECT_EQ(parse_event_log_text(line("-1", "0")).records.at(0).device, -1);
+}
+
 const char* const k_rmm_sample =
     "Thread,Time,Action,Pointer,Size,Stream\n"
     "140213,14:02:31.123456,allocate,0x7f1a00000000,1024,0x0\n"

@@ -446,6 +446,28 @@ TEST(function_profiler, table_rows_stay_whole_with_long_names) {
   EXPECT_EQ(rows[3].rfind("total: 2 scopes, 4 calls", 0), 0U);
 }
 
+TEST(function_profiler, table_rows_stay_whole_with_control_characters_in_names) {
+  // A name with a newline (a scope named from data, or a loaded profile) split its row in two:
+  // the columns went to a line of their own and the table had one row too many.
+  function_profile p = sample_profile();
+  p.scopes[0].name = "load\nfile\t\x01\\x";
+  const std::string shown = R"(load\nfile\t\x01\\x)";  // written by hand: the reference
+  std::istringstream in(p.to_table());
+  std::vector<std::string> rows;
+  for (std::string line; std::getline(in, line);) {
+    rows.push_back(line);
+  }
+  ASSERT_EQ(rows.size(), 4U) << p.to_table();  // header, two scopes, summary
+  EXPECT_EQ(rows[1].rfind(shown + " ", 0), 0U) << rows[1];
+  std::istringstream cells(rows[1].substr(shown.size()));
+  std::string calls;
+  cells >> calls;
+  EXPECT_EQ(calls, "3");
+  // The column is as wide as the name as shown.
+  EXPECT_EQ(rows[0].rfind("name" + std::string(shown.size() - 4, ' ') + " ", 0), 0U) << rows[0];
+  EXPECT_EQ(rows[2].rfind("inner" + std::string(shown.size() - 5, ' ') + " ", 0), 0U) << rows[2];
+}
+
 TEST(function_profiler, from_json_refuses_negative_and_fractional_figures) {
   // nlohmann's get<std::uint64_t>() turns -1 into 2^64-1 and 2.5 into 2 without a word: a
   // hand-edited or foreign profile must be refused instead, naming the field and its value.

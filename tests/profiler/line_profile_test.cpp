@@ -249,6 +249,70 @@ TEST(line_profile, from_json_rejects_other_documents) {
   }
 }
 
+/// The invalid_argument message of loading `json`; fails the test if it loads.
+std::string load_error(const std::string& json) {
+  try {
+    (void)line_profile::from_json(json);
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "loaded:\n" << json;
+  return {};
+}
+
+/// sample().to_json() with the first `"key": old` replaced by `"key": replacement`.
+std::string with_field(const std::string& key, const std::string& old,
+                       const std::string& replacement) {
+  std::string json = sample().to_json();
+  const std::string from = "\"" + key + "\": " + old;
+  const auto at = json.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) {
+    json.replace(at, from.size(), "\"" + key + "\": " + replacement);
+  }
+  return json;
+}
+
+// "version" and "line" went through get<int>() (4294967297 read as version 1, a line 2^32 + 7 as
+// line 7), and hex fields through std::stoull, which negates a leading '-' ("-0x10" loaded as
+// 2^64 - 16). Each is refused, naming the field and the value.
+TEST(line_profile, from_json_refuses_out_of_range_and_negative_values) {
+  const std::string json = sample().to_json();
+  ASSERT_NE(json.find("\"version\": 1"), std::string::npos);
+  std::string what = load_error(with_field("version", "1", "4294967297"));
+  EXPECT_NE(what.find("version 4294967297"), std::string::npos) << what;
+  what = load_error(with_field("version", "1", "-4294967295"));
+  EXPECT_NE(what.find("version -4294967295"), std::string::npos) << what;
+
+  const auto line_at = json.find("\"line\": ");
+  ASSERT_NE(line_at, std::string::npos);
+  const std::string line_value =
+      json.substr(line_at + 8, json.find_first_of(",\n", line_at) - line_at - 8);
+  for (const char* bad : {"4294967303", "2147483648", "-1"}) {
+    what = load_error(with_field("line", line_value, bad));
+    EXPECT_NE(what.find("'line' value " + std::string(bad)), std::string::npos) << what;
+  }
+  what = load_error(with_field("line", line_value, "[1]"));
+  EXPECT_NE(what.find("'line' value an array"), std::string::npos) << what;
+
+  const auto offset_at = json.find("\"offset\": ");
+  ASSERT_NE(offset_at, std::string::npos);
+  const std::string offset_value =
+      json.substr(offset_at + 10, json.find_first_of(",\n", offset_at) - offset_at - 10);
+  for (const char* bad :
+       {"\"-0x10\"", "\"-1\"", "\" 10\"", "\"+10\"", "\"0x\"", "\"0x10000000000000000\""}) {
+    what = load_error(with_field("offset", offset_value, bad));
+    const std::string unquoted = std::string(bad).substr(1, std::string(bad).size() - 2);
+    EXPECT_NE(what.find("'offset' value '" + unquoted + "'"), std::string::npos) << what;
+  }
+  // The largest values that fit still load (the first node written is the root).
+  EXPECT_EQ(line_profile::from_json(with_field("offset", offset_value, "\"0xffffffffffffffff\""))
+                .root.offset,
+            UINT64_MAX);
+  EXPECT_EQ(line_profile::from_json(with_field("line", line_value, "2147483647")).root.line,
+            2147483647);
+}
+
 /// A line profile document whose nodes are nested `levels` deep (root included), written as
 /// text so that nothing here recurses over it.
 std::string nested_profile_json(std::size_t levels) {

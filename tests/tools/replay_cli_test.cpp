@@ -183,6 +183,40 @@ TEST(replay_cli, corrupt_line_is_named) {
   }
 }
 
+// A log line nested 200,000 deep: nlohmann's parser and destructor do not recurse, and the
+// reader never prints a value it refuses, so `poolscope replay` names the line instead of
+// overflowing the stack; nesting in a field nobody reads changes nothing.
+TEST(replay_cli, deeply_nested_line_is_named_not_a_crash) {
+  const std::string brackets = std::string(200000, '[') + std::string(200000, ']');
+  std::string text = hand_log();
+  const auto second = text.find('\n', text.find('\n') + 1);  // end of line 2
+  text.insert(second - 1, R"(,"extra":)" + brackets);        // before line 2's closing brace
+  text.insert(text.size() - 2, R"(,"note":)" + brackets);    // before the last line's "}\n"
+  const std::string ok = write_file("poolscope-replay-deep", text);
+  const json fine = replay_json({"--allocators", "naive"}, ok);
+  const json clean =
+      replay_json({"--allocators", "naive"}, write_file("poolscope-replay-deep-ref", hand_log()));
+  // What the log says (not the latencies, which are measured) is the same as without nesting.
+  EXPECT_EQ(fine["records"], clean["records"]);
+  ASSERT_EQ(fine["results"].size(), 1U);
+  EXPECT_EQ(fine["results"][0]["final_stats"], clean["results"][0]["final_stats"]);
+  EXPECT_EQ(fine["results"][0]["final_stats"]["peak_requested"], 5000);
+
+  std::string bad = hand_log();
+  const std::string host_device = R"("device":-1)";
+  const auto device = bad.find(host_device, bad.find('\n') + 1);  // line 2
+  bad.replace(device, host_device.size(), R"("device":)" + brackets);
+  const std::string log = write_file("poolscope-replay-deep-bad", bad);
+  try {
+    (void)run_cli({"replay", log, "--allocators", "naive"});
+    FAIL() << "no error for a nested device";
+  } catch (const poolscope::profiler::parse_error& e) {
+    EXPECT_EQ(e.line(), 2U);
+    EXPECT_NE(std::string(e.what()).find("'device'"), std::string::npos)
+        << std::string(e.what()).substr(0, 300);
+  }
+}
+
 TEST(replay_cli, truncated_last_line_is_named) {
   std::string text = hand_log();
   text.resize(text.size() - 20);  // cut line 7 in the middle, no newline

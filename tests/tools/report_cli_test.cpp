@@ -165,6 +165,63 @@ TEST(report_cli, run_report_with_one_profile_or_none) {
   }
 }
 
+/// A run report whose "profiles" member is `profiles` (JSON text), written as text so that
+/// nothing in the test recurses over it.
+std::string write_raw_run_report(const std::string& profiles) {
+  const std::string path = temp_path("poolscope-run-report") + ".json";
+  std::ofstream f(path);
+  f << "{\"schema\":\"" << poolscope::profiler::report_schema << "\",\"profiles\":" << profiles
+    << "}";
+  return path;
+}
+
+// `poolscope report` re-serialised a run report's embedded profiles (dump(), which recurses once
+// per level) before parsing them again: a crafted report nested 200,000 deep overflowed the
+// stack before the line profile's depth check ran. Now the parsed documents are used as they
+// are, and a deeply nested value is refused with an error naming the profile.
+TEST(report_cli, deeply_nested_run_report_is_refused_not_a_crash) {
+  constexpr std::size_t levels = 200000;
+  const std::string self =
+      R"("self":{"count":1,"used":8,"rounded":8,"freed":0,"live":8,"live_at_peak":8,)"
+      R"("acquire_count":0,"acquired":0,"live_acquired":0})";
+  std::string line =
+      R"({"format":"poolscope.line_profile","version":1,"unwinder":"frame_pointer",)"
+      R"("symbolizer":"none","max_depth":256,"complete":true,"events":1,)"
+      R"("unmatched_frees":0,"truncated_stacks":0,"peak_live":8,"peak_seq":1,"root":)";
+  for (std::size_t i = 0; i < levels; ++i) {
+    line += "{\"function\":\"f\"," + self + ",\"children\":[";
+  }
+  for (std::size_t i = 0; i < levels; ++i) {
+    line += "]}";
+  }
+  line += "}";
+  const std::string deep_line = write_raw_run_report("{\"line\":" + line + "}");
+  std::string m = error_of({"report", deep_line});
+  EXPECT_NE(m.find("profiles.line"), std::string::npos) << m.substr(0, 500);
+  EXPECT_NE(m.find("nested more than 1024"), std::string::npos) << m.substr(0, 500);
+  m = error_of({"report", deep_line, "--folded"});
+  EXPECT_NE(m.find("nested more than 1024"), std::string::npos) << m.substr(0, 500);
+
+  // A function profile has no nesting of its own: a nested value where a flag belongs is named
+  // by its type (printing it would recurse as deep).
+  const std::string brackets = std::string(levels, '[') + std::string(levels, ']');
+  const std::string deep_function =
+      write_raw_run_report(R"({"function":{"gpu_timing":)" + brackets +
+                           R"(,"gpu_pending":0,"gpu_dropped":0,"scopes":[]}})");
+  m = error_of({"report", deep_function});
+  EXPECT_NE(m.find("profiles.function"), std::string::npos) << m.substr(0, 500);
+  EXPECT_NE(m.find("'gpu_timing' is an array"), std::string::npos) << m.substr(0, 500);
+
+  // Nesting where nothing reads it (the parser and the destructor do not recurse) is harmless.
+  const std::string elsewhere = write_raw_run_report(
+      "{\"line\":" + json::parse(stacks_profile().to_json()).dump() + ",\"x\":" + brackets + "}");
+  EXPECT_EQ(run_report_cli({"report", elsewhere}),
+            "line profile (profiles.line):\n" + stacks_profile().to_text());
+  for (const auto& p : {deep_line, deep_function, elsewhere}) {
+    std::remove(p.c_str());
+  }
+}
+
 }  // namespace
 
 #endif  // POOLSCOPE_TEST_REPLAY_CLI

@@ -38,20 +38,23 @@ struct report_command {
   std::string metric = "used";
 };
 
-profiler::line_profile parse_line_profile(const report_command& cmd, const std::string& text,
+// The documents are taken as parsed, never serialised again: dump() recurses once per level,
+// and a crafted file nested 100,000 deep would overflow the stack before the profiles' own depth
+// checks ran. (nlohmann's parser and destructor do not recurse.)
+profiler::line_profile parse_line_profile(const report_command& cmd, const nlohmann::json& doc,
                                           const std::string& where) {
   try {
-    return profiler::line_profile::from_json(text);
+    return profiler::line_profile::from_json_document(doc);
   } catch (const std::exception& e) {
     throw invalid_argument("poolscope report: '" + cmd.file + "'" + where + ": " + e.what());
   }
 }
 
 profiler::function_profile parse_function_profile(const report_command& cmd,
-                                                  const std::string& text,
+                                                  const nlohmann::json& doc,
                                                   const std::string& where) {
   try {
-    return profiler::function_profile::from_json(text);
+    return profiler::function_profile::from_json_document(doc);
   } catch (const std::exception& e) {
     throw invalid_argument("poolscope report: '" + cmd.file + "'" + where + ": " + e.what());
   }
@@ -83,8 +86,7 @@ void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_
                              "' is a run report without a line profile (profiles.line); "
                              "--folded needs one");
     }
-    print_line_profile(cmd, parse_line_profile(cmd, line->dump(), " (profiles.line)"), threshold,
-                       metric);
+    print_line_profile(cmd, parse_line_profile(cmd, *line, " (profiles.line)"), threshold, metric);
     return;
   }
   if (!have_function && !have_line) {
@@ -96,10 +98,10 @@ void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_
   std::optional<profiler::function_profile> fp;
   std::optional<profiler::line_profile> lp;
   if (have_function) {
-    fp = parse_function_profile(cmd, function->dump(), " (profiles.function)");
+    fp = parse_function_profile(cmd, *function, " (profiles.function)");
   }
   if (have_line) {
-    lp = parse_line_profile(cmd, line->dump(), " (profiles.line)");
+    lp = parse_line_profile(cmd, *line, " (profiles.line)");
   }
   if (fp) {
     std::cout << "function profile (profiles.function):\n" << fp->to_table();
@@ -127,7 +129,7 @@ void run_report(const report_command& cmd) {
     return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
   if (string_field("format") == "poolscope.line_profile") {
-    print_line_profile(cmd, parse_line_profile(cmd, text, ""), threshold, metric);
+    print_line_profile(cmd, parse_line_profile(cmd, doc, ""), threshold, metric);
   } else if (string_field("schema") == profiler::report_schema) {
     // Checked before "scopes": a run report has a "scopes" summary of its own.
     report_run(cmd, doc, threshold, metric);
@@ -136,7 +138,7 @@ void run_report(const report_command& cmd) {
       throw invalid_argument("poolscope report: '" + cmd.file +
                              "' is a function profile; --folded needs a line profile");
     }
-    std::cout << parse_function_profile(cmd, text, "").to_table();
+    std::cout << parse_function_profile(cmd, doc, "").to_table();
   } else {
     throw invalid_argument("poolscope report: '" + cmd.file +
                            "' is neither a line profile (format \"poolscope.line_profile\"), a "

@@ -60,6 +60,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -102,7 +103,9 @@ struct function_profile {
 
   /// The record for `name`, or nullptr.
   [[nodiscard]] const scope_record* find(std::string_view name) const noexcept;
-  /// A text table, one row per scope, sorted as `scopes`; the last line sums it up.
+  /// A text table, one row per scope, sorted as `scopes`; the last line sums it up. Control
+  /// characters in names are written escaped (\n, \t, \r, \xHH; a backslash as \\), so that
+  /// each row stays one line.
   [[nodiscard]] std::string to_table() const;
   /// JSON: {"gpu_timing":..,"gpu_pending":..,"gpu_dropped":..,"scopes":[{"name":..,...}]}.
   /// gpu_total_ns is null where absent.
@@ -110,6 +113,9 @@ struct function_profile {
   /// Parses what to_json wrote. Throws invalid_argument naming the field and its value on
   /// malformed input (a count, time or byte figure that is not a non-negative integer included).
   [[nodiscard]] static function_profile from_json(std::string_view json);
+  /// The same, from a document already parsed (a run report's "profiles.function"). Same
+  /// errors; a malformed value is named by its type, not printed, when it is an array or object.
+  [[nodiscard]] static function_profile from_json_document(const nlohmann::json& doc);
 
   friend bool operator==(const function_profile&, const function_profile&) = default;
 };

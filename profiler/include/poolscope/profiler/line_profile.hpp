@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -119,6 +120,9 @@ class line_profile {
   /// Throws poolscope::invalid_argument naming what is wrong if `json` is not such a document
   /// (nodes nested more than 1024 deep included: the profiler writes at most 257 levels).
   [[nodiscard]] static line_profile from_json(std::string_view json);
+  /// The same, from a document already parsed (a run report's "profiles.line"): nothing is
+  /// serialised again, so no recursion deeper than the node check allows. Same errors.
+  [[nodiscard]] static line_profile from_json_document(const nlohmann::json& doc);
 
   /// Recomputes every node's `total` from the `self` figures below it.
   void recompute_totals();
