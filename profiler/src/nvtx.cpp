@@ -55,7 +55,14 @@ void nvtx_mark(std::string_view message, category c, std::uint64_t payload) noex
     return;
   }
   char buf[256];
-  const std::size_t n = std::min(message.size(), sizeof buf - 1);
+  std::size_t n = std::min(message.size(), sizeof buf - 1);
+  if (n < message.size()) {
+    // Cut before a whole UTF-8 character: step back over continuation bytes (10xxxxxx) so that
+    // the first byte left out starts a character, and no lead byte is left without its tail.
+    while (n > 0 && (static_cast<unsigned char>(message[n]) & 0xC0U) == 0x80U) {
+      --n;
+    }
+  }
   std::memcpy(buf, message.data(), n);
   buf[n] = '\0';
   detail::nvtx_seam::mark(d, c, buf, payload);

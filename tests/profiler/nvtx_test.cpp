@@ -394,6 +394,25 @@ TEST_F(nvtx_injection, nvtx_mark_and_global_allocator_marks) {
   EXPECT_EQ(got[2]["message"].get<std::string>().rfind("pool_malloc/post 64 B", 0), 0U);
 }
 
+// A message longer than 255 bytes was cut at byte 255 wherever that fell: inside a UTF-8
+// character, leaving a lead byte without its tail (invalid UTF-8 in the tool's trace). It is now
+// cut before the whole character.
+TEST_F(nvtx_injection, nvtx_mark_cuts_long_messages_between_characters) {
+  const std::string a254(254, 'a');
+  const std::string a253(253, 'a');
+  // 254 + "é" (2 bytes) straddles byte 255; 253 + "€" (3 bytes) too; 255 ASCII bytes fit whole.
+  poolscope::profiler::nvtx_mark(a254 + "\xc3\xa9tail");
+  poolscope::profiler::nvtx_mark(a253 + "\xe2\x82\xactail");
+  poolscope::profiler::nvtx_mark(a253 + "\xc3\xa9tail");  // "é" ends at byte 255: kept
+  poolscope::profiler::nvtx_mark(std::string(300, 'b'));
+  const auto got = only(recorded(), "DomainMarkEx");
+  ASSERT_EQ(got.size(), 4U);
+  EXPECT_EQ(got[0]["message"].get<std::string>(), a254);
+  EXPECT_EQ(got[1]["message"].get<std::string>(), a253);
+  EXPECT_EQ(got[2]["message"].get<std::string>(), a253 + "\xc3\xa9");
+  EXPECT_EQ(got[3]["message"].get<std::string>(), std::string(255, 'b'));
+}
+
 TEST_F(nvtx_injection, memory_hook_best_fit_heaps_and_regions) {
   poolscope::pool::host_resource host;
   poolscope::profiler::nvtx_memory_hook heaps;

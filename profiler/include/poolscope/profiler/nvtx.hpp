@@ -35,7 +35,7 @@ inline constexpr std::string_view nvtx_domain_name = "poolscope";
 [[nodiscard]] bool nvtx_tool_attached() noexcept;
 
 /// An instantaneous NVTX mark in the "poolscope" domain with `message` and an unsigned payload.
-/// Never throws; messages longer than 255 bytes are cut.
+/// Never throws; messages longer than 255 bytes are cut, before a whole UTF-8 character.
 void nvtx_mark(std::string_view message, category c = category::user,
                std::uint64_t payload = 0) noexcept;
 
