@@ -18,38 +18,76 @@
 
 namespace {
 
-/// In the child: load the plug-in, make `pairs` malloc/free pairs of `bytes` on device key 7.
-[[noreturn]] void child_workload(int pairs, long bytes) {
+/// What a child process does: the plug-in's environment, where its stderr goes, its workload.
+struct child_setup {
+  std::string record;       ///< POOLSCOPE_RECORD
+  std::string profile;      ///< POOLSCOPE_PROFILE (empty: unset)
+  std::string stderr_path;  ///< the child's stderr goes there (empty: inherited)
+  int pairs = 0;            ///< malloc/free pairs of `bytes` on device key 7
+  long bytes = 0;
+  /// Then a block of late_bytes, freed by an exit handler that runs after the plug-in's.
+  bool late_free = false;
+};
+
+using plugin_malloc_fn = void* (*)(ssize_t, int, void*);
+using plugin_free_fn = void (*)(void*, ssize_t, int, void*);
+plugin_free_fn g_free = nullptr;
+void* g_late_block = nullptr;
+constexpr long late_bytes = 5000;
+
+void free_late_block() {
+  g_free(g_late_block, late_bytes, 7, nullptr);
+}
+
+/// In the child: load the plug-in, run the workload, write "workload done" to stderr, and exit
+/// normally (which runs the plug-in's exit handler).
+[[noreturn]] void child_main(const child_setup& s) {
+  if (!s.stderr_path.empty() && std::freopen(s.stderr_path.c_str(), "w", stderr) == nullptr) {
+    std::_Exit(13);
+  }
+  ::setenv("POOLSCOPE_RESOURCE", "host", 1);
+  ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
+  ::setenv("POOLSCOPE_RECORD", s.record.c_str(), 1);
+  if (s.profile.empty()) {
+    ::unsetenv("POOLSCOPE_PROFILE");
+  } else {
+    ::setenv("POOLSCOPE_PROFILE", s.profile.c_str(), 1);
+  }
+  ::setenv("POOLSCOPE_LOG", "warn", 1);
   void* h = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     std::_Exit(10);
   }
-  using malloc_fn = void* (*)(ssize_t, int, void*);
-  using free_fn = void (*)(void*, ssize_t, int, void*);
-  auto m = reinterpret_cast<malloc_fn>(::dlsym(h, "poolscope_malloc"));
-  auto f = reinterpret_cast<free_fn>(::dlsym(h, "poolscope_free"));
-  if (m == nullptr || f == nullptr) {
+  auto m = reinterpret_cast<plugin_malloc_fn>(::dlsym(h, "poolscope_malloc"));
+  g_free = reinterpret_cast<plugin_free_fn>(::dlsym(h, "poolscope_free"));
+  if (m == nullptr || g_free == nullptr) {
     std::_Exit(11);
   }
-  for (int i = 0; i < pairs; ++i) {
-    void* p = m(bytes, 7, nullptr);
+  // Registered before the plug-in's first use registers its own handler: runs after it.
+  if (s.late_free && std::atexit(free_late_block) != 0) {
+    std::_Exit(14);
+  }
+  for (int i = 0; i < s.pairs; ++i) {
+    void* p = m(s.bytes, 7, nullptr);
     if (p == nullptr) {
       std::_Exit(12);
     }
-    f(p, bytes, 7, nullptr);
+    g_free(p, s.bytes, 7, nullptr);
   }
-  std::exit(0);  // runs the plug-in's exit handler
+  if (s.late_free && (g_late_block = m(late_bytes, 7, nullptr)) == nullptr) {
+    std::_Exit(12);
+  }
+  std::fputs("workload done\n", stderr);
+  std::fflush(stderr);
+  std::exit(0);
 }
 
-int run_child(const std::string& record, const std::string& profile, int pairs, long bytes) {
+/// Runs child_main(s) in a child process; its exit status (100 + signal if killed).
+int run_child(const child_setup& s) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::setenv("POOLSCOPE_RESOURCE", "host", 1);
-    ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
-    ::setenv("POOLSCOPE_RECORD", record.c_str(), 1);
-    ::setenv("POOLSCOPE_PROFILE", profile.c_str(), 1);
-    child_workload(pairs, bytes);
+    child_main(s);
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -64,7 +102,13 @@ TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
   const std::string profile = (dir / "profile.json").string();
   constexpr int pairs = 5;
   constexpr long bytes = 3000;  // best_fit rounds to 3072
-  ASSERT_EQ(run_child(record, profile, pairs, bytes), 0);
+  ASSERT_EQ(run_child({.record = record,
+                       .profile = profile,
+                       .stderr_path = "",
+                       .pairs = pairs,
+                       .bytes = bytes,
+                       .late_free = false}),
+            0);
 
   // The event log: every line is JSON; the pool mallocs and frees are all there.
   std::ifstream log(record);
@@ -93,48 +137,6 @@ TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
   std::filesystem::remove_all(dir);
 }
 
-/// Runs child_workload with the plug-in's environment set, the child's stderr going to
-/// `stderr_path`; after the workload the child writes "workload done" to stderr, then exits.
-int run_child_logged(const std::string& record, const std::string& profile,
-                     const std::string& stderr_path, int pairs, long bytes) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    if (std::freopen(stderr_path.c_str(), "w", stderr) == nullptr) {
-      std::_Exit(13);
-    }
-    ::setenv("POOLSCOPE_RESOURCE", "host", 1);
-    ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
-    ::setenv("POOLSCOPE_RECORD", record.c_str(), 1);
-    ::setenv("POOLSCOPE_PROFILE", profile.c_str(), 1);
-    ::setenv("POOLSCOPE_LOG", "warn", 1);
-    void* h = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      std::_Exit(10);
-    }
-    using malloc_fn = void* (*)(ssize_t, int, void*);
-    using free_fn = void (*)(void*, ssize_t, int, void*);
-    auto m = reinterpret_cast<malloc_fn>(::dlsym(h, "poolscope_malloc"));
-    auto f = reinterpret_cast<free_fn>(::dlsym(h, "poolscope_free"));
-    if (m == nullptr || f == nullptr) {
-      std::_Exit(11);
-    }
-    for (int i = 0; i < pairs; ++i) {
-      void* p = m(bytes, 7, nullptr);
-      if (p == nullptr) {
-        std::_Exit(12);
-      }
-      f(p, bytes, 7, nullptr);
-    }
-    std::fputs("workload done\n", stderr);
-    std::fflush(stderr);
-    std::exit(0);  // runs the plug-in's exit handler
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
-}
-
 std::string slurp(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -157,7 +159,13 @@ TEST(plugin_env, profile_on_the_record_file_is_refused_and_the_event_log_kept) {
   const std::string err = (dir / "stderr.txt").string();
   constexpr int pairs = 4;
   constexpr long bytes = 2000;
-  ASSERT_EQ(run_child_logged(record, record, err, pairs, bytes), 0);
+  ASSERT_EQ(run_child({.record = record,
+                       .profile = record,
+                       .stderr_path = err,
+                       .pairs = pairs,
+                       .bytes = bytes,
+                       .late_free = false}),
+            0);
 
   std::ifstream log(record);
   ASSERT_TRUE(log.good()) << record;
@@ -194,7 +202,13 @@ TEST(plugin_env, unwritable_profile_path_is_refused_at_first_use) {
   const std::string record = (dir / "events.jsonl").string();
   const std::string profile = (dir / "no_such_dir" / "profile.json").string();
   const std::string err = (dir / "stderr.txt").string();
-  ASSERT_EQ(run_child_logged(record, profile, err, 3, 1000), 0);
+  ASSERT_EQ(run_child({.record = record,
+                       .profile = profile,
+                       .stderr_path = err,
+                       .pairs = 3,
+                       .bytes = 1000,
+                       .late_free = false}),
+            0);
   const std::string text = slurp(err);
   const auto refused = text.find("POOLSCOPE_PROFILE ignored: '" + profile + "'");
   ASSERT_NE(refused, std::string::npos) << text;
@@ -214,57 +228,18 @@ TEST(plugin_env, unwritable_profile_path_is_refused_at_first_use) {
 // registered before the plug-in's first use) used to stay in the recorder's buffer and never
 // reach the file: the log showed blocks never freed. The child registers its exit handler before
 // the first poolscope_malloc, so it runs after the plug-in's, and frees a block there.
-using plugin_free_fn = void (*)(void*, ssize_t, int, void*);
-plugin_free_fn g_late_free = nullptr;
-void* g_late_block = nullptr;
-constexpr long late_bytes = 5000;
-
-void free_late_block() {
-  g_late_free(g_late_block, late_bytes, 7, nullptr);
-}
-
 TEST(plugin_env, frees_after_the_exit_handler_reach_the_event_log) {
   const auto dir = fresh_dir("poolscope_plugin_env_late");
   const std::string record = (dir / "events.jsonl").string();
   constexpr int pairs = 3;
   constexpr long bytes = 1000;
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("POOLSCOPE_RESOURCE", "host", 1);
-    ::setenv("POOLSCOPE_ALLOCATOR", "best_fit", 1);
-    ::setenv("POOLSCOPE_RECORD", record.c_str(), 1);
-    ::unsetenv("POOLSCOPE_PROFILE");
-    void* h = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      std::_Exit(10);
-    }
-    using malloc_fn = void* (*)(ssize_t, int, void*);
-    auto m = reinterpret_cast<malloc_fn>(::dlsym(h, "poolscope_malloc"));
-    g_late_free = reinterpret_cast<plugin_free_fn>(::dlsym(h, "poolscope_free"));
-    if (m == nullptr || g_late_free == nullptr) {
-      std::_Exit(11);
-    }
-    // Registered before the plug-in's first use registers its own: runs after it.
-    if (std::atexit(free_late_block) != 0) {
-      std::_Exit(14);
-    }
-    for (int i = 0; i < pairs; ++i) {
-      void* p = m(bytes, 7, nullptr);
-      if (p == nullptr) {
-        std::_Exit(12);
-      }
-      g_late_free(p, bytes, 7, nullptr);
-    }
-    g_late_block = m(late_bytes, 7, nullptr);
-    if (g_late_block == nullptr) {
-      std::_Exit(12);
-    }
-    std::exit(0);
-  }
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  ASSERT_EQ(run_child({.record = record,
+                       .profile = "",
+                       .stderr_path = "",
+                       .pairs = pairs,
+                       .bytes = bytes,
+                       .late_free = true}),
+            0);
 
   std::ifstream log(record);
   ASSERT_TRUE(log.good()) << record;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "in_process_cli.hpp"
 #include "poolscope/profiler/event_log.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
@@ -28,26 +29,10 @@ namespace {
 using nlohmann::json;
 using poolscope::testing::temp_path;
 
-/// Parses `args` (after the program name) on an app with both commands; returns stdout.
-std::string run_cli(std::vector<std::string> args) {
-  CLI::App app{"poolscope"};
-  app.require_subcommand(1);
-  poolscope::tools::register_replay(app);
-  poolscope::tools::register_report(app);
-  std::vector<const char*> argv{"poolscope"};
-  for (const auto& a : args) {
-    argv.push_back(a.c_str());
-  }
-  std::ostringstream out;
-  std::streambuf* old = std::cout.rdbuf(out.rdbuf());
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (...) {
-    std::cout.rdbuf(old);
-    throw;
-  }
-  std::cout.rdbuf(old);
-  return out.str();
+/// Runs `poolscope replay|report args...` in-process; returns stdout.
+std::string run_cli(const std::vector<std::string>& args) {
+  return poolscope::testing::run_in_process(args, poolscope::tools::register_replay,
+                                            poolscope::tools::register_report);
 }
 
 std::string write_file(const std::string& stem, const std::string& text) {

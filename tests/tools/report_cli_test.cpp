@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "in_process_cli.hpp"
 #include "subprocess.hpp"
 
 #if defined(POOLSCOPE_TEST_REPLAY_CLI) && __has_include("poolscope/profiler/report.hpp")
@@ -29,25 +30,9 @@ namespace {
 using nlohmann::json;
 using poolscope::testing::temp_path;
 
-/// Parses `args` (after the program name) on an app with `report`; returns stdout.
+/// Runs `poolscope report args...` in-process; returns stdout.
 std::string run_report_cli(const std::vector<std::string>& args) {
-  CLI::App app{"poolscope"};
-  app.require_subcommand(1);
-  poolscope::tools::register_report(app);
-  std::vector<const char*> argv{"poolscope"};
-  for (const auto& a : args) {
-    argv.push_back(a.c_str());
-  }
-  std::ostringstream out;
-  std::streambuf* old = std::cout.rdbuf(out.rdbuf());
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-  } catch (...) {
-    std::cout.rdbuf(old);
-    throw;
-  }
-  std::cout.rdbuf(old);
-  return out.str();
+  return poolscope::testing::run_in_process(args, poolscope::tools::register_report);
 }
 
 std::string error_of(const std::vector<std::string>& args) {
