@@ -141,47 +141,41 @@ void jsonl_hook::on_event(const event& e) noexcept {
     format_event(line_, e);
     if (owned_) {
       batch_ += line_;
-      ++batch_lines_;
-    } else {
-      out_->write(line_.data(), static_cast<std::streamsize>(line_.size()));
-      out_->flush();
     }
   } catch (...) {
-    // No memory for the line, or a stream with exceptions() enabled.
-    fail("formatting or writing an event failed");
+    fail("formatting an event failed");  // no memory for the line
     return;
   }
-  if (owned_) {
-    if (batch_.size() >= k_batch_bytes) {
-      write_batch();
-    }
+  if (!owned_) {
+    (void)write_out(line_, 1);  // a borrowed stream: each line at once
     return;
+  }
+  ++batch_lines_;
+  if (batch_.size() >= k_batch_bytes) {
+    write_batch();
+  }
+}
+
+bool jsonl_hook::write_out(std::string_view data, std::uint64_t lines) noexcept {
+  try {
+    out_->write(data.data(), static_cast<std::streamsize>(data.size()));
+    out_->flush();
+  } catch (...) {
+    // A stream with exceptions() enabled.
   }
   if (!*out_) {
     fail("a write failed");
-    return;
+    return false;
   }
-  lines_.fetch_add(1, std::memory_order_relaxed);
+  lines_.fetch_add(lines, std::memory_order_relaxed);
+  return true;
 }
 
 void jsonl_hook::write_batch() noexcept {
-  if (batch_.empty()) {
-    return;
+  if (!batch_.empty() && write_out(batch_, batch_lines_)) {
+    batch_.clear();
+    batch_lines_ = 0;
   }
-  try {
-    out_->write(batch_.data(), static_cast<std::streamsize>(batch_.size()));
-    out_->flush();
-  } catch (...) {
-    fail("a write failed");
-    return;
-  }
-  if (!*out_) {
-    fail("a write failed");
-    return;
-  }
-  lines_.fetch_add(batch_lines_, std::memory_order_relaxed);
-  batch_.clear();
-  batch_lines_ = 0;
 }
 
 void jsonl_hook::flush() noexcept {
@@ -191,16 +185,8 @@ void jsonl_hook::flush() noexcept {
   }
   if (owned_) {
     write_batch();
-    return;
-  }
-  try {
-    out_->flush();
-  } catch (...) {
-    fail("flushing failed");
-    return;
-  }
-  if (!*out_) {
-    fail("flushing failed");
+  } else {
+    (void)write_out({}, 0);  // flushes the borrowed stream
   }
 }
 

@@ -45,6 +45,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "poolscope/hooks/hook.hpp"
 
@@ -107,6 +108,9 @@ class jsonl_hook final : public hook {
  private:
   void fail(const char* what) noexcept;  // caller holds mutex_
   void write_batch() noexcept;           // caller holds mutex_
+  // Writes `data` (`lines` whole lines) and flushes; counts them, or fails the hook and returns
+  // false. Caller holds mutex_.
+  bool write_out(std::string_view data, std::uint64_t lines) noexcept;
 
   std::unique_ptr<std::ostream> owned_;  // the file, when opened from a path
   std::ostream* out_;
