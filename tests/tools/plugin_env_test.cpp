@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #ifdef POOLSCOPE_ALLOC_PLUGIN_PATH
 
@@ -94,10 +96,57 @@ int run_child(const child_setup& s) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
 }
 
-TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::filesystem::path fresh_dir(const char* stem) {
   const auto dir = std::filesystem::temp_directory_path() /
-                   ("poolscope_plugin_env_" + std::to_string(::getpid()));
+                   (std::string(stem) + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  return dir;
+}
+
+/// The event log at `path` (docs/event_log.md): its header, its records (the lines with an
+/// "action"), the count of other lines, and the first line that is not a JSON object.
+struct event_log_lines {
+  bool opened = false;
+  nlohmann::json header;
+  std::vector<nlohmann::json> records;
+  int others = 0;        ///< lines after the header without an "action"
+  std::string bad_line;  ///< empty when every line is a JSON object
+  [[nodiscard]] int count(const char* action) const {
+    return static_cast<int>(std::count_if(
+        records.begin(), records.end(), [action](const auto& j) { return j["action"] == action; }));
+  }
+};
+
+event_log_lines read_event_log(const std::string& path) {
+  event_log_lines out;
+  std::ifstream in(path);
+  out.opened = in.good();
+  std::string line;
+  for (bool first = true; std::getline(in, line); first = false) {
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      if (out.bad_line.empty()) {
+        out.bad_line = line;
+      }
+    } else if (first) {
+      out.header = std::move(j);
+    } else if (j.contains("action")) {
+      out.records.push_back(std::move(j));
+    } else {
+      ++out.others;
+    }
+  }
+  return out;
+}
+
+TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
+  const auto dir = fresh_dir("poolscope_plugin_env");
   const std::string record = (dir / "events.jsonl").string();
   const std::string profile = (dir / "profile.json").string();
   constexpr int pairs = 5;
@@ -111,21 +160,11 @@ TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
             0);
 
   // The event log: every line is JSON; the pool mallocs and frees are all there.
-  std::ifstream log(record);
-  ASSERT_TRUE(log.good()) << record;
-  int mallocs = 0;
-  int frees = 0;
-  std::string line;
-  while (std::getline(log, line)) {
-    const auto j = nlohmann::json::parse(line);  // throws (fails the test) on a bad line
-    if (j.contains("action")) {
-      const auto action = j["action"].get<std::string>();
-      mallocs += action == "malloc" ? 1 : 0;
-      frees += action == "free" ? 1 : 0;
-    }
-  }
-  EXPECT_EQ(mallocs, pairs);
-  EXPECT_EQ(frees, pairs);
+  const auto log = read_event_log(record);
+  ASSERT_TRUE(log.opened) << record;
+  EXPECT_EQ(log.bad_line, "");
+  EXPECT_EQ(log.count("malloc"), pairs);
+  EXPECT_EQ(log.count("free"), pairs);
 
   // The line profile: a report in the documented format, with every malloc's bytes counted.
   std::ifstream in(profile);
@@ -135,19 +174,6 @@ TEST(plugin_env, record_and_profile_files_are_written_at_exit) {
   EXPECT_NE(report.dump().find(std::to_string(pairs * bytes)), std::string::npos)
       << "total used bytes " << pairs * bytes << " not found in " << report.dump();
   std::filesystem::remove_all(dir);
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::filesystem::path fresh_dir(const char* stem) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   (std::string(stem) + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
 }
 
 // POOLSCOPE_PROFILE naming the file POOLSCOPE_RECORD writes: the profile, written at exit,
@@ -167,24 +193,13 @@ TEST(plugin_env, profile_on_the_record_file_is_refused_and_the_event_log_kept) {
                        .late_free = false}),
             0);
 
-  std::ifstream log(record);
-  ASSERT_TRUE(log.good()) << record;
-  std::string line;
-  ASSERT_TRUE(std::getline(log, line));
-  const auto header = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  ASSERT_TRUE(header.is_object()) << "not the event log's header: " << line;
-  EXPECT_EQ(header.value("format", ""), "poolscope.events") << line;
-  int mallocs = 0;
-  int frees = 0;
-  while (std::getline(log, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    ASSERT_TRUE(j.is_object() && j.contains("action")) << line;
-    const auto action = j["action"].get<std::string>();
-    mallocs += action == "malloc" ? 1 : 0;
-    frees += action == "free" ? 1 : 0;
-  }
-  EXPECT_EQ(mallocs, pairs);
-  EXPECT_EQ(frees, pairs);
+  const auto log = read_event_log(record);
+  ASSERT_TRUE(log.opened) << record;
+  EXPECT_EQ(log.bad_line, "");
+  EXPECT_EQ(log.header.value("format", ""), "poolscope.events") << log.header.dump();
+  EXPECT_EQ(log.others, 0);
+  EXPECT_EQ(log.count("malloc"), pairs);
+  EXPECT_EQ(log.count("free"), pairs);
 
   const std::string text = slurp(err);
   const auto refused = text.find("POOLSCOPE_PROFILE ignored");
@@ -241,30 +256,20 @@ TEST(plugin_env, frees_after_the_exit_handler_reach_the_event_log) {
                        .late_free = true}),
             0);
 
-  std::ifstream log(record);
-  ASSERT_TRUE(log.good()) << record;
-  std::string line;
+  const auto log = read_event_log(record);
+  ASSERT_TRUE(log.opened) << record;
+  EXPECT_EQ(log.bad_line, "");
   std::string late_ptr;
-  int mallocs = 0;
-  int frees = 0;
   bool late_freed = false;
-  while (std::getline(log, line)) {
-    const auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    ASSERT_TRUE(j.is_object()) << line;
-    if (!j.contains("action")) {
-      continue;
-    }
-    const auto action = j["action"].get<std::string>();
-    if (action == "malloc") {
-      ++mallocs;
-      if (j["size"] == late_bytes) {
-        late_ptr = j["ptr"].get<std::string>();
-      }
-    } else if (action == "free") {
-      ++frees;
+  for (const auto& j : log.records) {
+    if (j["action"] == "malloc" && j["size"] == late_bytes) {
+      late_ptr = j["ptr"].get<std::string>();
+    } else if (j["action"] == "free") {
       late_freed = late_freed || (!late_ptr.empty() && j["ptr"] == late_ptr);
     }
   }
+  const int mallocs = log.count("malloc");
+  const int frees = log.count("free");
   EXPECT_EQ(mallocs, pairs + 1);
   EXPECT_EQ(frees, pairs + 1);
   EXPECT_FALSE(late_ptr.empty()) << "the late block's malloc is missing";
