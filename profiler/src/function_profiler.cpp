@@ -32,6 +32,7 @@
 #include <unordered_map>
 
 #include "detail/cuda_timing_seam.hpp"
+#include "detail/json_text.hpp"
 #include "detail/nvtx_seam.hpp"
 #include "detail/scope_timelines.hpp"
 #include "poolscope/error.hpp"
@@ -769,13 +770,8 @@ namespace {
 
 [[noreturn]] void bad_profile_field(std::string_view where, const char* field,
                                     const nlohmann::json& value, const char* expected) {
-  // An array or an object is named by its type: dump() recurses once per level, and a crafted
-  // value nested 100,000 deep would overflow the stack.
-  const std::string shown =
-      value.is_structured() ? std::string("an ") + value.type_name()
-                            : value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   throw invalid_argument("poolscope: function profile " + std::string(where) + "field '" + field +
-                         "' is " + shown + ", not " + expected);
+                         "' is " + detail::json_shown(value) + ", not " + expected);
 }
 
 const nlohmann::json& profile_field(const nlohmann::json& j, std::string_view where,

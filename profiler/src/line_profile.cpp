@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "detail/json_text.hpp"
 #include "poolscope/error.hpp"
 
 namespace poolscope::profiler {
@@ -52,13 +53,6 @@ std::uint64_t parse_hex(const nlohmann::json& j, const char* field) {
   return v;
 }
 
-/// `v` for a message: scalars as JSON, arrays and objects by their type (dump() recurses once per
-/// level, and a crafted value may be nested 100,000 deep).
-std::string shown(const nlohmann::json& v) {
-  return v.is_structured() ? std::string("an ") + v.type_name()
-                           : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
 /// An integer field that must fit [lo, hi]; get<int>() would wrap 4294967297 to 1.
 std::int64_t get_bounded_int(const nlohmann::json& v, const char* field, std::int64_t lo,
                              std::int64_t hi) {
@@ -68,8 +62,8 @@ std::int64_t get_bounded_int(const nlohmann::json& v, const char* field, std::in
           : v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
   if (!in_range) {
     throw invalid_argument(std::string("poolscope: line profile field '") + field + "' value " +
-                           shown(v) + " is not an integer in [" + std::to_string(lo) + ", " +
-                           std::to_string(hi) + "]");
+                           detail::json_shown(v) + " is not an integer in [" + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "]");
   }
   return v.get<std::int64_t>();
 }
@@ -429,7 +423,7 @@ line_profile line_profile::from_json_document(const nlohmann::json& j) {
   if (auto v = j.find("version");
       v == j.end() || !v->is_number_integer() || *v != nlohmann::json(format_version)) {
     throw invalid_argument("poolscope: unsupported line profile version " +
-                           (v == j.end() ? std::string("(none)") : shown(*v)) +
+                           (v == j.end() ? std::string("(none)") : detail::json_shown(*v)) +
                            " (this build reads " + std::to_string(format_version) + ")");
   }
   line_profile p;
