@@ -150,6 +150,9 @@ void nvtx_memory_hook::on_segment(const hooks::event& e) {
   const auto start = reinterpret_cast<std::uintptr_t>(e.ptr);
   if (e.kind == hooks::event_kind::device_alloc) {
     const std::size_t bytes = e.rounded != 0 ? e.rounded : e.requested;
+    if (bytes == 0) {
+      return;  // nothing to describe
+    }
     // Heaps overlapping the new segment are stale: their segments went upstream while the hook
     // did not see it (a thread-scoped installation, say). Drop them first.
     auto it = heaps_.upper_bound(start);
@@ -161,8 +164,11 @@ void nvtx_memory_hook::on_segment(const hooks::event& e) {
       drop_heap(it);
       it = next;
     }
-    nvtxMemHeapHandle_t h = detail::nvtx_seam::heap_register(d, e.ptr, bytes);
-    heaps_.emplace(start, heap_entry{start + bytes, static_cast<void*>(h)});
+    // The map's node first: if it cannot be allocated (on_event catches bad_alloc), nothing has
+    // been registered with the tool that the hook could no longer unregister.
+    // (No heap starts at `start` now: one would have overlapped and been dropped above.)
+    heap_entry& entry = heaps_.try_emplace(start, heap_entry{start + bytes, nullptr}).first->second;
+    entry.handle = static_cast<void*>(detail::nvtx_seam::heap_register(d, e.ptr, bytes));
     ++counts_.heaps_registered;
     return;
   }

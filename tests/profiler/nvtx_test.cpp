@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -37,6 +38,29 @@
 #include "poolscope/pool/naive_allocator.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/nvtx.hpp"
+
+// Allocation failure on demand, for the memory hook's out-of-memory test: when t_fail_new is
+// set to k > 0, the k-th operator new on this thread from then on throws std::bad_alloc.
+namespace {
+constinit thread_local int t_fail_new = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+  if (t_fail_new > 0 && --t_fail_new == 0) {
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n == 0 ? 1 : n)) {
+    return p;
+  }
+  throw std::bad_alloc();
+}
+// Not inlined: GCC would then see std::free of what it takes for a new-expression's pointer.
+[[gnu::noinline]] void operator delete(void* p) noexcept {
+  std::free(p);
+}
+[[gnu::noinline]] void operator delete(void* p, std::size_t /*n*/) noexcept {
+  std::free(p);
+}
 
 #ifndef POOLSCOPE_NVTX_INJECTION_PATH
 #error \
@@ -510,6 +534,40 @@ TEST_F(nvtx_injection, memory_hook_skips_blocks_of_unknown_segments) {
   EXPECT_EQ(heaps.snapshot().regions_without_heap, 1U);
   EXPECT_TRUE(only(recorded(), "MemRegionsRegister").empty());
   EXPECT_TRUE(only(recorded(), "MemRegionsUnregister").empty());
+}
+
+// Out of host memory for the hook's own map while a segment is described: the segment stays
+// undescribed, and nothing is left registered with the tool that the hook no longer knows of (it
+// could never unregister it). Then the same segment is described and undescribed normally.
+TEST_F(nvtx_injection, memory_hook_out_of_host_memory_leaves_nothing_registered) {
+  poolscope::profiler::nvtx_memory_hook heaps;
+  alignas(512) static char segment[4096];
+  poolscope::hooks::event alloc;
+  alloc.kind = poolscope::hooks::event_kind::device_alloc;
+  alloc.phase = poolscope::hooks::event_phase::post;
+  alloc.ptr = segment;
+  alloc.requested = alloc.rounded = sizeof segment;
+  t_fail_new = 1;  // the hook's first allocation fails
+  heaps.on_event(alloc);
+  const int left = t_fail_new;
+  t_fail_new = 0;
+  EXPECT_EQ(left, 0) << "the hook allocated nothing";
+  EXPECT_EQ(heaps.live_heaps(), 0U);
+  EXPECT_EQ(heaps.snapshot().heaps_registered, 0U);
+  EXPECT_TRUE(only(recorded(), "MemHeapRegister").empty());
+
+  heaps.on_event(alloc);
+  EXPECT_EQ(heaps.live_heaps(), 1U);
+  poolscope::hooks::event release = alloc;
+  release.kind = poolscope::hooks::event_kind::device_free;
+  release.phase = poolscope::hooks::event_phase::pre;
+  heaps.on_event(release);
+  EXPECT_EQ(heaps.live_heaps(), 0U);
+  const auto got = recorded();
+  ASSERT_EQ(only(got, "MemHeapRegister").size(), 1U);
+  ASSERT_EQ(only(got, "MemHeapUnregister").size(), 1U);
+  EXPECT_EQ(only(got, "MemHeapRegister")[0]["ptr"].get<std::uint64_t>(),
+            reinterpret_cast<std::uintptr_t>(segment));
 }
 
 // Every host allocator, random traffic: replaying the tool's log in a model of heaps and regions
