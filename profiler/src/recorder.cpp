@@ -1,8 +1,10 @@
 #include "poolscope/profiler/recorder.hpp"
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cinttypes>
@@ -20,6 +22,7 @@ namespace poolscope::profiler {
 namespace {
 
 constexpr std::size_t min_buffer_bytes = 4096;
+constexpr std::size_t max_buffer_bytes = std::size_t{1} << 30;  // offsets fit in 32 bits
 constexpr std::size_t max_line_bytes = 1024;
 
 // ---- fatal-signal flushing -------------------------------------------------------------------
@@ -49,17 +52,53 @@ void write_all(int fd, const char* data, std::size_t n) noexcept {
 
 std::atomic<detail::recorder_write_function> g_write{nullptr};  // null: ::write
 
+// Set by the first crash flush: from then on no recorder reuses its buffer (a flush on another
+// thread may still be writing from it).
+std::atomic<bool> g_crashing{false};
+
+// crash_view::state: bytes handed to a write (high half), bytes of complete lines (low half).
+constexpr std::uint64_t pack_state(std::size_t claimed, std::size_t committed) noexcept {
+  return (static_cast<std::uint64_t>(claimed) << 32) | committed;
+}
+constexpr std::size_t claimed_of(std::uint64_t state) noexcept {
+  return static_cast<std::size_t>(state >> 32);
+}
+constexpr std::size_t committed_of(std::uint64_t state) noexcept {
+  return static_cast<std::size_t>(state & 0xFFFF'FFFFU);
+}
+
+// Async-signal-safe (a system call), unlike a thread_local in a library that may be dlopen'ed.
+long current_thread() noexcept {
+  return ::syscall(SYS_gettid);
+}
+
 void flush_views_for_crash() noexcept {
+  g_crashing.store(true, std::memory_order_seq_cst);
+  const long me = current_thread();
   for (auto& slot : g_views) {
     recorder::crash_view* v = slot.load(std::memory_order_acquire);
     if (v == nullptr) {
       continue;
     }
-    const std::size_t end = v->committed.load(std::memory_order_acquire);
-    const std::size_t begin = v->written.load(std::memory_order_acquire);
-    if (end > begin) {
-      write_all(v->fd, v->buffer + begin, end - begin);
-      v->written.store(end, std::memory_order_release);
+    std::uint64_t state = v->state.load(std::memory_order_seq_cst);
+    // This thread was in the recorder's write, which will never finish: write the rest of its
+    // range (once it has taken it; before that the claim below takes the whole range). Another
+    // thread's write is left to that thread: writing its range here too would duplicate it.
+    if (v->writer.load(std::memory_order_seq_cst) == me) {
+      const std::size_t end = v->writer_end.load(std::memory_order_relaxed);
+      const std::size_t done = v->writer_done.load(std::memory_order_relaxed);
+      if (claimed_of(state) >= end && end > done) {
+        write_all(v->fd, v->buffer + done, end - done);
+        v->writer_done.store(end, std::memory_order_relaxed);
+      }
+    }
+    while (claimed_of(state) < committed_of(state)) {
+      const std::size_t from = claimed_of(state);
+      const std::size_t to = committed_of(state);
+      if (v->state.compare_exchange_weak(state, pack_state(to, to), std::memory_order_seq_cst)) {
+        write_all(v->fd, v->buffer + from, to - from);
+        break;
+      }
     }
   }
 }
@@ -190,11 +229,15 @@ void flush_recorders_for_fatal_signal() noexcept {
   flush_views_for_crash();
 }
 
+void forget_fatal_signal_for_testing() noexcept {
+  g_crashing.store(false, std::memory_order_seq_cst);
+}
+
 }  // namespace detail
 
 recorder::recorder(const std::string& path, const recorder_options& options)
     : path_(path), options_(options) {
-  capacity_ = options_.buffer_bytes < min_buffer_bytes ? min_buffer_bytes : options_.buffer_bytes;
+  capacity_ = std::clamp(options_.buffer_bytes, min_buffer_bytes, max_buffer_bytes);
   buffer_ = std::make_unique<char[]>(capacity_);
   view_ = std::make_unique<crash_view>();
   view_->buffer = buffer_.get();
@@ -208,7 +251,7 @@ recorder::recorder(const std::string& path, const recorder_options& options)
                               "{\"format\":\"poolscope.events\",\"version\":1,\"pid\":%ld}\n",
                               static_cast<long>(::getpid()));
   std::memcpy(buffer_.get(), header, static_cast<std::size_t>(n));
-  view_->committed.store(static_cast<std::size_t>(n), std::memory_order_release);
+  view_->state.store(pack_state(0, static_cast<std::size_t>(n)), std::memory_order_release);
   if (options_.flush_on_fatal_signal) {
     install_handlers_once();
     slot_ = register_view(view_.get());
@@ -243,29 +286,45 @@ void recorder::fail(const char* what, int err) noexcept {
 
 bool recorder::write_buffer_locked() noexcept {
   crash_view& v = *view_;
-  const std::size_t end = v.committed.load(std::memory_order_relaxed);
-  std::size_t pos = v.written.load(std::memory_order_relaxed);
-  const detail::recorder_write_function write_fn = g_write.load(std::memory_order_relaxed);
-  while (pos < end) {
-    const ssize_t w = write_fn != nullptr ? write_fn(v.fd, buffer_.get() + pos, end - pos)
-                                          : ::write(v.fd, buffer_.get() + pos, end - pos);
-    if (w < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      fail("cannot write", errno);
-      return false;
+  std::uint64_t state = v.state.load(std::memory_order_seq_cst);
+  const std::size_t from = claimed_of(state);
+  const std::size_t to = committed_of(state);
+  if (from < to) {
+    // Say what this thread writes before taking the range: a crash flush interrupting it in
+    // between finds the range either still free (and writes it) or taken and described here.
+    v.writer_done.store(from, std::memory_order_relaxed);
+    v.writer_end.store(to, std::memory_order_relaxed);
+    v.writer.store(current_thread(), std::memory_order_seq_cst);
+    if (!v.state.compare_exchange_strong(state, pack_state(to, to), std::memory_order_seq_cst)) {
+      // A crash flush on another thread took it and writes it (the process is going down); the
+      // buffer is kept as it is.
+      v.writer.store(0, std::memory_order_seq_cst);
+      return true;
     }
-    pos += static_cast<std::size_t>(w);
-    // Each partial write moves the mark at once: a fatal signal arriving before the loop ends
-    // (on this thread, or on another while this one is in write(2)) has the handler write only
-    // [written, committed), never bytes already in the file.
-    v.written.store(pos, std::memory_order_release);
+    const detail::recorder_write_function write_fn = g_write.load(std::memory_order_relaxed);
+    std::size_t pos = from;
+    while (pos < to) {
+      const ssize_t w = write_fn != nullptr ? write_fn(v.fd, buffer_.get() + pos, to - pos)
+                                            : ::write(v.fd, buffer_.get() + pos, to - pos);
+      if (w < 0) {
+        if (errno == EINTR) {
+          continue;
+        }
+        v.writer.store(0, std::memory_order_seq_cst);
+        fail("cannot write", errno);
+        return false;
+      }
+      pos += static_cast<std::size_t>(w);
+      // How far it got: a crash flush on this thread, before the loop ends, writes only the rest.
+      v.writer_done.store(pos, std::memory_order_relaxed);
+    }
+    v.writer.store(0, std::memory_order_seq_cst);
   }
-  // Order matters for the signal handler: it writes [written, committed) and must never see a
-  // range it has to write twice.
-  v.committed.store(0, std::memory_order_release);
-  v.written.store(0, std::memory_order_release);
+  // Everything is written: start the buffer again, unless a crash flush has begun (it may be
+  // writing from the buffer on another thread; the lines that still fit go after these).
+  if (!g_crashing.load(std::memory_order_seq_cst)) {
+    v.state.store(0, std::memory_order_seq_cst);
+  }
   return true;
 }
 
@@ -282,15 +341,19 @@ void recorder::on_event(const hooks::event& e) noexcept {
   if (failed_.load(std::memory_order_relaxed)) {
     return;
   }
-  std::size_t used = view_->committed.load(std::memory_order_relaxed);
+  std::size_t used = committed_of(view_->state.load(std::memory_order_relaxed));
   if (used + n > capacity_) {
     if (!write_buffer_locked()) {
       return;
     }
-    used = 0;
+    used = committed_of(view_->state.load(std::memory_order_relaxed));
+    if (used + n > capacity_) {
+      return;  // a crash flush keeps the buffer: no room left for this line
+    }
   }
   std::memcpy(buffer_.get() + used, line, n);
-  view_->committed.store(used + n, std::memory_order_release);
+  // Adds to the low half only (used + n <= capacity_ < 2^32); the release publishes the line.
+  view_->state.fetch_add(n, std::memory_order_release);
   lines_.fetch_add(1, std::memory_order_relaxed);
   if (write_through_) [[unlikely]] {
     (void)write_buffer_locked();

@@ -24,4 +24,8 @@ void set_recorder_write_for_testing(recorder_write_function f) noexcept;
 /// each registered recorder has buffered and not yet written.
 void flush_recorders_for_fatal_signal() noexcept;
 
+/// Undoes what a (simulated) fatal signal leaves behind for later recorders of the process: after
+/// a crash flush no recorder reuses its buffer. For tests that call the crash flush and go on.
+void forget_fatal_signal_for_testing() noexcept;
+
 }  // namespace poolscope::profiler::detail

@@ -28,7 +28,9 @@
 // SIGFPE and SIGABRT the recorder's handler writes what is buffered (write(2) only:
 // async-signal-safe) and then hands the signal on to the handler that was installed before it
 // (or, if that was the default action, restores it and re-raises), so the log is complete up to
-// the crash. Handlers are installed once per process, by the first recorder that asks.
+// the crash. Handlers are installed once per process, by the first recorder that asks. A line is
+// written once even when the crash comes while another thread writes the buffer (that thread
+// finishes its part; from then on recorders keep their buffers and drop lines that no longer fit).
 //
 // Ownership: owns the file descriptor and the buffer. Thread safety: thread-safe; one mutex
 // serialises formatting into the buffer (lines never interleave). Lines from several threads can
@@ -51,7 +53,7 @@ namespace poolscope::profiler {
 
 /// Settings of a recorder.
 struct recorder_options {
-  /// Size of the line buffer (at least 4 KiB; smaller values are raised to it).
+  /// Size of the line buffer (4 KiB to 1 GiB; values outside are raised or lowered to it).
   std::size_t buffer_bytes = std::size_t{1} << 16;
   /// Write pre and post events of every kind, not one line per operation.
   bool all_phases = false;
@@ -87,13 +89,23 @@ class recorder final : public hooks::hook {
   /// The file's path.
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
 
-  /// What the fatal-signal handler reads: the descriptor and the buffered, unwritten range.
-  /// Public only so the handler (a plain function) can reach it; not part of the API.
+  /// What the fatal-signal handler reads: the descriptor, the buffer and how much of it is
+  /// unwritten. Public only so the handler (a plain function) can reach it; not part of the API.
+  ///
+  /// `state` holds two offsets in one word, so that the handler reads both at once and takes a
+  /// range with one compare-exchange: the low 32 bits count the bytes of complete lines in the
+  /// buffer, the high 32 bits the bytes already handed to a write (by the recorder, or by the
+  /// handler). Whoever moves the high half up to the low one writes the range between them, so
+  /// no byte is written twice. `writer` names the thread in the recorder's write (0: none), with
+  /// the end of its range and how far it got: a handler running on that very thread (the write
+  /// will never finish) writes the rest of it.
   struct crash_view {
     int fd = -1;
     const char* buffer = nullptr;
-    std::atomic<std::size_t> committed{0};  ///< bytes of complete lines in the buffer
-    std::atomic<std::size_t> written{0};    ///< bytes of them already written to the file
+    std::atomic<std::uint64_t> state{0};
+    std::atomic<long> writer{0};
+    std::atomic<std::size_t> writer_end{0};
+    std::atomic<std::size_t> writer_done{0};
   };
 
  private:
