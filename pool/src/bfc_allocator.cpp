@@ -171,8 +171,12 @@ bfc_allocator::~bfc_allocator() {
                                                         bool held) noexcept {
   state& st = *state_;
   st.remove_free(c);
+  // c's neighbours are live (free chunks never touch): the one below now borders a live chunk.
+  if (c->prev != nullptr) {
+    c->prev->next_free = false;
+  }
   if (c->size > rounded) {
-    bfc_chunk* rest = st.nodes.take();
+    bfc_chunk* rest = st.nodes.take();  // flags false: c below it is live, the one above too
     rest->addr = c->addr + rounded;
     rest->size = c->size - rounded;
     rest->pool = c->pool;
@@ -180,14 +184,17 @@ bfc_allocator::~bfc_allocator() {
     rest->prev = c;
     rest->next = c->next;
     if (c->next != nullptr) {
-      c->next->prev = rest;
+      c->next->prev = rest;  // (its prev_free stays true: rest is free)
     }
     c->next = rest;
+    c->next_free = true;
     c->size = rounded;
     st.add_free(rest);
     if (hooks::active()) [[unlikely]] {
       emit_split(stream, c->addr, rounded, rest->addr, rest->size);
     }
+  } else if (c->next != nullptr) {
+    c->next->prev_free = false;
   }
   c->is_free = false;
   c->held = held;
@@ -206,7 +213,7 @@ bfc_allocator::~bfc_allocator() {
   c->is_free = true;
   c->requested = 0;
   bfc_chunk* prev = c->prev;
-  if (prev != nullptr && prev->is_free) {
+  if (c->prev_free) {
     st.remove_free(prev);
     char* const absorbed = prev->addr;
     const std::size_t absorbed_bytes = prev->size;
@@ -215,24 +222,30 @@ bfc_allocator::~bfc_allocator() {
     if (c->next != nullptr) {
       c->next->prev = prev;
     }
+    prev->next_free = c->next_free;
     st.nodes.give(c);
     c = prev;
     if (hooks::active()) [[unlikely]] {
       emit_merge(stream, c->addr, c->size, absorbed, absorbed_bytes);
     }
+  } else if (prev != nullptr) {
+    prev->next_free = true;
   }
   bfc_chunk* next = c->next;
-  if (next != nullptr && next->is_free) {
+  if (c->next_free) {
     st.remove_free(next);
     c->size += next->size;
     c->next = next->next;
+    c->next_free = false;  // the chunk above `next` is live
     if (next->next != nullptr) {
-      next->next->prev = c;
+      next->next->prev = c;  // (its prev_free stays true: c is free)
     }
     if (hooks::active()) [[unlikely]] {
       emit_merge(stream, c->addr, c->size, next->addr, next->size);
     }
     st.nodes.give(next);
+  } else if (next != nullptr) {
+    next->prev_free = true;
   }
   st.add_free(c);
 }
@@ -540,6 +553,10 @@ std::string bfc_allocator::check_invariants() const {
         if (c->next != nullptr && c->next->prev != c) {
           return where + ": next->prev does not point back";
         }
+        if (c->prev_free != (c->prev != nullptr && c->prev->is_free) ||
+            c->next_free != (c->next != nullptr && c->next->is_free)) {
+          return where + ": its record of which neighbours are free is wrong";
+        }
         covered += c->size;
         if (c->is_free) {
           ++free_chunks;
@@ -629,6 +646,10 @@ std::string bfc_allocator::check_invariants() const {
       }
       if (ix.tail(cls) != last) {
         return "class " + std::to_string(cls) + ": wrong tail";
+      }
+      if (ix.class_largest(cls) != (last != nullptr ? last->size : 0)) {
+        return "class " + std::to_string(cls) + ": recorded largest " +
+               std::to_string(ix.class_largest(cls)) + " is not its last chunk's size";
       }
     }
     if (ix.largest() != largest) {

@@ -110,6 +110,11 @@ struct alignas(64) bfc_chunk : bfc_free_link {
   bfc_pool_kind pool = bfc_pool_kind::small;
   bool is_free = false;
   bool held = false;  ///< live and recorded by a thread cache (allocator::do_allocate_held)
+  /// Whether `prev` / `next` is free (false without one). A free reads them here rather than in
+  /// the neighbours' nodes: its merge decisions wait for this node's cache line only, and the
+  /// neighbours are loaded just when they merge (their flags are stored, not loaded, otherwise).
+  bool prev_free = false;
+  bool next_free = false;
 
   /// True if this chunk covers its whole segment.
   [[nodiscard]] bool whole_segment() const noexcept {
@@ -181,7 +186,12 @@ class bfc_node_pool {
 /// or else the head of the next non-empty class, found with countr_zero on the bitmap.
 /// The lists are circular around a sentinel per class (bfc_free_link), whose size SIZE_MAX ends
 /// every walk, and the bitmap is updated without branches: on the random sizes of DESIGN.md §4
-/// A2 most of the pool's mispredicted branches were these lists' empty/head/tail cases.
+/// A2 most of the pool's mispredicted branches were these lists' empty/head/tail cases. Each
+/// sentinel also records its class's largest size, so that the question "does this class hold a
+/// fit / is this chunk its new largest" is answered from the sentinel's cache line alone (it
+/// used to load the list's last chunk first: a dependent cache miss before a coin-toss branch;
+/// −7 ns of ~110 per A2 pair on the lent hosts' Xeons together with bfc_chunk's neighbour flags,
+/// docs/perf.md, fifteenth session).
 /// Cost: find O(1) plus a walk of the request's class only when its largest chunk fits;
 /// insert O(1) when the chunk is the smallest or largest of its class, else a walk of it.
 class bfc_free_index {
@@ -194,7 +204,7 @@ class bfc_free_index {
   static_assert(word_count <= 64, "the summary word covers at most 64 bitmap words");
 
   bfc_free_index() noexcept {
-    for (bfc_free_link& s : lists_) {
+    for (class_list& s : lists_) {
       s.free_next = s.free_prev = &s;
       s.size = SIZE_MAX;
     }
@@ -219,10 +229,16 @@ class bfc_free_index {
   void insert(bfc_chunk* c) noexcept {
     const unsigned cls = class_of(c->size);
     c->size_class = static_cast<std::uint16_t>(cls);
-    bfc_free_link* const s = &lists_[cls];
+    class_list* const s = &lists_[cls];
     // Before the first chunk >= c (ties: in front). A new largest goes straight before the
-    // sentinel; an empty list's sentinel is its own last node, whose SIZE_MAX is never smaller.
-    bfc_free_link* at = c->size > s->free_prev->size ? s : s->free_next;
+    // sentinel (an empty list's largest is 0).
+    // (Selected with masks: whether a chunk is its class's largest is a coin toss on random
+    // sizes, and the compiler turns these selections into branches otherwise.)
+    const std::uintptr_t largest = 0U - static_cast<std::uintptr_t>(c->size > s->largest);
+    s->largest = std::max(s->largest, c->size);
+    bfc_free_link* at = reinterpret_cast<bfc_free_link*>(
+        (reinterpret_cast<std::uintptr_t>(static_cast<bfc_free_link*>(s)) & largest) |
+        (reinterpret_cast<std::uintptr_t>(s->free_next) & ~largest));
     while (at->size < c->size) {
       at = at->free_next;
     }
@@ -237,9 +253,14 @@ class bfc_free_index {
   /// Removes free chunk `c` from its class list.
   void remove(bfc_chunk* c) noexcept {
     const unsigned cls = c->size_class;
-    c->free_prev->free_next = c->free_next;
-    c->free_next->free_prev = c->free_prev;
-    const bfc_free_link* s = &lists_[cls];
+    class_list* const s = &lists_[cls];
+    bfc_free_link* const before = c->free_prev;
+    before->free_next = c->free_next;
+    c->free_next->free_prev = before;
+    // Without its largest chunk, a class's largest is the one before it (the sentinel: none, 0).
+    const std::size_t below = before->size & (0U - static_cast<std::size_t>(before != s));
+    const std::size_t kept = 0U - static_cast<std::size_t>(c->free_next != s);
+    s->largest = (s->largest & kept) | (below & ~kept);
     const auto emptied = static_cast<std::uint64_t>(s->free_next == s);
     std::uint64_t& word = words_[cls >> 6];
     word &= ~(emptied << (cls & 63));
@@ -249,8 +270,8 @@ class bfc_free_index {
   /// The smallest free chunk of at least `size` bytes (ties: the most recently freed), or null.
   [[nodiscard]] bfc_chunk* best_fit(std::size_t size) const noexcept {
     const unsigned cls = class_of(size);
-    const bfc_free_link* s = &lists_[cls];
-    if (s->free_prev != s && s->free_prev->size >= size) {
+    const class_list* s = &lists_[cls];
+    if (s->largest >= size) {
       const bfc_free_link* c = s->free_next;  // the walk ends at the last chunk at the latest
       while (c->size < size) {
         c = c->free_next;
@@ -268,7 +289,7 @@ class bfc_free_index {
     }
     const unsigned w = 63 - static_cast<unsigned>(std::countl_zero(summary_));
     const unsigned b = 63 - static_cast<unsigned>(std::countl_zero(words_[w]));
-    return lists_[w * 64 + b].free_prev->size;
+    return lists_[w * 64 + b].largest;
   }
 
   /// First and last chunk of class `cls` (null when empty), and the chunk after `c` in its
@@ -284,6 +305,10 @@ class bfc_free_index {
   }
   [[nodiscard]] bfc_chunk* prev_in_class(const bfc_chunk* c) const noexcept {
     return end_or_chunk(c->size_class, c->free_prev);
+  }
+  /// The size of class `cls`'s largest chunk as recorded (0: empty), for consistency checks.
+  [[nodiscard]] std::size_t class_largest(std::size_t cls) const noexcept {
+    return lists_[cls].largest;
   }
   /// Whether the bitmap marks class `cls` non-empty (for consistency checks).
   [[nodiscard]] bool marked(std::size_t cls) const noexcept {
@@ -317,7 +342,13 @@ class bfc_free_index {
     return static_cast<int>(w * 64 + static_cast<unsigned>(std::countr_zero(bits)));
   }
 
-  std::array<bfc_free_link, class_count> lists_;  // sentinels, by class
+  /// A class list's sentinel, with the size of the class's largest chunk (0 when empty): best
+  /// fit and insert compare with it without loading the list's last chunk, a cache miss on
+  /// random sizes that their branches had to wait for.
+  struct class_list : bfc_free_link {
+    std::size_t largest = 0;
+  };
+  std::array<class_list, class_count> lists_;  // sentinels, by class
   std::array<std::uint64_t, word_count> words_{};
   std::uint64_t summary_ = 0;
 };
