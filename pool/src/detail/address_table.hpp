@@ -25,10 +25,11 @@ class address_table {
   static_assert(std::has_single_bit(FirstCapacity), "FirstCapacity must be a power of two");
 
  public:
-  /// Makes sure one insert will not allocate. May throw std::bad_alloc.
-  void reserve_one() {
+  /// Makes sure one insert will not allocate. May throw std::bad_alloc. (The check is forced
+  /// inline: bfc calls it on every allocation, and GCC otherwise called it through the PLT.)
+  [[gnu::always_inline]] void reserve_one() {
     if ((size_ + 1) * 8 > slots_.size()) [[unlikely]] {
-      rehash(slots_.empty() ? FirstCapacity : slots_.size() * 2);
+      grow();
     }
   }
   /// Adds `s` (its key absent). Precondition: reserve_one() since the last insert.
@@ -103,6 +104,7 @@ class address_table {
   [[nodiscard]] std::size_t home(std::uintptr_t key) const noexcept {
     return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> shift_);
   }
+  [[gnu::noinline]] void grow() { rehash(slots_.empty() ? FirstCapacity : slots_.size() * 2); }
   void rehash(std::size_t capacity) {
     std::vector<Slot> old(capacity);
     old.swap(slots_);
