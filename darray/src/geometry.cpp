@@ -29,13 +29,15 @@ std::int64_t count_of(std::int64_t start, std::int64_t stop, std::int64_t step) 
   return n > int64_max ? int64_max : static_cast<std::int64_t>(n);
 }
 
-// The last index of a non-empty slice, also for slices whose stop is not canonical.
+// The last index of a non-empty slice (stop > start, step >= 1), also for slices whose stop is
+// not canonical. Not from count_of: the count saturates (a step-2 slice of the whole int64 range
+// has 2^63 indices), the last index does not.
 std::int64_t last_index(const slice& s) noexcept {
   if (s.step == 1 && s.stop > s.start) {
     return s.stop - 1;
   }
-  return static_cast<std::int64_t>(wide{s.start} +
-                                   wide{count_of(s.start, s.stop, s.step) - 1} * s.step);
+  const wide span = wide{s.stop} - 1 - s.start;  // >= 0 for a non-empty slice
+  return static_cast<std::int64_t>(wide{s.start} + span / s.step * s.step);
 }
 
 // Floor modulo: the result lies in [0, m) for m > 0.

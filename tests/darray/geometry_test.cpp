@@ -145,6 +145,30 @@ TEST(darray_slice, unit_steps_at_the_int64_limits) {
   EXPECT_EQ(local_slices(box{{slice(-4, 4)}}, box{{slice(0, 2)}}), (box{{slice(4, 6)}}));
 }
 
+// Stepped slices with more than INT64_MAX indices (size() saturates) keep their last index: the
+// canonical stop and every operation using the last index see the whole set.
+TEST(darray_slice, stepped_slices_beyond_int64_max_indices_keep_their_last_index) {
+  const slice evens(i64_min, i64_max, 2);  // 2^63 indices, the last i64_max - 1
+  EXPECT_EQ(evens.size(), i64_max);        // saturated
+  EXPECT_EQ(evens.stop, i64_max);
+  EXPECT_TRUE(evens.contains(i64_max - 1));
+  EXPECT_TRUE(evens.contains(i64_min));
+  EXPECT_FALSE(evens.contains(i64_max - 2));
+  const slice odds(i64_min + 1, i64_max, 2);  // 2^63 - 1 indices, the last i64_max - 2
+  EXPECT_EQ(odds.size(), i64_max);
+  EXPECT_EQ(odds.stop, i64_max - 1);
+  EXPECT_TRUE(odds.contains(i64_max - 2));
+  // The top of the range, through intersection, containment and subtraction.
+  EXPECT_EQ(intersect(evens, slice(i64_max - 10, i64_max)), slice(i64_max - 9, i64_max, 2));
+  EXPECT_TRUE(box{{evens}}.contains(box{{slice(i64_max - 1, i64_max)}}));
+  EXPECT_TRUE(box{{evens}}.contains(box{{slice(i64_max - 5, i64_max, 2)}}));
+  const std::vector<slice> rest = subtract(slice(i64_max - 6, i64_max), evens);
+  ASSERT_EQ(rest.size(), 1U);
+  EXPECT_EQ(rest[0], slice(i64_max - 6, i64_max, 2));  // i64_max - 6 is odd
+  EXPECT_EQ(subtract(evens, slice(i64_min, i64_max - 1)),
+            std::vector<slice>{slice(i64_max - 1, i64_max)});
+}
+
 TEST(darray_slice, random_slices_are_canonical_and_hold_their_range) {
   const std::uint64_t seed = test_seed();
   SCOPED_TRACE("seed " + std::to_string(seed));
