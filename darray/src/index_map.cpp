@@ -37,14 +37,52 @@ void check_axis(const shape_t& shape, std::size_t axis, const char* builder) {
   }
 }
 
+// Marks a map's contents shared. Looked at first: arrays copy their maps on every op, often the
+// same map from several threads, and a store each time would move its cache line between them.
+void mark_shared(std::atomic<bool>& unshared) noexcept {
+  if (unshared.load(std::memory_order_relaxed)) {
+    unshared.store(false, std::memory_order_relaxed);
+  }
+}
+
 }  // namespace
+
+index_map::index_map(const index_map& other) noexcept : parts_(other.parts_), unshared_(false) {
+  mark_shared(other.unshared_);
+}
+
+index_map::index_map(index_map&& other) noexcept
+    : parts_(std::move(other.parts_)), unshared_(other.unshared_.load(std::memory_order_relaxed)) {
+  other.unshared_.store(true, std::memory_order_relaxed);  // empty now
+}
+
+index_map& index_map::operator=(const index_map& other) noexcept {
+  if (this != &other) {
+    mark_shared(other.unshared_);
+    parts_ = other.parts_;
+    unshared_.store(false, std::memory_order_relaxed);
+  }
+  return *this;
+}
+
+index_map& index_map::operator=(index_map&& other) noexcept {
+  if (this != &other) {
+    parts_ = std::move(other.parts_);
+    unshared_.store(other.unshared_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    other.parts_.reset();
+    other.unshared_.store(true, std::memory_order_relaxed);
+  }
+  return *this;
+}
 
 index_map& index_map::add(int device, box b) {
   if (!parts_) {
     parts_ = std::make_shared<parts_map>();
-  } else if (parts_.use_count() > 1) {
-    parts_ = std::make_shared<parts_map>(*parts_);  // shared with another map: copy on write
+  } else if (!unshared_.load(std::memory_order_relaxed)) {
+    // Shared (now or once) with another map: copy on write. The copy is ours alone.
+    parts_ = std::make_shared<parts_map>(*parts_);
   }
+  unshared_.store(true, std::memory_order_relaxed);
   (*parts_)[device].push_back(std::move(b));
   return *this;
 }

@@ -15,10 +15,12 @@
 // device in [0, device_count).
 //
 // Ownership: plain value (copies share their contents until one of them is changed). Thread
-// safety: const methods are reentrant; not synchronized.
+// safety: const methods (copying included) are reentrant; copies may be changed and dropped on
+// different threads at once; one map is not synchronized (no change while others read it).
 // Cost: validate is O(chunks^2 * rank) box differences (coverage is checked exactly).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -50,6 +52,12 @@ struct chunk_ref {
 class index_map {
  public:
   index_map() = default;
+  /// Shares `other`'s contents (both copy them before their next change).
+  index_map(const index_map& other) noexcept;
+  index_map(index_map&& other) noexcept;
+  index_map& operator=(const index_map& other) noexcept;
+  index_map& operator=(index_map&& other) noexcept;
+  ~index_map() = default;
 
   /// Appends a chunk `b` on `device` (not checked until validate()).
   index_map& add(int device, box b);
@@ -96,8 +104,13 @@ class index_map {
  private:
   using parts_map = std::map<int, std::vector<box>>;
   /// The contents, shared by copies: arrays and plans copy their maps on every op, and a copy is
-  /// a reference count. add() copies them first when another map shares them (null: empty).
+  /// a reference count. add() changes them in place only while they were never shared (null:
+  /// empty), else copies them first.
   std::shared_ptr<parts_map> parts_;
+  /// No other map ever shared parts_. Not use_count() == 1: a copy dropped on another thread
+  /// brings the count back to 1 without ordering that thread's reads before our writes.
+  /// Atomic: copying a const map (from several threads at once) clears it.
+  mutable std::atomic<bool> unshared_{true};
 };
 
 }  // namespace poolscope::darray
