@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -109,9 +110,24 @@ view view_of(const chunk_part& p, const box& region) {
   return view::of_box(p.storage->data(), p.storage_box, region);
 }
 
+// The bytes of `elements` of `t`, or nullopt when they exceed INT64_MAX (the planner and the
+// backends count bytes in int64, and a size_t product would wrap around to a small buffer).
+std::optional<std::int64_t> bytes_of(std::int64_t elements, dtype t) noexcept {
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(elements, static_cast<std::int64_t>(size_of(t)), &bytes)) {
+    return std::nullopt;
+  }
+  return bytes;
+}
+
 std::shared_ptr<buffer> dense_buffer(backend& be, int device, const box& b, dtype t) {
-  const auto n = static_cast<std::size_t>(b.size());
-  return be.allocate(device, std::max<std::size_t>(n, 1) * size_of(t));
+  // box::size() saturates at INT64_MAX, which bytes_of rejects too.
+  const std::optional<std::int64_t> bytes = bytes_of(b.size(), t);
+  if (!bytes) {
+    throw invalid_argument("darray: a chunk " + b.to_string() + " of " + std::string(to_string(t)) +
+                           " holds more than INT64_MAX bytes");
+  }
+  return be.allocate(device, static_cast<std::size_t>(std::max<std::int64_t>(*bytes, 1)));
 }
 
 // The result of a reduction of nothing (a sum over an axis of extent 0, a matmul whose inner
@@ -138,12 +154,25 @@ std::shared_ptr<array_state> identity_partial(const array_state& from, shape_t s
   return out;
 }
 
-void check_rank(const shape_t& shape) {
+// Checks the shape of an array about to be made by `what`: its rank, its extents (not negative),
+// its element count and its bytes (both within int64). Throws naming the shape.
+void check_shape(const shape_t& shape, dtype t, const std::string& what) {
   if (shape.size() > max_rank) {
-    throw invalid_index_map("darray: rank " + std::to_string(shape.size()) +
-                            " exceeds the maximum rank " + std::to_string(max_rank));
+    throw invalid_index_map("darray " + what + ": rank " + std::to_string(shape.size()) +
+                            " of shape " + shape_string(shape) + " exceeds the maximum rank " +
+                            std::to_string(max_rank));
   }
-  (void)element_count(shape);  // negative extents, overflow
+  std::int64_t elements = 0;
+  try {
+    elements = element_count(shape);
+  } catch (const invalid_argument& e) {
+    throw invalid_argument("darray " + what + ": shape " + shape_string(shape) + ": " + e.what());
+  }
+  if (!bytes_of(elements, t)) {
+    throw invalid_argument("darray " + what + ": shape " + shape_string(shape) + " of " +
+                           std::string(to_string(t)) + " holds " + std::to_string(elements) +
+                           " elements, more than INT64_MAX bytes");
+  }
 }
 
 // The common checks of two-operand ops.
@@ -441,6 +470,14 @@ std::vector<int> array_handle::devices() const {
 const std::vector<chunk>& array_handle::chunks() const {
   return state().chunks;
 }
+const chunk& array_handle::chunk_at(std::size_t index) const {
+  const auto& s = state();
+  if (index >= s.chunks.size()) {
+    throw invalid_argument("darray: no chunk " + std::to_string(index) + " in an array of " +
+                           std::to_string(s.chunks.size()) + " chunks");
+  }
+  return s.chunks[index];
+}
 const std::shared_ptr<backend>& array_handle::owner() const {
   return state().be;
 }
@@ -462,7 +499,7 @@ array_handle array_handle::from_host(std::shared_ptr<backend> be, dtype t, const
   if (!be) {
     throw invalid_argument("darray from_host: no backend");
   }
-  check_rank(shape);
+  check_shape(shape, t, "from_host");
   if (static_cast<std::int64_t>(elements) != element_count(shape)) {
     throw invalid_argument("darray from_host: " + std::to_string(elements) +
                            " host elements for shape " + shape_string(shape) + " of " +
@@ -495,7 +532,7 @@ array_handle array_handle::full(std::shared_ptr<backend> be, dtype t, scalar val
   if (!be) {
     throw invalid_argument("darray full: no backend");
   }
-  check_rank(shape);
+  check_shape(shape, t, "full");
   map.validate(shape, be->device_count());
   auto s = std::make_shared<array_state>();
   s->be = be;
@@ -517,12 +554,12 @@ array_handle array_handle::full(std::shared_ptr<backend> be, dtype t, scalar val
 }
 
 void array_handle::to_host(void* out, std::size_t elements) const {
-  (void)state();
-  const auto s = completed(state_);
-  if (static_cast<std::int64_t>(elements) != element_count(s->shape)) {
+  const std::int64_t count = element_count(state().shape);
+  if (static_cast<std::int64_t>(elements) != count) {  // before completing a partial array
     throw invalid_argument("darray to_host: room for " + std::to_string(elements) +
-                           " elements, the array has " + std::to_string(element_count(s->shape)));
+                           " elements, the array has " + std::to_string(count));
   }
+  const auto s = completed(state_);
   const box whole = box::full(s->shape);
   for (const auto& c : s->chunks) {
     for (const auto& p : c.parts) {
@@ -534,11 +571,7 @@ void array_handle::to_host(void* out, std::size_t elements) const {
 
 void array_handle::chunk_to_host(std::size_t index, void* out, std::size_t elements) const {
   const auto& s = state();
-  if (index >= s.chunks.size()) {
-    throw invalid_argument("darray chunk_to_host: chunk " + std::to_string(index) + " of " +
-                           std::to_string(s.chunks.size()));
-  }
-  const chunk& c = s.chunks[index];
+  const chunk& c = chunk_at(index);
   if (static_cast<std::int64_t>(elements) != c.region.size()) {
     throw invalid_argument("darray chunk_to_host: room for " + std::to_string(elements) +
                            " elements, chunk " + std::to_string(index) + " has " +
@@ -742,6 +775,8 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
     out_shape = s0.shape;
     out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(*axis));
   }
+  // The result may hold more than the array (a sum over an axis of extent 0).
+  check_shape(out_shape, s0.type, std::string(to_string(op)));
   // Nothing to reduce, yet elements to give (a full reduction of a zero-size array, or one over
   // an axis of extent 0): no chunk would hold them. Sum and prod of nothing are their identity
   // (0, 1), as in NumPy; max and min of nothing have none.
@@ -804,6 +839,24 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
   return array_handle(std::move(out));
 }
 
+namespace {
+// `s` as slices of step 1: itself when it has step 1 (or fewer than two indices), else one slice
+// per index.
+std::vector<slice> unit_runs(const slice& s) {
+  const std::int64_t n = s.size();
+  if (s.step == 1 || n < 2) {
+    return {s};
+  }
+  std::vector<slice> out;
+  out.reserve(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t at = s.start + i * s.step;  // an index of s: no overflow
+    out.emplace_back(at, at + 1);
+  }
+  return out;
+}
+}  // namespace
+
 array_handle array_handle::matmul(const array_handle& a, const array_handle& b) {
   const auto& as0 = a.state();
   const auto& bs0 = b.state();
@@ -812,22 +865,14 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
     throw invalid_index_map("darray matmul: shapes " + shape_string(as0.shape) + " @ " +
                             shape_string(bs0.shape) + " do not match (2-D, inner extents equal)");
   }
+  // The result may hold more than both operands (an inner extent of 0 makes them empty).
+  check_shape({as0.shape[0], bs0.shape[1]}, as0.type, "matmul");
   const auto x = completed(a.state_);
   const auto y = completed(b.state_);
   if (x->shape[1] == 0) {
     // An inner extent of 0: every element is a sum of nothing (zeros, as in NumPy).
     return array_handle(
         identity_partial(*x, {x->shape[0], y->shape[1]}, array_mode::sum, scalar::of(0)));
-  }
-  for (std::size_t i = 0; i < x->chunks.size(); ++i) {
-    for (const auto& d : x->chunks[i].region.dims) {
-      if (d.step != 1 && d.size() > 1) {
-        throw invalid_index_map("darray matmul: chunk " + std::to_string(i) +
-                                " of the left operand " + x->chunks[i].region.to_string() +
-                                " has step " + std::to_string(d.step) +
-                                " (block maps need step 1)");
-      }
-    }
   }
   static const profiler::scope_site matmul_site{"darray.matmul", category::darray_compute};
   const profiler::scope op_scope{matmul_site};
@@ -878,13 +923,20 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
         if (k.empty()) {
           continue;
         }
-        const box a_box{{ra->dims[0], k}};
-        const box b_box{{k, pb.region.dims[1]}};
-        const box out_box{{ra->dims[0], pb.region.dims[1]}};
         be.wait(d, queue_kind::compute, pa.ready);
         be.wait(d, queue_kind::compute, pb.ready);
-        be.gemm_accumulate(d, queue_kind::compute, x->type, view::of_box(o->data(), c_box, out_box),
-                           view_of(pa, a_box), view_of(pb, b_box));
+        // A gemm needs unit column strides: a strided k (the columns of a) or strided columns
+        // of b (and so of c) go as one gemm per index.
+        for (const slice& kr : unit_runs(k)) {
+          for (const slice& cols : unit_runs(pb.region.dims[1])) {
+            const box a_box{{ra->dims[0], kr}};
+            const box b_box{{kr, cols}};
+            const box out_box{{ra->dims[0], cols}};
+            be.gemm_accumulate(d, queue_kind::compute, x->type,
+                               view::of_box(o->data(), c_box, out_box), view_of(pa, a_box),
+                               view_of(pb, b_box));
+          }
+        }
         used.push_back(pa.storage);
         used.push_back(pb.storage);
       }

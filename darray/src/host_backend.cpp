@@ -23,6 +23,8 @@
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/timeline.hpp"
 
+#include "integer_pow.hpp"
+
 namespace poolscope::darray {
 namespace {
 
@@ -138,7 +140,7 @@ T apply(binary_op op, T a, T b) noexcept {
       if constexpr (std::is_floating_point_v<T>) {
         return std::pow(a, b);
       } else {
-        return from_double<T>(std::pow(static_cast<double>(a), static_cast<double>(b)));
+        return detail::integer_pow(a, b);
       }
   }
   return a;

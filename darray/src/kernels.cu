@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "cuda_seam.hpp"
+#include "integer_pow.hpp"
 
 namespace poolscope::darray::detail {
 namespace {
@@ -140,7 +141,7 @@ POOLSCOPE_HD T div_of(T a, T b) {
 template <typename T>
 POOLSCOPE_HD T pow_of(T a, T b) {
   if constexpr (is_integer_v<T>) {
-    return saturate<T>(::pow(static_cast<double>(a), static_cast<double>(b)));
+    return integer_pow(a, b);
   } else if constexpr (std::is_same_v<T, float>) {
     return ::powf(a, b);
   } else {

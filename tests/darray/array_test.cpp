@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
+#include "test_support.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -261,6 +263,54 @@ TEST(darray_array, integer_semantics_are_defined) {
   EXPECT_EQ(pow(a, b).to_host(), (std::vector<i64>{49, 49, 1, 0}));
 }
 
+// Integer pow is exact where a double is not (results beyond 2^53), saturates outside the range,
+// truncates negative powers; arrays and scalars on either side agree with the reference.
+TEST(darray_array, integer_pow_is_exact_and_saturates) {
+  auto be = make_host_backend(2);
+  const i64 max64 = std::numeric_limits<i64>::max();
+  std::vector<i64> ha{3, -3, 7, -2, -2, 2, 3, -3, 10, -10, 2, -1, 0, 1, 5, -7, 0, 9};
+  std::vector<i64> hb{35, 39, 22, 63, 64, 63, 40, 41, 18, 19, -1, -3, -1, -9, 0, 0, 3, 19};
+  std::vector<i64> want(ha.size());
+  for (std::size_t i = 0; i < ha.size(); ++i) {
+    want[i] = test_support::reference_pow(ha[i], hb[i]);
+  }
+  EXPECT_EQ(want[0], i64{50031545098999707});     // a double gives ...704
+  EXPECT_EQ(want[1], i64{-4052555153018976267});  // a double gives ...256
+  const auto n = static_cast<i64>(ha.size());
+  const auto m = index_map::blocks({n}, 0, 2);
+  auto a = distributed_array<i64>::from_host(be, ha, {n}, m);
+  auto b = distributed_array<i64>::from_host(be, hb, {n}, m);
+  EXPECT_EQ(pow(a, b).to_host(), want);
+  // Huge odd and even exponents of -1 and 1 (a double makes every such exponent even).
+  const std::vector<i64> ones{-1, -1, 1, -1};
+  const std::vector<i64> huge{max64, max64 - 1, max64, std::numeric_limits<i64>::min()};
+  EXPECT_EQ(pow(distributed_array<i64>::from_host(be, ones, {4}, index_map::blocks({4}, 0, 2)),
+                distributed_array<i64>::from_host(be, huge, {4}, index_map::blocks({4}, 0, 2)))
+                .to_host(),
+            (std::vector<i64>{-1, 1, 1, 1}));
+  // Scalars on either side.
+  std::vector<i64> want_right(ha.size());
+  std::vector<i64> want_left(ha.size());
+  for (std::size_t i = 0; i < ha.size(); ++i) {
+    want_right[i] = test_support::reference_pow(ha[i], i64{37});
+    want_left[i] = test_support::reference_pow(i64{-3}, hb[i]);
+  }
+  EXPECT_EQ(pow(a, i64{37}).to_host(), want_right);
+  EXPECT_EQ(pow(i64{-3}, b).to_host(), want_left);
+  // int32: every result of the range is exact in a double too; saturation and truncation agree.
+  std::vector<std::int32_t> h32a{3, -3, 2, -2, -2, 46341, 0, 5};
+  std::vector<std::int32_t> h32b{19, 19, 31, 31, 32, 2, -2, -2};
+  std::vector<std::int32_t> want32(h32a.size());
+  for (std::size_t i = 0; i < h32a.size(); ++i) {
+    want32[i] = test_support::reference_pow(h32a[i], h32b[i]);
+  }
+  const auto m32 = index_map::blocks({8}, 0, 2);
+  EXPECT_EQ(pow(distributed_array<std::int32_t>::from_host(be, h32a, {8}, m32),
+                distributed_array<std::int32_t>::from_host(be, h32b, {8}, m32))
+                .to_host(),
+            want32);
+}
+
 TEST(darray_array, reductions_give_partial_arrays_completed_by_change_mode) {
   auto be = make_host_backend(2);
   const shape_t shape{6, 5};
@@ -367,6 +417,106 @@ TEST(darray_array, block_matmul_matches_the_host) {
   EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
 }
 
+// The host reference of a @ b (row-major, m x k and k x n).
+std::vector<i64> host_matmul(const std::vector<i64>& a, const std::vector<i64>& b, i64 m, i64 k,
+                             i64 n) {
+  std::vector<i64> c(static_cast<std::size_t>(m * n), 0);
+  for (i64 i = 0; i < m; ++i) {
+    for (i64 p = 0; p < k; ++p) {
+      for (i64 j = 0; j < n; ++j) {
+        c[static_cast<std::size_t>(i * n + j)] +=
+            a[static_cast<std::size_t>(i * k + p)] * b[static_cast<std::size_t>(p * n + j)];
+      }
+    }
+  }
+  return c;
+}
+
+// Maps with strided chunks (replicas of every other row or column) are valid maps: matmul takes
+// them on either side, a gemm per index of a strided axis.
+TEST(darray_array, matmul_of_strided_chunks_matches_the_host) {
+  auto be = make_host_backend(2);
+  const i64 m = 5, k = 6, n = 7;
+  const auto ha = iota_values(m * k, -11);
+  const auto hb = iota_values(k * n, 4);
+  const auto want = host_matmul(ha, hb, m, k, n);
+  const auto whole_a = index_map::replicated({m, k}, {1});
+  const auto whole_b = index_map::replicated({k, n}, {1});
+  // b: every other row on device 0 (so device 0 takes those rows locally, the others from 1).
+  index_map b_rows = whole_b;
+  b_rows.add(0, box{{slice{0, k, 2}, slice{0, n}}});
+  // b: every third column on device 0.
+  index_map b_cols = whole_b;
+  b_cols.add(0, box{{slice{0, k}, slice{1, n, 3}}});
+  // a: every other column on device 0, the rest on device 1; every other row on device 1.
+  index_map a_cols;
+  a_cols.add(0, box{{slice{0, m}, slice{0, k, 2}}});
+  a_cols.add(1, box{{slice{0, m}, slice{1, k, 2}}});
+  index_map a_rows;
+  a_rows.add(1, box{{slice{0, m, 2}, slice{0, k}}});
+  a_rows.add(0, box{{slice{1, m, 2}, slice{0, k}}});
+  const index_map a_grid = index_map::grid({m, k}, 1, 1, {{0}});
+  for (const auto& [am, bm] :
+       {std::pair{a_grid, b_rows}, std::pair{a_grid, b_cols}, std::pair{a_cols, whole_b},
+        std::pair{a_rows, b_rows}, std::pair{whole_a, b_cols}}) {
+    SCOPED_TRACE("a " + am.to_string() + " b " + bm.to_string());
+    auto a = distributed_array<i64>::from_host(be, ha, {m, k}, am);
+    auto b = distributed_array<i64>::from_host(be, hb, {k, n}, bm);
+    auto c = matmul(a, b);
+    EXPECT_EQ(c.mode(), array_mode::sum);
+    EXPECT_EQ(c.to_host(), want);
+    EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
+  }
+}
+
+// Shapes whose element count fits int64 but whose bytes do not: a typed error naming the shape,
+// never a buffer of the wrapped-around size that the op then overruns.
+TEST(darray_array, shapes_whose_bytes_overflow_are_a_typed_error) {
+  auto be = make_host_backend(2);
+  const i64 huge = (i64{1} << 61) + 1;  // 8 * huge wraps around to 8 bytes
+  const auto expect_named = [](const auto& fn, const std::string& what) {
+    try {
+      fn();
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const poolscope::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "not an invalid_argument: " << e.what();
+    }
+  };
+  expect_named(
+      [&] {
+        (void)distributed_array<double>::full(be, 1.0, {huge}, index_map::blocks({huge}, 0, 2));
+      },
+      std::to_string(huge));
+  expect_named(
+      [&] {
+        (void)distributed_array<double>::full(be, 1.0, {huge}, index_map::replicated({huge}, {1}));
+      },
+      std::to_string(huge));
+  expect_named(
+      [&] {
+        (void)distributed_array<float>::full(be, 1.0f, {4, huge / 3 + 1},
+                                             index_map::blocks({4, huge / 3 + 1}, 0, 2));
+      },
+      std::to_string(huge / 3 + 1));
+  // Zero-size operands are cheap; their results are not: a sum over an axis of extent 0 and a
+  // matmul with an inner extent of 0 (the result's extents are 3 and huge / 3).
+  auto rows = distributed_array<double>::from_host(be, std::vector<double>{}, {0, huge},
+                                                   index_map::blocks({0, huge}, 1, 2));
+  expect_named([&] { (void)sum(rows, 0); }, std::to_string(huge));
+  auto a = distributed_array<double>::from_host(be, std::vector<double>{}, {3, 0},
+                                                index_map::grid({3, 0}, 1, 1, {{0}}));
+  auto b = distributed_array<double>::from_host(be, std::vector<double>{}, {0, huge / 3},
+                                                index_map::grid({0, huge / 3}, 1, 1, {{1}}));
+  expect_named([&] { (void)matmul(a, b); }, std::to_string(huge / 3));
+  // The backend stays usable.
+  be->synchronize();
+  EXPECT_EQ(
+      sum(distributed_array<double>::full(be, 2.0, {3}, index_map::blocks({3}, 0, 2))).to_host(),
+      std::vector<double>{6.0});
+}
+
 TEST(darray_array, bad_input_is_a_typed_error_and_leaves_nothing_behind) {
   auto be = make_host_backend(2);
   auto other = make_host_backend(2);
@@ -402,6 +552,38 @@ TEST(darray_array, bad_input_is_a_typed_error_and_leaves_nothing_behind) {
   be->synchronize();
   EXPECT_EQ(in_use(*be), before) << "a failed operation left memory behind";
   EXPECT_EQ(a.to_host(), h);  // the operands are intact
+}
+
+// Calls with a bad argument throw a poolscope error naming the value before they enqueue any work
+// (a partial array's to_host with the wrong room does not complete the array first).
+TEST(darray_array, bad_reads_are_typed_errors_that_enqueue_nothing) {
+  auto be = make_host_backend(2);
+  const auto h = iota_values(12);
+  auto a = distributed_array<i64>::from_host(be, h, {3, 4}, index_map::blocks({3, 4}, 0, 2));
+  auto partial = sum(a, 1);
+  be->synchronize();
+  const backend_stats before = be->stats();
+  try {
+    (void)a.chunk_to_host(2);
+    ADD_FAILURE() << "no error for chunk 2 of 2";
+  } catch (const poolscope::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("chunk 2"), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a poolscope::invalid_argument: " << e.what();
+  }
+  std::vector<i64> room(2);
+  try {
+    partial.handle().to_host(room.data(), room.size());
+    ADD_FAILURE() << "no error for room of 2 elements";
+  } catch (const poolscope::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("room for 2"), std::string::npos) << e.what();
+  }
+  const backend_stats after = be->stats();
+  EXPECT_EQ(after.ops, before.ops);
+  EXPECT_EQ(after.copies_local + after.copies_peer, before.copies_local + before.copies_peer);
+  // Both arrays stay usable.
+  EXPECT_EQ(a.chunk_to_host(1), (std::vector<i64>{4, 5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(partial.to_host(), (std::vector<i64>{6, 22, 38}));
 }
 
 TEST(darray_array, memory_returns_to_the_pools) {
@@ -480,8 +662,11 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
     GTEST_SKIP() << "no GPU for " << GetParam() << ": " << e.what();
   }
   const int devices = be->device_count();
-  const auto seed = static_cast<std::uint64_t>(std::random_device{}()) ^
-                    (static_cast<std::uint64_t>(devices) << 32);
+  // POOLSCOPE_TEST_SEED replays a printed seed; without it every run draws a new one.
+  const auto seed = std::getenv("POOLSCOPE_TEST_SEED") != nullptr
+                        ? test_support::test_seed()
+                        : static_cast<std::uint64_t>(std::random_device{}()) ^
+                              (static_cast<std::uint64_t>(devices) << 32);
   SCOPED_TRACE("seed " + std::to_string(seed) + " (" + be->name() + ")");
   std::printf("darray_random seed %llu on %s\n", static_cast<unsigned long long>(seed),
               be->name().c_str());

@@ -1,8 +1,10 @@
 // Helpers shared by the darray tests.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -49,6 +51,34 @@ inline std::set<point> points(const box& b) {
   };
   walk(walk, 0);
   return out;
+}
+
+/// a ** b of a signed integer type as backend.hpp states it, by repeated multiplication in 128
+/// bits: exact, saturated to T's range; a negative exponent gives the real result truncated
+/// toward zero (0 ** negative is +inf, saturated).
+template <typename T>
+T reference_pow(T a, T b) {
+  __extension__ using wide = __int128;
+  if (a == 0) {
+    return b < 0 ? std::numeric_limits<T>::max() : static_cast<T>(b == 0 ? 1 : 0);
+  }
+  if (a == 1 || a == -1) {
+    return static_cast<T>(b % 2 == 0 ? 1 : a);
+  }
+  if (b < 0) {
+    return 0;  // |a ** b| < 1
+  }
+  // |a| ** b, stopped once past every value of T (|a| >= 2: within 64 multiplications).
+  const wide cap = wide{1} << 64;
+  wide r = 1;
+  for (T i = 0; i < b && r <= cap; ++i) {
+    r *= a < 0 ? -wide{a} : wide{a};
+  }
+  if (a < 0 && b % 2 != 0) {
+    r = -r;
+  }
+  return static_cast<T>(
+      std::clamp<wide>(r, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
 }
 
 }  // namespace poolscope::darray::test_support

@@ -23,17 +23,21 @@
 // the kernels and copies themselves.
 //
 // Arithmetic (both backends compute the same values): floating types use the C++/CUDA math
-// functions of their type. Integer types: unary exp/log/sin/cos/sqrt and binary pow are computed
-// in double and converted back (truncated toward zero, saturated to the type's range, NaN -> 0);
-// div truncates toward zero and x / 0 is 0; abs and neg
+// functions of their type. Integer types: unary exp/log/sin/cos/sqrt are computed in double and
+// converted back (truncated toward zero, saturated to the type's range, NaN -> 0); binary pow is
+// exact (by squaring: a double is not beyond 2^53), saturated to the type's range, and a negative
+// exponent gives the real result truncated toward zero (1 and -1 by parity for a = 1, -1; the
+// max for a = 0; else 0); div truncates toward zero and x / 0 is 0; add, sub, mul, abs and neg
 // wrap as two's complement. Reductions of floating types may differ between backends by rounding
 // only (the order of additions differs).
 //
 // Ownership: the backend owns its devices' queues, allocators and worker threads; buffers and
 // events keep the backend state they need alive. Thread safety: enqueue methods may be called
-// from several threads, but work of one queue must be enqueued in one order (the executor calls
-// them from one thread). Errors: bad views (rank, extents, device) throw invalid_argument before
-// anything is enqueued; CUDA failures throw cuda_error; allocation failures out_of_memory.
+// from several threads at once; calls of different threads on one queue interleave in some order,
+// so work that must follow other work (a wait, the op, its record) is enqueued by one thread (the
+// executor enqueues each chunk's work from one thread: the caller's or an issuing thread). Errors:
+// bad views (rank, extents, device) throw invalid_argument before anything is enqueued; CUDA
+// failures throw cuda_error; allocation failures out_of_memory.
 #pragma once
 
 #include <array>

@@ -116,6 +116,8 @@ class array_handle {
   [[nodiscard]] array_mode mode() const;
   [[nodiscard]] std::vector<int> devices() const;
   [[nodiscard]] const std::vector<chunk>& chunks() const;
+  /// Chunk `index` (in chunks() order). Throws invalid_argument naming an index out of range.
+  [[nodiscard]] const chunk& chunk_at(std::size_t index) const;
   [[nodiscard]] const std::shared_ptr<backend>& owner() const;
   /// The plan of the reshard that produced this array (empty plan otherwise).
   [[nodiscard]] const reshard_info& last_reshard() const;
@@ -128,9 +130,11 @@ class array_handle {
                                               const shape_t& shape, const darray::index_map& map);
   [[nodiscard]] static array_handle full(std::shared_ptr<backend> be, dtype t, scalar value,
                                          const shape_t& shape, const darray::index_map& map);
-  /// Copies the values (a partial array is completed on the host) into `out` (shape order).
+  /// Copies the values into `out` (shape order); a partial array is completed first. Throws
+  /// invalid_argument, before any work is enqueued, if `elements` is not the shape's size.
   void to_host(void* out, std::size_t elements) const;
-  /// Copies chunk `index` (in chunks() order) into `out` densely.
+  /// Copies chunk `index` (in chunks() order) into `out` densely. Throws invalid_argument naming
+  /// an index out of range or a wrong `elements`.
   void chunk_to_host(std::size_t index, void* out, std::size_t elements) const;
 
   [[nodiscard]] array_handle reshard(const darray::index_map& map,
@@ -181,9 +185,10 @@ class distributed_array {
     h_.to_host(out.data(), out.size());
     return out;
   }
-  /// Chunk `index` (in chunks() order) densely, in its box's row-major order.
+  /// Chunk `index` (in chunks() order) densely, in its box's row-major order. Throws
+  /// invalid_argument naming an index out of range.
   [[nodiscard]] std::vector<T> chunk_to_host(std::size_t index) const {
-    const auto& c = h_.chunks().at(index);
+    const chunk& c = h_.chunk_at(index);
     std::vector<T> out(static_cast<std::size_t>(c.region.size()));
     h_.chunk_to_host(index, out.data(), out.size());
     return out;
@@ -273,8 +278,11 @@ POOLSCOPE_DARRAY_REDUCE(max, reduce_op::max)
 POOLSCOPE_DARRAY_REDUCE(min, reduce_op::min)
 #undef POOLSCOPE_DARRAY_REDUCE
 
-/// a @ b for 2-D arrays whose chunks have unit steps: a partial-sum array (blocks of b move to the
-/// devices of a while earlier blocks multiply). change_mode(replica) completes it.
+/// a @ b for 2-D arrays: a partial-sum array (blocks of b move to the devices of a while earlier
+/// blocks multiply). change_mode(replica) completes it. Block maps (unit steps) multiply a block
+/// per gemm; where a strided chunk (a replica of every other row, say) makes the inner axis or
+/// b's columns strided, a gemm per index of that axis.
+/// Throws invalid_argument naming the shape when the result's bytes exceed INT64_MAX.
 template <typename T>
 [[nodiscard]] distributed_array<T> matmul(const distributed_array<T>& a,
                                           const distributed_array<T>& b) {
