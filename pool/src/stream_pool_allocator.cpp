@@ -135,7 +135,8 @@ stream_pool_allocator::~stream_pool_allocator() {
       }
     }
     st->pending.clear();  // still live in the inner pool, which frees them below
-    st->inner.reset();    // gives every block (cached or live) back to st->local
+    st->pending_bytes = 0;
+    st->inner.reset();  // gives every block (cached or live) back to st->local
     release_local_locked(*st);
     st->upstream.reset();
   }
@@ -261,7 +262,12 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
     // Counted as freed now, under the owner's mutex: the block is reusable only once drained.
     account_free(b.rounded, b.requested);
     try {
-      owner->pending.push_back({ptr, b.requested, alignment, event});
+      owner->pending.push_back({.ptr = ptr,
+                                .requested = b.requested,
+                                .rounded = b.rounded,
+                                .alignment = alignment,
+                                .event = event});
+      owner->pending_bytes += b.rounded;
       owner->live.erase(it);
     } catch (...) {
       // No host memory to queue it: keep it live until release_cached() or destruction.
@@ -306,6 +312,7 @@ void stream_pool_allocator::drain_pending_locked(detail::stream_state& st, bool 
       continue;
     }
     (void)strategy_deallocate(*st.inner, st.stream, p.ptr, p.requested, p.alignment);
+    st.pending_bytes -= p.rounded;
     if (p.event != 0) {
       events_->destroy(p.event);
     }
@@ -377,7 +384,8 @@ void stream_pool_allocator::return_block_locked(detail::stream_state& st, void* 
   if (!st.oversize.empty()) {
     auto it = st.oversize.find(ptr);
     if (it != st.oversize.end()) {
-      size = it->second;
+      size = it->second.size;
+      st.oversize_tail -= it->second.size - it->second.asked;
       st.oversize.erase(it);
     }
   }
@@ -398,7 +406,8 @@ void* stream_pool_allocator::take_local_locked(detail::stream_state& st, std::si
   }
   void* p = it->second.ptr;
   if (it->first != bytes) {
-    st.oversize.emplace(p, it->first);
+    st.oversize.emplace(p, detail::stream_state::oversize_block{it->first, bytes});
+    st.oversize_tail += it->first - bytes;
   }
   st.local_bytes -= it->first;
   st.local.erase(it);
@@ -427,7 +436,8 @@ void* stream_pool_allocator::take_shared_locked(detail::stream_state& st, std::s
         }
         void* p = b.ptr;
         if (it->first != bytes) {
-          st.oversize.emplace(p, it->first);
+          st.oversize.emplace(p, detail::stream_state::oversize_block{it->first, bytes});
+          st.oversize_tail += it->first - bytes;
         }
         shared_->bytes -= it->first;
         shared_->blocks.erase(it);  // may destroy the batch's event
@@ -574,11 +584,18 @@ void stream_pool_allocator::do_cache_stats(allocator_stats& s) const {
     std::lock_guard lock(st->mutex);
     allocator_stats inner;
     strategy_cache_stats(*st->inner, inner);
-    s.cached_blocks += inner.cached_blocks + st->local.size();
-    s.cached_bytes += inner.cached_bytes + st->local_bytes;
+    // Held bytes that are not in use count as cached: blocks freed on another stream waiting
+    // for its event (release_cached() reclaims them), and the tails of whole blocks larger than
+    // the inner pool asked for (one cached block each; reusable once the block leaves the pool).
+    s.cached_blocks +=
+        inner.cached_blocks + st->local.size() + st->pending.size() + st->oversize.size();
+    s.cached_bytes += inner.cached_bytes + st->local_bytes + st->pending_bytes + st->oversize_tail;
     s.largest_free_block = std::max(s.largest_free_block, inner.largest_free_block);
     if (!st->local.empty()) {
       s.largest_free_block = std::max(s.largest_free_block, st->local.rbegin()->first);
+    }
+    for (const auto& p : st->pending) {
+      s.largest_free_block = std::max(s.largest_free_block, p.rounded);
     }
   }
   std::lock_guard lock(shared_->mutex);
@@ -600,6 +617,8 @@ std::vector<stream_cached_bytes> stream_pool_allocator::cached_bytes_by_stream()
     stream_cached_bytes c;
     c.stream = st->stream;
     c.pool_bytes = inner.cached_bytes + st->local_bytes;
+    c.pending_bytes = st->pending_bytes;
+    c.tail_bytes = st->oversize_tail;
     out.push_back(c);
   }
   {
@@ -614,7 +633,7 @@ std::vector<stream_cached_bytes> stream_pool_allocator::cached_bytes_by_stream()
     }
   }
   for (auto& c : out) {
-    c.bytes = c.pool_bytes + c.released_bytes;
+    c.bytes = c.pool_bytes + c.released_bytes + c.pending_bytes + c.tail_bytes;
   }
   return out;
 }

@@ -405,6 +405,62 @@ TEST(stream_pool, a_block_freed_on_another_stream_returns_after_that_streams_eve
   EXPECT_EQ(f.events->errors(), 0U);
 }
 
+// A block freed on a stream other than its own waits for that stream's event before it returns
+// to its pool. Meanwhile it is neither in use nor (it was) cached: its bytes vanished from
+// stats() (in_use + cached_bytes < reserved) and from cached_bytes_by_stream(), and so from the
+// "cached on other streams" of an out_of_memory, although release_cached() reclaims them.
+TEST(stream_pool, a_block_freed_on_another_stream_counts_as_cached_while_it_waits) {
+  fixture f{"best_fit"};  // exact 512-byte multiples: reserved == in use + cached, as a model
+  auto& pool = *f.pool;
+  void* p = pool.allocate(S, 4096);
+  void* q = pool.allocate(S, 8192);
+  void* r = pool.allocate(T, 1024);
+  pool.deallocate(T, p, 4096);  // pending on S behind T's event
+  pool.deallocate(U, q, 8192);  // pending on S behind U's event
+  auto s = pool.stats();
+  EXPECT_EQ(s.in_use, 1024U);
+  EXPECT_EQ(s.reserved, 4096U + 8192U + 1024U);
+  EXPECT_EQ(s.cached_bytes, 4096U + 8192U);
+  EXPECT_EQ(s.cached_blocks, 2U);
+  EXPECT_EQ(s.largest_free_block, 8192U);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+  auto on_s = cached_of(pool, S);
+  EXPECT_EQ(on_s.pending_bytes, 4096U + 8192U);
+  EXPECT_EQ(on_s.pool_bytes, 0U);
+  EXPECT_EQ(on_s.released_bytes, 0U);
+  EXPECT_EQ(on_s.bytes, 4096U + 8192U);
+  EXPECT_EQ(cached_of(pool, T).bytes, 0U);
+  EXPECT_EQ(cached_of(pool, U).bytes, 0U);
+  std::size_t by_stream = 0;
+  for (const auto& c : pool.cached_bytes_by_stream()) {
+    by_stream += c.bytes;
+  }
+  EXPECT_EQ(by_stream, s.cached_bytes);
+
+  // T's event completes: p returns to S's pool at S's next request (which takes another size).
+  f.events->complete_stream(T);
+  void* big = pool.allocate(S, 16384);
+  on_s = cached_of(pool, S);
+  EXPECT_EQ(on_s.pending_bytes, 8192U);
+  EXPECT_EQ(on_s.pool_bytes, 4096U);
+  EXPECT_EQ(on_s.bytes, 4096U + 8192U);
+  s = pool.stats();
+  EXPECT_EQ(s.cached_bytes, 4096U + 8192U);
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+
+  // release_cached() reclaims the waiting block too (after its barrier), and says so.
+  EXPECT_EQ(pool.release_cached(), 4096U + 8192U);
+  s = pool.stats();
+  EXPECT_EQ(s.cached_bytes, 0U);
+  EXPECT_EQ(s.cached_blocks, 0U);
+  EXPECT_EQ(cached_of(pool, S).bytes, 0U);
+  EXPECT_EQ(s.reserved, 16384U + 1024U);
+  EXPECT_EQ(f.host.allocated_bytes(), s.reserved);
+  pool.deallocate(S, big, 16384);
+  pool.deallocate(T, r, 1024);
+  EXPECT_EQ(f.events->errors(), 0U);
+}
+
 TEST(stream_pool, invalid_frees_are_reported_and_ignored) {
   fixture f{"best_fit"};
   auto& pool = *f.pool;
@@ -789,6 +845,73 @@ TYPED_TEST(stream_pool_inner, random_operations_obey_the_cross_stream_rule) {
   }
 }
 
+// Every byte the pool holds is in use or cached: reserved == in_use + cached_bytes after every
+// operation, and the per-stream report adds up to cached_bytes. Two kinds of held bytes used to
+// be in neither: blocks freed on another stream waiting for its event, and the unused tail of a
+// cached whole block handed to a stream's pool that asked for less (its own block released by
+// release_cached(stream), or another stream's), which the inner pool knows only at the size it
+// asked for.
+TYPED_TEST(stream_pool_inner, random_operations_keep_reserved_equal_to_in_use_plus_cached) {
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = env_count("POOLSCOPE_TEST_OPS", under_sanitizer ? 1500 : 6000);
+  fixture f{this->inner()};
+  auto& pool = *f.pool;
+  std::mt19937_64 rng(seed);
+  struct live_block {
+    void* p;
+    std::size_t bytes;
+    stream_view stream;
+  };
+  std::vector<live_block> live;
+  std::size_t requested = 0;  // the model: bytes asked for by live blocks
+  const stream_view streams[] = {S, T, U};
+  for (std::uint64_t i = 0; i < ops; ++i) {
+    const stream_view s = streams[rng() % 3];
+    const unsigned op = rng() % 100;
+    if (op < 50 || live.empty()) {
+      const std::size_t bytes =
+          rng() % 10 == 0 ? log_uniform(rng, 1 << 20, 3 << 20) : log_uniform(rng, 16, 96 << 10);
+      live.push_back({pool.allocate(s, bytes), bytes, s});
+      requested += bytes;
+    } else if (op < 90) {
+      const std::size_t k = rng() % live.size();
+      const live_block b = live[k];
+      pool.deallocate(rng() % 4 == 0 ? streams[rng() % 3] : b.stream, b.p, b.bytes);
+      requested -= b.bytes;
+      live[k] = live.back();
+      live.pop_back();
+    } else if (op < 96) {
+      (void)pool.release_cached(s);
+    } else if (op < 99) {
+      f.events->complete_all();
+    } else {
+      (void)pool.release_cached();
+    }
+    const auto st = pool.stats();
+    ASSERT_EQ(st.requested_in_use, requested) << "op " << i;
+    ASSERT_EQ(st.in_use + st.cached_bytes, st.reserved)
+        << "op " << i << ": in use " << st.in_use << ", cached " << st.cached_bytes;
+    ASSERT_EQ(st.reserved, f.host.allocated_bytes()) << "op " << i;
+    ASSERT_EQ(st.cached_blocks == 0, st.cached_bytes == 0) << "op " << i;
+    ASSERT_LE(st.largest_free_block, st.cached_bytes) << "op " << i;
+    std::size_t by_stream = 0;
+    for (const auto& c : pool.cached_bytes_by_stream()) {
+      ASSERT_EQ(c.bytes, c.pool_bytes + c.released_bytes + c.pending_bytes + c.tail_bytes);
+      by_stream += c.bytes;
+    }
+    ASSERT_EQ(by_stream, st.cached_bytes) << "op " << i;
+  }
+  for (const auto& b : live) {
+    pool.deallocate(b.stream, b.p, b.bytes);
+  }
+  (void)pool.release_cached();
+  const auto st = pool.stats();
+  EXPECT_EQ(st.in_use, 0U);
+  EXPECT_EQ(st.cached_bytes, 0U);
+  EXPECT_EQ(st.reserved, 0U);
+  EXPECT_EQ(f.host.allocated_bytes(), 0U);
+}
+
 // ---- Concurrency (also run under ThreadSanitizer) -----------------------------------------------
 
 TEST(stream_pool_concurrency, streams_on_threads_with_cross_stream_frees_and_releases) {
@@ -887,6 +1010,7 @@ TEST(stream_pool_concurrency, streams_on_threads_with_cross_stream_frees_and_rel
     EXPECT_EQ(s.in_use, 0U);
     EXPECT_EQ(s.invalid_frees, 0U);
     EXPECT_EQ(s.reserved, host.allocated_bytes());
+    EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved) << "held bytes neither in use nor cached";
   }
   EXPECT_EQ(host.allocated_bytes(), 0U);
 }

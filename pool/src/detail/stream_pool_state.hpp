@@ -58,6 +58,7 @@ struct live_block {
 struct pending_free {
   void* ptr = nullptr;
   std::size_t requested = 0;
+  std::size_t rounded = 0;  // what the inner pool took for it: counted as cached meanwhile
   std::size_t alignment = 0;
   stream_event_source::handle event = 0;  // 0: recording failed, wait for a barrier
 };
@@ -74,9 +75,16 @@ struct stream_state {
   std::unique_ptr<allocator> inner;           // this stream's pool
   std::unordered_map<void*, live_block> live;
   std::vector<pending_free> pending;
+  std::size_t pending_bytes = 0;  // sum of pending[i].rounded
   block_map local;  // whole blocks the inner pool gave back, still private to this stream
   std::size_t local_bytes = 0;
-  std::unordered_map<void*, std::size_t> oversize;  // blocks handed out larger than asked: size
+  /// Whole blocks the inner pool holds that are larger than it asked for.
+  struct oversize_block {
+    std::size_t size = 0;   // the block's true size
+    std::size_t asked = 0;  // what the inner pool asked for (and knows it by)
+  };
+  std::unordered_map<void*, oversize_block> oversize;
+  std::size_t oversize_tail = 0;  // sum of size - asked over `oversize`: held, counted as cached
 };
 
 /// Whole blocks released by stream pools, tagged with the releasing stream and its event.

@@ -30,7 +30,8 @@
 //   that fails too, the base allocator releases everything and retries once before throwing
 //   out_of_memory (whose message names the bytes still cached on other streams).
 // - A block freed on a stream T other than the one it was allocated on (S) goes back to S's
-//   pool only after an event recorded on T at that free has completed. Such a free costs an
+//   pool only after an event recorded on T at that free has completed; meanwhile it counts as
+//   cached on S (stream_cached_bytes::pending_bytes, stats().cached_bytes). Such a free costs an
 //   event record and a search of the other streams' tables.
 // - release_cached() (all streams) holds every stream's mutex across a barrier, and the
 //   destructor runs one too; then they return every cached block to the resource on the
@@ -126,11 +127,17 @@ class host_event_source final : public stream_event_source {
 /// Bytes a stream pool caches for one stream.
 struct stream_cached_bytes {
   stream_view stream;          ///< the stream (a cudaStream_t, or a host key)
-  std::size_t bytes = 0;       ///< pool_bytes + released_bytes
+  std::size_t bytes = 0;       ///< pool_bytes + released_bytes + pending_bytes + tail_bytes
   std::size_t pool_bytes = 0;  ///< free in the stream's own pool: reusable at once on the stream
   /// Whole blocks the stream released to the shared cache, not yet taken by any stream:
   /// reusable by other streams once the stream's release event has completed.
   std::size_t released_bytes = 0;
+  /// Blocks of this stream's pool freed on another stream, waiting for the event recorded there
+  /// at the free: back in pool_bytes at the stream's next request after it has completed.
+  std::size_t pending_bytes = 0;
+  /// The unused tails of cached whole blocks handed to the stream's pool when it asked for less
+  /// (each counts as one cached block in stats()): held, reusable once the block leaves the pool.
+  std::size_t tail_bytes = 0;
 };
 
 namespace detail {
