@@ -56,7 +56,19 @@ void free_late_block() {
     ::setenv("POOLSCOPE_PROFILE", s.profile.c_str(), 1);
   }
   ::setenv("POOLSCOPE_LOG", "warn", 1);
-  void* h = ::dlopen(POOLSCOPE_ALLOC_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+  // A copy of the plug-in, so that the child gets a fresh one: the forked test process may have
+  // loaded (and initialized) it already, and dlopen of the same file would return that instance,
+  // whose environment was read before this child set its own (the tests failed when another
+  // plug-in test ran first in the same process: --gtest_shuffle, --gtest_repeat).
+  std::error_code ec;
+  const auto copy = std::filesystem::temp_directory_path() /
+                    ("poolscope_alloc_child_" + std::to_string(::getpid()) + ".so");
+  if (!std::filesystem::copy_file(POOLSCOPE_ALLOC_PLUGIN_PATH, copy,
+                                  std::filesystem::copy_options::overwrite_existing, ec)) {
+    std::_Exit(15);
+  }
+  void* h = ::dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL);
+  std::filesystem::remove(copy, ec);  // the mapping stays
   if (h == nullptr) {
     std::_Exit(10);
   }

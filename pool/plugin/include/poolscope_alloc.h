@@ -59,7 +59,8 @@ POOLSCOPE_ALLOC_API void poolscope_free(void* ptr, ssize_t size, int device, voi
 
 /** The device's allocator statistics as one JSON object: every allocator_stats field plus
  *  "device", "allocator", "resource", "name" and "initialized" (and "error" if the pool could not
- *  be created). The string stays valid until this thread's next call. Never NULL. */
+ *  be created). The string stays valid until this thread's next call. Never NULL. Also callable
+ *  from exit handlers, static destructors and thread_local destructors. */
 POOLSCOPE_ALLOC_API const char* poolscope_stats_json(int device);
 
 /** Returns the device's cached memory to its resource; a negative device means every device.

@@ -271,6 +271,49 @@ std::string stats_json(int device) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// poolscope_stats_json's text, one buffer per thread. Not a thread_local std::string: that is
+// destroyed with the thread's other thread_local objects (for the main thread, in exit() before
+// the atexit handlers and static destructors run), and a report asked for after that (a
+// framework logging its pools at shutdown) used the freed buffer. A plain pointer stays usable;
+// the buffer is freed with the thread's thread_local objects, and one asked for after that is
+// never freed (one per thread, at its very end).
+constinit thread_local char* t_report = nullptr;
+constinit thread_local std::size_t t_report_capacity = 0;
+constinit thread_local bool t_report_reaped = false;
+
+/// Frees the thread's report buffer when the thread's thread_local objects are destroyed.
+struct report_reaper {
+  bool armed = false;
+  report_reaper() = default;
+  report_reaper(const report_reaper&) = delete;
+  report_reaper& operator=(const report_reaper&) = delete;
+  ~report_reaper() {
+    std::free(t_report);
+    t_report = nullptr;
+    t_report_capacity = 0;
+    t_report_reaped = true;
+  }
+};
+thread_local report_reaper t_report_reaper;
+
+/// `text` copied into the thread's report buffer; null if there is no memory for it.
+const char* keep_report(const std::string& text) noexcept {
+  const std::size_t need = text.size() + 1;
+  if (need > t_report_capacity) {
+    char* grown = static_cast<char*>(std::realloc(t_report, need));
+    if (grown == nullptr) {
+      return nullptr;
+    }
+    if (t_report == nullptr && !t_report_reaped) {
+      t_report_reaper.armed = true;  // its first use registers its destructor
+    }
+    t_report = grown;
+    t_report_capacity = need;
+  }
+  std::memcpy(t_report, text.c_str(), need);
+  return t_report;
+}
+
 }  // namespace
 
 extern "C" {
@@ -337,13 +380,13 @@ POOLSCOPE_ALLOC_API void poolscope_free(void* ptr, ssize_t size, int device, voi
 }
 
 POOLSCOPE_ALLOC_API const char* poolscope_stats_json(int device) {
-  thread_local std::string out;
+  const char* failed = "{\"error\":\"poolscope_stats_json failed\"}";
   try {
-    out = stats_json(device);
+    const char* kept = keep_report(stats_json(device));
+    return kept != nullptr ? kept : failed;
   } catch (...) {
-    return "{\"error\":\"poolscope_stats_json failed\"}";
+    return failed;
   }
-  return out.c_str();
 }
 
 POOLSCOPE_ALLOC_API size_t poolscope_release_cached(int device) {
