@@ -17,6 +17,11 @@ namespace {
 
 std::atomic<std::uint32_t> g_next_id{1};
 
+// `n` rounded up to a multiple of `g`, a power of two (n at most max_request_bytes: no overflow).
+constexpr std::size_t round_up_to(std::size_t n, std::size_t g) noexcept {
+  return (n + g - 1) & ~(g - 1);
+}
+
 }  // namespace
 
 std::string allocator_stats::to_json() const {
@@ -105,8 +110,9 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   }
   const std::size_t lim = limit_.load(std::memory_order_relaxed);
   // in_use_ bounds the total from above (it counts thread-cached blocks too): refuse only on
-  // the exact total.
-  if (lim != SIZE_MAX && shared_in_use() + bytes > lim && in_use_exact() + bytes > lim) {
+  // the exact total. The request counts at the size its block will have (in use counts that).
+  if (lim != SIZE_MAX && shared_in_use() + round_up_to(bytes, granularity_) > lim &&
+      in_use_exact() + round_up_to(bytes, granularity_) > lim) {
     limit_hits_.fetch_add(1, std::memory_order_relaxed);
     if (hooks::active()) [[unlikely]] {
       emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
@@ -266,6 +272,9 @@ void allocator::throw_oom(stream_view stream, std::size_t bytes, const char* cau
   ctx.in_use = in_use_exact();
   allocator_stats cache;
   do_cache_stats(cache);
+  if (tc_ != nullptr) {
+    tc_cache_stats(cache);  // blocks idle in thread caches are free blocks too, as in stats()
+  }
   ctx.largest_free_block = cache.largest_free_block;
   ctx.cached_other_streams = do_cached_bytes_other_streams(stream);
   ctx.limit = limit();

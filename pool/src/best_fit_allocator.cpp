@@ -4,6 +4,7 @@ namespace poolscope::pool {
 
 best_fit_allocator::best_fit_allocator(resource& upstream, thread_cache_options thread_cache)
     : allocator(upstream, "best_fit/" + upstream.name()) {
+  set_size_granularity(round_bytes);
   enable_thread_cache(thread_cache, round_bytes);
 }
 

@@ -148,6 +148,7 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   // neighbours, and in the large pool that would cost the A5 fit (file comment).
   thread_cache_options tc = options_.thread_cache;
   tc.max_block_bytes = std::min(tc.max_block_bytes, options_.small_request_max);
+  set_size_granularity(round_bytes);
   enable_thread_cache(tc, round_bytes);
   count_under_lock();  // its allocations and frees run under the one mutex
 }

@@ -8,6 +8,8 @@
 #include "detail/stream_pool_state.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
+#include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
 
 namespace poolscope::pool {
@@ -114,7 +116,13 @@ stream_pool_allocator::stream_pool_allocator(resource& upstream, std::string_vie
     : allocator(upstream, "stream_pool(" + std::string(inner) + ")/" + upstream.name()),
       inner_(checked_inner(inner)),
       events_(events != nullptr ? std::move(events) : default_event_source(upstream)),
-      shared_(std::make_unique<detail::shared_cache>()) {}
+      shared_(std::make_unique<detail::shared_cache>()) {
+  // Its blocks are its inner pools' (other strategies, registered by users, count as exact).
+  if (inner_ == "best_fit" || inner_ == "bfc") {
+    static_assert(best_fit_allocator::round_bytes == bfc_allocator::round_bytes);
+    set_size_granularity(bfc_allocator::round_bytes);
+  }
+}
 
 stream_pool_allocator::~stream_pool_allocator() {
   // A barrier first: every block cached anywhere may then go back on the default stream

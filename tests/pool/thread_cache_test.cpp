@@ -625,6 +625,47 @@ TYPED_TEST(thread_cache, the_limit_counts_in_use_bytes_not_cached_ones) {
   a.deallocate({}, again, 768 * KiB);
 }
 
+// A request refused by the limit names the largest free block, blocks idle in thread caches
+// included (stats() counts them; the message named only the strategy's own free blocks).
+TYPED_TEST(thread_cache, out_of_memory_names_a_thread_cached_block_as_the_largest_free_one) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  a.set_limit(100 * KiB);        // first: setting a limit empties the thread caches
+  for (int i = 0; i < 3; ++i) {  // asked for again and again: a size the cache keeps
+    a.deallocate({}, a.allocate({}, 64 * KiB), 64 * KiB);
+  }
+  ASSERT_GE(a.stats().largest_free_block, 64 * KiB);
+  try {
+    (void)a.allocate({}, 128 * KiB);  // in use 0 + 128 KiB > 100 KiB
+    FAIL() << "128 KiB within a 100 KiB limit";
+  } catch (const out_of_memory& e) {
+    EXPECT_EQ(e.cause().rfind("limit", 0), 0U) << e.what();
+    EXPECT_EQ(e.context().largest_free_block, a.stats().largest_free_block) << e.what();
+    EXPECT_NE(std::string(e.what()).find(format_bytes(a.stats().largest_free_block)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The limit counts a request at the size its block takes (in-use bytes count that): a 600 B
+// request that a cached 1024 B block would serve passed a 1000 B limit and took in use to 1024.
+TYPED_TEST(thread_cache, the_limit_counts_a_request_at_its_rounded_size) {
+  host_resource host;
+  auto alloc = make<TypeParam>(host);
+  allocator& a = *alloc;
+  for (int i = 0; i < 3; ++i) {  // a cached 1024 B block (in the thread cache or the strategy)
+    a.deallocate({}, a.allocate({}, 1000), 1000);
+  }
+  a.set_limit(1000);
+  EXPECT_THROW((void)a.allocate({}, 600), out_of_memory) << "600 B takes 1024 B, over 1000 B";
+  EXPECT_EQ(a.stats().in_use, 0U);
+  a.set_limit(1024);
+  void* p = a.allocate({}, 600);  // exactly at the limit
+  EXPECT_EQ(a.stats().in_use, 1024U);
+  a.deallocate({}, p, 600);
+}
+
 // ---- threads ------------------------------------------------------------------------------
 
 template <typename A>

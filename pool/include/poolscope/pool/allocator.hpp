@@ -267,6 +267,10 @@ class allocator {
   /// false. `granularity` (a power of two) is how the strategy rounds a request: the rounded
   /// size its do_allocate reports for `bytes` must be bytes rounded up to it.
   void enable_thread_cache(const thread_cache_options& options, std::size_t granularity);
+  /// A strategy whose blocks are its requests rounded up to a multiple of `granularity` (a
+  /// power of two) says so in its constructor: the limit then counts a request at the size it
+  /// will take, so that a block cannot carry in-use bytes past the limit. Default 1 (exact).
+  void set_size_granularity(std::size_t granularity) noexcept { granularity_ = granularity; }
   /// Such a strategy calls this first in its destructor, while do_reclaim still works: it
   /// detaches every thread's cache (a thread exiting later finds its cache dead and only frees
   /// it). Blocks in the caches are the strategy's: it frees them with everything else.
@@ -362,6 +366,7 @@ class allocator {
   const allocator* reporter_ = nullptr;  // set by adopt(): the composite that reports for us
   bool counts_under_lock_ = false;       // count_under_lock(): the strategy counts, locked
   std::shared_ptr<detail::thread_cache_registry> tc_;  // null: no thread cache
+  std::size_t granularity_ = 1;                        // set_size_granularity
   std::size_t tc_granularity_ = 1;
   std::size_t tc_max_block_ = 0;
 
