@@ -29,7 +29,9 @@
  * negative size, bad device, unknown allocator or resource) and logs why; poolscope_free never
  * fails (a bad call is logged and ignored).
  * Streams: `stream` is a cudaStream_t (or any key with the host resource), passed to the
- * allocator as its stream.
+ * allocator as its stream. bfc (the default) and best_fit reuse a freed block at once on any
+ * stream: right for a program that allocates on one stream; with several, choose stream_pool
+ * (a block freed on one stream reaches another only after an event recorded at the free).
  */
 #ifndef POOLSCOPE_ALLOC_H
 #define POOLSCOPE_ALLOC_H
