@@ -245,6 +245,23 @@ TEST(recorder, segfault_flushes_the_buffer) {
   expect_five_mallocs_in(path);
 }
 
+// The event lines of an event-log file, by seq, in file order.
+std::vector<std::uint64_t> seqs_in(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  std::vector<std::uint64_t> seqs;
+  std::getline(in, line);  // the header
+  while (std::getline(in, line)) {
+    const std::string key = "{\"seq\":";
+    if (line.rfind(key, 0) != 0) {
+      ADD_FAILURE() << "not an event line: " << line;
+      continue;
+    }
+    seqs.push_back(std::stoull(line.substr(key.size())));
+  }
+  return seqs;
+}
+
 // A fatal signal arriving while the recorder is partway through writing its buffer (write(2)
 // returned short, more to write) used to make the handler write the whole buffer again: the
 // "written" mark moved only after the loop, so the file held the first part twice. Here writes
@@ -302,37 +319,11 @@ TEST(recorder, crash_during_a_partial_write_writes_each_line_once) {
     }
   }
   ASSERT_GT(expected.size(), 20u);
-  std::istringstream in(g_at_crash);
-  std::string line;
-  ASSERT_TRUE(std::getline(in, line));
-  EXPECT_EQ(line.rfind("{\"format\":\"poolscope.events\"", 0), 0u) << line;
-  std::vector<std::uint64_t> seqs;
-  while (std::getline(in, line)) {
-    const std::string key = "{\"seq\":";
-    ASSERT_EQ(line.rfind(key, 0), 0u) << "not an event line: " << line;
-    seqs.push_back(std::stoull(line.substr(key.size())));
-  }
-  EXPECT_EQ(seqs, expected);
+  EXPECT_EQ(g_at_crash.rfind("{\"format\":\"poolscope.events\"", 0), 0u) << g_at_crash;
+  EXPECT_EQ(seqs_in(g_at_crash), expected);
   EXPECT_EQ(parse_event_log_text(g_at_crash).records.size(), expected.size());
   std::remove(path.c_str());
   detail::forget_fatal_signal_for_testing();
-}
-
-// The event lines of an event-log file, by seq, in file order.
-std::vector<std::uint64_t> seqs_in(const std::string& text) {
-  std::istringstream in(text);
-  std::string line;
-  std::vector<std::uint64_t> seqs;
-  std::getline(in, line);  // the header
-  while (std::getline(in, line)) {
-    const std::string key = "{\"seq\":";
-    if (line.rfind(key, 0) != 0) {
-      ADD_FAILURE() << "not an event line: " << line;
-      continue;
-    }
-    seqs.push_back(std::stoull(line.substr(key.size())));
-  }
-  return seqs;
 }
 
 // A fatal signal on another thread while this one is in the recorder's write(2): the handler
