@@ -1,9 +1,6 @@
 #include "poolscope/pool/cuda_async_resource.hpp"
 
-#include <string>
-
 #include "detail/cuda_seam.hpp"
-#include "poolscope/error.hpp"
 
 namespace poolscope::pool {
 namespace {
@@ -17,11 +14,6 @@ cudaStream_t as_stream(stream_view s) noexcept {
 
 cuda_async_resource::cuda_async_resource(int device, std::size_t release_threshold)
     : device_(device) {
-  // A negative ordinal is wrong on every machine: said first, before any GPU is looked for.
-  if (device < 0) {
-    throw invalid_argument("poolscope: cuda_async_resource: device " + std::to_string(device) +
-                           " is not a CUDA device ordinal (ordinals start at 0)");
-  }
   detail::cudart::require_device(device, "cuda_async_resource");
   detail::cudart::device_guard guard{device_};
   pool_ = detail::cudart::mem_pool_create(device, release_threshold);

@@ -1,18 +1,10 @@
 #include "poolscope/pool/cuda_resource.hpp"
 
-#include <string>
-
 #include "detail/cuda_seam.hpp"
-#include "poolscope/error.hpp"
 
 namespace poolscope::pool {
 
 cuda_resource::cuda_resource(int device) : device_(device) {
-  // A negative ordinal is wrong on every machine: said first, before any GPU is looked for.
-  if (device < 0) {
-    throw invalid_argument("poolscope: cuda_resource: device " + std::to_string(device) +
-                           " is not a CUDA device ordinal (ordinals start at 0)");
-  }
   detail::cudart::require_device(device, "cuda_resource");
 }
 

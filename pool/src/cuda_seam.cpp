@@ -67,6 +67,11 @@ void require_any_device(const char* who) {
 }
 
 void require_device(int device, const char* who) {
+  // A negative ordinal is wrong on every machine: said first, before any GPU is looked for.
+  if (device < 0) {
+    throw invalid_argument(std::string("poolscope: ") + who + ": device " + std::to_string(device) +
+                           " is not a CUDA device ordinal (ordinals start at 0)");
+  }
   require_any_device(who);
   const int n = device_count();
   if (device < 0 || device >= n) {

@@ -117,7 +117,7 @@ stream_pool_allocator::stream_pool_allocator(resource& upstream, std::string_vie
       inner_(checked_inner(inner)),
       events_(events != nullptr ? std::move(events) : default_event_source(upstream)),
       shared_(std::make_unique<detail::shared_cache>()) {
-  // Its blocks are its inner pools' (other strategies, registered by users, count as exact).
+  // Its blocks are its inner pools': rounded to 512 B by best_fit and bfc, exact by naive.
   if (inner_ == "best_fit" || inner_ == "bfc") {
     static_assert(best_fit_allocator::round_bytes == bfc_allocator::round_bytes);
     set_size_granularity(bfc_allocator::round_bytes);
