@@ -11,9 +11,12 @@
 
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/line_profile.hpp"
+#include "profiler/profile_test_data.hpp"
 
 namespace poolscope::profiler {
 namespace {
+
+using test_data::nested_profile_json;
 
 profile_node frame(std::string function, std::string file, int line, std::uint64_t address,
                    profile_counts self = {}) {
@@ -311,26 +314,6 @@ TEST(line_profile, from_json_refuses_out_of_range_and_negative_values) {
             UINT64_MAX);
   EXPECT_EQ(line_profile::from_json(with_field("line", line_value, "2147483647")).root.line,
             2147483647);
-}
-
-/// A line profile document whose nodes are nested `levels` deep (root included), written as
-/// text so that nothing here recurses over it.
-std::string nested_profile_json(std::size_t levels) {
-  const std::string self =
-      R"("self":{"count":1,"used":8,"rounded":8,"freed":0,"live":8,"live_at_peak":8,)"
-      R"("acquire_count":0,"acquired":0,"live_acquired":0})";
-  std::string json =
-      R"({"format":"poolscope.line_profile","version":1,"unwinder":"frame_pointer",)"
-      R"("symbolizer":"none","max_depth":256,"complete":true,"events":1,)"
-      R"("unmatched_frees":0,"truncated_stacks":0,"peak_live":8,"peak_seq":1,"root":)";
-  for (std::size_t i = 0; i < levels; ++i) {
-    json += "{\"function\":\"f" + std::to_string(i) + "\"," + self + ",\"children\":[";
-  }
-  for (std::size_t i = 0; i < levels; ++i) {
-    json += "]}";
-  }
-  json += "}";
-  return json;
 }
 
 TEST(line_profile, from_json_refuses_absurd_nesting_instead_of_overflowing_the_stack) {

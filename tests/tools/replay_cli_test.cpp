@@ -15,6 +15,7 @@
 #include "poolscope/profiler/event_log.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
+#include "profiler/profile_test_data.hpp"
 #include "subprocess.hpp"
 
 #ifdef POOLSCOPE_TEST_REPLAY_CLI
@@ -235,35 +236,11 @@ TEST(replay_cli, unknown_allocator_and_bad_capacity_are_clear_errors) {
 // <root> -> main (m.cpp:3) -> big (m.cpp:10) self used 3000, acquired 4096
 //                          -> small (m.cpp:20) self used 10
 poolscope::profiler::line_profile hand_profile() {
-  poolscope::profiler::line_profile p;
-  poolscope::profiler::profile_node main_node;
-  main_node.function = "main";
-  main_node.file = "m.cpp";
-  main_node.line = 3;
-  poolscope::profiler::profile_node big;
-  big.function = "big";
-  big.file = "m.cpp";
-  big.line = 10;
-  big.self.count = 1;
-  big.self.used = 3000;
-  big.self.rounded = 3072;
-  big.self.acquired = 4096;
-  big.self.acquire_count = 1;
-  poolscope::profiler::profile_node small;
-  small.function = "small";
-  small.file = "m.cpp";
-  small.line = 20;
-  small.self.count = 2;
-  small.self.used = 10;
-  small.self.rounded = 512;
-  main_node.children = {big, small};
-  p.root.children = {main_node};
-  p.root.function = "<root>";
-  p.unwinder = "frame_pointer";
-  p.symbolizer = "none";
-  p.max_depth = 24;
-  p.recompute_totals();
-  return p;
+  using namespace poolscope::profiler::test_data;
+  auto main_node = source_frame("main", "m.cpp", 3);
+  main_node.children = {source_frame("big", "m.cpp", 10, allocations(1, 3000, 3072, 4096, 1)),
+                        source_frame("small", "m.cpp", 20, allocations(2, 10, 512))};
+  return profile_of({main_node});
 }
 
 TEST(report_cli, line_profile_text_threshold_and_folded) {

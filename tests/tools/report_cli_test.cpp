@@ -20,6 +20,7 @@
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
 #include "poolscope/profiler/report.hpp"
+#include "profiler/profile_test_data.hpp"
 
 namespace poolscope::tools {
 void register_report(CLI::App& app);
@@ -58,26 +59,10 @@ poolscope::profiler::function_profile scopes_profile() {
 
 // <root> -> main (m.cpp:3) -> grow (m.cpp:9): self used 3000, rounded 3072
 poolscope::profiler::line_profile stacks_profile() {
-  poolscope::profiler::line_profile p;
-  poolscope::profiler::profile_node main_node;
-  main_node.function = "main";
-  main_node.file = "m.cpp";
-  main_node.line = 3;
-  poolscope::profiler::profile_node grow;
-  grow.function = "grow";
-  grow.file = "m.cpp";
-  grow.line = 9;
-  grow.self.count = 1;
-  grow.self.used = 3000;
-  grow.self.rounded = 3072;
-  main_node.children = {grow};
-  p.root.children = {main_node};
-  p.root.function = "<root>";
-  p.unwinder = "frame_pointer";
-  p.symbolizer = "none";
-  p.max_depth = 24;
-  p.recompute_totals();
-  return p;
+  using namespace poolscope::profiler::test_data;
+  auto main_node = source_frame("main", "m.cpp", 3);
+  main_node.children = {source_frame("grow", "m.cpp", 9, allocations(1, 3000, 3072))};
+  return profile_of({main_node});
 }
 
 /// A run report as the demo writes it: a timeline summary with a scope summary of its own
@@ -166,20 +151,7 @@ std::string write_raw_run_report(const std::string& profiles) {
 // are, and a deeply nested value is refused with an error naming the profile.
 TEST(report_cli, deeply_nested_run_report_is_refused_not_a_crash) {
   constexpr std::size_t levels = 200000;
-  const std::string self =
-      R"("self":{"count":1,"used":8,"rounded":8,"freed":0,"live":8,"live_at_peak":8,)"
-      R"("acquire_count":0,"acquired":0,"live_acquired":0})";
-  std::string line =
-      R"({"format":"poolscope.line_profile","version":1,"unwinder":"frame_pointer",)"
-      R"("symbolizer":"none","max_depth":256,"complete":true,"events":1,)"
-      R"("unmatched_frees":0,"truncated_stacks":0,"peak_live":8,"peak_seq":1,"root":)";
-  for (std::size_t i = 0; i < levels; ++i) {
-    line += "{\"function\":\"f\"," + self + ",\"children\":[";
-  }
-  for (std::size_t i = 0; i < levels; ++i) {
-    line += "]}";
-  }
-  line += "}";
+  const std::string line = poolscope::profiler::test_data::nested_profile_json(levels);
   const std::string deep_line = write_raw_run_report("{\"line\":" + line + "}");
   std::string m = error_of({"report", deep_line});
   EXPECT_NE(m.find("profiles.line"), std::string::npos) << m.substr(0, 500);
