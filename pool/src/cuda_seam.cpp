@@ -203,6 +203,12 @@ void event_destroy(cudaEvent_t event) noexcept {
   logged([event] { POOLSCOPE_CUDA_CHECK(cudaEventDestroy(event)); });
 }
 
+int stream_device(cudaStream_t stream) {
+  int device = -1;
+  POOLSCOPE_CUDA_CHECK(cudaStreamGetDevice(stream, &device));
+  return device;
+}
+
 void device_synchronize(int device) {
   device_guard guard{device};
   POOLSCOPE_CUDA_CHECK(cudaDeviceSynchronize());

@@ -15,58 +15,98 @@
 namespace poolscope::pool {
 namespace {
 
-// CUDA events on one device (-1: the current device), recycled: a pool records one per
-// release_cached(stream) or cross-stream free, so creation cost matters little, but reuse keeps
-// the driver's event table small.
+// CUDA events, recycled per device: a pool records one per release_cached(stream) or
+// cross-stream free, so creation cost matters little, but reuse keeps the driver's event table
+// small. An event must belong to its stream's device, and a pool over pinned memory serves
+// streams of every GPU: each event is created on the device of the stream it is recorded on, and
+// synchronize_all waits for every device a stream was attached or recorded on (and the
+// resource's own device).
 class cuda_event_source final : public stream_event_source {
  public:
-  explicit cuda_event_source(int device) : device_(device) {}
+  explicit cuda_event_source(int device) {
+    if (device >= 0) {
+      devices_.push_back(device);
+    }
+  }
   ~cuda_event_source() override {
-    for (cudaEvent_t e : free_) {
-      detail::cudart::event_destroy(e);
+    for (slot* s : free_) {
+      detail::cudart::event_destroy(s->event);
+      delete s;
     }
   }
 
  private:
-  static cudaEvent_t as_event(handle e) noexcept { return reinterpret_cast<cudaEvent_t>(e); }
+  struct slot {
+    cudaEvent_t event = nullptr;
+    int device = -1;
+  };
+  static slot& as_slot(handle e) noexcept { return *reinterpret_cast<slot*>(e); }
 
+  void note_device(int device) {
+    std::lock_guard lock(mutex_);
+    if (std::find(devices_.begin(), devices_.end(), device) == devices_.end()) {
+      devices_.push_back(device);
+    }
+  }
+  void do_attach(stream_view stream) override {
+    note_device(detail::cudart::stream_device(static_cast<cudaStream_t>(stream.value())));
+  }
   handle do_record(stream_view stream) override {
-    detail::cudart::device_guard guard{device_};
-    cudaEvent_t e = nullptr;
+    const auto cuda_stream = static_cast<cudaStream_t>(stream.value());
+    const int device = detail::cudart::stream_device(cuda_stream);
+    note_device(device);
+    slot* s = nullptr;
     {
       std::lock_guard lock(mutex_);
-      if (!free_.empty()) {
-        e = free_.back();
-        free_.pop_back();
+      const auto it = std::find_if(free_.rbegin(), free_.rend(),
+                                   [device](const slot* f) { return f->device == device; });
+      if (it != free_.rend()) {
+        s = *it;
+        free_.erase(std::next(it).base());
       }
     }
-    if (e == nullptr) {
-      e = detail::cudart::event_create();
+    if (s == nullptr) {
+      auto fresh = std::make_unique<slot>();
+      fresh->device = device;
+      detail::cudart::device_guard guard{device};
+      fresh->event = detail::cudart::event_create();
+      s = fresh.release();
     }
     try {
-      detail::cudart::event_record(e, static_cast<cudaStream_t>(stream.value()));
+      detail::cudart::event_record(s->event, cuda_stream);
     } catch (...) {
-      do_destroy(reinterpret_cast<handle>(e));
+      do_destroy(reinterpret_cast<handle>(s));
       throw;
     }
-    return reinterpret_cast<handle>(e);
+    return reinterpret_cast<handle>(s);
   }
-  bool do_query(handle e) override { return detail::cudart::event_query(as_event(e)); }
-  void do_synchronize(handle e) override { detail::cudart::event_synchronize(as_event(e)); }
-  void do_synchronize_all() override { detail::cudart::device_synchronize(device_); }
+  bool do_query(handle e) override { return detail::cudart::event_query(as_slot(e).event); }
+  void do_synchronize(handle e) override { detail::cudart::event_synchronize(as_slot(e).event); }
+  void do_synchronize_all() override {
+    std::vector<int> devices;
+    {
+      std::lock_guard lock(mutex_);
+      devices = devices_;
+    }
+    for (int device : devices) {
+      detail::cudart::device_synchronize(device);
+    }
+  }
   void do_destroy(handle e) noexcept override {
     // Re-recording an event that has not completed yet is allowed: it only moves the event.
+    slot* s = &as_slot(e);
     try {
       std::lock_guard lock(mutex_);
-      free_.push_back(as_event(e));
+      free_.push_back(s);
     } catch (...) {
-      detail::cudart::event_destroy(as_event(e));
+      detail::cudart::event_destroy(s->event);
+      delete s;
     }
   }
 
-  int device_;
   std::mutex mutex_;
-  std::vector<cudaEvent_t> free_;
+  std::vector<int> devices_;  // every device whose streams this source has seen
+  std::vector<slot*> free_;
 };
 
 std::unique_ptr<stream_event_source> default_event_source(const resource& upstream) {
@@ -171,6 +211,7 @@ detail::stream_state& stream_pool_allocator::state_for(stream_view stream) {
   std::unique_lock lock(states_mutex_);
   auto it = states_.find(stream.value());
   if (it == states_.end()) {
+    events_->attach(stream);  // before anything can be recorded on it
     auto st = std::make_unique<detail::stream_state>(stream);
     st->upstream = std::make_unique<detail::stream_upstream>(*this, *st, upstream());
     // The inner pool is driven only through strategy_*: a cache of its own would never be used.

@@ -232,5 +232,66 @@ TEST(stream_pool_gpu_default, pinned_host_memory_per_stream) {
   POOLSCOPE_ASSERT_CUDA(cudaFree(d));
 }
 
+// Pinned memory is usable from every GPU, so one pinned pool may serve streams of several: its
+// events must be made on each stream's device (an event of GPU 0 cannot be recorded on a stream
+// of GPU 1), and its barrier must wait for every such GPU, whichever device is current.
+TEST(stream_pool_gpu_default, pinned_memory_serves_streams_of_two_gpus) {
+  POOLSCOPE_REQUIRE_GPU();
+  int gpus = 0;
+  POOLSCOPE_ASSERT_CUDA(cudaGetDeviceCount(&gpus));
+  if (gpus < 2) {
+    GTEST_SKIP() << "needs two GPUs; " << gpus << " present";
+  }
+  POOLSCOPE_ASSERT_CUDA(cudaSetDevice(1));
+  cudaStream_t s1 = nullptr;
+  POOLSCOPE_ASSERT_CUDA(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+  POOLSCOPE_ASSERT_CUDA(cudaSetDevice(0));
+  cudaStream_t s0 = nullptr;
+  POOLSCOPE_ASSERT_CUDA(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+  constexpr std::size_t bytes = 1 << 20;
+  constexpr std::size_t ints = bytes / sizeof(int);
+  // Enqueues a kernel on GPU 1's stream writing `value` into p, leaving GPU 0 current.
+  auto write_on_gpu1 = [&](void* p, int value) {
+    EXPECT_EQ(cudaSetDevice(1), cudaSuccess);
+    spin_then_write<<<1, 256, 0, s1>>>(static_cast<int*>(p), ints, spin_ns, value);
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+    EXPECT_EQ(cudaSetDevice(0), cudaSuccess);
+  };
+  {
+    pinned_resource pinned;
+    stream_pool_allocator pool{pinned, "best_fit"};
+    void* p = pool.allocate(s0, bytes);
+    write_on_gpu1(p, 9);
+    pool.deallocate(s1, p, bytes);  // an event on GPU 1's stream, GPU 0 current
+    void* q = pool.allocate(s0, bytes);
+    const cudaError_t running = cudaStreamQuery(s1);
+    (void)cudaGetLastError();
+    EXPECT_FALSE(overlaps(q, bytes, p, bytes)) << "GPU 0's stream reused a block GPU 1 writes";
+    ASSERT_EQ(running, cudaErrorNotReady) << "the kernel ended before the check: inconclusive";
+    POOLSCOPE_ASSERT_CUDA(cudaStreamSynchronize(s1));
+    void* r = pool.allocate(s0, bytes);
+    EXPECT_EQ(r, p) << "the block freed on GPU 1's stream did not return once that stream was "
+                       "done (its event could not be recorded?)";
+    const int* written = static_cast<const int*>(p);
+    EXPECT_TRUE(std::all_of(written, written + ints, [](int v) { return v == 9; }));
+    pool.deallocate(s0, q, bytes);
+    pool.deallocate(s0, r, bytes);
+
+    // The barrier of release_cached() waits for GPU 1 too before the memory goes back.
+    void* w = pool.allocate(s1, bytes);
+    write_on_gpu1(w, 3);
+    pool.deallocate(s1, w, bytes);
+    EXPECT_GE(pool.release_cached(), 2 * bytes);
+    const cudaError_t after = cudaStreamQuery(s1);
+    (void)cudaGetLastError();
+    EXPECT_EQ(after, cudaSuccess) << "pinned memory went back while GPU 1 still wrote it";
+    EXPECT_EQ(pool.stats().reserved, 0U);
+  }
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  POOLSCOPE_ASSERT_CUDA(cudaStreamSynchronize(s1));
+  POOLSCOPE_ASSERT_CUDA(cudaStreamDestroy(s1));
+  POOLSCOPE_ASSERT_CUDA(cudaStreamDestroy(s0));
+}
+
 }  // namespace
 }  // namespace poolscope::pool::testing

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -105,6 +106,16 @@ class manual_event_source final : public stream_event_source {
     std::lock_guard lock(mutex_);
     return errors_;
   }
+  /// Makes attach() throw (a stream of a device the source cannot use).
+  void fail_attach(bool fail) {
+    std::lock_guard lock(mutex_);
+    fail_attach_ = fail;
+  }
+  /// The streams attached, in order (each should appear once).
+  [[nodiscard]] std::vector<stream_view> attached() const {
+    std::lock_guard lock(mutex_);
+    return attached_;
+  }
   /// True if what was freed on `stream` at `freed_tick` is known finished: a completed event
   /// recorded on that stream later, or a barrier later.
   [[nodiscard]] bool covered(stream_view stream, std::uint64_t freed_tick) const {
@@ -123,6 +134,13 @@ class manual_event_source final : public stream_event_source {
   }
 
  private:
+  void do_attach(stream_view stream) override {
+    std::lock_guard lock(mutex_);
+    if (fail_attach_) {
+      throw std::runtime_error("manual_event_source: attach refused");
+    }
+    attached_.push_back(stream);
+  }
   handle do_record(stream_view stream) override {
     std::lock_guard lock(mutex_);
     const handle h = next_++;
@@ -166,6 +184,8 @@ class manual_event_source final : public stream_event_source {
   }
 
   mutable std::mutex mutex_;
+  std::vector<stream_view> attached_;
+  bool fail_attach_ = false;
   std::map<handle, record> records_;
   std::vector<std::uint64_t> barrier_ticks_;
   handle next_ = 1;
@@ -680,6 +700,37 @@ TEST(stream_pool, rejects_unknown_inner_strategies_naming_them) {
   EXPECT_NE(pool.name().find("stream_pool"), std::string::npos);
   auto made = make_allocator("stream_pool", host);
   EXPECT_NE(dynamic_cast<stream_pool_allocator*>(made.get()), nullptr);
+}
+
+// The event source learns each stream the pool allocates on once, before anything is recorded on
+// it (the CUDA source notes the stream's device there, for its barrier); a source that refuses a
+// stream fails that allocation and leaves nothing behind.
+TEST(stream_pool, attaches_each_allocating_stream_once_before_its_first_allocation) {
+  fixture f{"bfc"};
+  auto& pool = *f.pool;
+  void* a = pool.allocate(S, 4096);
+  EXPECT_EQ(f.events->attached(), std::vector<stream_view>{S});
+  void* b = pool.allocate(T, 4096);
+  void* c = pool.allocate(S, 8192);
+  pool.deallocate(U, a, 4096);  // U only frees: seen by record(), not attached
+  EXPECT_EQ(f.events->attached(), (std::vector<stream_view>{S, T}));
+  EXPECT_EQ(f.events->recorded_on(U).size(), 1U);
+
+  f.events->fail_attach(true);
+  const auto before = pool.stats();
+  EXPECT_THROW((void)pool.allocate(U, 4096), std::runtime_error);
+  EXPECT_EQ(pool.stream_count(), 2U) << "a stream whose attach failed was kept";
+  EXPECT_EQ(pool.stats().in_use, before.in_use);
+  EXPECT_EQ(pool.stats().reserved, before.reserved);
+  f.events->fail_attach(false);
+  void* d = pool.allocate(U, 4096);
+  EXPECT_EQ(f.events->attached(), (std::vector<stream_view>{S, T, U}));
+  EXPECT_EQ(pool.stream_count(), 3U);
+  pool.deallocate(T, b, 4096);
+  pool.deallocate(S, c, 8192);
+  pool.deallocate(U, d, 4096);
+  EXPECT_EQ(pool.stats().in_use, 0U);
+  EXPECT_EQ(f.events->errors(), 0U);
 }
 
 TEST(stream_pool, host_events_complete_at_once) {

@@ -116,6 +116,9 @@ void event_synchronize(cudaEvent_t event);
 /// cudaEventDestroy. Logs failures.
 void event_destroy(cudaEvent_t event) noexcept;
 
+/// The device `stream` belongs to (cudaStreamGetDevice; the null stream: the current device).
+[[nodiscard]] int stream_device(cudaStream_t stream);
+
 /// cudaDeviceSynchronize on `device` (negative: the current device).
 void device_synchronize(int device);
 

@@ -91,19 +91,25 @@ class stream_event_source {
   stream_event_source& operator=(const stream_event_source&) = delete;
   virtual ~stream_event_source() = default;
 
+  /// Called once for each stream the pool allocates on, before its first allocation there (a
+  /// stream that only frees blocks of other streams is seen by record() alone). May throw: that
+  /// allocation fails.
+  void attach(stream_view stream) { do_attach(stream); }
   /// A new event that completes once the work enqueued on `stream` so far has finished.
   [[nodiscard]] handle record(stream_view stream) { return do_record(stream); }
   /// True once `e` has completed. Never blocks.
   [[nodiscard]] bool query(handle e) { return do_query(e); }
   /// Blocks until `e` has completed.
   void synchronize(handle e) { do_synchronize(e); }
-  /// Blocks until all work on every stream of the device has finished (and so every event
-  /// recorded so far has completed).
+  /// Blocks until all work on every stream attached or recorded on so far has finished (and so
+  /// every event recorded so far has completed): for CUDA, every stream of those streams'
+  /// devices.
   void synchronize_all() { do_synchronize_all(); }
   /// Frees `e` (recorded or not, complete or not).
   void destroy(handle e) noexcept { do_destroy(e); }
 
  private:
+  virtual void do_attach(stream_view /*stream*/) {}
   virtual handle do_record(stream_view stream) = 0;
   virtual bool do_query(handle e) = 0;
   virtual void do_synchronize(handle e) = 0;
@@ -151,8 +157,8 @@ class stream_pool_allocator final : public allocator {
  public:
   /// A stream pool over `upstream` whose per-stream pools use strategy `inner` ("naive",
   /// "best_fit" or "bfc"; invalid_argument naming it otherwise). `events` defaults to CUDA
-  /// events on the resource's device for device and pinned memory, host_event_source for host
-  /// memory.
+  /// events (each on its stream's device: a pool over pinned memory may serve streams of several
+  /// GPUs) for device and pinned memory, host_event_source for host memory.
   explicit stream_pool_allocator(resource& upstream, std::string_view inner = "bfc",
                                  std::unique_ptr<stream_event_source> events = nullptr);
   ~stream_pool_allocator() override;
