@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <string>
 
+#include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
 
 namespace poolscope::pool {
@@ -70,8 +71,14 @@ void allocator::enable_thread_cache(const thread_cache_options& options, std::si
   if (!options.enabled) {
     return;
   }
-  thread_cache_options o = options;
-  o.max_blocks = std::min(o.max_blocks, thread_cache::bin_count * detail::tc_bin::capacity);
+  constexpr std::size_t most_blocks = thread_cache::bin_count * detail::tc_bin::capacity;
+  if (options.max_blocks > most_blocks) {
+    throw invalid_argument("poolscope: thread_cache_options::max_blocks " +
+                           std::to_string(options.max_blocks) + " given to " + name_ +
+                           " exceeds the most a thread cache can hold, " +
+                           std::to_string(most_blocks));
+  }
+  const thread_cache_options& o = options;
   if (o.max_blocks == 0 || o.max_bytes == 0 || o.max_block_bytes == 0) {
     return;  // a cache that may hold nothing is no cache
   }

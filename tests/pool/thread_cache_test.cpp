@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -219,6 +220,26 @@ TYPED_TEST(thread_cache, is_bounded_in_blocks_and_bytes) {
   a.release_cached();
   EXPECT_EQ(a.stats().reserved, 0U);
   EXPECT_EQ(host.allocated_bytes(), 0U);
+}
+
+// A cache holds at most 256 blocks; asking for more was clamped silently.
+TYPED_TEST(thread_cache, more_blocks_than_a_cache_can_hold_is_a_typed_error_naming_the_value) {
+  host_resource host;
+  thread_cache_options o;
+  o.max_blocks = 257;
+  try {
+    (void)make<TypeParam>(host, o);
+    ADD_FAILURE() << "max_blocks 257 was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("max_blocks 257"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("256"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(host.allocated_bytes(), 0U);
+  o.max_blocks = 256;
+  auto alloc = make<TypeParam>(host, o);
+  allocator_model m;
+  give(*alloc, m, take(*alloc, m, 1 * KiB));
+  EXPECT_TRUE(m.matches(alloc->stats()));
 }
 
 TYPED_TEST(thread_cache, least_recently_used_sizes_make_room) {

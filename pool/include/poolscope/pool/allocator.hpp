@@ -76,7 +76,8 @@ struct thread_cache_options {
   bool enabled = true;
   /// Bytes one thread's cache may hold for one allocator.
   std::size_t max_bytes = std::size_t{16} << 20;
-  /// Blocks one thread's cache may hold for one allocator (at most 256).
+  /// Blocks one thread's cache may hold for one allocator: at most 256 (more is an
+  /// invalid_argument naming the value, from the allocator's constructor).
   std::size_t max_blocks = 64;
   /// Larger blocks bypass the cache.
   std::size_t max_block_bytes = std::size_t{4} << 20;

@@ -25,6 +25,9 @@ struct allocator_stats {
   std::uint64_t upstream_frees = 0;
   std::uint64_t upstream_failures = 0;  ///< resource calls that returned out of memory
   std::uint64_t oom_count = 0;          ///< out_of_memory thrown
+  /// Refusals by set_limit: requests refused because in use would pass the limit (each also an
+  /// out_of_memory), and upstream requests refused because reserved would pass it (the pool then
+  /// releases cached blocks and retries, so such a request may still succeed).
   std::uint64_t limit_hits = 0;
   std::uint64_t invalid_frees = 0;  ///< deallocations rejected or corrected
   std::size_t cached_blocks = 0;    ///< free blocks/chunks held for reuse
