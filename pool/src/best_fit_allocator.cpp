@@ -34,13 +34,14 @@ block best_fit_allocator::allocate_block(stream_view stream, std::size_t bytes, 
     auto it = free_.find(rounded);
     if (it != free_.end()) {
       void* p = it->second.back();
+      // Live first: if that needs host memory and there is none, the block stays cached.
+      live_.emplace(p, live_block{rounded, bytes, held});
       it->second.pop_back();
       if (it->second.empty()) {
         free_.erase(it);
       }
       cached_.erase(p);
       cached_bytes_ -= rounded;
-      live_.emplace(p, live_block{rounded, bytes, held});
       return {p, rounded};
     }
   }
@@ -49,8 +50,13 @@ block best_fit_allocator::allocate_block(stream_view stream, std::size_t bytes, 
   if (p == nullptr) {
     return {};
   }
-  std::lock_guard lock(mutex_);
-  live_.emplace(p, live_block{rounded, bytes, held});
+  try {
+    std::lock_guard lock(mutex_);
+    live_.emplace(p, live_block{rounded, bytes, held});
+  } catch (...) {
+    upstream_deallocate(stream, p, rounded);  // no host memory to track it: give it back
+    throw;
+  }
   return {p, rounded};
 }
 

@@ -17,8 +17,13 @@ block naive_allocator::do_allocate(stream_view stream, std::size_t bytes, std::s
   if (p == nullptr) {
     return {};
   }
-  std::lock_guard lock(mutex_);
-  live_.emplace(p, live_block{bytes});
+  try {
+    std::lock_guard lock(mutex_);
+    live_.emplace(p, live_block{bytes});
+  } catch (...) {
+    upstream_deallocate(stream, p, bytes);  // no host memory to track it: give it back
+    throw;
+  }
   return {p, bytes};
 }
 

@@ -5,6 +5,7 @@
 #include <shared_mutex>
 
 #include "detail/cuda_seam.hpp"
+#include "detail/log_fixed.hpp"
 #include "detail/stream_pool_state.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
@@ -170,9 +171,9 @@ stream_pool_allocator::~stream_pool_allocator() {
   try {
     events_->synchronize_all();
   } catch (const std::exception& e) {
-    log(log_level::error,
-        std::string("poolscope: ") + name() +
-            ": barrier failed while destroying the pool; freeing anyway: " + e.what());
+    detail::log_fixed(log_level::error,
+                      "poolscope: %s: barrier failed while destroying the pool; freeing anyway: %s",
+                      name().c_str(), e.what());
   }
   closing_ = true;
   for (detail::stream_state* st : order_) {
@@ -232,6 +233,11 @@ std::vector<detail::stream_state*> stream_pool_allocator::states_snapshot() cons
   return order_;
 }
 
+detail::stream_state* stream_pool_allocator::state_at(std::size_t i) const noexcept {
+  std::shared_lock lock(states_mutex_);
+  return i < order_.size() ? order_[i] : nullptr;
+}
+
 std::size_t stream_pool_allocator::stream_count() const {
   std::shared_lock lock(states_mutex_);
   return order_.size();
@@ -280,16 +286,10 @@ free_outcome stream_pool_allocator::do_deallocate(stream_view stream, void* ptr,
 free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, void* ptr,
                                                          std::size_t bytes,
                                                          std::size_t alignment) noexcept {
-  const auto states = [this]() noexcept -> std::vector<detail::stream_state*> {
-    try {
-      return states_snapshot();
-    } catch (...) {
-      return {};
-    }
-  }();
+  // The states are walked by index, not copied: a free must work when the host is out of memory.
   // Allocated on another stream: it returns to that stream's pool once the work enqueued on
   // `stream` so far (the block's last use) has finished.
-  for (detail::stream_state* owner : states) {
+  for (std::size_t i = 0; detail::stream_state* owner = state_at(i); ++i) {
     if (owner->stream == stream) {
       continue;
     }
@@ -303,10 +303,10 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
     try {
       event = events_->record(stream);
     } catch (const std::exception& e) {
-      log(log_level::warn, std::string("poolscope: ") + name() +
-                               ": could not record an event for a cross-stream free; the block "
-                               "waits for the next barrier: " +
-                               e.what());
+      detail::log_fixed(log_level::warn,
+                        "poolscope: %s: could not record an event for a cross-stream free; the "
+                        "block waits for the next barrier: %s",
+                        name().c_str(), e.what());
     }
     // Counted as freed now, under the owner's mutex: the block is reusable only once drained.
     account_free(b.rounded, b.requested);
@@ -319,18 +319,14 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
       owner->pending_bytes += b.rounded;
       owner->live.erase(it);
     } catch (...) {
-      // No host memory to queue it: keep it live until release_cached() or destruction.
-      if (event != 0) {
-        events_->destroy(event);
-      }
-      log(log_level::warn, std::string("poolscope: ") + name() +
-                               ": out of host memory queueing a cross-stream free; the block is "
-                               "held until the pool is destroyed");
+      // No host memory to queue it: wait here for the freeing stream's work (the event, or a
+      // barrier without one), then give it straight back to its stream's pool.
+      return_at_once_locked(*owner, ptr, alignment, event);
     }
     return {bytes == b.requested ? hooks::free_error::none : hooks::free_error::size_mismatch,
             b.rounded, b.requested};
   }
-  for (detail::stream_state* owner : states) {
+  for (std::size_t i = 0; detail::stream_state* owner = state_at(i); ++i) {
     std::lock_guard lock(owner->mutex);
     for (const auto& p : owner->pending) {
       if (p.ptr == ptr) {
@@ -350,6 +346,37 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
     return out;
   }
   return {hooks::free_error::unknown_pointer, 0, 0};
+}
+
+void stream_pool_allocator::return_at_once_locked(detail::stream_state& owner, void* ptr,
+                                                  std::size_t alignment,
+                                                  stream_event_source::handle event) noexcept {
+  try {
+    if (event != 0) {
+      events_->synchronize(event);
+    } else {
+      events_->synchronize_all();
+    }
+  } catch (...) {
+    // The freeing stream's work cannot be waited for: keep the block (live in its pool, counted
+    // as freed) until the pool is destroyed rather than risk handing it out under that work.
+    if (event != 0) {
+      events_->destroy(event);
+    }
+    detail::log_fixed(log_level::error,
+                      "poolscope: %s: out of host memory queueing a cross-stream free, and the "
+                      "freeing stream could not be waited for; the block is held until the pool "
+                      "is destroyed",
+                      name().c_str());
+    return;
+  }
+  if (event != 0) {
+    events_->destroy(event);
+  }
+  const auto it = owner.live.find(ptr);
+  const std::size_t requested = it->second.requested;
+  owner.live.erase(it);
+  (void)strategy_deallocate(*owner.inner, owner.stream, ptr, requested, alignment);
 }
 
 void stream_pool_allocator::drain_pending_locked(detail::stream_state& st, bool after_barrier) {
@@ -568,8 +595,9 @@ std::size_t stream_pool_allocator::release_shared(bool all) noexcept {
         try {
           e.complete = events_->query(e.handle);
         } catch (const std::exception& ex) {
-          log(log_level::warn, std::string("poolscope: ") + name() +
-                                   ": event query failed; the block stays cached: " + ex.what());
+          detail::log_fixed(log_level::warn,
+                            "poolscope: %s: event query failed; the block stays cached: %s",
+                            name().c_str(), ex.what());
         }
       }
       if (!all && !e.complete) {

@@ -13,6 +13,8 @@
 // of: one thread's table, the orphans, the strategy.
 #include "detail/thread_cache.hpp"
 
+#include "detail/log_fixed.hpp"
+
 #include <algorithm>
 #include <string>
 
@@ -513,9 +515,10 @@ void allocator::tc_retire(thread_cache& c) noexcept {
   c.table_clear();
   std::erase(r.caches, &c);
   if (lost != 0) {
-    log(log_level::warn, "poolscope: " + name_ + ": out of host memory retiring an exiting " +
-                             "thread's cache; " + std::to_string(lost) +
-                             " live block(s) will be accounted by the strategy when freed");
+    detail::log_fixed(log_level::warn,
+                      "poolscope: %s: out of host memory retiring an exiting thread's cache; %zu "
+                      "live block(s) will be accounted by the strategy when freed",
+                      name_.c_str(), lost);
   }
 }
 

@@ -191,6 +191,9 @@ class stream_pool_allocator final : public allocator {
   detail::stream_state& state_for(stream_view stream);
   [[nodiscard]] detail::stream_state* find_state(stream_view stream) const;
   [[nodiscard]] std::vector<detail::stream_state*> states_snapshot() const;
+  /// The i-th stream state in first-use order, or null past the last; allocates nothing (states
+  /// are only added, and live as long as the pool).
+  [[nodiscard]] detail::stream_state* state_at(std::size_t i) const noexcept;
   void* acquire_block_locked(detail::stream_state& st, std::size_t bytes);
   void return_block_locked(detail::stream_state& st, void* ptr, std::size_t bytes) noexcept;
   void* take_local_locked(detail::stream_state& st, std::size_t bytes, std::size_t cap);
@@ -201,6 +204,11 @@ class stream_pool_allocator final : public allocator {
   [[nodiscard]] std::vector<std::shared_ptr<detail::release_event>> shared_events() const;
   void mark_complete(const std::vector<std::shared_ptr<detail::release_event>>& covered);
   std::size_t release_shared(bool all) noexcept;
+  /// Out of host memory queueing a cross-stream free: waits for `event` (a barrier without
+  /// one), then returns `ptr`, live in `owner`'s pool (its mutex held), to that pool. Keeps it
+  /// held if the wait fails.
+  void return_at_once_locked(detail::stream_state& owner, void* ptr, std::size_t alignment,
+                             stream_event_source::handle event) noexcept;
   free_outcome deallocate_elsewhere(stream_view stream, void* ptr, std::size_t bytes,
                                     std::size_t alignment) noexcept;
 
