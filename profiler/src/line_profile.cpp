@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 #include "detail/json_text.hpp"
 #include "poolscope/error.hpp"
@@ -206,6 +207,38 @@ profile_node node_from_json(const nlohmann::json& j, std::size_t depth) {
     }
   }
   return n;
+}
+
+// totals_of for a loaded document, whose figures are anyone's: a total past 2^64 - 1 is refused
+// naming the figure and the node, instead of wrapping. (Depth is bounded by node_from_json.)
+const profile_counts& checked_totals_of(profile_node& n) {
+  n.total = n.self;
+  for (auto& c : n.children) {
+    const profile_counts& k = checked_totals_of(c);
+    const std::pair<std::uint64_t*, std::uint64_t> sums[] = {
+        {&n.total.count, k.count},
+        {&n.total.used, k.used},
+        {&n.total.rounded, k.rounded},
+        {&n.total.freed, k.freed},
+        {&n.total.live, k.live},
+        {&n.total.live_at_peak, k.live_at_peak},
+        {&n.total.acquire_count, k.acquire_count},
+        {&n.total.acquired, k.acquired},
+        {&n.total.live_acquired, k.live_acquired}};
+    static constexpr const char* names[] = {"count",         "used",     "rounded",
+                                            "freed",         "live",     "live_at_peak",
+                                            "acquire_count", "acquired", "live_acquired"};
+    for (std::size_t i = 0; i < std::size(sums); ++i) {
+      std::uint64_t& total = *sums[i].first;
+      if (total > std::numeric_limits<std::uint64_t>::max() - sums[i].second) {
+        throw invalid_argument(std::string("poolscope: line profile figures '") + names[i] +
+                               "' of " + n.label() + " and the nodes under it add up to more " +
+                               "than 2^64 - 1");
+      }
+      total += sums[i].second;
+    }
+  }
+  return n.total;
 }
 
 const profile_counts& totals_of(profile_node& n) {
@@ -447,7 +480,7 @@ line_profile line_profile::from_json_document(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument(std::string("poolscope: malformed line profile: ") + e.what());
   }
-  p.recompute_totals();
+  (void)checked_totals_of(p.root);
   return p;
 }
 

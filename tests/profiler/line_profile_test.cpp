@@ -316,6 +316,34 @@ TEST(line_profile, from_json_refuses_out_of_range_and_negative_values) {
             2147483647);
 }
 
+TEST(line_profile, from_json_refuses_figures_whose_totals_pass_64_bits) {
+  // Each figure fits, but the totals (recomputed on load) wrapped: two call sites of 2^63 bytes
+  // each showed the root with 0 bytes used, and `poolscope report` printed that.
+  const std::uint64_t half = std::uint64_t{1} << 63;
+  line_profile p = test_data::profile_of(
+      {test_data::source_frame("a()", "/src/a.cpp", 1, test_data::allocations(1, half, half)),
+       test_data::source_frame("b()", "/src/b.cpp", 2, test_data::allocations(1, half, 0))});
+  const std::string what = load_error(p.to_json());
+  EXPECT_NE(what.find("'used'"), std::string::npos) << what;
+  EXPECT_NE(what.find("<root>"), std::string::npos) << what;
+  EXPECT_EQ(what.find("'rounded'"), std::string::npos) << what;  // half + 0 fits
+  // A node's own figures count in its total too.
+  profile_node parent =
+      test_data::source_frame("c()", "/src/c.cpp", 3, test_data::allocations(UINT64_MAX, 0, 0));
+  parent.children.push_back(
+      test_data::source_frame("d()", "/src/d.cpp", 4, test_data::allocations(1, 0, 0)));
+  const std::string nested = load_error(test_data::profile_of({std::move(parent)}).to_json());
+  EXPECT_NE(nested.find("'count'"), std::string::npos) << nested;
+  EXPECT_NE(nested.find("c() (c.cpp:3)"), std::string::npos) << nested;
+  // Totals of exactly 2^64 - 1 load.
+  const line_profile edge = line_profile::from_json(
+      test_data::profile_of(
+          {test_data::source_frame("a()", "/src/a.cpp", 1, test_data::allocations(1, half, 0)),
+           test_data::source_frame("b()", "/src/b.cpp", 2, test_data::allocations(1, half - 1, 0))})
+          .to_json());
+  EXPECT_EQ(edge.root.total.used, UINT64_MAX);
+}
+
 TEST(line_profile, from_json_refuses_absurd_nesting_instead_of_overflowing_the_stack) {
   // What the profiler can write (the root and 256 frames) loads, with totals recomputed.
   const line_profile deepest = line_profile::from_json(nested_profile_json(257));
