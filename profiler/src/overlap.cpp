@@ -1,6 +1,7 @@
 #include "poolscope/profiler/overlap.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <tuple>
@@ -33,6 +34,29 @@ std::string percent(double part, double whole) {
 
 std::int64_t us_to_ns(double us) {
   return static_cast<std::int64_t>(std::llround(us * 1000.0));
+}
+
+// end - begin for end >= begin: exact in unsigned arithmetic even where the signed difference
+// passes INT64_MAX (times either side of the origin).
+std::uint64_t span_ns(std::int64_t begin, std::int64_t end) noexcept {
+  return static_cast<std::uint64_t>(end) - static_cast<std::uint64_t>(begin);
+}
+
+std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept {
+  return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+// A device id as the summary takes it: an integer in [-1, INT_MAX] (-1: the host).
+std::optional<int> device_of(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT_MAX)
+               ? std::optional<int>(static_cast<int>(v.get<std::uint64_t>()))
+               : std::nullopt;
+  }
+  if (v.is_number_integer() && v.get<std::int64_t>() >= -1 && v.get<std::int64_t>() <= INT_MAX) {
+    return static_cast<int>(v.get<std::int64_t>());
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -86,7 +110,7 @@ std::vector<interval> merge_intervals(std::vector<interval> v) {
 std::uint64_t total_length(std::span<const interval> merged) noexcept {
   std::uint64_t n = 0;
   for (const interval& i : merged) {
-    n += static_cast<std::uint64_t>(i.end_ns - i.begin_ns);
+    n += span_ns(i.begin_ns, i.end_ns);
   }
   return n;
 }
@@ -174,7 +198,7 @@ std::vector<device_overlap> overlap_analyzer::analyze() const {
   for (const auto& [device, l] : devices_) {
     device_overlap d;
     d.device = device;
-    d.window_ns = static_cast<std::uint64_t>(window.end_ns - window.begin_ns);
+    d.window_ns = span_ns(window.begin_ns, window.end_ns);
     const auto compute = merge_intervals(l.of[0]);
     const auto transfer = merge_intervals(l.of[1]);
     const auto other = merge_intervals(l.of[2]);
@@ -215,8 +239,8 @@ void op_summary::add(std::uint64_t dur_ns, std::uint64_t op_bytes) noexcept {
   min_ns = count == 0 ? dur_ns : std::min(min_ns, dur_ns);
   max_ns = std::max(max_ns, dur_ns);
   ++count;
-  total_ns += dur_ns;
-  bytes += op_bytes;
+  total_ns = saturating_add(total_ns, dur_ns);
+  bytes = saturating_add(bytes, op_bytes);
 }
 
 double op_summary::mean_ns() const noexcept {
@@ -309,14 +333,17 @@ std::string trace_summary::to_text(std::size_t top) const {
       "%zu device(s), %llu events, window %s; transfer %s, %s of it overlapped with "
       "compute\n",
       devices.size(), static_cast<unsigned long long>(events),
-      format_ns(static_cast<double>(window_end_ns - window_begin_ns)).c_str(),
+      format_ns(window_end_ns >= window_begin_ns
+                    ? static_cast<double>(span_ns(window_begin_ns, window_end_ns))
+                    : 0.0)
+          .c_str(),
       format_ns(static_cast<double>(total_transfer)).c_str(),
       percent(static_cast<double>(total_both), static_cast<double>(total_transfer)).c_str());
   out += line;
   if (malformed != 0) {
     std::snprintf(line, sizeof line,
-                  "%llu event(s) left out: times that cannot be read (`poolscope trace check` "
-                  "names them)\n",
+                  "%llu event(s) left out: a time, name or device that cannot be read "
+                  "(`poolscope trace check` names them)\n",
                   static_cast<unsigned long long>(malformed));
     out += line;
   }
@@ -362,7 +389,7 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
       return false;
     }
     us = v.get<double>();
-    return std::isfinite(us) && std::abs(us) <= 9e15;
+    return std::isfinite(us) && std::abs(us) <= max_trace_time_us;
   };
   const trace_read_info info = read_trace(path, [&](std::uint64_t, const nlohmann::json& e) {
     // What `trace check` rejects as unreadable times is left out and counted, never summed: a
@@ -391,31 +418,57 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     if (complete) {
       const auto dur = e.find("dur");
       double dur_us = 0;
-      if (dur == e.end() || !time_of(*dur, dur_us) || dur_us < 0) {
+      // The end too must lie in the range: begin + dur past INT64_MAX wrapped to a slice that
+      // ended before it began.
+      if (dur == e.end() || !time_of(*dur, dur_us) || dur_us < 0 ||
+          !(ts_us + dur_us <= max_trace_time_us)) {
         ++s.malformed;
         return;
       }
       end = begin + us_to_ns(dur_us);
     }
-    lo = std::min(lo, begin);
-    hi = std::max(hi, end);
-    if (!complete) {
+    // The fields summed below are read before the event counts at all, so that one that cannot
+    // be read leaves the whole event out: a name that is not a string, a device that is not an
+    // int (get<int>() took 4294967296 as device 0).
+    const auto name_it = e.find("name");
+    if (name_it != e.end() && !name_it->is_string()) {
+      ++s.malformed;
       return;
     }
     const auto cat_it = e.find("cat");
-    if (cat_it == e.end() || !cat_it->is_string()) {
-      return;
-    }
-    const std::string& cat = cat_it->get_ref<const std::string&>();
-    const auto cls = classify_category(cat);
+    const auto cls = complete && cat_it != e.end() && cat_it->is_string()
+                         ? classify_category(cat_it->get_ref<const std::string&>())
+                         : std::nullopt;
     const auto args = e.find("args");
-    if (!cls || args == e.end() || !args->is_object()) {
+    const bool has_args = args != e.end() && args->is_object();
+    std::optional<int> device;
+    std::optional<int> peer[2];  // src_device, dst_device
+    if (cls && has_args) {
+      if (const auto dev = args->find("device"); dev != args->end()) {
+        device = device_of(*dev);
+        if (!device) {
+          ++s.malformed;
+          return;
+        }
+      }
+      const char* peer_keys[2] = {"src_device", "dst_device"};
+      for (std::size_t k = 0; k < 2; ++k) {
+        if (const auto it = args->find(peer_keys[k]); it != args->end()) {
+          peer[k] = device_of(*it);
+          if (!peer[k]) {
+            ++s.malformed;
+            return;
+          }
+        }
+      }
+    }
+    lo = std::min(lo, begin);
+    hi = std::max(hi, end);
+    if (!device || !cls) {  // (a device is read only for a counted category)
       return;
     }
-    const auto dev = args->find("device");
-    if (dev == args->end() || !dev->is_number_integer()) {
-      return;
-    }
+    const activity_class klass = *cls;
+    const std::string& cat = cat_it->get_ref<const std::string&>();
     if (window) {
       // Only the part inside the window counts.
       begin = std::max(begin, window->begin_ns);
@@ -424,33 +477,33 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
         return;
       }
     }
-    const int device = dev->get<int>();
-    analyzer.add(device, *cls, begin, end);
+    analyzer.add(*device, klass, begin, end);
     // A peer copy is transfer time on both of its devices (see timeline.cpp).
-    for (const char* key : {"src_device", "dst_device"}) {
-      const auto other = args->find(key);
-      if (other != args->end() && other->is_number_integer() && other->get<int>() != device &&
-          args->contains("src_device") && args->contains("dst_device")) {
-        analyzer.add(other->get<int>(), *cls, begin, end);
+    if (peer[0] && peer[1]) {
+      for (const std::optional<int>& other : peer) {
+        if (*other != *device) {
+          analyzer.add(*other, klass, begin, end);
+        }
       }
     }
-    const std::string name = e.value("name", "");
+    const std::string name =
+        name_it != e.end() ? name_it->get_ref<const std::string&>() : std::string();
     std::uint64_t bytes = 0;
     if (const auto b = args->find("bytes"); b != args->end() && b->is_number_unsigned()) {
       bytes = b->get<std::uint64_t>();
     }
-    const auto dur = static_cast<std::uint64_t>(end - begin);
+    const std::uint64_t dur = span_ns(begin, end);
     if (cat == "kernel" || cat == "nccl") {
-      op_summary& k = kernels[{device, name, cat}];
+      op_summary& k = kernels[{*device, name, cat}];
       k.name = name;
       k.category = cat;
-      k.device = device;
+      k.device = *device;
       k.add(dur, bytes);
     } else if (cat == "memcpy" || cat == "memset") {
-      op_summary& c = copies[{device, name, cat}];
+      op_summary& c = copies[{*device, name, cat}];
       c.name = name;
       c.category = cat;
-      c.device = device;
+      c.device = *device;
       c.add(dur, bytes);
     }
   });

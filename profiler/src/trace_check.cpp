@@ -295,6 +295,12 @@ std::int64_t to_ns(double us) {
   return static_cast<std::int64_t>(std::llround(us * 1000.0));
 }
 
+std::string range_text() {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%g us", max_trace_time_us);
+  return buf;
+}
+
 std::string ns_text(std::int64_t ns) {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%.3f us", static_cast<double>(ns) / 1000.0);
@@ -397,6 +403,12 @@ class checker {
         fail("\"ts\" is not a number");
         return;
       }
+      // Beyond it the time has no 64-bit ns value: to_ns and the sums below would wrap.
+      if (!(std::fabs(*ts) <= max_trace_time_us)) {
+        fail("\"ts\" " + e.find("ts")->dump() + " is out of range (more than " + range_text() +
+             " from the origin)");
+        return;
+      }
     }
     std::string scope = "t";
     if (ph == 'i' || ph == 'I') {
@@ -435,6 +447,15 @@ class checker {
         const double dur = dur_it->get<double>();
         if (dur < 0) {
           fail("\"dur\" is negative");
+          return;
+        }
+        if (!(dur <= max_trace_time_us)) {
+          fail("\"dur\" " + dur_it->dump() + " is out of range (more than " + range_text() + ")");
+          return;
+        }
+        if (!(*ts + dur <= max_trace_time_us)) {
+          fail("slice ends past the range (ts + dur more than " + range_text() +
+               " from the origin)");
           return;
         }
         const std::int64_t b = to_ns(*ts);
@@ -800,7 +821,9 @@ std::string trace_issue::to_string() const {
   }
   if (ts_us) {
     char buf[48];
-    std::snprintf(buf, sizeof buf, " (ts %.3f us)", *ts_us);
+    // Times out of range (1e300) as exponents: in %.3f they ran past the buffer, ")" and all.
+    std::snprintf(buf, sizeof buf,
+                  std::fabs(*ts_us) <= max_trace_time_us ? " (ts %.3f us)" : " (ts %g us)", *ts_us);
     s += buf;
   }
   return s + ": " + message;

@@ -373,6 +373,78 @@ TEST(overlap, summary_leaves_out_and_counts_events_with_unreadable_times) {
   EXPECT_EQ(s.to_json()["malformed"], 7);
 }
 
+TEST(overlap, summary_measures_windows_at_the_ends_of_the_time_range) {
+  // Timestamps up to 9e15 µs either side of the origin are read; the window between the first
+  // and the last came out negative (a signed difference past INT64_MAX), and a slice whose end
+  // lay past the range was summed as a kernel of 8e18 ns with no busy time at all.
+  poolscope::profiler::testing::temp_file f(".json");
+  {
+    std::ofstream out(f.path());
+    out << R"({"traceEvents": [
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": -9e15, "dur": 1,
+       "args": {"device": 0}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 8e15, "dur": 1e15,
+       "args": {"device": 0}},
+      {"name": "L", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 8e15, "dur": 8e15,
+       "args": {"device": 0}}
+    ]})";
+  }
+  const auto s = poolscope::profiler::summarize_trace(f.path());
+  // -9e15 µs .. 9e15 µs in ns: the ends and the length, computed here without the summary.
+  const std::int64_t begin_ns = -9'000'000'000'000'000'000;
+  const std::int64_t end_ns = 9'000'000'000'000'000'000;
+  const std::uint64_t window_ns = 18'000'000'000'000'000'000U;
+  EXPECT_EQ(s.malformed, 1U);  // "L": its end is past the range
+  EXPECT_EQ(s.window_begin_ns, begin_ns);
+  EXPECT_EQ(s.window_end_ns, end_ns);
+  const std::string text = s.to_text();
+  EXPECT_EQ(text.find("window -"), std::string::npos) << text;
+  char window_text[64];
+  std::snprintf(window_text, sizeof window_text, "window %.3f s",
+                static_cast<double>(window_ns) / 1e9);
+  EXPECT_NE(text.find(std::string("events, ") + window_text), std::string::npos) << text;
+  ASSERT_EQ(s.devices.size(), 1U);
+  EXPECT_EQ(s.devices[0].window_ns, window_ns);
+  const std::uint64_t busy_ns = 1000U + 1'000'000'000'000'000'000U;  // 1 µs and 1e15 µs
+  EXPECT_EQ(s.devices[0].compute_ns, busy_ns);
+  EXPECT_EQ(s.devices[0].busy_ns, busy_ns);
+  EXPECT_EQ(s.devices[0].idle_ns, window_ns - busy_ns);
+  ASSERT_EQ(s.kernels.size(), 1U);
+  EXPECT_EQ(s.kernels[0].name, "K");
+  EXPECT_EQ(s.kernels[0].total_ns, busy_ns);
+}
+
+TEST(overlap, summary_leaves_out_events_with_unreadable_devices_or_names) {
+  // A device beyond int was summed on another device (4294967296 as device 0), and a name that
+  // is not a string ended the whole summary with nlohmann's type_error naming no event.
+  poolscope::profiler::testing::temp_file f(".json");
+  {
+    std::ofstream out(f.path());
+    out << R"({"traceEvents": [
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 1, "dur": 2,
+       "args": {"device": 0}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 4, "dur": 3,
+       "args": {"device": 4294967296}},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 4, "dur": 3,
+       "args": {"device": -2}},
+      {"name": 7, "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 8, "dur": 1,
+       "args": {"device": 0}},
+      {"name": "P", "cat": "memcpy", "ph": "X", "pid": 100, "tid": 2, "ts": 10, "dur": 1,
+       "args": {"device": 0, "src_device": 0, "dst_device": 4294967297}}
+    ]})";
+  }
+  const auto s = poolscope::profiler::summarize_trace(f.path());
+  EXPECT_EQ(s.malformed, 4U);
+  ASSERT_EQ(s.devices.size(), 1U);
+  EXPECT_EQ(s.devices[0].device, 0);
+  EXPECT_EQ(s.devices[0].compute_ns, 2000U);
+  EXPECT_EQ(s.devices[0].compute_ops, 1U);
+  EXPECT_EQ(s.devices[0].transfer_ops, 0U);
+  ASSERT_EQ(s.kernels.size(), 1U);
+  EXPECT_EQ(s.kernels[0].count, 1U);
+  EXPECT_TRUE(s.copies.empty());
+}
+
 TEST(overlap, summary_text_keeps_long_kernel_names_whole) {
   // CUB and CUTLASS kernels demangle to hundreds of characters; such a name was cut with the
   // rest of its line at 511 bytes, end of line included, so the next line ran into it.

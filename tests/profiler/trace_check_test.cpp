@@ -147,6 +147,24 @@ TEST(trace_check, missing_fields) {
   expect_one_issue(check(R"(7)"), {"not a JSON object"});
 }
 
+TEST(trace_check, times_out_of_range) {
+  // `trace summary` leaves out times beyond 9e15 µs from the origin (their ns do not fit 64
+  // bits) and says `trace check` names them: the checker passed them, and summed them wrapped.
+  expect_one_issue(check(R"({"ph":"i","name":"far","pid":1,"tid":1,"ts":1e300})"),
+                   {"event #5 \"far\" (ts 1e+300 us): \"ts\" 1e+300 is out of range"});
+  expect_one_issue(check(R"({"ph":"X","name":"long","pid":1,"tid":1,"ts":1,"dur":1e300})"),
+                   {"event #5", "\"long\"", "\"dur\" 1e+300 is out of range"});
+  expect_one_issue(check(R"({"ph":"X","name":"late","pid":1,"tid":1,"ts":8e15,"dur":8e15})"),
+                   {"event #5", "\"late\"", "ends past the range"});
+  expect_one_issue(check(R"({"ph":"s","name":"early","cat":"c","pid":1,"tid":1,"ts":-1e16,
+                            "id":1})"),
+                   {"event #5", "\"ts\" -1e+16 is out of range"});
+  // The ends of the range themselves are times.
+  EXPECT_TRUE(check(R"({"ph":"X","name":"a","pid":1,"tid":1,"ts":-9e15,"dur":1},
+                       {"ph":"X","name":"b","pid":1,"tid":1,"ts":8e15,"dur":1e15})")
+                  .ok());
+}
+
 TEST(trace_check, unknown_phase) {
   const auto r = check(R"({"ph":"Q","name":"strange","pid":1,"tid":1,"ts":2})");
   expect_one_issue(r, {"event #5", "\"strange\"", "unknown phase \"Q\""});

@@ -151,9 +151,11 @@ struct op_summary {
 /// overlap, idle time, and the top kernels and copies.
 struct trace_summary {
   std::uint64_t events = 0;
-  /// Events left out for times that cannot be read: not an object, no "ph", a "ts" (or an X
-  /// event's "dur") missing, not a finite number or out of range, a negative "dur". `poolscope
-  /// trace check` names them.
+  /// Events left out for fields that cannot be read: not an object, no "ph", a "ts" (or an X
+  /// event's "dur") missing, not a finite number or out of range (max_trace_time_us, for the
+  /// slice's end too), a negative "dur", a "name" that is not a string; and X events of a
+  /// counted category whose args "device", "src_device" or "dst_device" is not an integer in
+  /// [-1, INT_MAX]. `poolscope trace check` names all but the last.
   std::uint64_t malformed = 0;
   std::int64_t window_begin_ns = 0;  ///< ts of the earliest event (ns since the trace origin)
   std::int64_t window_end_ns = 0;    ///< end of the latest event
@@ -168,7 +170,7 @@ struct trace_summary {
 
 /// Reads the trace at `path` (plain or gzip, streamed) and summarises its device activity: X
 /// events whose cat classify_category knows, on the device in their args "device" (events
-/// without one are not counted; events with unreadable times are counted in `malformed`). Throws
+/// without one are not counted; events with unreadable fields are counted in `malformed`). Throws
 /// runtime_error if the file cannot be read or parsed. With a `window` (ns since the trace's
 /// origin, as `ts` * 1000), only the parts of the slices inside it count and it is the window of
 /// every device (an op's overlap, not the whole run's).

@@ -14,8 +14,9 @@
 // - the file is JSON (plain or gzip) whose top level is {"traceEvents":[...], ...} or [...];
 // - every event is an object with a known phase ("ph") and the fields that phase needs: name,
 //   pid, tid (where the event sits on a thread), numeric ts; "dur" >= 0 for X (an X without dur is
-//   an unclosed slice); an id for flows (s/t/f) and async events (b/e/n); counters (C) with a
-//   non-empty args object of numbers; metadata (M) with its args (name or sort_index);
+//   an unclosed slice); ts and ts + dur within max_trace_time_us of the origin; an id for flows
+//   (s/t/f) and async events (b/e/n); counters (C) with a non-empty args object of numbers;
+//   metadata (M) with its args (name or sort_index);
 // - slices nest per track: on one (pid, tid) two slices (X, or B/E pairs) are either disjoint or
 //   one contains the other; every B has its E;
 // - flows pair up: every "s" has an "f" with the same cat and id and vice versa, the end is not
@@ -42,6 +43,11 @@
 #include <vector>
 
 namespace poolscope::profiler {
+
+/// The largest |ts| and |ts + dur| (µs from the trace's origin; about 285 years) that
+/// check_trace and summarize_trace (overlap.hpp) take as times: in ns they fit 64 bits. Beyond
+/// it check_trace reports the event and summarize_trace leaves it out.
+inline constexpr double max_trace_time_us = 9e15;
 
 /// What read_trace saw besides the events.
 struct trace_read_info {
