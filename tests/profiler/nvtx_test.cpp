@@ -38,36 +38,7 @@
 #include "poolscope/pool/naive_allocator.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/nvtx.hpp"
-
-// Allocation failure on demand, for the memory hook's out-of-memory test: when t_fail_new is
-// set to k > 0, the k-th operator new on this thread from then on throws std::bad_alloc. Not
-// under a sanitizer, whose allocator owns operator new and delete (replacing them mixes the two
-// allocators); that test skips there.
-namespace {
-constinit thread_local int t_fail_new = 0;
-}  // namespace
-
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define POOLSCOPE_TEST_FAILING_NEW 0
-#else
-#define POOLSCOPE_TEST_FAILING_NEW 1
-void* operator new(std::size_t n) {
-  if (t_fail_new > 0 && --t_fail_new == 0) {
-    throw std::bad_alloc();
-  }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) {
-    return p;
-  }
-  throw std::bad_alloc();
-}
-// Not inlined: GCC would then see std::free of what it takes for a new-expression's pointer.
-[[gnu::noinline]] void operator delete(void* p) noexcept {
-  std::free(p);
-}
-[[gnu::noinline]] void operator delete(void* p, std::size_t /*n*/) noexcept {
-  std::free(p);
-}
-#endif
+#include "support/failing_new.hpp"  // the memory hook's out-of-memory test
 
 #ifndef POOLSCOPE_NVTX_INJECTION_PATH
 #error \
@@ -547,7 +518,7 @@ TEST_F(nvtx_injection, memory_hook_skips_blocks_of_unknown_segments) {
 // undescribed, and nothing is left registered with the tool that the hook no longer knows of (it
 // could never unregister it). Then the same segment is described and undescribed normally.
 TEST_F(nvtx_injection, memory_hook_out_of_host_memory_leaves_nothing_registered) {
-  if (!POOLSCOPE_TEST_FAILING_NEW) {
+  if (!poolscope::testing::failing_new_available) {
     GTEST_SKIP() << "needs the test's failing operator new, left out under a sanitizer";
   }
   poolscope::profiler::nvtx_memory_hook heaps;
@@ -557,10 +528,9 @@ TEST_F(nvtx_injection, memory_hook_out_of_host_memory_leaves_nothing_registered)
   alloc.phase = poolscope::hooks::event_phase::post;
   alloc.ptr = segment;
   alloc.requested = alloc.rounded = sizeof segment;
-  t_fail_new = 1;  // the hook's first allocation fails
+  poolscope::testing::fail_nth_new(1);  // the hook's first allocation fails
   heaps.on_event(alloc);
-  const int left = t_fail_new;
-  t_fail_new = 0;
+  const int left = poolscope::testing::cancel_failing_new();
   EXPECT_EQ(left, 0) << "the hook allocated nothing";
   EXPECT_EQ(heaps.live_heaps(), 0U);
   EXPECT_EQ(heaps.snapshot().heaps_registered, 0U);
