@@ -21,6 +21,10 @@
 // - set_limit(bytes): later requests that would take in-use bytes or reserved bytes past the
 //   limit fail with out_of_memory (cause "limit"); existing allocations are never touched.
 // - release_cached(): returns every wholly free upstream block to the resource.
+// - Host out of memory for the pool's own bookkeeping: allocate throws std::bad_alloc and
+//   changes nothing (a block taken upstream for it goes back); deallocate still frees the block
+//   (a stream pool that cannot queue a cross-stream free waits for the freeing stream instead).
+//   Either way reserved == in use + cached still holds (tests/pool/out_of_host_memory_test.cpp).
 // Thread cache (thread_cache_options; docs/thread_cache.md): strategies that support it (bfc,
 // best_fit) keep each thread's recently freed blocks, per (stream, rounded size), in a small
 // bounded cache of that thread's, so a cached allocate/deallocate pair takes no shared lock and
