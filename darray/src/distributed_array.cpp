@@ -216,11 +216,24 @@ std::shared_ptr<const reshard_plan> plan_for(const array_state& src,
   return plan;
 }
 
+// Adds to `dst` the parts of `from`, an earlier destination chunk of the same reshard on the same
+// device, inside `region` (a from_dst piece): what crossed to the device once, into `from`, is read
+// where it landed (no copy), each part ready when its piece has arrived.
+void alias_received(const chunk& from, const box& region, chunk& dst) {
+  for (const chunk_part& q : from.parts) {
+    auto r = intersect(q.region, region);
+    if (r && !r->empty()) {
+      dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
+    }
+  }
+}
+
 // The remote pieces of a replica-mode reshard as one backend::copy_group (NCCL: one grouped
 // call, every link at once). NCCL moves contiguous bytes only, so a strided side goes through a
 // dense staging buffer: packed on the sender's transfer queue before the group, unpacked on the
 // receiver's after it. Every piece is complete when its receiver's transfer queue passes the
-// group (no piece can be computed on earlier). Local pieces alias the source, as piece by piece.
+// group (no piece can be computed on earlier). Local pieces alias the source, as piece by piece,
+// and from_dst pieces the received parts of their destination chunk once the group is issued.
 template <typename DenseOf>
 void send_as_group(const array_state& src, array_state& out, const reshard_plan& plan,
                    transport how, DenseOf&& dense_of) {
@@ -240,6 +253,9 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   std::vector<arrival> arrivals;
   std::vector<backend::transfer> group;
   for (const piece& p : plan.pieces) {
+    if (p.from_dst) {
+      continue;  // after the group: the parts it reads are made there
+    }
     chunk& dst = out.chunks[p.dst_chunk];
     const chunk& from = src.chunks[p.src_chunk];
     for (const chunk_part& q : from.parts) {
@@ -306,6 +322,11 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
         chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
     ++out.info.transfers;
   }
+  for (const piece& p : plan.pieces) {
+    if (p.from_dst) {
+      alias_received(out.chunks[p.src_chunk], p.region, out.chunks[p.dst_chunk]);
+    }
+  }
 }
 
 // Chunks of fewer elements than this compute all their parts in one task (binary ops).
@@ -359,6 +380,11 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
   for (const piece& p : plan.pieces) {
     chunk& dst = out->chunks[p.dst_chunk];
+    if (p.from_dst) {
+      // The plan puts it after the piece it reads, so the parts it aliases are there.
+      alias_received(out->chunks[p.src_chunk], p.region, dst);
+      continue;
+    }
     const chunk& from = src.chunks[p.src_chunk];
     for (const chunk_part& q : from.parts) {
       auto r = intersect(q.region, p.region);

@@ -134,7 +134,8 @@ class plan_builder {
       : src_(src),
         dst_(dst),
         options_(options),
-        element_size_(static_cast<std::int64_t>(options.element_size)) {}
+        element_size_(static_cast<std::int64_t>(options.element_size)),
+        received_(dst.size()) {}
 
   reshard_plan build() {
     for (std::size_t j = 0; j < dst_.size(); ++j) {
@@ -163,8 +164,40 @@ class plan_builder {
     p.region = std::move(region);
     if (!p.local) {
       load_[p.src_device] += p.bytes;
+      if (!options_.accumulate) {
+        received_[j].push_back(p.region);
+      }
     }
     (p.local ? local_ : remote_).push_back(std::move(p));
+  }
+
+  // Takes the parts of `rest` that destination chunk k (before j, on j's device) receives from
+  // another device, leaving the others in `rest`: they cross to the device once, into chunk k.
+  void take_received(std::size_t k, std::size_t j, std::vector<box>& rest) {
+    for (const box& got : received_[k]) {
+      std::vector<box> next;
+      for (const box& r : rest) {
+        std::optional<box> c = intersect(r, got);
+        if (!c) {
+          next.push_back(r);
+          continue;
+        }
+        piece p;
+        p.src_chunk = k;
+        p.dst_chunk = j;
+        p.src_device = dst_[j].device;
+        p.dst_device = dst_[j].device;
+        p.bytes = c->size() * element_size_;
+        p.local = true;
+        p.from_dst = true;
+        p.region = std::move(*c);
+        from_dst_.push_back(std::move(p));
+        std::vector<box> left = subtract(r, got);
+        next.insert(next.end(), std::make_move_iterator(left.begin()),
+                    std::make_move_iterator(left.end()));
+      }
+      rest = std::move(next);
+    }
   }
 
   // Every intersection is a piece: the executor reduces them.
@@ -194,7 +227,8 @@ class plan_builder {
   }
 
   // Each element of the destination chunk once: from its own device if held there (a chunk with
-  // the same box first, so that it is in place), else from the least-loaded remote holder.
+  // the same box first, so that it is in place), else from an earlier destination chunk on the
+  // device that receives it (so it crosses once), else from the least-loaded remote holder.
   void plan_replica(std::size_t j) {
     const int device = dst_[j].device;
     std::vector<std::size_t> locals;
@@ -209,6 +243,11 @@ class plan_builder {
     std::vector<box> rest{dst_[j].region};
     for (const std::size_t i : locals) {
       take_from(i, j, rest);
+    }
+    for (std::size_t k = 0; k < j && !rest.empty(); ++k) {
+      if (dst_[k].device == device && !received_[k].empty()) {
+        take_received(k, j, rest);
+      }
     }
     // A region goes to the least-loaded device among those holding any of it; what that device
     // does not hold goes back to the front of the queue. Every element so comes from the least-
@@ -260,21 +299,54 @@ class plan_builder {
     } else {
       remote = std::move(remote_);
     }
-    // Position in the destination chunk as a fraction offset / size, compared exactly.
+    // Each from_dst piece cut along the remote pieces (after splitting) of the chunk it takes
+    // from: every part follows the one piece it waits for.
+    std::vector<std::vector<std::size_t>> remote_into(dst_.size());
+    for (std::size_t k = 0; k < remote.size(); ++k) {
+      remote_into[remote[k].dst_chunk].push_back(k);
+    }
+    std::vector<std::vector<piece>> after(remote.size());
+    for (const piece& p : from_dst_) {
+      for (const std::size_t k : remote_into[p.src_chunk]) {
+        if (std::optional<box> c = intersect(p.region, remote[k].region)) {
+          piece q = p;
+          q.bytes = c->size() * element_size_;
+          q.region = std::move(*c);
+          after[k].push_back(std::move(q));
+        }
+      }
+    }
+    // Position in the destination chunk as a fraction offset / size, compared exactly. A piece
+    // that later chunks also read (from_dst) takes the earliest of their positions, so each of
+    // them gets its first elements early too.
+    const auto earlier = [](const std::pair<std::int64_t, std::int64_t>& a,
+                            const std::pair<std::int64_t, std::int64_t>& b) {
+      return wide{a.first} * b.second < wide{b.first} * a.second;
+    };
+    const auto position_of = [&](const piece& p) {
+      const box& whole = dst_[p.dst_chunk].region;
+      return std::pair<std::int64_t, std::int64_t>{storage_offset(whole, p.region), whole.size()};
+    };
     std::vector<std::pair<std::int64_t, std::int64_t>> position(remote.size());
     for (std::size_t k = 0; k < remote.size(); ++k) {
-      const box& whole = dst_[remote[k].dst_chunk].region;
-      position[k] = {storage_offset(whole, remote[k].region), whole.size()};
+      position[k] = position_of(remote[k]);
+      for (const piece& q : after[k]) {
+        const auto at = position_of(q);
+        if (earlier(at, position[k])) {
+          position[k] = at;
+        }
+      }
     }
     std::vector<std::size_t> order(remote.size());
     for (std::size_t k = 0; k < order.size(); ++k) {
       order[k] = k;
     }
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      const wide lhs = wide{position[a].first} * position[b].second;
-      const wide rhs = wide{position[b].first} * position[a].second;
-      if (lhs != rhs) {
-        return lhs < rhs;
+      if (earlier(position[a], position[b])) {
+        return true;
+      }
+      if (earlier(position[b], position[a])) {
+        return false;
       }
       if (remote[a].dst_device != remote[b].dst_device) {
         return remote[a].dst_device < remote[b].dst_device;
@@ -286,6 +358,9 @@ class plan_builder {
     plan.pieces = std::move(local_);
     for (const std::size_t k : order) {
       plan.pieces.push_back(std::move(remote[k]));
+      for (piece& q : after[k]) {
+        plan.pieces.push_back(std::move(q));
+      }
     }
     plan.pieces_of_dst.resize(dst_.size());
     std::map<std::pair<int, int>, std::int64_t> links;
@@ -314,7 +389,9 @@ class plan_builder {
   std::int64_t element_size_;
   std::vector<piece> local_;
   std::vector<piece> remote_;
-  std::map<int, std::int64_t> load_;  // remote bytes assigned to each source device so far
+  std::vector<piece> from_dst_;             // before splitting: cut in finish()
+  std::vector<std::vector<box>> received_;  // per destination chunk: remote regions (unsplit)
+  std::map<int, std::int64_t> load_;        // remote bytes assigned to each source device so far
 };
 
 }  // namespace
@@ -325,8 +402,9 @@ std::string reshard_plan::to_string() const {
                   " B local (" + std::to_string(bytes_in_place) + " B in place)\n";
   for (const piece& p : pieces) {
     s += "  " + p.region.to_string() + " " + std::to_string(p.src_device) + "->" +
-         std::to_string(p.dst_device) + " (src chunk " + std::to_string(p.src_chunk) +
-         ", dst chunk " + std::to_string(p.dst_chunk) + ") " + std::to_string(p.bytes) + " B " +
+         std::to_string(p.dst_device) + (p.from_dst ? " (from dst chunk " : " (src chunk ") +
+         std::to_string(p.src_chunk) + ", dst chunk " + std::to_string(p.dst_chunk) + ") " +
+         std::to_string(p.bytes) + " B " +
          (p.in_place ? "in place"
           : p.local  ? "local"
                      : "remote") +

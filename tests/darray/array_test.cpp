@@ -1,5 +1,6 @@
-// DistributedArray on the host backend: the seed example, partial modes, matmul, bad input, and
-// randomized sequences of reshards and ops on host:2..4, every result against a host reference.
+// DistributedArray on the host backend: the seed example, partial modes, matmul, bad input,
+// overlapping destination chunks on one device (each element crosses once), and randomized
+// sequences of reshards and ops on host:2..4, every result (and chunk) against a host reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,8 +8,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -600,6 +603,258 @@ TEST(darray_array, memory_returns_to_the_pools) {
   EXPECT_EQ(in_use(*be), 0U);
 }
 
+// --- destination replicas on one device ---
+
+// The elements of `b` in a host array `h` of `shape`, in b's row-major order (what chunk_to_host
+// gives for a chunk of box b).
+std::vector<i64> elements_of(const std::vector<i64>& h, const shape_t& shape, const box& b) {
+  std::vector<i64> out;
+  if (b.empty()) {
+    return out;
+  }
+  out.reserve(static_cast<std::size_t>(b.size()));
+  std::vector<i64> at(b.rank());
+  for (std::size_t a = 0; a < b.rank(); ++a) {
+    at[a] = b.dims[a].start;
+  }
+  while (true) {
+    i64 lin = 0;
+    for (std::size_t a = 0; a < b.rank(); ++a) {
+      lin = lin * shape[a] + at[a];
+    }
+    out.push_back(h[static_cast<std::size_t>(lin)]);
+    std::size_t a = b.rank();
+    while (a > 0) {
+      --a;
+      at[a] += b.dims[a].step;
+      if (at[a] < b.dims[a].stop) {
+        break;
+      }
+      at[a] = b.dims[a].start;
+      if (a == 0) {
+        return out;
+      }
+    }
+  }
+}
+
+// Every chunk of `x` against the host array `h` (chunk access, so a chunk that is wrong where a
+// replica on another chunk is right is caught).
+void expect_chunks_match(const distributed_array<i64>& x, const std::vector<i64>& h) {
+  for (std::size_t k = 0; k < x.chunks().size(); ++k) {
+    EXPECT_EQ(x.chunk_to_host(k), elements_of(h, x.shape(), x.chunks()[k].region))
+        << "chunk " << k << " (device " << x.chunks()[k].device << ", box "
+        << x.chunks()[k].region.to_string() << ")";
+  }
+}
+
+// The bytes a reshard from `from` into `to` must move, counted independently of the planner: on
+// each device, the elements some chunk of `to` there holds and no chunk of `from` there does,
+// each once however many chunks of `to` on that device hold it.
+i64 lacking_bytes(const index_map& from, const index_map& to, i64 element_size) {
+  std::map<int, std::set<test_support::point>> have;
+  std::map<int, std::set<test_support::point>> need;
+  for (const chunk_ref& c : from.chunks()) {
+    const auto p = test_support::points(c.region);
+    have[c.device].insert(p.begin(), p.end());
+  }
+  for (const chunk_ref& c : to.chunks()) {
+    const auto p = test_support::points(c.region);
+    need[c.device].insert(p.begin(), p.end());
+  }
+  i64 elements = 0;
+  for (const auto& [device, points] : need) {
+    for (const auto& e : points) {
+      elements += have[device].count(e) == 0 ? 1 : 0;
+    }
+  }
+  return elements * element_size;
+}
+
+struct overlap_case {
+  const char* name;
+  int devices;
+  shape_t shape;
+  index_map from;
+  index_map to;  // two overlapping chunks on device 0 whose overlap device 0 does not hold
+};
+
+std::vector<overlap_case> overlap_cases() {
+  std::vector<overlap_case> cases;
+  {
+    // [400:600] is in both chunks of device 0 and held by device 1 only.
+    overlap_case c{"1-D on host:2", 2, {1000}, {}, {}};
+    c.from = index_map::split({1000}, 0, {{0, 0, 400}, {1, 400, 1000}});
+    c.to.add(0, box{{slice{0, 600}}}).add(0, box{{slice{400, 1000}}}).add(1, box{{slice{0, 500}}});
+    cases.push_back(std::move(c));
+  }
+  {
+    // Device 0: rows 1..2 of the overlap are there already, rows 3..5 come from device 1.
+    // Device 1: its chunks overlap in row 0 (columns 1, 3, 5, 7), from device 0.
+    overlap_case c{"2-D on host:2", 2, {6, 8}, {}, {}};
+    c.from = index_map::split({6, 8}, 0, {{0, 0, 3}, {1, 3, 6}});
+    c.to.add(0, box{{slice{0, 6}, slice{0, 5}}})
+        .add(0, box{{slice{1, 6}, slice{3, 8}}})
+        .add(1, box{{slice{0, 6}, slice{1, 8, 2}}})
+        .add(1, box{{slice{0, 1}, slice{0, 8}}});
+    cases.push_back(std::move(c));
+  }
+  {
+    // The overlap [250:700] of device 0's chunks: [250:300] held there, [300:600] from device 1,
+    // [600:700] from device 2; device 1 takes a strided replica, device 2 a third.
+    overlap_case c{"1-D on host:3", 3, {900}, {}, {}};
+    c.from = index_map::blocks({900}, 0, 3);
+    c.to.add(0, box{{slice{100, 700}}})
+        .add(0, box{{slice{250, 900}}})
+        .add(1, box{{slice{0, 900, 2}}})
+        .add(2, box{{slice{0, 300}}});
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+// A reshard into a map with overlapping chunks on one device sends what that device lacks once:
+// the plan's remote bytes and the bytes the backend moved equal an independent count, piece by
+// piece (split or not, pushed or pulled) and as one group, and every destination chunk holds its
+// elements.
+TEST(darray_array, overlapping_destination_chunks_receive_each_element_once) {
+  for (const overlap_case& oc : overlap_cases()) {
+    SCOPED_TRACE(oc.name);
+    auto be = make_host_backend(oc.devices);
+    const i64 count = element_count(oc.shape);
+    const auto h = iota_values(count, 100);
+    const i64 want_bytes = lacking_bytes(oc.from, oc.to, sizeof(i64));
+    auto x = distributed_array<i64>::from_host(be, h, oc.shape, oc.from);
+    const reshard_options variants[] = {
+        {.split_bytes = 0},
+        {.split_bytes = 64},
+        {.split_bytes = 0, .issue_on = copy_queue::destination},
+        {.how = transport::nccl},
+    };
+    for (const reshard_options& o : variants) {
+      SCOPED_TRACE("transport " + std::to_string(static_cast<int>(o.how)) + ", split_bytes " +
+                   std::to_string(o.split_bytes));
+      const backend_stats before = be->stats();
+      const auto y = x.reshard(oc.to, o);
+      expect_chunks_match(y, h);
+      EXPECT_EQ(y.to_host(), h);
+      const reshard_plan& plan = *y.handle().last_reshard().plan;
+      EXPECT_EQ(plan.bytes_remote, want_bytes) << plan.to_string();
+      EXPECT_EQ(be->stats().bytes_peer - before.bytes_peer, static_cast<std::uint64_t>(want_bytes));
+      std::int64_t link_total = 0;
+      for (const auto& [from, to, bytes] : plan.link_bytes) {
+        link_total += bytes;
+      }
+      EXPECT_EQ(link_total, want_bytes);
+      // Every element of every destination chunk is accounted for once, locally or remotely.
+      i64 dst_bytes = 0;
+      for (const chunk_ref& c : oc.to.chunks()) {
+        dst_bytes += c.region.size() * static_cast<i64>(sizeof(i64));
+      }
+      EXPECT_EQ(plan.bytes_remote + plan.bytes_local, dst_bytes);
+    }
+  }
+}
+
+// The second chunk's share of the overlap reads the first chunk's received storage (no copy).
+TEST(darray_array, overlapping_destination_chunks_share_the_received_storage) {
+  auto be = make_host_backend(2);
+  const overlap_case oc = overlap_cases().front();
+  const auto h = iota_values(1000);
+  auto x = distributed_array<i64>::from_host(be, h, oc.shape, oc.from);
+  const auto y = x.reshard(oc.to);
+  ASSERT_EQ(y.chunks().size(), 3U);
+  const chunk& first = y.chunks()[0];
+  const chunk& second = y.chunks()[1];
+  const box overlap{{slice{400, 600}}};
+  bool shared = false;
+  for (const chunk_part& p : second.parts) {
+    if (!p.region.contains(overlap)) {
+      continue;
+    }
+    for (const chunk_part& q : first.parts) {
+      shared = shared || (q.storage == p.storage && q.region.contains(overlap));
+    }
+  }
+  EXPECT_TRUE(shared);
+  // [400:600] once (into chunk 0), [600:1000] into chunk 1, [0:400] to device 1.
+  EXPECT_EQ(y.handle().last_reshard().transfers, 3U);
+}
+
+// Ops that reshard their right operand into a map with overlapping chunks on one device compute
+// every chunk right, small chunks (all parts in one task) and large ones (each part as it lands).
+TEST(darray_array, fused_ops_on_overlapping_destination_chunks) {
+  for (const overlap_case& oc : overlap_cases()) {
+    SCOPED_TRACE(oc.name);
+    auto be = make_host_backend(oc.devices);
+    const i64 count = element_count(oc.shape);
+    const auto hx = iota_values(count, 3);
+    const auto hy = iota_values(count, -1000);
+    auto x = distributed_array<i64>::from_host(be, hx, oc.shape, oc.to);
+    auto y = distributed_array<i64>::from_host(be, hy, oc.shape, oc.from);
+    const backend_stats before = be->stats();
+    const auto z = x + y;  // y resharded into x's map inside the op
+    std::vector<i64> want(hx.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      want[i] = hx[i] + hy[i];
+    }
+    expect_chunks_match(z, want);
+    EXPECT_EQ(be->stats().bytes_peer - before.bytes_peer,
+              static_cast<std::uint64_t>(lacking_bytes(oc.from, oc.to, sizeof(i64))));
+  }
+  // Chunks of 2^20 elements and more: 1-D, device 0 holds [0:0.6n] and [0.4n:n], device 1 [0:n/2];
+  // the source splits at 0.4n.
+  auto be = make_host_backend(2);
+  const i64 n = i64{1} << 21;
+  const i64 lo = n * 2 / 5;
+  const i64 hi = n * 3 / 5;
+  index_map to;
+  to.add(0, box{{slice{0, hi}}}).add(0, box{{slice{lo, n}}}).add(1, box{{slice{0, n / 2}}});
+  const auto from = index_map::split({n}, 0, {{0, 0, lo}, {1, lo, n}});
+  const auto hx = iota_values(n, 7);
+  const auto hy = iota_values(n, 11);
+  auto x = distributed_array<i64>::from_host(be, hx, {n}, to);
+  auto y = distributed_array<i64>::from_host(be, hy, {n}, from);
+  const backend_stats before = be->stats();
+  const auto z = x + y.reshard(to, {.split_bytes = (n / 8) * 8});
+  std::vector<i64> want(hx.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    want[i] = hx[i] + hy[i];
+  }
+  expect_chunks_match(z, want);
+  // Device 0 lacks [lo:n], device 1 [0:lo].
+  EXPECT_EQ(be->stats().bytes_peer - before.bytes_peer,
+            static_cast<std::uint64_t>((n - lo) + lo) * sizeof(i64));
+}
+
+// matmul's row requests: two row blocks of `a` on device 0 need the same rows of `b` (held by
+// device 1 alone): they cross once, and the second block's request reads them where they landed.
+TEST(darray_array, matmul_sends_the_rows_of_b_once_per_device) {
+  auto be = make_host_backend(2);
+  const i64 m = 4, k = 6, n = 3;
+  const auto ha = iota_values(m * k, -5);
+  const auto hb = iota_values(k * n, 2);
+  auto a = distributed_array<i64>::from_host(be, ha, {m, k},
+                                             index_map::split({m, k}, 0, {{0, 0, 2}, {0, 2, 4}}));
+  auto b = distributed_array<i64>::from_host(be, hb, {k, n}, index_map::replicated({k, n}, {1}));
+  const backend_stats before = be->stats();
+  auto c = matmul(a, b);
+  std::vector<i64> want(static_cast<std::size_t>(m * n), 0);
+  for (i64 i = 0; i < m; ++i) {
+    for (i64 p = 0; p < k; ++p) {
+      for (i64 j = 0; j < n; ++j) {
+        want[static_cast<std::size_t>(i * n + j)] +=
+            ha[static_cast<std::size_t>(i * k + p)] * hb[static_cast<std::size_t>(p * n + j)];
+      }
+    }
+  }
+  EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
+  const auto b_bytes = static_cast<std::uint64_t>(k * n) * sizeof(i64);
+  EXPECT_EQ(c.handle().last_reshard().plan->bytes_remote, static_cast<std::int64_t>(b_bytes))
+      << c.handle().last_reshard().plan->to_string();
+  EXPECT_EQ(be->stats().bytes_peer - before.bytes_peer, b_bytes);  // was twice b
+}
+
 // --- randomized ---
 
 // A random map of `shape` over `devices`: a partition along a random axis (so every element is
@@ -673,6 +928,14 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
   std::mt19937_64 rng(seed);
   auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
   const bool verbose = std::getenv("POOLSCOPE_TEST_VERBOSE") != nullptr;
+  // Pieces that took a region another destination chunk on their device received (overlapping
+  // destination chunks: the region crossed once).
+  std::size_t reused = 0;
+  const auto count_reused = [&](const array_handle& h) {
+    for (const piece& p : h.last_reshard().plan->pieces) {
+      reused += p.from_dst ? 1 : 0;
+    }
+  };
   for (int round = 0; round < 12; ++round) {
     shape_t shape;
     const i64 rank = pick(1, 3);
@@ -702,10 +965,12 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
           x = x.reshard(random_map(rng, shape, devices),
                         {.how = pick(0, 1) == 1 ? transport::nccl : transport::automatic,
                          .split_bytes = pick(0, 1) * 64});
+          count_reused(x.handle());
           break;
         }
         case 1: {
           x = x + y;
+          count_reused(x.handle());
           for (std::size_t i = 0; i < hx.size(); ++i) {
             hx[i] += hy[i];
           }
@@ -719,7 +984,11 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
           break;
         }
         case 3: {
-          x = maximum(-x, y.reshard(random_map(rng, shape, devices)));
+          const auto moved = y.reshard(random_map(rng, shape, devices));
+          count_reused(moved.handle());
+          expect_chunks_match(moved, hy);
+          ASSERT_FALSE(HasFailure());
+          x = maximum(-x, moved);
           for (std::size_t i = 0; i < hx.size(); ++i) {
             hx[i] = std::max(-hx[i], hy[i]);
           }
@@ -758,8 +1027,12 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
         }
       }
       ASSERT_EQ(x.to_host(), hx);
+      expect_chunks_match(x, hx);  // each replica, not only the last one to_host writes
+      ASSERT_FALSE(HasFailure());
     }
   }
+  std::printf("darray_random: %zu pieces took a region another chunk on their device received\n",
+              reused);
   be->synchronize();
 }
 

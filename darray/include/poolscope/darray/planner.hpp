@@ -7,22 +7,38 @@
 //   auto p = plan_reshard(src, dst, {.element_size = 4});
 //   // p.pieces: [0:500] 0->0 local, [700:1000] 1->1 local, [500:700] 0->1 remote (800 B)
 //
-// Rules (DESIGN.md §2 darray):
+// Rules (DESIGN.md §2 darray: never send what is already in place, feed replicas once):
 // - replica source (accumulate = false): each destination chunk is partitioned exactly by its
 //   pieces. What a chunk on the destination device already holds is taken from there (local
 //   pieces: no transfer; `in_place` when the source chunk is the destination chunk). The rest
 //   comes from remote chunks; an element held by several remote chunks (replicas) is sent once,
 //   from the source device with the fewest bytes assigned so far (spreads load over links).
+// - each element crosses to a device at most once per reshard: when destination chunks on one
+//   device overlap (replicas) where no source chunk there holds the elements, the first chunk
+//   needing them receives them, and each later one takes them from it (`from_dst` pieces: local,
+//   src_chunk indexes the destination chunks; the executor aliases the first chunk's received
+//   storage, no copy). Such a piece takes what one remote piece (after splitting) delivered and
+//   comes right after it, so it is ready when that piece has arrived.
 // - partial source (accumulate = true): every source chunk intersecting a destination chunk
 //   contributes a piece (the executor reduces them); nothing is deduplicated.
 // - remote pieces larger than split_bytes are split along their outermost axis into parts of at
 //   most split_bytes (so compute on the first part can start while the rest is in flight).
 // - order: local pieces first; remote pieces by their position in the destination chunk (the
-//   fraction of the chunk before them), then destination device, then source device — so every
-//   destination gets its first elements early and every link starts at once.
+//   fraction of the chunk before them; for a piece that later chunks also take from, the
+//   smallest of its positions there and in its own chunk), then destination device, then source
+//   device — so every destination gets its first elements early and every link starts at once.
+//   Each from_dst piece comes right after the remote piece it takes from.
+//
+//   auto src2 = index_map::split({1000}, 0, {{0, 0, 300}, {1, 300, 1000}}).chunks();
+//   index_map dst2;                                   // replicas: [400:600] in both chunks
+//   dst2.add(0, box{{slice{0, 600}}}).add(0, box{{slice{400, 1000}}});
+//   auto q = plan_reshard(src2, dst2.chunks(), {.element_size = 4});
+//   // q.pieces: [0:300] 0->0 local; [300:600] 1->0 remote into dst chunk 0 (1200 B); [400:600]
+//   //   from dst chunk 0 into dst chunk 1 (from_dst, 800 B local); [600:1000] 1->0 remote into
+//   //   dst chunk 1 (1600 B). 2800 B cross, not 3600.
 //
 // Ownership: plain values. Thread safety: reentrant. Cost: O(src * dst) box intersections plus
-// the differences that deduplication needs.
+// the differences that deduplication needs, plus O(dst^2) for destination chunks sharing a device.
 #pragma once
 
 #include <cstddef>
@@ -37,9 +53,12 @@
 
 namespace poolscope::darray {
 
-/// One copy (or aliasing) of a region from a source chunk into a destination chunk.
+/// One copy (or aliasing) of a region from a source chunk into a destination chunk, or (from_dst)
+/// the aliasing of a region an earlier destination chunk on the same device receives.
 struct piece {
-  std::size_t src_chunk = 0;  ///< index into the source chunk list
+  /// Index into the source chunk list; with from_dst, into the destination chunk list (a chunk
+  /// before dst_chunk, on the same device).
+  std::size_t src_chunk = 0;
   std::size_t dst_chunk = 0;  ///< index into the destination chunk list
   int src_device = 0;
   int dst_device = 0;
@@ -47,6 +66,10 @@ struct piece {
   std::int64_t bytes = 0;  ///< region.size() * element_size
   bool local = false;      ///< src_device == dst_device: no transfer between devices
   bool in_place = false;   ///< local, and the source chunk's box equals the destination's
+  /// The region is what destination chunk src_chunk receives from another device (one remote
+  /// piece of the plan, earlier in it): taken from there on the device (local, not in place).
+  /// Only in replica-source plans.
+  bool from_dst = false;
   friend bool operator==(const piece&, const piece&) = default;
 };
 
@@ -60,11 +83,15 @@ struct plan_options {
   friend bool operator==(const plan_options&, const plan_options&) = default;
 };
 
-/// The pieces of a reshard, in issue order (see the file comment).
+/// The pieces of a reshard, in issue order (see the file comment): a from_dst piece comes after
+/// the remote piece it takes from.
 struct reshard_plan {
   std::vector<piece> pieces;
-  std::int64_t bytes_remote = 0;    ///< bytes crossing between devices
-  std::int64_t bytes_local = 0;     ///< bytes taken from a chunk on the same device
+  /// Bytes crossing between devices (an element crosses to a device at most once).
+  std::int64_t bytes_remote = 0;
+  /// Bytes taken from a chunk on the same device: a source chunk, or (from_dst) a destination
+  /// chunk that receives them.
+  std::int64_t bytes_local = 0;
   std::int64_t bytes_in_place = 0;  ///< of bytes_local, those already in the right chunk
   /// For each destination chunk, the indices (into pieces) of its pieces.
   std::vector<std::vector<std::size_t>> pieces_of_dst;
