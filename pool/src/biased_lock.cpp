@@ -65,9 +65,11 @@ struct presence_pool {
   std::mutex mutex;
   thread_presence* free = nullptr;
 };
-presence_pool& presences() {
-  static auto* pool = new presence_pool;  // NOLINT: intentionally leaked (see above)
-  return *pool;
+/// Null when there was no host memory for it: records are then not recycled. (A throwing new
+/// here ended the program: claim_thread_presence is noexcept, reached from a pool's lock.)
+presence_pool* presences() noexcept {
+  static presence_pool* const pool = new (std::nothrow) presence_pool;  // NOLINT: leaked (above)
+  return pool;
 }
 
 /// Set when the thread's record went back (trivially destructible: readable to the thread's end).
@@ -83,11 +85,11 @@ struct presence_holder {
     t_presence_released = true;
     thread_presence* const mine = t_presence;
     t_presence = nullptr;
-    if (mine != nullptr) {
-      presence_pool& pool = presences();
-      std::lock_guard lock(pool.mutex);  // publishes `inside == false` to the next thread
-      mine->next_free = pool.free;
-      pool.free = mine;
+    presence_pool* const pool = presences();
+    if (mine != nullptr && pool != nullptr) {
+      std::lock_guard lock(pool->mutex);  // publishes `inside == false` to the next thread
+      mine->next_free = pool->free;
+      pool->free = mine;
     }
   }
 };
@@ -105,12 +107,11 @@ thread_presence* claim_thread_presence() noexcept {
   (void)&t_holder;  // constructed here, on the thread's first claim, to give the record back
 
   thread_presence* mine = nullptr;
-  {
-    presence_pool& pool = presences();
-    std::lock_guard lock(pool.mutex);
-    if (pool.free != nullptr) {
-      mine = pool.free;
-      pool.free = mine->next_free;
+  if (presence_pool* const pool = presences()) {
+    std::lock_guard lock(pool->mutex);
+    if (pool->free != nullptr) {
+      mine = pool->free;
+      pool->free = mine->next_free;
       mine->next_free = nullptr;
     }
   }
