@@ -14,6 +14,7 @@
 
 #include "pool/allocator_types.hpp"
 #include "support/failing_new.hpp"
+#include "support/failing_new_operators.hpp"  // this test program's one inclusion
 
 namespace poolscope::pool::testing {
 namespace {

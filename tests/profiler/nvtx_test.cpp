@@ -38,7 +38,10 @@
 #include "poolscope/pool/naive_allocator.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/nvtx.hpp"
-#include "support/failing_new.hpp"  // the memory hook's out-of-memory test
+#include "support/failing_new.hpp"
+// The profiler test program's one inclusion of the failing operator new (its users: the memory
+// hook's out-of-memory test here, and out_of_host_memory_test.cpp).
+#include "support/failing_new_operators.hpp"
 
 #ifndef POOLSCOPE_NVTX_INJECTION_PATH
 #error \

@@ -1,6 +1,8 @@
 // Allocation failure on demand, for tests of what code does when the host runs out of memory.
-// Include this header in exactly ONE source file of a test executable: it replaces the global
-// operator new and delete (for the whole process, the libraries under test included).
+// This header (the countdown) may be included anywhere; the replacement operators that read the
+// countdown are in failing_new_operators.hpp, which exactly ONE source file of each test
+// executable includes (they replace the global operator new and delete for the whole process,
+// the libraries under test included).
 //
 //   poolscope::testing::fail_nth_new(3);   // the 3rd operator new on this thread from now throws
 //   ... code under test ...
@@ -40,23 +42,3 @@ inline constexpr bool failing_new_available = true;
 #endif
 
 }  // namespace poolscope::testing
-
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-void* operator new(std::size_t n) {
-  int& countdown = poolscope::testing::detail::failing_new_countdown;
-  if (countdown > 0 && --countdown == 0) {
-    throw std::bad_alloc();
-  }
-  if (void* p = std::malloc(n == 0 ? 1 : n)) {
-    return p;
-  }
-  throw std::bad_alloc();
-}
-// Not inlined: GCC would then see std::free of what it takes for a new-expression's pointer.
-[[gnu::noinline]] void operator delete(void* p) noexcept {
-  std::free(p);
-}
-[[gnu::noinline]] void operator delete(void* p, std::size_t /*n*/) noexcept {
-  std::free(p);
-}
-#endif
