@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -66,11 +67,15 @@ sink_state& sink() {
   return *s;
 }
 
+/// Both made when the library loads, not at the first log() call: a first call that reports
+/// the host running out of memory could not make them (and its line would be lost).
+[[maybe_unused]] const bool g_made_at_load = (threshold(), sink(), true);
+
 /// True while this thread runs the sink (and so holds sink_state::mutex): a nested log() or
 /// set_log_sink() must not take the mutex again.
 thread_local bool t_in_sink = false;
 
-const char* name(log_level l) {
+const char* name(log_level l) noexcept {
   switch (l) {
     case log_level::error:
       return "error";
@@ -86,14 +91,32 @@ const char* name(log_level l) {
   return "off";
 }
 
-/// One whole line on stderr, in a single write.
-void write_stderr(log_level level, std::string_view message) {
-  std::string line = "[poolscope ";
-  line += name(level);
-  line += "] ";
-  line.append(message);
-  line += '\n';
-  std::fwrite(line.data(), 1, line.size(), stderr);
+/// One whole line on stderr. Allocates nothing: a collector that has to give up because the host
+/// is out of memory says so through here, and that line must not be lost too. A line that fits
+/// the stack buffer goes out in a single write; a longer one in pieces under stderr's lock, so
+/// no other stdio output of this process lands inside it.
+void write_stderr(log_level level, std::string_view message) noexcept {
+  const std::string_view prefix = "[poolscope ";
+  const std::string_view level_name = name(level);
+  const std::string_view after = "] ";
+  char line[1024];
+  const std::size_t total = prefix.size() + level_name.size() + after.size() + message.size() + 1;
+  if (total <= sizeof line) {
+    char* out = line;
+    for (const std::string_view part : {prefix, level_name, after, message}) {
+      std::memcpy(out, part.data(), part.size());
+      out += part.size();
+    }
+    *out++ = '\n';
+    std::fwrite(line, 1, total, stderr);
+    return;
+  }
+  ::flockfile(stderr);
+  for (const std::string_view part : {prefix, level_name, after, message}) {
+    ::fwrite_unlocked(part.data(), 1, part.size(), stderr);
+  }
+  ::fputc_unlocked('\n', stderr);
+  ::funlockfile(stderr);
 }
 
 /// Sets t_in_sink for the duration of one sink call, exceptions included.
