@@ -91,6 +91,44 @@ void disable_gpu(const char* call, const char* error) noexcept {
   }
 }
 
+// ---- scopes lost for lack of memory ----------------------------------------------------------
+
+// Scopes of the active session that could not be counted (no memory for their frame or their
+// results). Rare, so one lock; checked against g_session under it, as stop() reads it after
+// clearing g_session, so a loss is in exactly the session's count or in none. A plain global
+// (std::mutex is constant-initialised and trivially destroyed): noting a loss allocates nothing.
+struct lost_scopes {
+  std::mutex mutex;
+  std::uint64_t session = 0;
+  std::uint64_t count = 0;
+};
+lost_scopes g_lost;
+
+void note_lost_scope(std::uint64_t session) noexcept {
+  bool first = false;
+  {
+    std::lock_guard lock(g_lost.mutex);
+    if (session != g_session.load(std::memory_order_acquire)) {
+      return;  // the session is over: the scope would not have been counted anyway
+    }
+    if (g_lost.session != session) {
+      g_lost.session = session;
+      g_lost.count = 0;
+    }
+    first = g_lost.count++ == 0;
+  }
+  if (first) {
+    log(log_level::error,
+        "function profiler: out of host memory, scopes are not being counted; the profile is "
+        "incomplete (function_profile::scopes_lost says how many)");
+  }
+}
+
+std::uint64_t lost_in(std::uint64_t session) noexcept {
+  std::lock_guard lock(g_lost.mutex);
+  return g_lost.session == session ? g_lost.count : 0;
+}
+
 // ---- results ---------------------------------------------------------------------------------
 
 struct name_stats {
@@ -485,7 +523,8 @@ std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_
       t_state.slice_begins.push_back(hooks::now_ns());
       done |= flag_timeline;
     } catch (...) {
-      // No memory for the open time: this scope is not on the timelines.
+      // No memory for the open time: this scope is not on the timelines, which count it lost.
+      lost_on_running_timelines();
     }
   }
   if ((flags & flag_profiler) == 0) {
@@ -506,7 +545,8 @@ std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_
     fr.session = session;
     ts.frames.push_back(fr);
   } catch (...) {
-    return done;  // no memory for the frame: this scope is not profiled
+    note_lost_scope(session);  // no memory for the frame: this scope is not profiled
+    return done;
   }
   ts.innermost[site.id] = static_cast<std::uint32_t>(ts.frames.size());
   frame& f = ts.frames.back();
@@ -612,6 +652,9 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept {
       } catch (...) {
         // No memory for the results: this scope is not counted (or, if only the pending pair
         // could not be queued, counted without its GPU time).
+        if (!counted) {
+          note_lost_scope(f.session);
+        }
       }
     }
     if (f.prev_same != 0) {
@@ -732,11 +775,12 @@ std::string function_profile::to_table() const {
   std::snprintf(buf, sizeof buf,
                 "total: %zu scopes, %" PRIu64
                 " calls, %s in scopes (sum of self), %s largest gpu total, %s used, %s acquired"
-                "%s\n",
+                "%s%s\n",
                 scopes.size(), calls, format_ns(self).c_str(),
                 gpu_timing ? format_ns(gpu_ns).c_str() : "no", format_size(used).c_str(),
                 format_size(acquired).c_str(),
-                gpu_pending != 0 || gpu_dropped != 0 ? " (gpu times incomplete)" : "");
+                gpu_pending != 0 || gpu_dropped != 0 ? " (gpu times incomplete)" : "",
+                scopes_lost != 0 ? " (incomplete: scopes lost for lack of memory)" : "");
   out += buf;
   return out;
 }
@@ -746,6 +790,7 @@ std::string function_profile::to_json() const {
   j["gpu_timing"] = gpu_timing;
   j["gpu_pending"] = gpu_pending;
   j["gpu_dropped"] = gpu_dropped;
+  j["scopes_lost"] = scopes_lost;
   auto& arr = j["scopes"] = nlohmann::json::array();
   for (const auto& s : scopes) {
     arr.push_back({
@@ -825,6 +870,9 @@ function_profile function_profile::from_json_document(const nlohmann::json& j) {
   p.gpu_timing = timing.get<bool>();
   p.gpu_pending = profile_u64(j, "", "gpu_pending");
   p.gpu_dropped = profile_u64(j, "", "gpu_dropped");
+  if (j.contains("scopes_lost")) {
+    p.scopes_lost = profile_u64(j, "", "scopes_lost");
+  }
   const auto& scopes = profile_field(j, "", "scopes");
   if (!scopes.is_array()) {
     bad_profile_field("", "scopes", scopes, "an array");
@@ -871,7 +919,8 @@ struct function_profiler::state {
   bool active = false;
   bool gpu = false;
   std::uint64_t session = 0;
-  shard_data final;  // results moved out of the shards at stop()
+  shard_data final;              // results moved out of the shards at stop()
+  std::uint64_t final_lost = 0;  // scopes of the stopped session lost for lack of memory
   memory_attribution_hook hook;
   bool hook_installed = false;
 
@@ -911,6 +960,7 @@ void function_profiler::start() {
     throw;
   }
   state_->final.clear();
+  state_->final_lost = 0;
   state_->gpu = options_.gpu_timing && gpu::gpu_available();
   state_->session = g_next_session.fetch_add(1, std::memory_order_relaxed) + 1;
   g_clock.store(options_.clock != nullptr ? options_.clock : &hooks::now_ns,
@@ -937,6 +987,7 @@ void function_profiler::stop() noexcept {
     hooks::uninstall(state_->hook);
     state_->hook_installed = false;
   }
+  state_->final_lost = lost_in(state_->session);  // g_session is 0 now: the count is final
   try {
     for_each_shard(state_->session, [this](shard_data& d) { state_->final.merge(std::move(d)); });
   } catch (...) {
@@ -956,7 +1007,9 @@ function_profile function_profiler::report(bool wait_for_gpu) {
   std::lock_guard lock(state_->mutex);
   if (!state_->active) {
     state_->final.resolve(wait_for_gpu);
-    return make_profile(state_->final, state_->final.pending.size(), state_->gpu);
+    function_profile p = make_profile(state_->final, state_->final.pending.size(), state_->gpu);
+    p.scopes_lost = state_->final_lost;
+    return p;
   }
   shard_data total;  // stats and counts only: the pending pairs stay with their shards
   std::uint64_t pending = 0;
@@ -971,12 +1024,15 @@ function_profile function_profiler::report(bool wait_for_gpu) {
     total.gpu_dropped += d.gpu_dropped;
     pending += d.pending.size();
   });
-  return make_profile(total, pending, state_->gpu);
+  function_profile p = make_profile(total, pending, state_->gpu);
+  p.scopes_lost = lost_in(state_->session);
+  return p;
 }
 
 void function_profiler::reset() {
   std::lock_guard lock(state_->mutex);
   state_->final.clear();
+  state_->final_lost = 0;
   if (state_->active) {
     // A new session id: every shard resets the next time its thread records; frames open now
     // belong to the old session and are dropped when they close.

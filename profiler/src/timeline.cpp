@@ -24,6 +24,58 @@
 namespace poolscope::profiler {
 namespace {
 
+/// JSON text built in a caller's fixed buffer, allocating nothing (for stop(), which must finish
+/// the trace when the host is out of memory). Past the buffer's end it only notes the overflow.
+class fixed_json {
+ public:
+  template <std::size_t N>
+  explicit fixed_json(char (&buf)[N]) noexcept : buf_(buf), cap_(N) {}
+  void raw(std::string_view s) noexcept {
+    for (const char c : s) {
+      put(c);
+    }
+  }
+  /// A JSON string: quotes, backslashes and control characters escaped; bytes outside ASCII
+  /// become '?' (the text is a diagnostic, and must stay valid UTF-8).
+  void quoted(std::string_view s) noexcept {
+    put('"');
+    for (const char ch : s) {
+      const auto c = static_cast<unsigned char>(ch);
+      if (c == '"' || c == '\\') {
+        put('\\');
+        put(ch);
+      } else if (c < 0x20) {
+        char u[8];
+        (void)std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned>(c));
+        raw(u);
+      } else {
+        put(c < 0x80 ? ch : '?');
+      }
+    }
+    put('"');
+  }
+  void number(std::uint64_t v) noexcept {
+    char d[24];
+    (void)std::snprintf(d, sizeof d, "%llu", static_cast<unsigned long long>(v));
+    raw(d);
+  }
+  [[nodiscard]] bool overflowed() const noexcept { return overflow_; }
+  [[nodiscard]] std::string_view text() const noexcept { return {buf_, size_}; }
+
+ private:
+  void put(char c) noexcept {
+    if (size_ < cap_) {
+      buf_[size_++] = c;
+    } else {
+      overflow_ = true;
+    }
+  }
+  char* buf_;
+  std::size_t cap_;
+  std::size_t size_ = 0;
+  bool overflow_ = false;
+};
+
 // ---- timelines that closed scopes are fed to (detail/scope_timelines.hpp) -------------------
 
 struct running_timeline {
@@ -161,6 +213,7 @@ struct timeline::impl {
   std::unique_ptr<timeline_hook> hook;
   bool hook_installed = false;
   bool scopes_registered = false;  // in the running-timeline registry (start and stop only)
+  bool memory_loss_logged = false;
 
   // --- output -------------------------------------------------------------------------------
 
@@ -195,28 +248,67 @@ struct timeline::impl {
     return !stats.write_failed && !stopping;
   }
 
+  // Where `current` stood before an event group was formatted into it. If formatting throws (no
+  // memory for a longer chunk), roll_back cuts off what the group appended, so `current` only
+  // ever holds whole events and the counts match it.
+  struct group_mark {
+    std::size_t bytes;
+    std::uint64_t events;
+    std::uint64_t written;
+  };
+  [[nodiscard]] group_mark mark() const noexcept {
+    return {current.size(), current_events, stats.events_written};
+  }
+  void roll_back(const group_mark& m) noexcept {
+    if (current.size() > m.bytes) {
+      current.resize(m.bytes);  // shrinks: allocates nothing
+    }
+    current_events = m.events;
+    stats.events_written = m.written;
+  }
+
+  // A host event lost for lack of memory: counted with the dropped ones, and said once.
+  void lost_to_memory() noexcept {
+    ++stats.events_dropped;
+    if (!memory_loss_logged) {
+      memory_loss_logged = true;
+      log(log_level::error,
+          "poolscope: the timeline is out of host memory and drops events; they are counted in "
+          "events_dropped");
+    }
+  }
+
+  // The trace events of one allocator event (its instant, its counters); caller holds mutex.
+  void format_allocator_event(const hooks::event& e, const memory_peak& p,
+                              const std::pair<std::uint64_t, std::uint64_t>& dev_now,
+                              bool counter_changed);
+
   void put(const trace_event& e) {
     append_trace_event(current, e, origin);
     ++current_events;
     ++stats.events_written;
   }
 
+  // The track is marked named only once its metadata is in `current` (an exception in between
+  // leaves it unnamed, and the group's roll_back takes the metadata out again).
   void name_process(std::int64_t pid, const std::string& name, std::int64_t sort) {
-    if (named_pids.insert(pid).second) {
+    if (named_pids.count(pid) == 0) {
       append_process_name(current, pid, name);
       append_process_sort_index(current, pid, sort);
       current_events += 2;
       stats.events_written += 2;
+      named_pids.insert(pid);
     }
   }
 
   void name_thread(std::int64_t pid, std::int64_t tid, const std::string& label,
                    std::int64_t sort) {
-    if (named_threads.insert({pid, tid}).second) {
+    if (named_threads.count({pid, tid}) == 0) {
       append_thread_name(current, pid, tid, label);
       append_thread_sort_index(current, pid, tid, sort);
       current_events += 2;
       stats.events_written += 2;
+      named_threads.insert({pid, tid});
     }
   }
 
@@ -260,29 +352,46 @@ struct timeline::impl {
       room.notify_all();
       const bool failed = stats.write_failed;
       lock.unlock();
-      std::string error;
+      char error[512] = "";  // a fixed buffer: this thread must not need memory to fail
+      bool write_error = false;
       std::uint64_t written = 0;
       if (!failed) {
         try {
           writer->write_formatted(chunk, count);
         } catch (const std::exception& e) {
-          error = e.what();
+          write_error = true;
+          std::snprintf(error, sizeof error, "%s", e.what());
         }
         written = writer->bytes();  // this thread is the writer's only user until stop() joins
       }
       lock.lock();
       stats.bytes_written = std::max(stats.bytes_written, written);
-      if (!error.empty() && !stats.write_failed) {
-        stats.write_failed = true;
-        stats.write_error = error;
-        room.notify_all();
-        log(log_level::error, "poolscope: the timeline stopped writing its trace: " + error);
+      if (write_error) {
+        write_failed(error);
       }
       chunk.clear();
-      if (spare.size() < 2) {
+      if (spare.size() < spare.capacity()) {  // reserved at start(): never allocates here
         spare.push_back(std::move(chunk));
       }
     }
+  }
+
+  // Records the first write failure, says it once; allocates nothing beyond the message kept in
+  // stats (if even that fails, a fixed one). Caller holds mutex.
+  void write_failed(const char* error, const char* what = "stopped writing") noexcept {
+    if (stats.write_failed) {
+      return;
+    }
+    stats.write_failed = true;
+    try {
+      stats.write_error = error;
+    } catch (...) {
+      stats.write_error.clear();  // empty: shrinking only
+    }
+    room.notify_all();
+    char message[512];
+    std::snprintf(message, sizeof message, "poolscope: the timeline %s its trace: %s", what, error);
+    log(log_level::error, message);
   }
 
   // --- links --------------------------------------------------------------------------------
@@ -677,6 +786,14 @@ void feed_running_timelines(const host_slice& s) noexcept {
   }
 }
 
+void lost_on_running_timelines() noexcept {
+  auto& r = scope_timelines();
+  std::lock_guard lock(r.mutex);
+  for (const running_timeline& x : r.running) {
+    x.t->lost_host_events(1);
+  }
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------------------------------------
@@ -712,6 +829,7 @@ void timeline::start() {
     m.origin = hooks::now_ns();
     m.writer = std::make_unique<trace_writer>(options_.trace_path, m.origin, options_.writer);
     m.current = m.take_spare();
+    m.spare.reserve(2);  // the writer thread gives chunks back without allocating
     m.name_process(host_pid,
                    options_.process_name.empty() ? default_process_name() : options_.process_name,
                    0);
@@ -781,45 +899,68 @@ void timeline::stop() noexcept {
     }
     m.waiting_ops.clear();
     m.waiting_count = 0;
-    if (!m.current.empty()) {
-      m.queue.emplace_back(std::move(m.current), m.current_events);
-      m.current.clear();
-      m.current_events = 0;
-    }
     m.stopping = true;
     m.to_writer.notify_all();
     m.room.notify_all();
   }
   m.writer_thread.join();
-  nlohmann::json other;
-  {
-    std::lock_guard lock(m.mutex);
-    other["generator"] = "poolscope";
-    other["clock"] = "CLOCK_MONOTONIC";
-    other["origin_ns"] = m.origin;
-    other["stop_ns"] = m.stop_ns;
-    other["pids"] = "host 1; CUDA device d: 100 + d";
-    other["events_written"] = m.stats.events_written;
-    other["events_dropped"] = m.stats.events_dropped;
-    if (m.collector != nullptr) {
-      const cupti_status c = m.collector->status();
-      other["cupti"] = {{"state", std::string(to_string(c.state))},
-                        {"reason", c.reason},
-                        {"records", c.records},
-                        {"dropped_records", c.dropped_records},
-                        {"buffers_refused", c.buffers_refused}};
+  // The last, partly filled chunk: written here, after the writer thread has written the queue
+  // and ended (queueing it could need memory that stop() may not have).
+  if (!m.current.empty() && !m.stats.write_failed) {
+    try {
+      m.writer->write_formatted(m.current, m.current_events);
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m.mutex);
+      m.write_failed(e.what());
     }
   }
+  m.current.clear();
+  m.current_events = 0;
+  // otherData as text in a fixed buffer: stop() must finish the trace with the host out of
+  // memory, and a nlohmann::json object allocates even to be destroyed (and is left unusable when
+  // an insertion into a null value fails).
+  char other_buf[2048];
+  fixed_json other{other_buf};
+  {
+    std::lock_guard lock(m.mutex);
+    other.raw("{\"generator\":\"poolscope\",\"clock\":\"CLOCK_MONOTONIC\",\"origin_ns\":");
+    other.number(m.origin);
+    other.raw(",\"stop_ns\":");
+    other.number(m.stop_ns);
+    other.raw(",\"pids\":\"host 1; CUDA device d: 100 + d\",\"events_written\":");
+    other.number(m.stats.events_written);
+    other.raw(",\"events_dropped\":");
+    other.number(m.stats.events_dropped);
+    if (m.collector != nullptr) {
+      try {
+        const cupti_status c = m.collector->status();
+        other.raw(",\"cupti\":{\"state\":");
+        other.quoted(to_string(c.state));
+        other.raw(",\"reason\":");
+        other.quoted(c.reason);
+        other.raw(",\"records\":");
+        other.number(c.records);
+        other.raw(",\"dropped_records\":");
+        other.number(c.dropped_records);
+        other.raw(",\"buffers_refused\":");
+        other.number(c.buffers_refused);
+        other.raw("}");
+      } catch (...) {
+        // No memory for the collector's status: otherData goes without it.
+      }
+    }
+    other.raw("}");
+  }
+  if (other.overflowed()) {
+    log(log_level::warn,
+        "poolscope: the timeline's otherData did not fit; the trace's is left "
+        "empty");
+  }
   try {
-    m.writer->close(other);
+    m.writer->close_text(other.overflowed() ? std::string_view("{}") : other.text());
   } catch (const std::exception& e) {
     std::lock_guard lock(m.mutex);
-    if (!m.stats.write_failed) {
-      m.stats.write_failed = true;
-      m.stats.write_error = e.what();
-      log(log_level::error,
-          std::string("poolscope: the timeline could not finish its trace: ") + e.what());
-    }
+    m.write_failed(e.what(), "could not finish");
   }
   std::lock_guard lock(m.mutex);
   m.stats.bytes_written = m.writer->bytes();
@@ -864,23 +1005,41 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
       ++m.stats.events_dropped;
       return;
     }
-    m.name_host_thread(tid);
-    trace_event ev;
-    ev.phase = trace_phase::complete;
-    ev.name = s.name;
-    ev.cat = s.category;
-    ev.pid = host_pid;
-    ev.tid = static_cast<std::int64_t>(tid);
-    ev.ts_ns = s.begin_ns;
-    ev.dur_ns = end - s.begin_ns;
-    const trace_arg args[] = {{"device", s.device}};
-    if (s.device >= 0) {
-      ev.args = args;
+    const impl::group_mark mark = m.mark();
+    try {
+      m.name_host_thread(tid);
+      trace_event ev;
+      ev.phase = trace_phase::complete;
+      ev.name = s.name;
+      ev.cat = s.category;
+      ev.pid = host_pid;
+      ev.tid = static_cast<std::int64_t>(tid);
+      ev.ts_ns = s.begin_ns;
+      ev.dur_ns = end - s.begin_ns;
+      const trace_arg args[] = {{"device", s.device}};
+      if (s.device >= 0) {
+        ev.args = args;
+      }
+      m.put(ev);
+    } catch (...) {
+      m.roll_back(mark);
+      throw;
     }
-    m.put(ev);
   } catch (...) {
-    // No memory for the name or the chunk: the slice is lost, the program goes on.
+    // No memory for the name or the chunk: the slice (already in host_slices) is lost and
+    // counted as dropped; the program goes on.
+    lost_host_events(0);
   }
+}
+
+void timeline::lost_host_events(std::uint64_t host_slices) noexcept {
+  impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  if (!m.accepting.load(std::memory_order_relaxed)) {
+    return;
+  }
+  m.stats.host_slices += host_slices;
+  m.lost_to_memory();
 }
 
 void timeline::add_allocator_event(const hooks::event& e) noexcept {
@@ -925,6 +1084,24 @@ void timeline::add_allocator_event(const hooks::event& e) noexcept {
       ++m.stats.events_dropped;
       return;
     }
+    const impl::group_mark mark = m.mark();
+    try {
+      m.format_allocator_event(e, p, dev_now, counter_changed);
+    } catch (...) {
+      m.roll_back(mark);
+      throw;
+    }
+  } catch (...) {
+    // Out of memory: the event is lost (counted), the program goes on.
+    lost_host_events(0);
+  }
+}
+
+void timeline::impl::format_allocator_event(const hooks::event& e, const memory_peak& p,
+                                            const std::pair<std::uint64_t, std::uint64_t>& dev_now,
+                                            bool counter_changed) {
+  impl& m = *this;
+  {
     if (m.opts.allocator_instants) {
       m.name_host_thread(e.thread);
       const std::string ptr = hex(reinterpret_cast<std::uintptr_t>(e.ptr));
@@ -970,8 +1147,6 @@ void timeline::add_allocator_event(const hooks::event& e) noexcept {
       m.put(c);
       m.counter_written[e.allocator_id] = {e.in_use, e.reserved};
     }
-  } catch (...) {
-    // Out of memory: the event is lost, the program goes on.
   }
 }
 

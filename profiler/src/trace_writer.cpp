@@ -351,6 +351,17 @@ trace_writer::~trace_writer() {
 }
 
 void trace_writer::append_raw(std::string_view s) {
+  // Never grows the chunk past what the constructor reserved (this runs when the timeline stops,
+  // maybe with no memory to spare): what does not fit goes out first, and a piece larger than
+  // the whole chunk goes straight to the sink.
+  if (chunk_.size() + s.size() > chunk_.capacity()) {
+    drain();
+    if (s.size() > chunk_.capacity()) {
+      sink_->write(s);
+      bytes_ += s.size();
+      return;
+    }
+  }
   chunk_.append(s);
   bytes_ += s.size();
   if (chunk_.size() >= options_.chunk_bytes) {
@@ -427,15 +438,33 @@ void trace_writer::close(const nlohmann::json& other_data) {
   if (sink_ == nullptr) {
     return;
   }
+  // With the host out of memory the trace still ends well-formed, only otherData is then empty.
+  std::string other = "{}";
+  if (other_data.is_object()) {
+    try {
+      other = other_data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    } catch (const std::bad_alloc&) {
+      // "{}" fits the short-string buffer: `other` still holds it.
+    }
+  }
+  close_text(other);
+}
+
+void trace_writer::close_text(std::string_view other_data_json) {
+  if (sink_ == nullptr) {
+    return;
+  }
+  // The closing text is written in pieces (no string of it all is built).
+  try {
+    append_raw("\n],\"displayTimeUnit\":\"ns\",\"otherData\":");
+    append_raw(other_data_json);
+    append_raw("}\n");
+    drain();
+  } catch (...) {
+    sink_.reset();  // closed for good: the destructor does not try again
+    throw;
+  }
   std::unique_ptr<sink> s = std::move(sink_);
-  std::string tail = "\n],\"displayTimeUnit\":\"ns\",\"otherData\":";
-  tail += other_data.is_object()
-              ? other_data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-              : std::string("{}");
-  tail += "}\n";
-  chunk_ += tail;
-  bytes_ += tail.size();
-  s->write(chunk_);
   chunk_.clear();
   chunk_.shrink_to_fit();
   s->close();

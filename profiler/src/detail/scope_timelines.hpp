@@ -7,7 +7,7 @@
 // feed_running_timelines at close; with the registry empty the bit is clear and scopes cost
 // nothing more than before.
 //
-// Thread safety: all three functions may be called from any thread. feed_running_timelines calls
+// Thread safety: all four functions may be called from any thread. feed_running_timelines calls
 // add_host_slice under the registry's mutex, and remove_running_timeline takes that mutex, so
 // once remove returns no thread is inside (or will enter) that timeline's add_host_slice on a
 // scope's behalf: the timeline may stop and be destroyed. Lock order: the registry's mutex, then
@@ -28,5 +28,8 @@ void remove_running_timeline(const timeline& t) noexcept;
 /// Adds `s` to every registered timeline whose origin is not after `s.begin_ns` (a scope opened
 /// before a timeline started is not on it: its slice would begin before the trace does).
 void feed_running_timelines(const host_slice& s) noexcept;
+/// Counts, on every registered timeline, a host slice lost because a scope had no memory to note
+/// its open time (stats().host_slices and events_dropped).
+void lost_on_running_timelines() noexcept;
 
 }  // namespace poolscope::profiler::detail

@@ -100,6 +100,9 @@ struct function_profile {
   bool gpu_timing = false;        ///< GPU timing was on (a GPU was present and it was asked for)
   std::uint64_t gpu_pending = 0;  ///< event pairs not complete when the report was made
   std::uint64_t gpu_dropped = 0;  ///< event pairs dropped (queue full or CUDA error)
+  /// Scopes not counted because the host had no memory for their frame or their results (the
+  /// profile is incomplete when this is not 0; logged once per session).
+  std::uint64_t scopes_lost = 0;
 
   /// The record for `name`, or nullptr.
   [[nodiscard]] const scope_record* find(std::string_view name) const noexcept;
@@ -107,11 +110,12 @@ struct function_profile {
   /// characters in names are written escaped (\n, \t, \r, \xHH; a backslash as \\), so that
   /// each row stays one line.
   [[nodiscard]] std::string to_table() const;
-  /// JSON: {"gpu_timing":..,"gpu_pending":..,"gpu_dropped":..,"scopes":[{"name":..,...}]}.
-  /// gpu_total_ns is null where absent.
+  /// JSON: {"gpu_timing":..,"gpu_pending":..,"gpu_dropped":..,"scopes_lost":..,
+  /// "scopes":[{"name":..,...}]}. gpu_total_ns is null where absent.
   [[nodiscard]] std::string to_json() const;
   /// Parses what to_json wrote. Throws invalid_argument naming the field and its value on
   /// malformed input (a count, time or byte figure that is not a non-negative integer included).
+  /// scopes_lost may be absent (profiles written before it existed): 0.
   [[nodiscard]] static function_profile from_json(std::string_view json);
   /// The same, from a document already parsed (a run report's "profiles.function"). Same
   /// errors; a malformed value is named by its type, not printed, when it is an array or object.

@@ -43,7 +43,8 @@
 // Buffering: events are formatted on the producing thread into a chunk (chunk_bytes); full
 // chunks go to a writer thread through a queue of at most max_pending_chunks. When the queue is
 // full, host events (scopes, allocator events) are dropped and counted exactly
-// (stats().events_dropped) rather than stall the program; CUPTI records wait for room instead
+// (stats().events_dropped) rather than stall the program, and so are host events the host has
+// no memory to record (a trace never holds part of an event); CUPTI records wait for room instead
 // (CUPTI keeps its own buffers meanwhile and counts its own drops). Memory is bounded by
 // (max_pending_chunks + 2) * chunk_bytes plus the correlation tables (max_pending_links each).
 //
@@ -71,6 +72,11 @@
 #include "poolscope/profiler/trace_writer.hpp"
 
 namespace poolscope::profiler {
+
+class timeline;
+namespace detail {
+void lost_on_running_timelines() noexcept;  // detail/scope_timelines.hpp
+}  // namespace detail
 
 /// The pid of the host process in poolscope traces.
 inline constexpr std::int64_t host_pid = 1;
@@ -141,8 +147,10 @@ struct device_memory_peak {
 
 /// Counters of a timeline.
 struct timeline_stats {
-  std::uint64_t events_written = 0;   ///< trace events handed to the writer (metadata included)
-  std::uint64_t events_dropped = 0;   ///< host events dropped: the writer queue was full
+  std::uint64_t events_written = 0;  ///< trace events handed to the writer (metadata included)
+  /// Host events dropped: the writer queue was full, or the host had no memory to record them
+  /// (that is logged once).
+  std::uint64_t events_dropped = 0;
   std::uint64_t outside_session = 0;  ///< add_* calls before start() or after stop()
   std::uint64_t bytes_written = 0;    ///< uncompressed JSON bytes
   std::uint64_t host_slices = 0;
@@ -211,6 +219,11 @@ class timeline {
   [[nodiscard]] const timeline_options& options() const noexcept { return options_; }
 
  private:
+  friend void detail::lost_on_running_timelines() noexcept;
+  // Counts host events lost for lack of memory (and `host_slices` slices among them that were not
+  // counted yet); logs the first loss.
+  void lost_host_events(std::uint64_t host_slices) noexcept;
+
   struct impl;
   timeline_options options_;
   std::unique_ptr<impl> impl_;

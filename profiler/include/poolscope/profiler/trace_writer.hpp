@@ -164,6 +164,9 @@ class trace_writer {
   /// Ends the event array, writes "otherData" (an object; null writes {}) and closes the file.
   /// The writer accepts nothing afterwards. Throws runtime_error if a write fails.
   void close(const nlohmann::json& other_data = nullptr);
+  /// close() with otherData given as JSON text (an object, written as is; the caller vouches for
+  /// it). Builds no string of its own: usable with the host out of memory.
+  void close_text(std::string_view other_data_json);
 
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   [[nodiscard]] bool compressed() const noexcept { return gzip_; }
