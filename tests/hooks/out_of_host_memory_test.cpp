@@ -28,6 +28,7 @@
 #include "poolscope/pool/host_resource.hpp"
 #include "support/failing_new.hpp"
 #include "support/failing_new_operators.hpp"  // the hooks test program's one inclusion
+#include "support/fixed_log_capture.hpp"
 
 namespace {
 
@@ -35,44 +36,10 @@ namespace ph = poolscope::hooks;
 using poolscope::testing::cancel_failing_new;
 using poolscope::testing::fail_nth_new;
 using poolscope::testing::failing_new_available;
+using poolscope::testing::fixed_log_capture;
 
 char g_stream;
 const poolscope::stream_view S{&g_stream};
-
-/// Keeps the last log messages without allocating (a sink that allocates would itself fail while
-/// memory is short, and its message would be lost to the test, not to the user).
-class fixed_log_capture {
- public:
-  fixed_log_capture() {
-    poolscope::set_log_sink([this](poolscope::log_level, std::string_view message) {
-      std::lock_guard lock(mutex_);
-      auto& slot = messages_[count_ % messages_.size()];
-      const std::size_t n = std::min(message.size(), slot.size() - 1);
-      std::memcpy(slot.data(), message.data(), n);
-      slot[n] = '\0';
-      ++count_;
-    });
-  }
-  fixed_log_capture(const fixed_log_capture&) = delete;
-  fixed_log_capture& operator=(const fixed_log_capture&) = delete;
-  ~fixed_log_capture() { poolscope::set_log_sink({}); }
-
-  /// True if a message holding `text` was logged (among the last 16).
-  [[nodiscard]] bool saw(std::string_view text) {
-    std::lock_guard lock(mutex_);
-    for (std::size_t i = 0; i < std::min<std::size_t>(count_, messages_.size()); ++i) {
-      if (std::string_view(messages_[i].data()).find(text) != std::string_view::npos) {
-        return true;
-      }
-    }
-    return false;
-  }
-
- private:
-  std::mutex mutex_;
-  std::array<std::array<char, 512>, 16> messages_{};
-  std::size_t count_ = 0;
-};
 
 /// What one run of the workload did.
 struct outcome {
