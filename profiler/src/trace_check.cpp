@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <utility>
 
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/overlap.hpp"
 
 #ifdef POOLSCOPE_HAVE_ZLIB
 #include <zlib.h>
@@ -295,6 +297,13 @@ std::int64_t to_ns(double us) {
   return static_cast<std::int64_t>(std::llround(us * 1000.0));
 }
 
+bool is_device_id(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT_MAX);
+  }
+  return v.is_number_integer() && v.get<std::int64_t>() >= -1 && v.get<std::int64_t>() <= INT_MAX;
+}
+
 std::string range_text() {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%g us", max_trace_time_us);
@@ -457,6 +466,20 @@ class checker {
           fail("slice ends past the range (ts + dur more than " + range_text() +
                " from the origin)");
           return;
+        }
+        // Device ids where `trace summary` reads them (device activity: a category it counts):
+        // an integer in [-1, INT_MAX]; it leaves other values out.
+        if (const auto cat_it = e.find("cat"); cat_it != e.end() && cat_it->is_string() &&
+                                               classify_category(cat_it->get<std::string>()) &&
+                                               args_it != e.end() && args_it->is_object()) {
+          for (const char* key : {"device", "src_device", "dst_device"}) {
+            const auto d = args_it->find(key);
+            if (d != args_it->end() && !is_device_id(*d)) {
+              fail(std::string("args \"") + key + "\" " + d->dump() +
+                   " is not a device (an integer from -1 to 2147483647)");
+              return;
+            }
+          }
         }
         const std::int64_t b = to_ns(*ts);
         slices_[{pid, *tid}].push_back({b, b + to_ns(dur), index, name_id});

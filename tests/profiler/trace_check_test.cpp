@@ -165,6 +165,28 @@ TEST(trace_check, times_out_of_range) {
                   .ok());
 }
 
+TEST(trace_check, device_ids_of_device_activity) {
+  // `trace summary` leaves out device activity whose device is not an int from -1 up (it summed
+  // 4294967296 on device 0 once): the checker names such events.
+  expect_one_issue(check(R"({"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":1,"dur":1,
+                "args":{"device":4294967296}})"),
+                   {"event #5", "\"k\"", "args \"device\" 4294967296 is not a device"});
+  expect_one_issue(check(R"({"ph":"X","name":"c","cat":"memcpy","pid":100,"tid":7,"ts":1,"dur":1,
+                "args":{"device":0,"src_device":0,"dst_device":-2}})"),
+                   {"event #5", "args \"dst_device\" -2 is not a device"});
+  expect_one_issue(check(R"({"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":1,"dur":1,
+                "args":{"device":"0"}})"),
+                   {"event #5", "args \"device\" \"0\" is not a device"});
+  // The host (-1), the largest int, and categories the summary does not count are fine.
+  EXPECT_TRUE(check(R"({"ph":"X","name":"h","cat":"kernel","pid":1,"tid":1,"ts":1,"dur":1,
+                        "args":{"device":-1}},
+                       {"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":1,"dur":1,
+                        "args":{"device":2147483647}},
+                       {"ph":"X","name":"s","cat":"user","pid":1,"tid":2,"ts":1,"dur":1,
+                        "args":{"device":4294967296}})")
+                  .ok());
+}
+
 TEST(trace_check, unknown_phase) {
   const auto r = check(R"({"ph":"Q","name":"strange","pid":1,"tid":1,"ts":2})");
   expect_one_issue(r, {"event #5", "\"strange\"", "unknown phase \"Q\""});

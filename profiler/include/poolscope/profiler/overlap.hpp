@@ -155,7 +155,7 @@ struct trace_summary {
   /// event's "dur") missing, not a finite number or out of range (max_trace_time_us, for the
   /// slice's end too), a negative "dur", a "name" that is not a string; and X events of a
   /// counted category whose args "device", "src_device" or "dst_device" is not an integer in
-  /// [-1, INT_MAX]. `poolscope trace check` names all but the last.
+  /// [-1, INT_MAX]. `poolscope trace check` names them.
   std::uint64_t malformed = 0;
   std::int64_t window_begin_ns = 0;  ///< ts of the earliest event (ns since the trace origin)
   std::int64_t window_end_ns = 0;    ///< end of the latest event
