@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "detail/round_up.hpp"
 #include "detail/thread_cache.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
@@ -16,11 +17,6 @@ using detail::raise_peak;
 namespace {
 
 std::atomic<std::uint32_t> g_next_id{1};
-
-// `n` rounded up to a multiple of `g`, a power of two (n at most max_request_bytes: no overflow).
-constexpr std::size_t round_up_to(std::size_t n, std::size_t g) noexcept {
-  return (n + g - 1) & ~(g - 1);
-}
 
 }  // namespace
 
@@ -111,13 +107,15 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   const std::size_t lim = limit_.load(std::memory_order_relaxed);
   // in_use_ bounds the total from above (it counts thread-cached blocks too): refuse only on
   // the exact total. The request counts at the size its block will have (in use counts that).
-  if (lim != SIZE_MAX && shared_in_use() + round_up_to(bytes, granularity_) > lim &&
-      in_use_exact() + round_up_to(bytes, granularity_) > lim) {
-    limit_hits_.fetch_add(1, std::memory_order_relaxed);
-    if (hooks::active()) [[unlikely]] {
-      emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
+  if (lim != SIZE_MAX) {
+    const std::size_t need = detail::round_up(bytes, granularity_);
+    if (shared_in_use() + need > lim && in_use_exact() + need > lim) {
+      limit_hits_.fetch_add(1, std::memory_order_relaxed);
+      if (hooks::active()) [[unlikely]] {
+        emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
+      }
+      throw_oom(stream, bytes, "limit: in-use bytes would exceed the allocator's limit");
     }
-    throw_oom(stream, bytes, "limit: in-use bytes would exceed the allocator's limit");
   }
   // The thread cache first: a hit takes no shared lock and writes no shared counter (the
   // cache's shard counts it). `cache` is this thread's cache (null without one); on a miss

@@ -1,5 +1,7 @@
 #include "poolscope/pool/best_fit_allocator.hpp"
 
+#include "detail/round_up.hpp"
+
 namespace poolscope::pool {
 
 best_fit_allocator::best_fit_allocator(resource& upstream, thread_cache_options thread_cache)
@@ -28,7 +30,7 @@ block best_fit_allocator::do_allocate_held(stream_view stream, std::size_t bytes
 
 block best_fit_allocator::allocate_block(stream_view stream, std::size_t bytes, bool held) {
   // Blocks are whole upstream allocations (>= 256-byte aligned), so any supported alignment holds.
-  const std::size_t rounded = (bytes + round_bytes - 1) / round_bytes * round_bytes;
+  const std::size_t rounded = detail::round_up(bytes, round_bytes);
   {
     std::lock_guard lock(mutex_);
     auto it = free_.find(rounded);
@@ -81,8 +83,7 @@ free_outcome best_fit_allocator::do_deallocate(stream_view /*stream*/, void* ptr
     upstream_deallocate(stream_view{}, ptr, b.rounded);
     return {hooks::free_error::none, b.rounded, b.requested};
   }
-  const bool size_ok =
-      (bytes + round_bytes - 1) / round_bytes * round_bytes == b.rounded && bytes <= b.rounded;
+  const bool size_ok = do_size_matches(bytes, b.requested, b.rounded);
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, b.rounded,
           b.requested};
 }
@@ -109,7 +110,7 @@ void best_fit_allocator::do_unhold(void* ptr) noexcept {
 
 bool best_fit_allocator::do_size_matches(std::size_t given, std::size_t /*requested*/,
                                          std::size_t rounded) const noexcept {
-  return (given + round_bytes - 1) / round_bytes * round_bytes == rounded && given <= rounded;
+  return detail::round_up(given, round_bytes) == rounded && given <= rounded;
 }
 
 bool best_fit_allocator::cache_block(void* ptr, std::size_t rounded) noexcept {

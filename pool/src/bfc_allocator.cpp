@@ -7,6 +7,7 @@
 
 #include "detail/bfc_structures.hpp"
 #include "detail/biased_lock.hpp"
+#include "detail/round_up.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 
@@ -15,12 +16,9 @@ namespace poolscope::pool {
 using detail::bfc_chunk;
 using detail::bfc_pool_kind;
 using detail::bfc_segment;
+using detail::round_up;
 
 namespace {
-
-constexpr std::size_t round_up(std::size_t n, std::size_t m) noexcept {
-  return (n + m - 1) / m * m;
-}
 
 constexpr std::size_t index_of(bfc_pool_kind k) noexcept {
   return static_cast<std::size_t>(k);

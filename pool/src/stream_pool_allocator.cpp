@@ -84,12 +84,16 @@ class cuda_event_source final : public stream_event_source {
   bool do_query(handle e) override { return detail::cudart::event_query(as_slot(e).event); }
   void do_synchronize(handle e) override { detail::cudart::event_synchronize(as_slot(e).event); }
   void do_synchronize_all() override {
-    std::vector<int> devices;
-    {
-      std::lock_guard lock(mutex_);
-      devices = devices_;
-    }
-    for (int device : devices) {
+    // By index, not a copy: devices are only added, and this may run out of host memory.
+    for (std::size_t i = 0;; ++i) {
+      int device = -1;
+      {
+        std::lock_guard lock(mutex_);
+        if (i >= devices_.size()) {
+          return;
+        }
+        device = devices_[i];
+      }
       detail::cudart::device_synchronize(device);
     }
   }
@@ -481,10 +485,7 @@ void* stream_pool_allocator::take_local_locked(detail::stream_state& st, std::si
     return nullptr;
   }
   void* p = it->second.ptr;
-  if (it->first != bytes) {
-    st.oversize.emplace(p, detail::stream_state::oversize_block{it->first, bytes});
-    st.oversize_tail += it->first - bytes;
-  }
+  st.note_oversize(p, it->first, bytes);
   st.local_bytes -= it->first;
   st.local.erase(it);
   return p;
@@ -511,10 +512,7 @@ void* stream_pool_allocator::take_shared_locked(detail::stream_state& st, std::s
           continue;
         }
         void* p = b.ptr;
-        if (it->first != bytes) {
-          st.oversize.emplace(p, detail::stream_state::oversize_block{it->first, bytes});
-          st.oversize_tail += it->first - bytes;
-        }
+        st.note_oversize(p, it->first, bytes);
         shared_->bytes -= it->first;
         shared_->blocks.erase(it);  // may destroy the batch's event
         return p;

@@ -13,11 +13,10 @@
 // of: one thread's table, the orphans, the strategy.
 #include "detail/thread_cache.hpp"
 
-#include "detail/log_fixed.hpp"
-
 #include <algorithm>
 #include <string>
 
+#include "detail/log_fixed.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
 
@@ -80,13 +79,12 @@ void allocator::enable_thread_cache(const thread_cache_options& options, std::si
                            " exceeds the most a thread cache can hold, " +
                            std::to_string(most_blocks));
   }
-  const thread_cache_options& o = options;
-  if (o.max_blocks == 0 || o.max_bytes == 0 || o.max_block_bytes == 0) {
+  if (options.max_blocks == 0 || options.max_bytes == 0 || options.max_block_bytes == 0) {
     return;  // a cache that may hold nothing is no cache
   }
-  tc_ = std::make_shared<thread_cache_registry>(this, o);
+  tc_ = std::make_shared<thread_cache_registry>(this, options);
   tc_granularity_ = granularity;
-  tc_max_block_ = std::min(o.max_block_bytes, o.max_bytes);
+  tc_max_block_ = std::min(options.max_block_bytes, options.max_bytes);
 }
 
 void allocator::disable_thread_cache() noexcept {

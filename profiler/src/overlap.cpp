@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <tuple>
 
+#include "detail/json_text.hpp"
 #include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::profiler {
@@ -44,19 +45,6 @@ std::uint64_t span_ns(std::int64_t begin, std::int64_t end) noexcept {
 
 std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept {
   return a > UINT64_MAX - b ? UINT64_MAX : a + b;
-}
-
-// A device id as the summary takes it: an integer in [-1, INT_MAX] (-1: the host).
-std::optional<int> device_of(const nlohmann::json& v) {
-  if (v.is_number_unsigned()) {
-    return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT_MAX)
-               ? std::optional<int>(static_cast<int>(v.get<std::uint64_t>()))
-               : std::nullopt;
-  }
-  if (v.is_number_integer() && v.get<std::int64_t>() >= -1 && v.get<std::int64_t>() <= INT_MAX) {
-    return static_cast<int>(v.get<std::int64_t>());
-  }
-  return std::nullopt;
 }
 
 }  // namespace
@@ -445,7 +433,7 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     std::optional<int> peer[2];  // src_device, dst_device
     if (cls && has_args) {
       if (const auto dev = args->find("device"); dev != args->end()) {
-        device = device_of(*dev);
+        device = detail::trace_device_id(*dev);
         if (!device) {
           ++s.malformed;
           return;
@@ -454,7 +442,7 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
       const char* peer_keys[2] = {"src_device", "dst_device"};
       for (std::size_t k = 0; k < 2; ++k) {
         if (const auto it = args->find(peer_keys[k]); it != args->end()) {
-          peer[k] = device_of(*it);
+          peer[k] = detail::trace_device_id(*it);
           if (!peer[k]) {
             ++s.malformed;
             return;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -23,58 +24,6 @@
 
 namespace poolscope::profiler {
 namespace {
-
-/// JSON text built in a caller's fixed buffer, allocating nothing (for stop(), which must finish
-/// the trace when the host is out of memory). Past the buffer's end it only notes the overflow.
-class fixed_json {
- public:
-  template <std::size_t N>
-  explicit fixed_json(char (&buf)[N]) noexcept : buf_(buf), cap_(N) {}
-  void raw(std::string_view s) noexcept {
-    for (const char c : s) {
-      put(c);
-    }
-  }
-  /// A JSON string: quotes, backslashes and control characters escaped; bytes outside ASCII
-  /// become '?' (the text is a diagnostic, and must stay valid UTF-8).
-  void quoted(std::string_view s) noexcept {
-    put('"');
-    for (const char ch : s) {
-      const auto c = static_cast<unsigned char>(ch);
-      if (c == '"' || c == '\\') {
-        put('\\');
-        put(ch);
-      } else if (c < 0x20) {
-        char u[8];
-        (void)std::snprintf(u, sizeof u, "\\u%04x", static_cast<unsigned>(c));
-        raw(u);
-      } else {
-        put(c < 0x80 ? ch : '?');
-      }
-    }
-    put('"');
-  }
-  void number(std::uint64_t v) noexcept {
-    char d[24];
-    (void)std::snprintf(d, sizeof d, "%llu", static_cast<unsigned long long>(v));
-    raw(d);
-  }
-  [[nodiscard]] bool overflowed() const noexcept { return overflow_; }
-  [[nodiscard]] std::string_view text() const noexcept { return {buf_, size_}; }
-
- private:
-  void put(char c) noexcept {
-    if (size_ < cap_) {
-      buf_[size_++] = c;
-    } else {
-      overflow_ = true;
-    }
-  }
-  char* buf_;
-  std::size_t cap_;
-  std::size_t size_ = 0;
-  bool overflow_ = false;
-};
 
 // ---- timelines that closed scopes are fed to (detail/scope_timelines.hpp) -------------------
 
@@ -165,6 +114,7 @@ struct timeline::impl {
   std::uint64_t current_events = 0;
   std::deque<std::pair<std::string, std::uint64_t>> queue;
   std::vector<std::string> spare;
+  std::string other_data;  // stop()'s otherData text (reserved at start())
   bool stopping = false;
 
   // Tracks named so far.
@@ -248,23 +198,23 @@ struct timeline::impl {
     return !stats.write_failed && !stopping;
   }
 
-  // Where `current` stood before an event group was formatted into it. If formatting throws (no
-  // memory for a longer chunk), roll_back cuts off what the group appended, so `current` only
-  // ever holds whole events and the counts match it.
-  struct group_mark {
-    std::size_t bytes;
-    std::uint64_t events;
-    std::uint64_t written;
-  };
-  [[nodiscard]] group_mark mark() const noexcept {
-    return {current.size(), current_events, stats.events_written};
-  }
-  void roll_back(const group_mark& m) noexcept {
-    if (current.size() > m.bytes) {
-      current.resize(m.bytes);  // shrinks: allocates nothing
+  // Formats one event group (an event and the metadata it needs) into `current`, whole or not
+  // at all: if formatting throws (no memory for a longer chunk), what the group appended is cut
+  // off again, so `current` only ever holds whole events and the counts match it. Caller holds
+  // mutex; rethrows.
+  template <typename Format>
+  void append_whole(Format&& format) {
+    const std::size_t bytes = current.size();
+    const std::uint64_t events = current_events;
+    const std::uint64_t written = stats.events_written;
+    try {
+      format();
+    } catch (...) {
+      current.resize(std::min(current.size(), bytes));  // shrinks: allocates nothing
+      current_events = events;
+      stats.events_written = written;
+      throw;
     }
-    current_events = m.events;
-    stats.events_written = m.written;
   }
 
   // A host event lost for lack of memory: counted with the dropped ones, and said once.
@@ -290,7 +240,7 @@ struct timeline::impl {
   }
 
   // The track is marked named only once its metadata is in `current` (an exception in between
-  // leaves it unnamed, and the group's roll_back takes the metadata out again).
+  // leaves it unnamed, and append_whole takes the metadata out again).
   void name_process(std::int64_t pid, const std::string& name, std::int64_t sort) {
     if (named_pids.count(pid) == 0) {
       append_process_name(current, pid, name);
@@ -829,7 +779,8 @@ void timeline::start() {
     m.origin = hooks::now_ns();
     m.writer = std::make_unique<trace_writer>(options_.trace_path, m.origin, options_.writer);
     m.current = m.take_spare();
-    m.spare.reserve(2);  // the writer thread gives chunks back without allocating
+    m.spare.reserve(2);          // the writer thread gives chunks back without allocating
+    m.other_data.reserve(1024);  // stop() writes otherData there
     m.name_process(host_pid,
                    options_.process_name.empty() ? default_process_name() : options_.process_name,
                    0);
@@ -916,48 +867,49 @@ void timeline::stop() noexcept {
   }
   m.current.clear();
   m.current_events = 0;
-  // otherData as text in a fixed buffer: stop() must finish the trace with the host out of
-  // memory, and a nlohmann::json object allocates even to be destroyed (and is left unusable when
-  // an insertion into a null value fails).
-  char other_buf[2048];
-  fixed_json other{other_buf};
-  {
+  // otherData as text in a buffer reserved at start(): stop() must finish the trace with the host
+  // out of memory, and a nlohmann::json object allocates even to be destroyed (and is left
+  // unusable when an insertion into a null value fails). Past the reserve (a long CUPTI reason)
+  // the text may still grow; without memory for that it is left {}.
+  std::string& other = m.other_data;
+  other.clear();
+  try {
+    const auto number = [&other](std::uint64_t v) {
+      char digits[24];
+      other.append(digits, std::to_chars(digits, digits + sizeof digits, v).ptr);
+    };
     std::lock_guard lock(m.mutex);
-    other.raw("{\"generator\":\"poolscope\",\"clock\":\"CLOCK_MONOTONIC\",\"origin_ns\":");
-    other.number(m.origin);
-    other.raw(",\"stop_ns\":");
-    other.number(m.stop_ns);
-    other.raw(",\"pids\":\"host 1; CUDA device d: 100 + d\",\"events_written\":");
-    other.number(m.stats.events_written);
-    other.raw(",\"events_dropped\":");
-    other.number(m.stats.events_dropped);
+    other += "{\"generator\":\"poolscope\",\"clock\":\"CLOCK_MONOTONIC\",\"origin_ns\":";
+    number(m.origin);
+    other += ",\"stop_ns\":";
+    number(m.stop_ns);
+    other += ",\"pids\":\"host 1; CUDA device d: 100 + d\",\"events_written\":";
+    number(m.stats.events_written);
+    other += ",\"events_dropped\":";
+    number(m.stats.events_dropped);
     if (m.collector != nullptr) {
-      try {
-        const cupti_status c = m.collector->status();
-        other.raw(",\"cupti\":{\"state\":");
-        other.quoted(to_string(c.state));
-        other.raw(",\"reason\":");
-        other.quoted(c.reason);
-        other.raw(",\"records\":");
-        other.number(c.records);
-        other.raw(",\"dropped_records\":");
-        other.number(c.dropped_records);
-        other.raw(",\"buffers_refused\":");
-        other.number(c.buffers_refused);
-        other.raw("}");
-      } catch (...) {
-        // No memory for the collector's status: otherData goes without it.
-      }
+      const cupti_status c = m.collector->status();
+      other += ",\"cupti\":{\"state\":";
+      append_trace_string(other, to_string(c.state));
+      other += ",\"reason\":";
+      append_trace_string(other, c.reason);
+      other += ",\"records\":";
+      number(c.records);
+      other += ",\"dropped_records\":";
+      number(c.dropped_records);
+      other += ",\"buffers_refused\":";
+      number(c.buffers_refused);
+      other += '}';
     }
-    other.raw("}");
-  }
-  if (other.overflowed()) {
+    other += '}';
+  } catch (...) {
+    other = "{}";  // within the reserve: allocates nothing
     log(log_level::warn,
-        "poolscope: the timeline's otherData did not fit; the trace's is left "
+        "poolscope: out of host memory at the timeline's stop; the trace's otherData is left "
         "empty");
   }
   try {
-    m.writer->close_text(other.overflowed() ? std::string_view("{}") : other.text());
+    m.writer->close_text(other);
   } catch (const std::exception& e) {
     std::lock_guard lock(m.mutex);
     m.write_failed(e.what(), "could not finish");
@@ -1005,8 +957,7 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
       ++m.stats.events_dropped;
       return;
     }
-    const impl::group_mark mark = m.mark();
-    try {
+    m.append_whole([&] {
       m.name_host_thread(tid);
       trace_event ev;
       ev.phase = trace_phase::complete;
@@ -1021,10 +972,7 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
         ev.args = args;
       }
       m.put(ev);
-    } catch (...) {
-      m.roll_back(mark);
-      throw;
-    }
+    });
   } catch (...) {
     // No memory for the name or the chunk: the slice (already in host_slices) is lost and
     // counted as dropped; the program goes on.
@@ -1084,13 +1032,7 @@ void timeline::add_allocator_event(const hooks::event& e) noexcept {
       ++m.stats.events_dropped;
       return;
     }
-    const impl::group_mark mark = m.mark();
-    try {
-      m.format_allocator_event(e, p, dev_now, counter_changed);
-    } catch (...) {
-      m.roll_back(mark);
-      throw;
-    }
+    m.append_whole([&] { m.format_allocator_event(e, p, dev_now, counter_changed); });
   } catch (...) {
     // Out of memory: the event is lost (counted), the program goes on.
     lost_host_events(0);

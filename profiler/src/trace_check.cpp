@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +15,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "detail/json_text.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/overlap.hpp"
 
@@ -297,13 +297,6 @@ std::int64_t to_ns(double us) {
   return static_cast<std::int64_t>(std::llround(us * 1000.0));
 }
 
-bool is_device_id(const nlohmann::json& v) {
-  if (v.is_number_unsigned()) {
-    return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(INT_MAX);
-  }
-  return v.is_number_integer() && v.get<std::int64_t>() >= -1 && v.get<std::int64_t>() <= INT_MAX;
-}
-
 std::string range_text() {
   char buf[48];
   std::snprintf(buf, sizeof buf, "%g us", max_trace_time_us);
@@ -474,8 +467,8 @@ class checker {
                                                args_it != e.end() && args_it->is_object()) {
           for (const char* key : {"device", "src_device", "dst_device"}) {
             const auto d = args_it->find(key);
-            if (d != args_it->end() && !is_device_id(*d)) {
-              fail(std::string("args \"") + key + "\" " + d->dump() +
+            if (d != args_it->end() && !detail::trace_device_id(*d)) {
+              fail(std::string("args \"") + key + "\" " + detail::json_shown(*d) +
                    " is not a device (an integer from -1 to 2147483647)");
               return;
             }

@@ -85,6 +85,15 @@ struct stream_state {
   };
   std::unordered_map<void*, oversize_block> oversize;
   std::size_t oversize_tail = 0;  // sum of size - asked over `oversize`: held, counted as cached
+
+  /// Records that whole block `p` of `size` bytes serves the inner pool's request for `asked`
+  /// (nothing when they are equal). May throw std::bad_alloc, changing nothing.
+  void note_oversize(void* p, std::size_t size, std::size_t asked) {
+    if (size != asked) {
+      oversize.emplace(p, oversize_block{size, asked});
+      oversize_tail += size - asked;
+    }
+  }
 };
 
 /// Whole blocks released by stream pools, tagged with the releasing stream and its event.
