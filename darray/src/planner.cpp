@@ -175,28 +175,18 @@ class plan_builder {
   // another device, leaving the others in `rest`: they cross to the device once, into chunk k.
   void take_received(std::size_t k, std::size_t j, std::vector<box>& rest) {
     for (const box& got : received_[k]) {
-      std::vector<box> next;
-      for (const box& r : rest) {
-        std::optional<box> c = intersect(r, got);
-        if (!c) {
-          next.push_back(r);
-          continue;
-        }
+      carve(rest, got, [&](box c) {
         piece p;
         p.src_chunk = k;
         p.dst_chunk = j;
         p.src_device = dst_[j].device;
         p.dst_device = dst_[j].device;
-        p.bytes = c->size() * element_size_;
+        p.bytes = c.size() * element_size_;
         p.local = true;
         p.from_dst = true;
-        p.region = std::move(*c);
+        p.region = std::move(c);
         from_dst_.push_back(std::move(p));
-        std::vector<box> left = subtract(r, got);
-        next.insert(next.end(), std::make_move_iterator(left.begin()),
-                    std::make_move_iterator(left.end()));
-      }
-      rest = std::move(next);
+      });
     }
   }
 
@@ -211,15 +201,21 @@ class plan_builder {
 
   // Takes the parts of `rest` that source chunk i holds, leaving the others in `rest`.
   void take_from(std::size_t i, std::size_t j, std::vector<box>& rest) {
+    carve(rest, src_[i].region, [&](box c) { emit(i, j, std::move(c)); });
+  }
+
+  // Hands `take` each part of `rest` inside `holder` and leaves the others in `rest`.
+  template <typename Take>
+  static void carve(std::vector<box>& rest, const box& holder, Take&& take) {
     std::vector<box> next;
     for (const box& r : rest) {
-      std::optional<box> c = intersect(r, src_[i].region);
+      std::optional<box> c = intersect(r, holder);
       if (!c) {
         next.push_back(r);
         continue;
       }
-      emit(i, j, std::move(*c));
-      std::vector<box> left = subtract(r, src_[i].region);
+      take(std::move(*c));
+      std::vector<box> left = subtract(r, holder);
       next.insert(next.end(), std::make_move_iterator(left.begin()),
                   std::make_move_iterator(left.end()));
     }

@@ -387,11 +387,13 @@ void for_each_shard(std::uint64_t session, Fn&& fn) {
   }
 }
 
-function_profile make_profile(const shard_data& d, std::uint64_t pending, bool gpu_timing) {
+function_profile make_profile(const shard_data& d, std::uint64_t pending, bool gpu_timing,
+                              std::uint64_t scopes_lost) {
   function_profile p;
   p.gpu_timing = gpu_timing;
   p.gpu_pending = pending;
   p.gpu_dropped = d.gpu_dropped;
+  p.scopes_lost = scopes_lost;
   auto& r = names();
   std::shared_lock lock(r.mutex);
   for (std::size_t id = 0; id < d.stats.size(); ++id) {
@@ -1007,9 +1009,8 @@ function_profile function_profiler::report(bool wait_for_gpu) {
   std::lock_guard lock(state_->mutex);
   if (!state_->active) {
     state_->final.resolve(wait_for_gpu);
-    function_profile p = make_profile(state_->final, state_->final.pending.size(), state_->gpu);
-    p.scopes_lost = state_->final_lost;
-    return p;
+    return make_profile(state_->final, state_->final.pending.size(), state_->gpu,
+                        state_->final_lost);
   }
   shard_data total;  // stats and counts only: the pending pairs stay with their shards
   std::uint64_t pending = 0;
@@ -1024,9 +1025,7 @@ function_profile function_profiler::report(bool wait_for_gpu) {
     total.gpu_dropped += d.gpu_dropped;
     pending += d.pending.size();
   });
-  function_profile p = make_profile(total, pending, state_->gpu);
-  p.scopes_lost = lost_in(state_->session);
-  return p;
+  return make_profile(total, pending, state_->gpu, lost_in(state_->session));
 }
 
 void function_profiler::reset() {

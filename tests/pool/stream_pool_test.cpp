@@ -813,6 +813,12 @@ class cross_stream_model final : public hooks::hook {
   std::size_t violations_ = 0;
 };
 
+/// A request of the random stream-pool tests: one in ten 1–3 MiB (whole blocks of their own),
+/// the rest 16 B–96 KiB, log-uniform.
+std::size_t random_request_bytes(std::mt19937_64& rng) {
+  return rng() % 10 == 0 ? log_uniform(rng, 1 << 20, 3 << 20) : log_uniform(rng, 16, 96 << 10);
+}
+
 TYPED_TEST(stream_pool_inner, random_operations_obey_the_cross_stream_rule) {
   const std::uint64_t seed = test_seed();
   const std::uint64_t ops = env_count("POOLSCOPE_TEST_OPS", under_sanitizer ? 1500 : 6000);
@@ -838,8 +844,7 @@ TYPED_TEST(stream_pool_inner, random_operations_obey_the_cross_stream_rule) {
         const stream_view s = streams[rng() % 3];
         const unsigned op = rng() % 100;
         if (op < 50 || live.empty()) {
-          const std::size_t bytes =
-              rng() % 10 == 0 ? log_uniform(rng, 1 << 20, 3 << 20) : log_uniform(rng, 16, 96 << 10);
+          const std::size_t bytes = random_request_bytes(rng);
           void* p = nullptr;
           try {
             p = pool.allocate(s, bytes);
@@ -920,8 +925,7 @@ TYPED_TEST(stream_pool_inner, random_operations_keep_reserved_equal_to_in_use_pl
     const stream_view s = streams[rng() % 3];
     const unsigned op = rng() % 100;
     if (op < 50 || live.empty()) {
-      const std::size_t bytes =
-          rng() % 10 == 0 ? log_uniform(rng, 1 << 20, 3 << 20) : log_uniform(rng, 16, 96 << 10);
+      const std::size_t bytes = random_request_bytes(rng);
       live.push_back({pool.allocate(s, bytes), bytes, s});
       requested += bytes;
     } else if (op < 90) {
