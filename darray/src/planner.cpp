@@ -152,16 +152,23 @@ class plan_builder {
   }
 
  private:
-  void emit(std::size_t i, std::size_t j, box region) {
+  // A piece of `region` into destination chunk j from chunk `from` on device `from_device`.
+  [[nodiscard]] piece make_piece(std::size_t from, int from_device, std::size_t j,
+                                 box region) const {
     piece p;
-    p.src_chunk = i;
+    p.src_chunk = from;
     p.dst_chunk = j;
-    p.src_device = src_[i].device;
+    p.src_device = from_device;
     p.dst_device = dst_[j].device;
     p.bytes = region.size() * element_size_;
     p.local = p.src_device == p.dst_device;
-    p.in_place = p.local && same_elements(src_[i].region, dst_[j].region);
     p.region = std::move(region);
+    return p;
+  }
+
+  void emit(std::size_t i, std::size_t j, box region) {
+    piece p = make_piece(i, src_[i].device, j, std::move(region));
+    p.in_place = p.local && same_elements(src_[i].region, dst_[j].region);
     if (!p.local) {
       load_[p.src_device] += p.bytes;
       if (!options_.accumulate) {
@@ -176,15 +183,8 @@ class plan_builder {
   void take_received(std::size_t k, std::size_t j, std::vector<box>& rest) {
     for (const box& got : received_[k]) {
       carve(rest, got, [&](box c) {
-        piece p;
-        p.src_chunk = k;
-        p.dst_chunk = j;
-        p.src_device = dst_[j].device;
-        p.dst_device = dst_[j].device;
-        p.bytes = c.size() * element_size_;
-        p.local = true;
+        piece p = make_piece(k, dst_[j].device, j, std::move(c));  // local: the same device
         p.from_dst = true;
-        p.region = std::move(c);
         from_dst_.push_back(std::move(p));
       });
     }

@@ -397,29 +397,6 @@ TEST(darray_array, reductions_and_matmuls_of_nothing_give_the_identity_or_a_type
   EXPECT_EQ((rows + rows).shape(), (shape_t{0, 3}));
 }
 
-TEST(darray_array, block_matmul_matches_the_host) {
-  auto be = make_host_backend(3);
-  const i64 m = 7, k = 9, n = 5;
-  auto ha = iota_values(m * k, -20);
-  auto hb = iota_values(k * n, 3);
-  auto a = distributed_array<i64>::from_host(
-      be, ha, {m, k}, index_map::grid({m, k}, 3, 2, {{0, 1}, {1, 2}, {2, 0}}));
-  auto b = distributed_array<i64>::from_host(be, hb, {k, n},
-                                             index_map::grid({k, n}, 2, 2, {{2, 2}, {1, 0}}));
-  auto c = matmul(a, b);
-  EXPECT_EQ(c.mode(), array_mode::sum);
-  std::vector<i64> want(static_cast<std::size_t>(m * n), 0);
-  for (i64 i = 0; i < m; ++i) {
-    for (i64 p = 0; p < k; ++p) {
-      for (i64 j = 0; j < n; ++j) {
-        want[static_cast<std::size_t>(i * n + j)] +=
-            ha[static_cast<std::size_t>(i * k + p)] * hb[static_cast<std::size_t>(p * n + j)];
-      }
-    }
-  }
-  EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
-}
-
 // The host reference of a @ b (row-major, m x k and k x n).
 std::vector<i64> host_matmul(const std::vector<i64>& a, const std::vector<i64>& b, i64 m, i64 k,
                              i64 n) {
@@ -433,6 +410,21 @@ std::vector<i64> host_matmul(const std::vector<i64>& a, const std::vector<i64>& 
     }
   }
   return c;
+}
+
+TEST(darray_array, block_matmul_matches_the_host) {
+  auto be = make_host_backend(3);
+  const i64 m = 7, k = 9, n = 5;
+  auto ha = iota_values(m * k, -20);
+  auto hb = iota_values(k * n, 3);
+  auto a = distributed_array<i64>::from_host(
+      be, ha, {m, k}, index_map::grid({m, k}, 3, 2, {{0, 1}, {1, 2}, {2, 0}}));
+  auto b = distributed_array<i64>::from_host(be, hb, {k, n},
+                                             index_map::grid({k, n}, 2, 2, {{2, 2}, {1, 0}}));
+  auto c = matmul(a, b);
+  EXPECT_EQ(c.mode(), array_mode::sum);
+  const std::vector<i64> want = host_matmul(ha, hb, m, k, n);
+  EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
 }
 
 // Maps with strided chunks (replicas of every other row or column) are valid maps: matmul takes
@@ -839,15 +831,7 @@ TEST(darray_array, matmul_sends_the_rows_of_b_once_per_device) {
   auto b = distributed_array<i64>::from_host(be, hb, {k, n}, index_map::replicated({k, n}, {1}));
   const backend_stats before = be->stats();
   auto c = matmul(a, b);
-  std::vector<i64> want(static_cast<std::size_t>(m * n), 0);
-  for (i64 i = 0; i < m; ++i) {
-    for (i64 p = 0; p < k; ++p) {
-      for (i64 j = 0; j < n; ++j) {
-        want[static_cast<std::size_t>(i * n + j)] +=
-            ha[static_cast<std::size_t>(i * k + p)] * hb[static_cast<std::size_t>(p * n + j)];
-      }
-    }
-  }
+  const std::vector<i64> want = host_matmul(ha, hb, m, k, n);
   EXPECT_EQ(c.change_mode(array_mode::replica).to_host(), want);
   const auto b_bytes = static_cast<std::uint64_t>(k * n) * sizeof(i64);
   EXPECT_EQ(c.handle().last_reshard().plan->bytes_remote, static_cast<std::int64_t>(b_bytes))
