@@ -124,6 +124,18 @@ void note_lost_scope(std::uint64_t session) noexcept {
   }
 }
 
+// A name that could not be interned (no host memory): said once per process, from a literal
+// (log() allocates nothing), and the caller gets lost_site.
+const detail::site_info& note_unregistered() noexcept {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true, std::memory_order_relaxed)) {
+    log(log_level::error,
+        "profiler: out of host memory, a scope name could not be registered; its scopes are "
+        "counted as lost until it is");
+  }
+  return detail::lost_site;
+}
+
 std::uint64_t lost_in(std::uint64_t session) noexcept {
   std::lock_guard lock(g_lost.mutex);
   return g_lost.session == session ? g_lost.count : 0;
@@ -474,8 +486,18 @@ category category_from_string(std::string_view s) {
 
 namespace detail {
 
-const site_info& register_site(std::string_view name, category c) {
-  auto& r = names();
+constinit const site_info lost_site{.id = lost_site_id, .cat = category::user, .name = {}};
+
+const site_info& register_site(std::string_view name, category c) noexcept {
+  // Every allocation (the registry, its entry, the name, the index node, and the NVTX tool's
+  // string) may fail: the caller then gets lost_site, and the registry stays as it was.
+  name_registry* reg = nullptr;
+  try {
+    reg = &names();
+  } catch (...) {
+    return note_unregistered();
+  }
+  name_registry& r = *reg;
   {
     std::shared_lock lock(r.mutex);
     auto it = r.by_name.find(name);
@@ -490,23 +512,39 @@ const site_info& register_site(std::string_view name, category c) {
   if (it != r.by_name.end()) {
     return *it->second;
   }
-  name_entry& e = r.entries.emplace_back();
-  e.name.assign(name);
-  e.info.id = static_cast<std::uint32_t>(r.entries.size() - 1);
-  e.info.cat = c;
-  e.info.name = e.name;
-  e.info.nvtx_string =
-      domain != nullptr ? nvtx_seam::register_string(domain, e.name.c_str()) : nullptr;
+  bool added = false;
   try {
+    name_entry& e = r.entries.emplace_back();
+    added = true;
+    e.name.assign(name);
+    e.info.id = static_cast<std::uint32_t>(r.entries.size() - 1);
+    e.info.cat = c;
+    e.info.name = e.name;
+    e.info.nvtx_string =
+        domain != nullptr ? nvtx_seam::register_string(domain, e.name.c_str()) : nullptr;
     r.by_name.emplace(e.info.name, &e.info);
+    return e.info;
   } catch (...) {
-    r.entries.pop_back();
-    throw;
+    if (added) {
+      r.entries.pop_back();  // ids stay dense: the next name takes this one's
+    }
   }
-  return e.info;
+  lock.unlock();
+  return note_unregistered();
 }
 
 std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_t flags) noexcept {
+  if (site.id == lost_site_id) [[unlikely]] {
+    // No name to record it under: what would have recorded it counts it as lost.
+    if ((flags & flag_timeline) != 0) {
+      lost_on_running_timelines();
+    }
+    const std::uint64_t session = g_session.load(std::memory_order_acquire);
+    if ((flags & flag_profiler) != 0 && session != 0) {
+      note_lost_scope(session);
+    }
+    return 0;
+  }
   std::uint32_t done = 0;
   if ((flags & flag_nvtx) != 0) {
     nvtxDomainHandle_t d = nvtx_domain();

@@ -246,6 +246,111 @@ TEST_F(profiler_out_of_host_memory, timeline_stop_finishes_the_trace_or_reports_
   ADD_FAILURE() << "stop() reached 1000 allocations";
 }
 
+// Scope names registered without host memory: neither a named() site, nor a literal site, nor a
+// scope with a run-time name throws; a name that could not be interned is counted as lost by the
+// function profiler and the timeline while unregistered, and registers once memory is back (a
+// literal site by itself, at its next scope). Each allocation registration makes fails in turn.
+TEST_F(profiler_out_of_host_memory, scope_names_register_later_or_count_as_lost) {
+  pp::function_profiler prof{{.gpu_timing = false}};
+  std::uint64_t lost = 0;
+  std::uint64_t counted = 0;
+  int registered_at = 0;
+  for (int k = 1; k < 100 && registered_at == 0; ++k) {
+    // A new name for each run (made before the failure is armed): a known name allocates nothing.
+    const std::string name = "oom_named_site_" + std::to_string(k) + std::string(40, 'n');
+    fail_nth_new(k);
+    const pp::scope_site site = pp::scope_site::named(name);
+    const int left = cancel_failing_new();
+    { const pp::scope s{site, S}; }
+    const pp::function_profile p = prof.report(false);
+    if (site.registered()) {
+      EXPECT_EQ(site.name(), name);
+      const pp::scope_record* rec = p.find(name);
+      ASSERT_NE(rec, nullptr) << "new #" << k;
+      EXPECT_EQ(rec->calls, 1U);
+      ++counted;
+      registered_at = left > 0 ? k : 0;
+    } else {
+      EXPECT_EQ(left, 0) << "unregistered although no allocation failed, new #" << k;
+      EXPECT_TRUE(site.name().empty());
+      EXPECT_EQ(p.find(name), nullptr);
+      ++lost;
+    }
+    EXPECT_EQ(p.scopes_lost, lost) << "new #" << k;
+  }
+  EXPECT_GT(registered_at, 1) << "registration allocated nothing, or never succeeded";
+  EXPECT_GT(lost, 0U);
+
+  // A literal site made while its registration fails registers at its first scope after.
+  const std::uint64_t lost_before = prof.report(false).scopes_lost;
+  fail_nth_new(1);
+  const pp::scope_site literal{"oom_literal_site_registered_late"};
+  EXPECT_EQ(cancel_failing_new(), 0);
+  EXPECT_FALSE(literal.registered());
+  EXPECT_EQ(literal.name(), "oom_literal_site_registered_late");
+  {
+    fail_nth_new(1);  // the scope's own registration fails again: lost
+    const pp::scope s{literal, S};
+    EXPECT_EQ(cancel_failing_new(), 0);
+  }
+  EXPECT_FALSE(literal.registered());
+  EXPECT_EQ(prof.report(false).scopes_lost, lost_before + 1);
+  for (int i = 0; i < 2; ++i) {
+    const pp::scope s{literal, S};
+  }
+  EXPECT_TRUE(literal.registered());
+  const pp::scope_record* rec = prof.report(false).find("oom_literal_site_registered_late");
+  ASSERT_NE(rec, nullptr);
+  EXPECT_EQ(rec->calls, 2U);
+
+  // A scope with a run-time name: lost while the name cannot be interned, counted after.
+  const std::string runtime = "oom_runtime_scope_name" + std::string(40, 'r');
+  {
+    fail_nth_new(1);
+    const pp::scope s{runtime, pp::category::user, S};
+    EXPECT_EQ(cancel_failing_new(), 0);
+  }
+  { const pp::scope s{runtime, pp::category::user, S}; }
+  const pp::function_profile last = prof.report(false);
+  EXPECT_EQ(last.scopes_lost, lost_before + 2);
+  ASSERT_NE(last.find(runtime), nullptr);
+  EXPECT_EQ(last.find(runtime)->calls, 1U);
+  prof.stop();
+}
+
+// A timeline counts a scope of an unregistered name as dropped, and records it once registered.
+TEST_F(profiler_out_of_host_memory, timeline_counts_scopes_of_unregistered_names_as_dropped) {
+  pp::testing::temp_file f(".json");
+  pp::timeline_options opts;
+  opts.trace_path = f.path();
+  opts.cupti = false;
+  pp::timeline tl{opts};
+  tl.start();
+  fail_nth_new(1);
+  const pp::scope_site site{"oom_timeline_site_registered_late"};
+  EXPECT_EQ(cancel_failing_new(), 0);
+  ASSERT_FALSE(site.registered());
+  const auto before = tl.stats();
+  {
+    fail_nth_new(1);
+    const pp::scope s{site, S};
+    EXPECT_EQ(cancel_failing_new(), 0);
+  }
+  const auto lost = tl.stats();
+  EXPECT_EQ(lost.events_dropped, before.events_dropped + 1);
+  EXPECT_EQ(lost.host_slices, before.host_slices + 1);  // closed, though not on the trace
+  { const pp::scope s{site, S}; }
+  EXPECT_TRUE(site.registered());
+  tl.stop();
+  const auto st = tl.stats();
+  EXPECT_EQ(st.host_slices, before.host_slices + 2);
+  std::uint64_t slices = 0;
+  for (const auto& e : pp::testing::events_of(pp::testing::read_events(f.path()), "X")) {
+    slices += e.value("name", "") == "oom_timeline_site_registered_late" ? 1 : 0;
+  }
+  EXPECT_EQ(slices, 1U);
+}
+
 // Event recorder: it allocates nothing per event, so every event of every run is in the log, and
 // the log reads back.
 TEST_F(profiler_out_of_host_memory, recorder_writes_every_event) {

@@ -178,16 +178,22 @@ nvtxDomainHandle_t NVTX_API domain_create_a(const char* name) {
 }
 
 nvtxStringHandle_t NVTX_API domain_register_string_a(nvtxDomainHandle_t domain, const char* s) {
-  auto& t = tool();
-  std::lock_guard lock(t.mutex);
-  string_entry& e = t.strings.emplace_back(
-      string_entry{reinterpret_cast<domain_entry*>(domain), s != nullptr ? s : ""});
-  line("DomainRegisterStringA")
-      .str("domain", domain_name(domain))
-      .str("string", e.text.c_str())
-      .ptr("handle", &e)
-      .commit(t);
-  return reinterpret_cast<nvtxStringHandle_t>(&e);
+  // A C entry point may not throw: without memory (the out-of-host-memory tests make operator
+  // new fail) the string is not registered, as a C tool would answer (a null handle).
+  try {
+    auto& t = tool();
+    std::lock_guard lock(t.mutex);
+    string_entry& e = t.strings.emplace_back(
+        string_entry{reinterpret_cast<domain_entry*>(domain), s != nullptr ? s : ""});
+    line("DomainRegisterStringA")
+        .str("domain", domain_name(domain))
+        .str("string", e.text.c_str())
+        .ptr("handle", &e)
+        .commit(t);
+    return reinterpret_cast<nvtxStringHandle_t>(&e);
+  } catch (...) {
+    return nullptr;
+  }
 }
 
 void NVTX_API domain_name_category_a(nvtxDomainHandle_t domain, uint32_t category,

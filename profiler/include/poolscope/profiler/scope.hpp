@@ -79,9 +79,18 @@ inline constexpr std::uint32_t flag_nvtx = 2U;
 /// g_scope_flags bit: at least one timeline is running with timeline_options::scopes.
 inline constexpr std::uint32_t flag_timeline = 4U;
 
+/// The id of lost_site.
+inline constexpr std::uint32_t lost_site_id = UINT32_MAX;
+/// What register_site gives when the host has no memory to intern a name: scopes opened with it
+/// are counted as lost by the function profiler (function_profile::scopes_lost) and by the
+/// running timelines (dropped events), and push no NVTX range. Its name is empty.
+extern const site_info lost_site;
+
 /// Interns `name` (first registration fixes its category) and registers its NVTX string.
-/// Thread-safe; the same name always gives the same object. Throws std::bad_alloc only.
-[[nodiscard]] const site_info& register_site(std::string_view name, category c);
+/// Thread-safe; the same name always gives the same object. Never throws: without host memory
+/// to intern the name it returns lost_site (and logs it once), so instrumentation cannot end the
+/// program; a later call may succeed.
+[[nodiscard]] const site_info& register_site(std::string_view name, category c) noexcept;
 /// Slow path of opening a scope; returns the flags it acted on (what close must undo).
 [[nodiscard]] std::uint32_t open_scope(const site_info& site, stream_view stream,
                                        std::uint32_t flags) noexcept;
@@ -97,30 +106,71 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept;
 ///   static const poolscope::profiler::scope_site site{"decode", category::user};
 ///   poolscope::profiler::scope s{site, stream};
 ///
-/// Ownership: refers to process-lifetime data; copying is cheap. Thread-safe (immutable).
+/// Out of host memory: construction never throws. A site whose name could not be interned is
+/// not registered(); its scopes are counted as lost (see detail::lost_site). A site made from a
+/// string literal registers itself again the next time a scope of it opens while something
+/// records (so a static site made during a memory shortage recovers); one made with named()
+/// stays unregistered (it does not keep the name): make it again.
+///
+/// Ownership: refers to process-lifetime data; copying is cheap. Thread-safe: a literal site's
+/// late registration is published atomically.
 /// Cost: registration once (a lock, a hash lookup and, with an NVTX tool, one registered string).
 class scope_site {
  public:
   /// Registers `name` (a string literal) in category `c` (see register_site).
   template <std::size_t N>
-  explicit scope_site(const char (&name)[N], category c = category::user)  // NOLINT
-      : info_(&detail::register_site(std::string_view(name), c)) {}
+  explicit scope_site(const char (&name)[N], category c = category::user) noexcept  // NOLINT
+      : info_(&detail::register_site(std::string_view(name), c)), literal_(name), cat_(c) {}
 
   /// Registers a name made at run time. Registration costs a lock and a lookup, so keep the site
   /// (a table of sites made once) rather than calling this per scope.
-  [[nodiscard]] static scope_site named(std::string_view name, category c = category::user) {
-    return scope_site(&detail::register_site(name, c));
+  [[nodiscard]] static scope_site named(std::string_view name,
+                                        category c = category::user) noexcept {
+    return scope_site(&detail::register_site(name, c), c);
   }
 
-  /// The name as registered.
-  [[nodiscard]] std::string_view name() const noexcept { return info_->name; }
-  /// The registered site (internal).
-  [[nodiscard]] const detail::site_info& info() const noexcept { return *info_; }
+  scope_site(const scope_site& other) noexcept
+      : info_(other.info_.load(std::memory_order_acquire)),
+        literal_(other.literal_),
+        cat_(other.cat_) {}
+  scope_site& operator=(const scope_site& other) noexcept {
+    info_.store(other.info_.load(std::memory_order_acquire), std::memory_order_release);
+    literal_ = other.literal_;
+    cat_ = other.cat_;
+    return *this;
+  }
+  ~scope_site() = default;
+
+  /// Whether the name is interned (false only after a registration failed for lack of memory).
+  [[nodiscard]] bool registered() const noexcept { return info().id != detail::lost_site_id; }
+  /// The name as registered (a literal site's literal even when not registered; empty for a
+  /// named() site that is not).
+  [[nodiscard]] std::string_view name() const noexcept {
+    const detail::site_info& i = info();
+    return i.id != detail::lost_site_id || literal_ == nullptr ? i.name
+                                                               : std::string_view(literal_);
+  }
+  /// The registered site (internal; detail::lost_site when not registered).
+  [[nodiscard]] const detail::site_info& info() const noexcept {
+    return *info_.load(std::memory_order_acquire);
+  }
+  /// Registers a literal site that is not registered yet (internal: the slow path of opening a
+  /// scope of it); returns the site it has now.
+  const detail::site_info& register_again() const noexcept {
+    const detail::site_info* i = &info();
+    if (i->id == detail::lost_site_id && literal_ != nullptr) {
+      i = &detail::register_site(std::string_view(literal_), cat_);
+      info_.store(i, std::memory_order_release);  // the same object whichever thread wins
+    }
+    return *i;
+  }
 
  private:
-  explicit scope_site(const detail::site_info* info) noexcept : info_(info) {}
+  scope_site(const detail::site_info* info, category c) noexcept : info_(info), cat_(c) {}
 
-  const detail::site_info* info_;
+  mutable std::atomic<const detail::site_info*> info_;
+  const char* literal_ = nullptr;  ///< the string literal, for register_again (null: named())
+  category cat_ = category::user;
 };
 
 /// An open scope: opens in the constructor, closes in the destructor. Times the host code between
@@ -145,11 +195,16 @@ class scope {
   explicit scope(const scope_site& site, stream_view stream = {}) noexcept : site_(&site.info()) {
     const std::uint32_t f = detail::g_scope_flags.load(std::memory_order_relaxed);
     if (f != 0) [[unlikely]] {
+      if (site_->id == detail::lost_site_id) [[unlikely]] {
+        site_ = &site.register_again();
+      }
       flags_ = detail::open_scope(*site_, stream, f);
     }
   }
-  /// Opens a scope for a name known only at run time (interned here, see Cost).
-  explicit scope(std::string_view name, category c = category::user, stream_view stream = {})
+  /// Opens a scope for a name known only at run time (interned here, see Cost; without host
+  /// memory to intern it the scope is counted as lost, see scope_site).
+  explicit scope(std::string_view name, category c = category::user,
+                 stream_view stream = {}) noexcept
       : site_(&detail::register_site(name, c)) {
     const std::uint32_t f = detail::g_scope_flags.load(std::memory_order_relaxed);
     if (f != 0) [[unlikely]] {
