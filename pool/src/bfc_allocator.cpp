@@ -71,6 +71,20 @@ struct bfc_allocator::state {
     wholly_free[index_of(c->pool)] -= whole;
     wholly_free_bytes[index_of(c->pool)] -= whole * c->size;
   }
+  /// add_free and remove_free for a chunk with a neighbour in its segment, which therefore does
+  /// not cover it: the wholly-free counts stay as they are. (A split's remainder borders the
+  /// chunk carved from it, a merged neighbour the chunk freed: two of the four index changes of
+  /// a typical alloc+free pair skip the whole-segment test and its two counter updates.)
+  void add_free_part(bfc_chunk* c) noexcept {
+    index[index_of(c->pool)].insert(c);
+    ++free_chunks;
+    free_bytes += c->size;
+  }
+  void remove_free_part(bfc_chunk* c) noexcept {
+    index[index_of(c->pool)].remove(c);
+    --free_chunks;
+    free_bytes -= c->size;
+  }
   void link(bfc_segment* s) noexcept {
     bfc_segment*& head = segments[index_of(s->pool)];
     s->prev = nullptr;
@@ -188,7 +202,7 @@ bfc_allocator::~bfc_allocator() {
     c->next = rest;
     c->next_free = true;
     c->size = rounded;
-    st.add_free(rest);
+    st.add_free_part(rest);
     if (hooks::active()) [[unlikely]] {
       emit_split(stream, c->addr, rounded, rest->addr, rest->size);
     }
@@ -213,7 +227,7 @@ bfc_allocator::~bfc_allocator() {
   c->requested = 0;
   bfc_chunk* prev = c->prev;
   if (c->prev_free) {
-    st.remove_free(prev);
+    st.remove_free_part(prev);  // it borders c
     char* const absorbed = prev->addr;
     const std::size_t absorbed_bytes = prev->size;
     prev->size += c->size;
@@ -232,7 +246,7 @@ bfc_allocator::~bfc_allocator() {
   }
   bfc_chunk* next = c->next;
   if (c->next_free) {
-    st.remove_free(next);
+    st.remove_free_part(next);  // it borders c
     c->size += next->size;
     c->next = next->next;
     c->next_free = false;  // the chunk above `next` is live

@@ -320,6 +320,17 @@ class allocator {
   void emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream, void* ptr,
             std::size_t requested, std::size_t rounded,
             hooks::free_error error = hooks::free_error::none) const noexcept;
+  // allocate and deallocate: the usual request inline, the rest (bad arguments, zero bytes,
+  // nullptr, a hook, a limit) out of line; serve and take_back are the part both paths share.
+  [[gnu::noinline]] void* allocate_checked(stream_view stream, std::size_t bytes,
+                                           std::size_t alignment);
+  block serve(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim);
+  [[gnu::noinline]] void deallocate_checked(stream_view stream, void* ptr, std::size_t bytes,
+                                            std::size_t alignment) noexcept;
+  void take_back(stream_view stream, void* ptr, std::size_t bytes, std::size_t alignment,
+                 bool hooked) noexcept;
+  void finish_free(stream_view stream, void* ptr, std::size_t bytes, const free_outcome& out,
+                   bool counted, bool hooked) noexcept;
   [[gnu::noinline]] block allocate_after_refusal(stream_view stream, std::size_t bytes,
                                                  std::size_t alignment, std::size_t lim, bool held);
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
