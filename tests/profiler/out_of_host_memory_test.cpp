@@ -16,6 +16,8 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
@@ -315,6 +317,37 @@ TEST_F(profiler_out_of_host_memory, scope_names_register_later_or_count_as_lost)
   EXPECT_EQ(last.scopes_lost, lost_before + 2);
   ASSERT_NE(last.find(runtime), nullptr);
   EXPECT_EQ(last.find(runtime)->calls, 1U);
+  prof.stop();
+}
+
+// A literal site left unregistered, then opened by several threads at once once memory is back:
+// each registers it again (one name, one object whichever wins), and every scope is counted.
+TEST_F(profiler_out_of_host_memory, threads_register_a_lost_literal_site_once_together) {
+  fail_nth_new(1);
+  const pp::scope_site site{"oom_literal_site_of_many_threads"};
+  EXPECT_EQ(cancel_failing_new(), 0);
+  ASSERT_FALSE(site.registered());
+  pp::function_profiler prof{{.gpu_timing = false}};
+  constexpr int threads = 4;
+  constexpr int scopes = 200;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&site] {
+      for (int i = 0; i < scopes; ++i) {
+        const pp::scope s{site, S};
+      }
+    });
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  EXPECT_TRUE(site.registered());
+  const pp::function_profile p = prof.report(false);
+  EXPECT_EQ(p.scopes_lost, 0U);
+  const pp::scope_record* rec = p.find("oom_literal_site_of_many_threads");
+  ASSERT_NE(rec, nullptr);
+  EXPECT_EQ(rec->calls, static_cast<std::uint64_t>(threads) * scopes);
+  EXPECT_EQ(&site.info(), &pp::scope_site{"oom_literal_site_of_many_threads"}.info());
   prof.stop();
 }
 
