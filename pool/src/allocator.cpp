@@ -84,52 +84,78 @@ void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_vi
   hooks::dispatch(e);
 }
 
-// The strategy's part of a request that passed the checks (allocate and allocate_checked):
-// the thread cache, the strategy, its retry and the counters. Inlined into both.
-[[gnu::always_inline]] inline block allocator::serve(stream_view stream, std::size_t bytes,
-                                                     std::size_t alignment, std::size_t lim) {
-  // The thread cache first: a hit takes no shared lock and writes no shared counter (the
-  // cache's shard counts it). `cache` is this thread's cache (null without one); on a miss
-  // `record` says it will record, and count, the strategy's block (a size it may cache).
-  detail::thread_cache* cache = nullptr;
-  bool record = false;
-  block b{};
-  if (tc_ != nullptr) {
-    // The thread's last-used cache, inline: a resting one (random sizes) is skipped here.
-    cache = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
-    if (cache == nullptr || !cache->skip_resting()) {
-      b = tc_take(stream, bytes, cache, record);
-    }
+// After the thread cache (if any) missed or stepped aside: the strategy, its retry and the
+// counters. `cache` is this thread's cache (null without one), `record` whether it records the
+// block (a size it may cache). Inlined into serve and serve_cached.
+[[gnu::always_inline]] inline block allocator::serve_strategy(stream_view stream, std::size_t bytes,
+                                                              std::size_t alignment,
+                                                              std::size_t lim,
+                                                              detail::thread_cache* cache,
+                                                              bool record) {
+  // The strategy, called here (one call less per request); a refusal goes to the retry.
+  block b =
+      record ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
+  if (b.ptr == nullptr) [[unlikely]] {
+    b = allocate_after_refusal(stream, bytes, alignment, lim, record);
   }
-  if (b.ptr == nullptr) {
-    // The strategy, called here (one call less per request); a refusal goes to the retry.
-    b = record ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
-    if (b.ptr == nullptr) [[unlikely]] {
-      b = allocate_after_refusal(stream, bytes, alignment, lim, record);
+  if (record) {
+    tc_record(cache, stream, b, bytes);
+  } else if (counts_under_lock_) {
+    // The strategy counted it (account_alloc_locked) and, without caches, raised the peaks.
+    if (cache != nullptr) {
+      tc_raise_peaks(*cache);
+    } else if (tc_ != nullptr) [[unlikely]] {  // no cache for this thread (no host memory)
+      raise_peak(peak_in_use_, shared_in_use());
+      raise_peak(peak_requested_, shared_requested());
     }
-    if (record) {
-      tc_record(cache, stream, b, bytes);
-    } else if (counts_under_lock_) {
-      // The strategy counted it (account_alloc_locked) and, without caches, raised the peaks.
-      if (cache != nullptr) {
-        tc_raise_peaks(*cache);
-      } else if (tc_ != nullptr) [[unlikely]] {  // no cache for this thread (no host memory)
-        raise_peak(peak_in_use_, shared_in_use());
-        raise_peak(peak_requested_, shared_requested());
-      }
+  } else {
+    const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
+    const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    allocations_.fetch_add(1, std::memory_order_relaxed);
+    if (cache != nullptr) {
+      tc_raise_peaks(*cache);  // the shared counters count this thread's cached blocks too
     } else {
-      const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
-      const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-      allocations_.fetch_add(1, std::memory_order_relaxed);
-      if (cache != nullptr) {
-        tc_raise_peaks(*cache);  // the shared counters count this thread's cached blocks too
-      } else {
-        raise_peak(peak_in_use_, used);
-        raise_peak(peak_requested_, req);
-      }
+      raise_peak(peak_in_use_, used);
+      raise_peak(peak_requested_, req);
     }
   }
   return b;
+}
+
+// A request with thread caches that serve did not settle inline: the cache first (a hit takes
+// no shared lock and writes no shared counter: the cache's shard counts it), then the strategy.
+// `cache`: this thread's last-used cache if it is this allocator's, else null (tc_take looks it
+// up, or makes it, then).
+[[gnu::always_inline]] inline block allocator::serve_cached(stream_view stream, std::size_t bytes,
+                                                            std::size_t alignment, std::size_t lim,
+                                                            detail::thread_cache* cache) {
+  bool record = false;  // on a miss: whether the cache records, and counts, the strategy's block
+  const block b = tc_take(stream, bytes, cache, record);
+  if (b.ptr != nullptr) {
+    return b;
+  }
+  return serve_strategy(stream, bytes, alignment, lim, cache, record);
+}
+
+// The strategy's part of a request that passed the checks (allocate and allocate_checked).
+// Inlined into both. With thread caches, this thread's cache, when it rests (as it does on
+// random sizes, most of the time), is skipped here before anything else, so that such a request
+// costs the cache a thread-local load, a test and a count (and no local whose address escapes
+// to tc_take: those cost stores and loads on every request).
+[[gnu::always_inline]] inline block allocator::serve(stream_view stream, std::size_t bytes,
+                                                     std::size_t alignment, std::size_t lim) {
+  detail::thread_cache* cache = nullptr;
+  if (tc_ != nullptr) {
+    bool resting = false;
+    if (detail::t_last.allocator_id == id_) {
+      cache = detail::t_last.cache;  // never null where the id matches (thread_cache.hpp)
+      resting = cache->skip_resting();
+    }
+    if (!resting) {
+      return serve_cached(stream, bytes, alignment, lim, cache);
+    }
+  }
+  return serve_strategy(stream, bytes, alignment, lim, cache, false);
 }
 
 void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t alignment) {
@@ -245,8 +271,10 @@ block allocator::allocate_after_refusal(stream_view stream, std::size_t bytes,
   // The thread's own cache first, if it may hold the block (the address filter, inline: most
   // frees of a random-size workload are not recorded there).
   if (tc_ != nullptr) {
-    detail::thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
-    if (c == nullptr || c->may_hold(ptr)) {
+    // t_last's cache is never null where its allocator id matches (thread_cache.hpp): one test.
+    const bool last = detail::t_last.allocator_id == id_;
+    detail::thread_cache* c = last ? detail::t_last.cache : nullptr;
+    if (!last || c->may_hold(ptr)) {
       free_outcome cached;
       bool counted = false;
       if (tc_give(c, stream, ptr, bytes, cached, counted)) {

@@ -111,8 +111,10 @@ struct bfc_allocator::state {
     pool_reserved[index_of(s->pool)] -= s->size;
   }
   /// Why `ptr` is not a live chunk: the start of a free chunk is a double free; anything else
-  /// (a stranger's pointer, an interior pointer) is unknown. O(segments + chunks of one).
-  [[nodiscard]] hooks::free_error classify(const void* ptr) const noexcept {
+  /// (a stranger's pointer, an interior pointer) is unknown. O(segments + chunks of one). Out
+  /// of line: an invalid free is rare, and its loops inlined cost deallocate_chunk registers.
+  [[nodiscard, gnu::cold, gnu::noinline]] hooks::free_error classify(
+      const void* ptr) const noexcept {
     const std::uintptr_t p = address(ptr);
     for (const bfc_segment* head : segments) {
       for (const bfc_segment* s = head; s != nullptr; s = s->next) {
@@ -179,10 +181,9 @@ bfc_allocator::~bfc_allocator() {
 }
 
 // Inlined into the hot paths: they run once per allocate / deallocate.
-[[gnu::always_inline]] inline void bfc_allocator::carve(stream_view stream, bfc_chunk* c,
+[[gnu::always_inline]] inline void bfc_allocator::carve(state& st, stream_view stream, bfc_chunk* c,
                                                         std::size_t rounded, std::size_t bytes,
                                                         bool held) noexcept {
-  state& st = *state_;
   st.remove_free(c);
   // c's neighbours are live (free chunks never touch): the one below now borders a live chunk.
   if (c->prev != nullptr) {
@@ -220,9 +221,8 @@ bfc_allocator::~bfc_allocator() {
   }
 }
 
-[[gnu::always_inline]] inline void bfc_allocator::free_chunk(stream_view stream,
+[[gnu::always_inline]] inline void bfc_allocator::free_chunk(state& st, stream_view stream,
                                                              bfc_chunk* c) noexcept {
-  state& st = *state_;
   c->is_free = true;
   c->requested = 0;
   bfc_chunk* prev = c->prev;
@@ -273,49 +273,79 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
   return allocate_chunk(stream, bytes, true);
 }
 
+// A request's chunk from the pool (the caller holds the mutex, and has reserved a node and a
+// live-table slot): the best fit, carved; null if no free chunk fits or the large pool should
+// merge its wholly free segments first. Inlined into allocate_chunk and allocate_missed.
+[[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, stream_view stream,
+                                                                   std::size_t rounded,
+                                                                   std::size_t bytes, bool large,
+                                                                   bool held) noexcept {
+  // Two or more wholly free large segments holding at least half the large pool (typically
+  // between the steps of a training loop): merge them into one before serving (see the header).
+  // A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so merges cost
+  // at most three upstream calls per segment ever acquired on a miss. (The rare condition
+  // first: whether the request is large is a coin toss on mixed sizes.)
+  const bool merge_first = st.wholly_free[1] >= 2 &&
+                           st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1] && large &&
+                           options_.consolidate;
+  if (merge_first) [[unlikely]] {
+    return nullptr;
+  }
+  bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
+  if (c == nullptr && !large && options_.small_borrows_large) {
+    c = st.index[1].best_fit(rounded);
+  }
+  if (c != nullptr) [[likely]] {
+    carve(st, stream, c, rounded, bytes, held);
+  }
+  return c;
+}
+
+// The usual request: one try under the mutex, inline. Everything else (flushing the thread
+// caches, a merge, a new segment) is allocate_missed's, out of line: this function then keeps
+// no loop state and saves fewer registers on entry.
 POOLSCOPE_HOT_CLONES
 block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool held) {
+  const std::size_t rounded = round_up(bytes, round_bytes);
+  const bool large = rounded > options_.small_request_max;
+  state& st = *state_;
+  {
+    std::lock_guard lock(st.mutex);
+    // Everything that can throw happens before the pool changes.
+    st.nodes.reserve(1);
+    st.live.reserve_one();
+    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) [[likely]] {
+      return {c->addr, rounded};
+    }
+  }
+  return allocate_missed(stream, bytes, held);
+}
+
+// No free chunk fit on the first try (or a merge comes first). Before the pool grows, blocks
+// idle in threads' caches come back: they may serve this request or merge into a chunk that
+// does, and the pool stays as small as without them. Then one more try (under the mutex anew:
+// without caches, another thread may have freed a fit meanwhile), then a new segment.
+block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes, bool held) {
+  if (thread_cache_enabled()) {
+    (void)flush_thread_caches();  // outside the pool's lock (lock order: caches, then pool)
+  }
   const std::size_t rounded = round_up(bytes, round_bytes);
   const bool large = rounded > options_.small_request_max;
   state& st = *state_;
   bfc_segment* detached = nullptr;
   std::size_t detached_bytes = 0;
   std::size_t reserved_now = 0;
-  // Before the pool grows, blocks idle in threads' caches come back (once): they may serve
-  // this request or merge into a chunk that does, and the pool stays as small as without them.
-  for (bool may_flush = thread_cache_enabled();; may_flush = false) {
-    {
-      std::lock_guard lock(st.mutex);
-      // Everything that can throw happens before the pool changes.
-      st.nodes.reserve(1);
-      st.live.reserve_one();
-      // Two or more wholly free large segments holding at least half the large pool (typically
-      // between the steps of a training loop): merge them into one before serving (see the
-      // header). A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so
-      // merges cost at most three upstream calls per segment ever acquired on a miss.
-      // (The rare condition first: whether the request is large is a coin toss on mixed sizes.)
-      const bool merge_first = st.wholly_free[1] >= 2 &&
-                               st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1] && large &&
-                               options_.consolidate;
-      if (!merge_first) [[likely]] {
-        bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
-        if (c == nullptr && !large && options_.small_borrows_large) {
-          c = st.index[1].best_fit(rounded);
-        }
-        if (c != nullptr) [[likely]] {
-          carve(stream, c, rounded, bytes, held);
-          return {c->addr, rounded};
-        }
-      }
-      if (!may_flush) {
-        if (large && options_.consolidate && st.wholly_free[1] != 0) {
-          detach_wholly_free(true, detached, detached_bytes);
-        }
-        reserved_now = st.reserved;
-        break;
-      }
+  {
+    std::lock_guard lock(st.mutex);
+    st.nodes.reserve(1);
+    st.live.reserve_one();
+    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) {
+      return {c->addr, rounded};
     }
-    (void)flush_thread_caches();  // outside the pool's lock (lock order: caches, then pool)
+    if (large && options_.consolidate && st.wholly_free[1] != 0) {
+      detach_wholly_free(true, detached, detached_bytes);
+    }
+    reserved_now = st.reserved;
   }
   return allocate_segment(stream, large, rounded, bytes, held, detached, detached_bytes,
                           reserved_now);
@@ -389,7 +419,7 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   seg->first = c;
   st.link(seg);
   st.add_free(c);
-  carve(stream, c, rounded, bytes, held);
+  carve(st, stream, c, rounded, bytes, held);
   return {p, rounded};
 }
 
@@ -413,7 +443,7 @@ free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
   account_free(rounded, requested);  // under the lock: nobody can take the chunk yet
-  free_chunk(stream, c);
+  free_chunk(st, stream, c);
   // Chunks are exactly the request rounded to 512, so any size with the same rounding is right.
   const bool size_ok = bytes <= rounded && bytes + round_bytes > rounded;
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
@@ -424,7 +454,7 @@ void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {
   std::lock_guard lock(st.mutex);
   if (bfc_chunk* c = st.live.erase(ptr)) [[likely]] {
     c->held = false;
-    free_chunk(stream, c);
+    free_chunk(st, stream, c);
   }
 }
 

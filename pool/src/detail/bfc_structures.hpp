@@ -60,11 +60,14 @@ class bfc_lock {
   }
   void unlock() noexcept {
     if (state_.exchange(0, std::memory_order_release) == 2) [[unlikely]] {
-      state_.notify_one();
+      wake_one();
     }
   }
 
  private:
+  // Out of line: inlined, notify_one's waiter-table lookup and system call sat in every hot
+  // function that unlocks (twice in some), tying up registers there.
+  [[gnu::cold, gnu::noinline]] void wake_one() noexcept { state_.notify_one(); }
   void lock_contended() noexcept {
     for (int i = 0; i < 16; ++i) {
       cpu_relax();

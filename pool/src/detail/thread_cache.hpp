@@ -155,10 +155,11 @@ struct thread_cache {
 
   /// While the cache rests, counts one request and returns true (owner only).
   [[nodiscard]] bool skip_resting() noexcept {
-    if (resting == 0) {
+    const std::uint32_t left = resting;  // one load (an atomic's, which the compiler keeps)
+    if (left == 0) {
       return false;
     }
-    --resting;
+    resting = left - 1;
     return true;
   }
 
@@ -279,7 +280,9 @@ struct thread_cache {
 
 /// The calling thread's most recently used cache: trivially destructible, so the hot paths
 /// read it without a TLS guard (thread_cache.cpp defines it, initial-exec; `constinit` tells
-/// every includer so, and no access calls the TLS init wrapper).
+/// every includer so, and no access calls the TLS init wrapper). `cache` is never null while
+/// `allocator_id` names an allocator (ids start at 1; it is set only to a cache and its
+/// allocator's id, or cleared), so the hot paths test the id alone.
 struct last_cache {
   std::uint32_t allocator_id = 0;
   thread_cache* cache = nullptr;
@@ -323,18 +326,20 @@ namespace poolscope::pool {
 // Inline: called after every allocation the strategy serves to a thread with a cache.
 inline void allocator::tc_raise_peaks(const detail::thread_cache& c) noexcept {
   // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
-  // never misses a high, and it is exact when no other thread holds cached blocks.
+  // never misses a high, and it is exact when no other thread holds cached blocks. Compared
+  // signed (peaks stay far below 2^63): a sum below zero, from counters another thread changed
+  // between the loads, raises nothing, with no clamp to zero on the way.
   const auto bound = [](std::size_t shared, const std::atomic<std::int64_t>& delta) {
-    const auto v = static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
-    return v < 0 ? std::size_t{0} : static_cast<std::size_t>(v);
+    return static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
   };
-  const std::size_t used = bound(shared_in_use(), c.d_in_use);
-  if (used > peak_in_use_.load(std::memory_order_relaxed)) [[unlikely]] {
-    detail::raise_peak(peak_in_use_, used);
+  const std::int64_t used = bound(shared_in_use(), c.d_in_use);
+  if (used > static_cast<std::int64_t>(peak_in_use_.load(std::memory_order_relaxed))) [[unlikely]] {
+    detail::raise_peak(peak_in_use_, static_cast<std::size_t>(used));
   }
-  const std::size_t req = bound(shared_requested(), c.d_requested);
-  if (req > peak_requested_.load(std::memory_order_relaxed)) [[unlikely]] {
-    detail::raise_peak(peak_requested_, req);
+  const std::int64_t req = bound(shared_requested(), c.d_requested);
+  if (req > static_cast<std::int64_t>(peak_requested_.load(std::memory_order_relaxed)))
+      [[unlikely]] {
+    detail::raise_peak(peak_requested_, static_cast<std::size_t>(req));
   }
 }
 

@@ -321,10 +321,15 @@ class allocator {
             std::size_t requested, std::size_t rounded,
             hooks::free_error error = hooks::free_error::none) const noexcept;
   // allocate and deallocate: the usual request inline, the rest (bad arguments, zero bytes,
-  // nullptr, a hook, a limit) out of line; serve and take_back are the part both paths share.
+  // nullptr, a hook, a limit) out of line; serve and take_back are the part both paths share
+  // (serve_cached and serve_strategy its parts).
   [[gnu::noinline]] void* allocate_checked(stream_view stream, std::size_t bytes,
                                            std::size_t alignment);
   block serve(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim);
+  block serve_cached(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim,
+                     detail::thread_cache* cache);
+  block serve_strategy(stream_view stream, std::size_t bytes, std::size_t alignment,
+                       std::size_t lim, detail::thread_cache* cache, bool record);
   [[gnu::noinline]] void deallocate_checked(stream_view stream, void* ptr, std::size_t bytes,
                                             std::size_t alignment) noexcept;
   void take_back(stream_view stream, void* ptr, std::size_t bytes, std::size_t alignment,

@@ -174,15 +174,20 @@ class bfc_allocator final : public allocator {
   [[nodiscard]] bool do_size_matches(std::size_t given, std::size_t requested,
                                      std::size_t rounded) const noexcept override;
 
-  // The helpers below marked "locked" require the caller to hold the mutex.
+  // The helpers below marked "locked" require the caller to hold the mutex. Those that take the
+  // state take it from the caller, which read state_ before locking (read after the lock's
+  // acquire, it would be loaded again).
   block allocate_chunk(stream_view stream, std::size_t bytes, bool held);
+  [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes, bool held);
+  detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
+                                std::size_t bytes, bool large, bool held) noexcept;  // locked
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
                          bool held, detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
-  void carve(stream_view stream, detail::bfc_chunk* c, std::size_t rounded, std::size_t bytes,
-             bool held) noexcept;                                      // locked
-  void free_chunk(stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
+  void carve(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
+             std::size_t bytes, bool held) noexcept;                              // locked
+  void free_chunk(state& st, stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
   void detach_wholly_free(bool large, detail::bfc_segment*& chain,
                           std::size_t& bytes) noexcept;  // locked
   void release_detached(detail::bfc_segment* list) noexcept;
