@@ -38,7 +38,8 @@ void check_option(const char* field, std::size_t value, bool ok, const char* rul
 }  // namespace
 
 struct bfc_allocator::state {
-  explicit state(bool lock_bias) noexcept : mutex(lock_bias) {}
+  state(bool lock_bias, detail::metadata_arena* arena) noexcept
+      : mutex(lock_bias), live(arena), nodes(arena) {}
 
   mutable detail::biased_mutex<detail::bfc_lock> mutex;
   std::array<detail::bfc_free_index, 2> index{};  // by bfc_pool_kind
@@ -136,7 +137,16 @@ struct bfc_allocator::state {
 bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
     : allocator(upstream, "bfc/" + upstream.name()),
       options_(options),
-      state_(std::make_unique<state>(options.lock_bias)) {
+      arena_(options.huge_page_metadata
+                 ? std::make_unique<detail::metadata_arena>(detail::metadata_arena::huge_page_bytes)
+                 : nullptr),
+      // In the arena when there is one (its first piece: the free index's class sentinels,
+      // which every operation reads, at the start of the huge page).
+      state_(new (arena_ != nullptr
+                      ? arena_->allocate(sizeof(state), alignof(state))
+                      : detail::metadata_arena::heap_allocate(sizeof(state), alignof(state)))
+                 state(options.lock_bias, arena_.get()),
+             state_deleter{arena_.get()}) {
   const auto multiple = [](std::size_t v) { return v != 0 && v % round_bytes == 0; };
   const char* not_multiple = "must be a positive multiple of 512";
   check_option("small_request_max", options_.small_request_max,
@@ -519,6 +529,27 @@ std::size_t bfc_allocator::do_release_cached() {
   }
   release_detached(chain);
   return bytes;
+}
+
+void bfc_allocator::state_deleter::operator()(state* s) const noexcept {
+  s->~state();
+  if (arena != nullptr) {
+    arena->deallocate(s, sizeof(state), alignof(state));
+  } else {
+    detail::metadata_arena::heap_deallocate(s, sizeof(state), alignof(state));
+  }
+}
+
+std::size_t bfc_allocator::metadata_region_bytes() const noexcept {
+  return arena_ != nullptr ? arena_->capacity() : 0;
+}
+
+std::size_t bfc_allocator::metadata_region_used() const noexcept {
+  if (arena_ == nullptr) {
+    return 0;
+  }
+  std::lock_guard lock(state_->mutex);
+  return arena_->used();
 }
 
 bfc_lock_counters bfc_allocator::lock_counts() const noexcept {

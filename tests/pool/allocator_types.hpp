@@ -28,11 +28,14 @@ struct on_host {
 };
 
 /// bfc without its per-thread cache: the strategy then counts its blocks under its own lock
-/// (allocator::count_under_lock), a path of its own for the counters and peaks.
+/// (allocator::count_under_lock), a path of its own for the counters and peaks. And with its
+/// bookkeeping on the heap (huge_page_metadata off), so that the suites run both homes of it
+/// (the out-of-host-memory sweep reaches the heap's allocations only).
 struct on_host_bfc_uncached : on_host<bfc_allocator> {
   static std::unique_ptr<allocator> make(resource& r) {
     bfc_options o;
     o.thread_cache.enabled = false;
+    o.huge_page_metadata = false;
     return std::make_unique<bfc_allocator>(r, o);
   }
 };

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace poolscope::pool::detail {
@@ -17,14 +18,18 @@ namespace poolscope::pool::detail {
 /// 3.3 at a load of 1/2, 1.4 at 1/4 and 0.5 at 1/8 (callgrind; at 1/4 the erase's shift loop
 /// alone mispredicted 0.8 per pair with 1000 live blocks), for about 170 bytes of slots per
 /// entry on average (85 at 1/4). A lookup touches one slot's line at any load.
-/// `FirstCapacity` (a power of two) is the first allocation.
+/// `FirstCapacity` (a power of two) is the first allocation; `Alloc` allocates the slots (bfc's
+/// map puts them in its metadata_arena).
 /// Ownership: owns its slots. Thread safety: none (its owner's lock guards it). Nothing throws
 /// except reserve_one (std::bad_alloc), which callers run before they change anything.
-template <typename Slot, std::size_t FirstCapacity>
+template <typename Slot, std::size_t FirstCapacity, typename Alloc = std::allocator<Slot>>
 class address_table {
   static_assert(std::has_single_bit(FirstCapacity), "FirstCapacity must be a power of two");
 
  public:
+  address_table() = default;
+  explicit address_table(const Alloc& alloc) : slots_(alloc) {}
+
   /// Makes sure one insert will not allocate. May throw std::bad_alloc. (The check is forced
   /// inline: bfc calls it on every allocation, and GCC otherwise called it through the PLT.)
   [[gnu::always_inline]] void reserve_one() {
@@ -106,7 +111,7 @@ class address_table {
   }
   [[gnu::noinline]] void grow() { rehash(slots_.empty() ? FirstCapacity : slots_.size() * 2); }
   void rehash(std::size_t capacity) {
-    std::vector<Slot> old(capacity);
+    std::vector<Slot, Alloc> old(capacity, Slot{}, slots_.get_allocator());
     old.swap(slots_);
     mask_ = capacity - 1;
     shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
@@ -118,7 +123,7 @@ class address_table {
     }
   }
 
-  std::vector<Slot> slots_;
+  std::vector<Slot, Alloc> slots_;
   std::size_t mask_ = 0;
   unsigned shift_ = 64;
   std::size_t size_ = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "address_table.hpp"
+#include "metadata_arena.hpp"
 #include "poolscope/cpu_relax.hpp"
 
 // bfc's two hot functions (allocate_chunk, deallocate_chunk, with the index and table code
@@ -138,9 +139,23 @@ struct bfc_segment {
 };
 
 /// Recycles chunk nodes so that splitting and merging never call the heap: nodes come from
-/// slabs that grow geometrically and live as long as the pool.
+/// slabs that grow geometrically and live as long as the pool, allocated from `arena` (the
+/// pool's metadata_arena; null: the heap).
 class bfc_node_pool {
  public:
+  explicit bfc_node_pool(metadata_arena* arena = nullptr) noexcept : arena_(arena) {}
+  bfc_node_pool(const bfc_node_pool&) = delete;
+  bfc_node_pool& operator=(const bfc_node_pool&) = delete;
+  ~bfc_node_pool() {
+    for (const slab& s : slabs_) {
+      if (arena_ != nullptr) {
+        arena_->deallocate(s.nodes, s.count * sizeof(bfc_chunk), alignof(bfc_chunk));
+      } else {
+        metadata_arena::heap_deallocate(s.nodes, s.count * sizeof(bfc_chunk), alignof(bfc_chunk));
+      }
+    }
+  }
+
   /// Makes sure `n` nodes can be taken without allocating. May throw std::bad_alloc.
   void reserve(std::size_t n) {
     while (free_count_ < n) {
@@ -165,21 +180,29 @@ class bfc_node_pool {
   [[nodiscard]] std::size_t in_use() const noexcept { return capacity_ - free_count_; }
 
  private:
+  struct slab {
+    bfc_chunk* nodes;
+    std::size_t count;
+  };
   void grow() {
     const std::size_t n = slabs_.empty() ? 64 : std::min<std::size_t>(capacity_, 4096);
     slabs_.reserve(slabs_.size() + 1);
-    auto slab = std::make_unique<bfc_chunk[]>(n);
+    const std::size_t bytes = n * sizeof(bfc_chunk);
+    void* raw = arena_ != nullptr ? arena_->allocate(bytes, alignof(bfc_chunk))
+                                  : metadata_arena::heap_allocate(bytes, alignof(bfc_chunk));
+    auto* nodes = static_cast<bfc_chunk*>(raw);
     for (std::size_t i = 0; i < n; ++i) {
-      give(&slab[i]);
+      give(new (&nodes[i]) bfc_chunk{});
     }
     capacity_ += n;
-    slabs_.push_back(std::move(slab));
+    slabs_.push_back({nodes, n});  // reserved above: cannot throw
   }
 
+  metadata_arena* arena_;
   bfc_chunk* free_ = nullptr;
   std::size_t free_count_ = 0;
   std::size_t capacity_ = 0;
-  std::vector<std::unique_ptr<bfc_chunk[]>> slabs_;
+  std::vector<slab> slabs_;
 };
 
 /// Segregated free lists with a two-level bitmap, TLSF-style: sizes below 32 units (of 512 B)
@@ -359,6 +382,9 @@ class bfc_free_index {
 /// Live chunks by address (an address_table of {address, chunk}).
 class bfc_ptr_map {
  public:
+  /// Slots from `arena` (the pool's metadata_arena; null: the heap).
+  explicit bfc_ptr_map(metadata_arena* arena = nullptr) : table_(arena_allocator<slot>(arena)) {}
+
   /// Makes sure one insert will not allocate. May throw std::bad_alloc.
   void reserve_one() { table_.reserve_one(); }
   /// Adds `c` under c->addr. Precondition: reserve_one() since the last insert; key absent.
@@ -394,7 +420,7 @@ class bfc_ptr_map {
     std::uintptr_t key = 0;
     bfc_chunk* value = nullptr;
   };
-  address_table<slot, 256> table_;
+  address_table<slot, 256, arena_allocator<slot>> table_;
 };
 
 }  // namespace poolscope::pool::detail
