@@ -46,6 +46,14 @@ using poolscope::testing::fixed_log_capture;
 char g_stream;
 const poolscope::stream_view S{&g_stream};
 
+/// A timeline writing to `path` without CUPTI (host events only).
+pp::timeline_options without_cupti(const std::string& path) {
+  pp::timeline_options o;
+  o.trace_path = path;
+  o.cupti = false;
+  return o;
+}
+
 /// What one run of the workload did.
 struct outcome {
   int allocations = 0;  // that succeeded
@@ -172,9 +180,7 @@ TEST_F(profiler_out_of_host_memory, timeline_records_or_counts_and_writes_a_vali
   for (const bool allocator_events : {false, true}) {
     SCOPED_TRACE(allocator_events ? "with allocator events" : "scopes only");
     pp::testing::temp_file f(".json");
-    pp::timeline_options opts;
-    opts.trace_path = f.path();
-    opts.cupti = false;
+    pp::timeline_options opts = without_cupti(f.path());
     opts.chunk_bytes = 4096;
     opts.allocator_events = allocator_events;
     pp::timeline tl{opts};
@@ -222,10 +228,7 @@ TEST_F(profiler_out_of_host_memory, timeline_stop_finishes_the_trace_or_reports_
   static const pp::scope_site site{"oom_stop"};
   for (int k = 1; k < 1000; ++k) {
     pp::testing::temp_file f(".json");
-    pp::timeline_options opts;
-    opts.trace_path = f.path();
-    opts.cupti = false;
-    pp::timeline tl{opts};
+    pp::timeline tl{without_cupti(f.path())};
     tl.start();
     (void)run_workload(alloc_, site, 0);
     fail_nth_new(k);
@@ -354,10 +357,7 @@ TEST_F(profiler_out_of_host_memory, threads_register_a_lost_literal_site_once_to
 // A timeline counts a scope of an unregistered name as dropped, and records it once registered.
 TEST_F(profiler_out_of_host_memory, timeline_counts_scopes_of_unregistered_names_as_dropped) {
   pp::testing::temp_file f(".json");
-  pp::timeline_options opts;
-  opts.trace_path = f.path();
-  opts.cupti = false;
-  pp::timeline tl{opts};
+  pp::timeline tl{without_cupti(f.path())};
   tl.start();
   fail_nth_new(1);
   const pp::scope_site site{"oom_timeline_site_registered_late"};
