@@ -6,6 +6,21 @@
 #include <sys/mman.h>
 #endif
 
+// Under LeakSanitizer the region is a root region: it holds the only pointers to some heap
+// blocks of its pool (segments, slab lists), and a pool kept for the life of the process (the
+// plug-in's) would otherwise have them reported as leaked, since LSan scans no mapping it did not
+// make unless told to.
+#if defined(__SANITIZE_ADDRESS__)
+#define POOLSCOPE_LSAN_ROOTS 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(leak_sanitizer)
+#define POOLSCOPE_LSAN_ROOTS 1
+#endif
+#endif
+#if defined(POOLSCOPE_LSAN_ROOTS)
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace poolscope::pool::detail {
 
 metadata_arena::metadata_arena(std::size_t bytes, bool huge) noexcept {
@@ -29,6 +44,9 @@ metadata_arena::metadata_arena(std::size_t bytes, bool huge) noexcept {
   mapping_bytes_ = mapped;
   // Advice only: a kernel without transparent huge pages refuses it, and ordinary pages serve.
   advised_ = madvise(base_, size_, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE) == 0 && huge;
+#if defined(POOLSCOPE_LSAN_ROOTS)
+  __lsan_register_root_region(base_, size_);
+#endif
 #else
   (void)bytes;
   (void)huge;
@@ -38,6 +56,9 @@ metadata_arena::metadata_arena(std::size_t bytes, bool huge) noexcept {
 metadata_arena::~metadata_arena() {
 #if defined(__linux__)
   if (mapping_ != nullptr) {
+#if defined(POOLSCOPE_LSAN_ROOTS)
+    __lsan_unregister_root_region(base_, size_);
+#endif
     munmap(mapping_, mapping_bytes_);
   }
 #endif
