@@ -142,9 +142,7 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
                  : nullptr),
       // In the arena when there is one (its first piece: the free index's class sentinels,
       // which every operation reads, at the start of the huge page).
-      state_(new (arena_ != nullptr
-                      ? arena_->allocate(sizeof(state), alignof(state))
-                      : detail::metadata_arena::heap_allocate(sizeof(state), alignof(state)))
+      state_(new (detail::arena_allocator<state>(arena_.get()).allocate(1))
                  state(options.lock_bias, arena_.get()),
              state_deleter{arena_.get()}) {
   const auto multiple = [](std::size_t v) { return v != 0 && v % round_bytes == 0; };
@@ -533,11 +531,7 @@ std::size_t bfc_allocator::do_release_cached() {
 
 void bfc_allocator::state_deleter::operator()(state* s) const noexcept {
   s->~state();
-  if (arena != nullptr) {
-    arena->deallocate(s, sizeof(state), alignof(state));
-  } else {
-    detail::metadata_arena::heap_deallocate(s, sizeof(state), alignof(state));
-  }
+  detail::arena_allocator<state>(arena).deallocate(s, 1);
 }
 
 std::size_t bfc_allocator::metadata_region_bytes() const noexcept {

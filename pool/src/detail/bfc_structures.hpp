@@ -148,11 +148,7 @@ class bfc_node_pool {
   bfc_node_pool& operator=(const bfc_node_pool&) = delete;
   ~bfc_node_pool() {
     for (const slab& s : slabs_) {
-      if (arena_ != nullptr) {
-        arena_->deallocate(s.nodes, s.count * sizeof(bfc_chunk), alignof(bfc_chunk));
-      } else {
-        metadata_arena::heap_deallocate(s.nodes, s.count * sizeof(bfc_chunk), alignof(bfc_chunk));
-      }
+      arena_.deallocate(s.nodes, s.count);
     }
   }
 
@@ -187,10 +183,7 @@ class bfc_node_pool {
   void grow() {
     const std::size_t n = slabs_.empty() ? 64 : std::min<std::size_t>(capacity_, 4096);
     slabs_.reserve(slabs_.size() + 1);
-    const std::size_t bytes = n * sizeof(bfc_chunk);
-    void* raw = arena_ != nullptr ? arena_->allocate(bytes, alignof(bfc_chunk))
-                                  : metadata_arena::heap_allocate(bytes, alignof(bfc_chunk));
-    auto* nodes = static_cast<bfc_chunk*>(raw);
+    bfc_chunk* nodes = arena_.allocate(n);
     for (std::size_t i = 0; i < n; ++i) {
       give(new (&nodes[i]) bfc_chunk{});
     }
@@ -198,7 +191,7 @@ class bfc_node_pool {
     slabs_.push_back({nodes, n});  // reserved above: cannot throw
   }
 
-  metadata_arena* arena_;
+  arena_allocator<bfc_chunk> arena_;
   bfc_chunk* free_ = nullptr;
   std::size_t free_count_ = 0;
   std::size_t capacity_ = 0;
