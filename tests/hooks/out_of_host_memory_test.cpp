@@ -29,6 +29,7 @@
 #include "support/failing_new.hpp"
 #include "support/failing_new_operators.hpp"  // the hooks test program's one inclusion
 #include "support/fixed_log_capture.hpp"
+#include "support/three_pool_workload.hpp"
 
 namespace {
 
@@ -48,30 +49,11 @@ struct outcome {
   int left = 0;  // cancel_failing_new(): > 0 when the failure was not reached
 };
 
-/// Allocates three sizes (bfc's small, mid and large pools) and frees them, with the k-th
-/// operator new failing. An allocation may fail with std::bad_alloc (the pool's own bookkeeping);
-/// nothing else may escape.
+/// The sweep's workload (support/three_pool_workload.hpp) with the k-th operator new failing.
 outcome run_workload(poolscope::pool::allocator& alloc, int k) {
-  outcome o;
-  void* live[3] = {};
-  const std::size_t sizes[3] = {3000, std::size_t{70} << 10, std::size_t{3} << 20};
   fail_nth_new(k);
-  for (int i = 0; i < 3; ++i) {
-    try {
-      live[i] = alloc.allocate(S, sizes[i]);
-      ++o.allocations;
-    } catch (const std::bad_alloc&) {
-      live[i] = nullptr;  // the pool's bookkeeping failed: its documented error
-    }
-  }
-  for (int i = 0; i < 3; ++i) {
-    if (live[i] != nullptr) {
-      alloc.deallocate(S, live[i], sizes[i]);
-      ++o.frees;
-    }
-  }
-  o.left = cancel_failing_new();
-  return o;
+  const auto c = poolscope::testing::run_three_pool_workload(alloc, S);
+  return {c.allocations, c.frees, cancel_failing_new()};
 }
 
 class hooks_out_of_host_memory : public ::testing::Test {

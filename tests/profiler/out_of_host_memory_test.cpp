@@ -32,6 +32,7 @@
 #include "poolscope/profiler/timeline.hpp"
 #include "support/failing_new.hpp"
 #include "support/fixed_log_capture.hpp"
+#include "support/three_pool_workload.hpp"
 #include "trace_test_util.hpp"
 
 namespace {
@@ -60,29 +61,14 @@ struct outcome {
   int left = 0;         // cancel_failing_new(): > 0 when the failure was not reached
 };
 
-/// Inside a scope of `site`, allocates three sizes (bfc's small, mid and large pools) and frees
-/// them, with the k-th operator new failing (the scope's open and close included). An
-/// allocation may fail with std::bad_alloc (the pool's own bookkeeping); nothing else may escape.
+/// Inside a scope of `site`, the sweep's workload (support/three_pool_workload.hpp) with the
+/// k-th operator new failing (the scope's open and close included).
 outcome run_workload(poolscope::pool::allocator& alloc, const pp::scope_site& site, int k) {
   outcome o;
-  void* live[3] = {};
-  const std::size_t sizes[3] = {3000, std::size_t{70} << 10, std::size_t{3} << 20};
   fail_nth_new(k);
   {
     const pp::scope s{site, S};
-    for (int i = 0; i < 3; ++i) {
-      try {
-        live[i] = alloc.allocate(S, sizes[i]);
-        ++o.allocations;
-      } catch (const std::bad_alloc&) {
-        live[i] = nullptr;  // the pool's bookkeeping failed: its documented error
-      }
-    }
-    for (int i = 0; i < 3; ++i) {
-      if (live[i] != nullptr) {
-        alloc.deallocate(S, live[i], sizes[i]);
-      }
-    }
+    o.allocations = poolscope::testing::run_three_pool_workload(alloc, S).allocations;
   }
   o.left = cancel_failing_new();
   return o;
