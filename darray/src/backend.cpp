@@ -742,19 +742,21 @@ void backend::count_op() noexcept {
   counters_.ops.fetch_add(1, std::memory_order_relaxed);
 }
 
+bool backend::settled(const event& e) const noexcept {
+  if (e.state()->known_complete()) {
+    return true;
+  }
+  const int key = own_queue_key(e);
+  return key >= 0 &&
+         e.state()->sequence() <=
+             tracks_.track[static_cast<std::size_t>(key)].complete.load(std::memory_order_acquire);
+}
+
 void backend::defer_free(int device, void* ptr, std::size_t bytes,
                          std::vector<event> uses) noexcept {
   // Drop the uses known to be complete (no query: the buffer's owner is going away on the
   // enqueue path; collect_deferred asks).
-  std::erase_if(uses, [this](const event& e) {
-    if (e.state()->known_complete()) {
-      return true;
-    }
-    const int key = own_queue_key(e);
-    return key >= 0 &&
-           e.state()->sequence() <= tracks_.track[static_cast<std::size_t>(key)].complete.load(
-                                        std::memory_order_acquire);
-  });
+  std::erase_if(uses, [this](const event& e) { return settled(e); });
   if (uses.empty()) {
     do_allocator(device).deallocate(do_alloc_stream(device), ptr, bytes);
     return;
@@ -834,9 +836,21 @@ void backend::collect_deferred(bool all) noexcept {
     deferred_bytes_.store(deferred_bytes_.load(std::memory_order_relaxed) - freed,
                           std::memory_order_relaxed);
   }
+  // A partial pass took only buffers whose uses are all complete: nothing to wait for. A full
+  // one waits for the uses not known complete (after synchronize(), none: each cudaEvent wait
+  // is a driver call even on a completed event, and a chain of small ops collected one per op
+  // and device — 1.9 cudaEventSynchronize per A + B on 2 GPUs in D3's chain, docs/perf.md).
   for (auto& d : done) {
-    for (const auto& e : d.uses) {
-      e.wait();  // complete already unless `all`
+    if (all) {
+      for (const auto& e : d.uses) {
+        if (!settled(e)) {
+          try {
+            e.wait();
+          } catch (...) {
+            // A failing device: synchronize() reports it; its buffer goes back all the same.
+          }
+        }
+      }
     }
     do_allocator(d.device).deallocate(do_alloc_stream(d.device), d.ptr, d.bytes);
   }

@@ -281,5 +281,47 @@ TEST(darray_backend, small_allocations_return_deferred_buffers_in_batches) {
   EXPECT_EQ(in_use(), 0U);
 }
 
+// An event complete once opened, which counts the host's waits on it (a wait never blocks: the
+// test waits only on opened events, or counts a wait it should not have made).
+class counted_event final : public detail::event_state {
+ public:
+  [[nodiscard]] bool ready() const override { return open_.load(); }
+  void wait() const override { waits_.fetch_add(1); }
+  void open() { open_.store(true); }
+  [[nodiscard]] int waits() const { return waits_.load(); }
+
+ private:
+  std::atomic<bool> open_{false};
+  mutable std::atomic<int> waits_{0};
+};
+
+TEST(darray_backend, returned_deferred_buffers_are_not_waited_for_again) {
+  auto be = make_host_backend(1);
+  const auto in_use = [&] { return be->allocator(0).stats().in_use; };
+  auto done = std::make_shared<counted_event>();
+  auto pending = std::make_shared<counted_event>();
+  {
+    auto a = be->allocate(0, 1024);
+    a->add_use(event(done));
+    auto b = be->allocate(0, 1024);
+    b->add_use(event(pending));
+  }  // both deferred: their uses are not known complete
+  EXPECT_EQ(in_use(), 2U * 1024);
+  done->open();
+  // A large request collects: a's use is asked and found complete, so a goes back without a wait
+  // (each wait on a device event is a driver call, complete or not); b's is pending and stays.
+  auto large = be->allocate(0, std::size_t{1} << 20);
+  EXPECT_EQ(in_use(), 1024U + (std::size_t{1} << 20));
+  EXPECT_EQ(done->waits(), 0);
+  EXPECT_EQ(pending->waits(), 0);
+  large.reset();
+  // synchronize() collects everything: b's use, not known complete, is waited for once.
+  pending->open();
+  be->synchronize();
+  EXPECT_EQ(pending->waits(), 1);
+  EXPECT_EQ(done->waits(), 0);
+  EXPECT_EQ(in_use(), 0U);
+}
+
 }  // namespace
 }  // namespace poolscope::darray

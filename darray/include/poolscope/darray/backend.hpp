@@ -443,6 +443,9 @@ class backend : public std::enable_shared_from_this<backend> {
   queue_tracks& tracks();
   /// The queue_key of `e` if this backend recorded it, else -1.
   [[nodiscard]] int own_queue_key(const event& e) const noexcept;
+  /// Whether `e` is known complete without asking the device: its own flag, or (one of ours) a
+  /// later event of its queue found complete.
+  [[nodiscard]] bool settled(const event& e) const noexcept;
 
   // The figures of stats(), each counted alone (relaxed atomics: no lock on the enqueue path).
   struct counters {
