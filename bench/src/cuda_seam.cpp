@@ -344,6 +344,26 @@ baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
       [&] { st.wait_all(); });
 }
 
+baseline_seconds time_async_floor_chained(int devices, std::size_t bytes, int length, int repeat) {
+  const current_device_guard guard;
+  floor_state st(devices, bytes);
+  const int n = std::max(length, 1);
+  baseline_seconds t = time_repeated(
+      repeat,
+      [&] {
+        for (int k = 0; k < n; ++k) {
+          for (int d = 0; d < devices; ++d) {
+            POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+            st.issue(d, bytes);
+          }
+        }
+      },
+      [&] { st.wait_all(); });
+  t.best /= n;
+  t.median /= n;
+  return t;
+}
+
 baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int repeat) {
   const current_device_guard guard;
   floor_state st(devices, bytes);

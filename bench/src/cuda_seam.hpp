@@ -53,6 +53,12 @@ struct baseline_seconds {
 /// cudaEventRecord, then cudaEventSynchronize on each event; timed as time_peer_copies.
 [[nodiscard]] baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat);
 
+/// The floor of a chain of small ops from one thread: `length` rounds of time_async_floor's
+/// calls (cudaSetDevice, cudaMemsetAsync, cudaEventRecord per GPU) back to back, then one
+/// cudaEventSynchronize per GPU; seconds per round (best and median of `repeat` chains).
+[[nodiscard]] baseline_seconds time_async_floor_chained(int devices, std::size_t bytes, int length,
+                                                        int repeat);
+
 /// The same calls with one issuing thread per GPU: each GPU's cudaMemsetAsync and
 /// cudaEventRecord run on a thread of its own (started before timing, spinning on a counter for
 /// the next round), so the calls of different GPUs overlap; the timed thread starts a round,

@@ -474,6 +474,9 @@ class bench_run {
       w.baselines["floor_threaded"] =
           make_baseline("the same, a thread per GPU", 0,
                         detail::time_async_floor_threaded(devs_, per_device, runs));
+      w.baselines["floor_chained"] =
+          make_baseline("the same calls chained, one wait", 0,
+                        detail::time_async_floor_chained(devs_, per_device, chain, chains));
     }
   }
 
@@ -648,9 +651,16 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         fmt("%.1f / ", figure(w, "t_add_enqueue_us")) + fmt("%.1f us", figure(w, "t_add_wait_us")),
         fmt("%.1f / ", figure(w, "t_fused_enqueue_us")) +
             fmt("%.1f us fused", figure(w, "t_fused_wait_us")));
-    row("  per op in a chain of 64, one wait (medians)",
-        fmt("%.1f us", figure(w, "t_add_chained_us")),
-        fmt("%.1f us fused", figure(w, "t_fused_chained_us")));
+    const double chained = figure(w, "t_add_chained_us");
+    const auto* chained_floor = find_baseline(w, "floor_chained");
+    row("  per op in a chain of 64, one wait (medians)", fmt("%.1f us", chained),
+        chained_floor != nullptr
+            ? fmt("%.1f us ", chained_floor->median_ms * 1e3) + chained_floor->method
+            : "",
+        chained_floor != nullptr && chained > 0
+            ? format_ratio(chained_floor->median_ms * 1e3 / chained)
+            : "");
+    row("  fused, per op in a chain of 64", fmt("%.1f us", figure(w, "t_fused_chained_us")));
   } else if (w.name == "D4") {
     const double r = figure(w, "ratio");
     const auto* p = find_baseline(w, "copy");
