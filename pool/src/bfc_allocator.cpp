@@ -53,6 +53,19 @@ struct bfc_allocator::state {
   std::size_t free_chunks = 0;
   std::size_t free_bytes = 0;
   std::size_t reserved = 0;  // sum of segment sizes
+  /// Where carve and free_chunk write a neighbour's link or flag when the chunk has no such
+  /// neighbour (it is at its segment's edge): a store through a selected pointer (cmov) instead
+  /// of a branch on the null test, a coin toss on DESIGN.md §4 A2 (large requests get segments
+  /// of their own, small ones share segments of many chunks). Seven such tests per alloc+free
+  /// pair mispredicted about 0.7 times per pair (callgrind's model: 3.0 -> 2.3 conditional
+  /// mispredictions per pair in the library, instructions +4 of ~700); A2 went from ~78-81 to
+  /// ~72-75 ns per pair on the development host (AMD EPYC), thread cache on and off (eighteenth
+  /// session). Written under the mutex, never read, in no segment.
+  bfc_chunk nobody;
+
+  /// `c`, or `nobody` if `c` is null. (GCC 12 selects with cmov here: both are at hand and
+  /// neither arm loads.)
+  [[nodiscard]] bfc_chunk* or_nobody(bfc_chunk* c) noexcept { return c != nullptr ? c : &nobody; }
 
   void add_free(bfc_chunk* c) noexcept {
     index[index_of(c->pool)].insert(c);
@@ -194,9 +207,7 @@ bfc_allocator::~bfc_allocator() {
                                                         bool held) noexcept {
   st.remove_free(c);
   // c's neighbours are live (free chunks never touch): the one below now borders a live chunk.
-  if (c->prev != nullptr) {
-    c->prev->next_free = false;
-  }
+  st.or_nobody(c->prev)->next_free = false;
   if (c->size > rounded) {
     bfc_chunk* rest = st.nodes.take();  // flags false: c below it is live, the one above too
     rest->addr = c->addr + rounded;
@@ -205,9 +216,7 @@ bfc_allocator::~bfc_allocator() {
     rest->is_free = true;
     rest->prev = c;
     rest->next = c->next;
-    if (c->next != nullptr) {
-      c->next->prev = rest;  // (its prev_free stays true: rest is free)
-    }
+    st.or_nobody(c->next)->prev = rest;  // (its prev_free stays true: rest is free)
     c->next = rest;
     c->next_free = true;
     c->size = rounded;
@@ -215,8 +224,8 @@ bfc_allocator::~bfc_allocator() {
     if (hooks::active()) [[unlikely]] {
       emit_split(stream, c->addr, rounded, rest->addr, rest->size);
     }
-  } else if (c->next != nullptr) {
-    c->next->prev_free = false;
+  } else {
+    st.or_nobody(c->next)->prev_free = false;
   }
   c->is_free = false;
   c->held = held;
@@ -240,33 +249,29 @@ bfc_allocator::~bfc_allocator() {
     const std::size_t absorbed_bytes = prev->size;
     prev->size += c->size;
     prev->next = c->next;
-    if (c->next != nullptr) {
-      c->next->prev = prev;
-    }
+    st.or_nobody(c->next)->prev = prev;
     prev->next_free = c->next_free;
     st.nodes.give(c);
     c = prev;
     if (hooks::active()) [[unlikely]] {
       emit_merge(stream, c->addr, c->size, absorbed, absorbed_bytes);
     }
-  } else if (prev != nullptr) {
-    prev->next_free = true;
+  } else {
+    st.or_nobody(prev)->next_free = true;
   }
   bfc_chunk* next = c->next;
   if (c->next_free) {
     st.remove_free_part(next);  // it borders c
     c->size += next->size;
     c->next = next->next;
-    c->next_free = false;  // the chunk above `next` is live
-    if (next->next != nullptr) {
-      next->next->prev = c;  // (its prev_free stays true: c is free)
-    }
+    c->next_free = false;                // the chunk above `next` is live
+    st.or_nobody(next->next)->prev = c;  // (its prev_free stays true: c is free)
     if (hooks::active()) [[unlikely]] {
       emit_merge(stream, c->addr, c->size, next->addr, next->size);
     }
     st.nodes.give(next);
-  } else if (next != nullptr) {
-    next->prev_free = true;
+  } else {
+    st.or_nobody(next)->prev_free = true;
   }
   st.add_free(c);
 }
