@@ -60,7 +60,7 @@ struct bfc_allocator::state {
   /// pair mispredicted about 0.7 times per pair (callgrind's model: 3.0 -> 2.3 conditional
   /// mispredictions per pair in the library, instructions +4 of ~700); A2 went from ~78-81 to
   /// ~72-75 ns per pair on the development host (AMD EPYC), thread cache on and off, and from
-  /// X
+  /// 106-114 to 101-106 ns on the lent H100 hosts' Xeons (the A2 driver pinned, medians of each
   /// round's best: docs/perf.md, eighteenth session, runs D-G). Written under the mutex, never
   /// read, in no segment.
   bfc_chunk nobody;
