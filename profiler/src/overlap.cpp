@@ -316,6 +316,23 @@ std::string trace_summary::to_text(std::size_t top) const {
       out += '\n';
     }
   }
+  std::size_t shown = 0;
+  for (const op_summary& a : api_calls) {
+    if (shown == top) {
+      break;
+    }
+    if (shown++ == 0) {
+      out += "CUDA API calls (host; a runtime call encloses its driver calls):\n";
+      out += "               total      count         mean          max  name\n";
+    }
+    std::snprintf(line, sizeof line, "  %18s %10llu %12s %12s  ",
+                  format_ns(static_cast<double>(a.total_ns)).c_str(),
+                  static_cast<unsigned long long>(a.count), format_ns(a.mean_ns()).c_str(),
+                  format_ns(static_cast<double>(a.max_ns)).c_str());
+    out += line;
+    out += a.name;
+    out += a.category.empty() ? "\n" : " (" + a.category + ")\n";
+  }
   std::snprintf(
       line, sizeof line,
       "%zu device(s), %llu events, window %s; transfer %s, %s of it overlapped with "
@@ -361,6 +378,13 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
     }
     j["devices"].push_back(std::move(dj));
   }
+  j["top_api_calls"] = nlohmann::json::array();
+  for (const op_summary& a : api_calls) {
+    if (j["top_api_calls"].size() == top) {
+      break;
+    }
+    j["top_api_calls"].push_back(a.to_json());
+  }
   return j;
 }
 
@@ -369,6 +393,7 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
   overlap_analyzer analyzer;
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
   std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
+  std::map<std::pair<std::string, std::string>, op_summary> api_calls;  // (name, api)
   std::int64_t lo = INT64_MAX;
   std::int64_t hi = INT64_MIN;
   // A time in µs that converts to ns without overflow (about ±285 years).
@@ -452,6 +477,27 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     }
     lo = std::min(lo, begin);
     hi = std::max(hi, end);
+    if (complete && !cls && cat_it != e.end() && *cat_it == "cuda_api" && name_it != e.end()) {
+      // A CUDA API call: its time inside the window, under its name and api.
+      const std::int64_t b = window ? std::max(begin, window->begin_ns) : begin;
+      const std::int64_t x = window ? std::min(end, window->end_ns) : end;
+      if (x < b || (window && x == b && end > begin)) {
+        return;
+      }
+      std::string api;
+      if (has_args) {
+        if (const auto a = args->find("api"); a != args->end() && a->is_string()) {
+          api = a->get<std::string>();
+        }
+      }
+      const std::string& call = name_it->get_ref<const std::string&>();
+      op_summary& c = api_calls[{call, api}];
+      c.name = call;
+      c.category = std::move(api);
+      c.device = -1;
+      c.add(span_ns(b, x), 0);
+      return;
+    }
     if (!device || !cls) {  // (a device is read only for a counted category)
       return;
     }
@@ -517,6 +563,10 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
   }
   std::sort(s.kernels.begin(), s.kernels.end(), by_total);
   std::sort(s.copies.begin(), s.copies.end(), by_total);
+  for (auto& [k, v] : api_calls) {
+    s.api_calls.push_back(std::move(v));
+  }
+  std::sort(s.api_calls.begin(), s.api_calls.end(), by_total);
   return s;
 }
 

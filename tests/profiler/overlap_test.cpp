@@ -445,6 +445,75 @@ TEST(overlap, summary_leaves_out_events_with_unreadable_devices_or_names) {
   EXPECT_TRUE(s.copies.empty());
 }
 
+TEST(overlap, summary_sums_cuda_api_calls_by_name_and_api) {
+  // The host time of CUDA calls, the cost of a loop of small ops: by (name, api), in and out of
+  // a window; other host slices and unreadable calls are not summed.
+  poolscope::profiler::testing::temp_file f(".json");
+  {
+    std::ofstream out(f.path());
+    out << R"({"traceEvents": [
+      {"name": "cudaGraphLaunch", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 7, "ts": 10,
+       "dur": 2, "args": {"api": "runtime", "correlation": 1}},
+      {"name": "cuGraphLaunch", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 7, "ts": 10.5,
+       "dur": 1.5, "args": {"api": "driver", "correlation": 1}},
+      {"name": "cudaGraphLaunch", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 8, "ts": 20,
+       "dur": 4, "args": {"api": "runtime", "correlation": 2}},
+      {"name": "cudaEventSynchronize", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 7,
+       "ts": 30, "dur": 1, "args": {"api": "runtime"}},
+      {"name": "cudaEventSynchronize", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 7,
+       "ts": 40, "dur": 3},
+      {"name": "cudaFree", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 7, "ts": 50,
+       "dur": -1, "args": {"api": "runtime"}},
+      {"name": "step", "cat": "user", "ph": "X", "pid": 1, "tid": 7, "ts": 0, "dur": 60},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 11, "dur": 5,
+       "args": {"device": 0}}
+    ]})";
+  }
+  const auto s = poolscope::profiler::summarize_trace(f.path());
+  EXPECT_EQ(s.malformed, 1U);  // the negative duration
+  ASSERT_EQ(s.api_calls.size(), 4U);
+  // By total time: cudaGraphLaunch 6 µs, cudaEventSynchronize without an api 3 µs, cuGraphLaunch
+  // 1.5 µs, cudaEventSynchronize (runtime) 1 µs.
+  EXPECT_EQ(s.api_calls[0].name, "cudaGraphLaunch");
+  EXPECT_EQ(s.api_calls[0].category, "runtime");
+  EXPECT_EQ(s.api_calls[0].count, 2U);
+  EXPECT_EQ(s.api_calls[0].total_ns, 6000U);
+  EXPECT_EQ(s.api_calls[0].max_ns, 4000U);
+  EXPECT_EQ(s.api_calls[0].device, -1);
+  EXPECT_EQ(s.api_calls[1].name, "cudaEventSynchronize");
+  EXPECT_EQ(s.api_calls[1].category, "");
+  EXPECT_EQ(s.api_calls[1].total_ns, 3000U);
+  EXPECT_EQ(s.api_calls[2].name, "cuGraphLaunch");
+  EXPECT_EQ(s.api_calls[2].category, "driver");
+  EXPECT_EQ(s.api_calls[2].total_ns, 1500U);
+  EXPECT_EQ(s.api_calls[3].category, "runtime");
+  EXPECT_EQ(s.api_calls[3].count, 1U);
+  ASSERT_EQ(s.kernels.size(), 1U);  // device activity as before
+  EXPECT_EQ(s.devices.size(), 1U);
+  const std::string text = s.to_text();
+  EXPECT_NE(text.find("CUDA API calls"), std::string::npos) << text;
+  EXPECT_NE(text.find("cudaGraphLaunch (runtime)\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("cuGraphLaunch (driver)\n"), std::string::npos) << text;
+  const auto j = s.to_json(2);
+  ASSERT_EQ(j["top_api_calls"].size(), 2U);
+  EXPECT_EQ(j["top_api_calls"][0]["name"], "cudaGraphLaunch");
+  EXPECT_EQ(j["top_api_calls"][0]["count"], 2U);
+
+  // A window of 19..31 µs: the second launch whole, the first synchronize whole, nothing else.
+  const auto w = poolscope::profiler::summarize_trace(f.path(), interval{19000, 31000});
+  ASSERT_EQ(w.api_calls.size(), 2U);
+  EXPECT_EQ(w.api_calls[0].name, "cudaGraphLaunch");
+  EXPECT_EQ(w.api_calls[0].count, 1U);
+  EXPECT_EQ(w.api_calls[0].total_ns, 4000U);
+  EXPECT_EQ(w.api_calls[1].name, "cudaEventSynchronize");
+  EXPECT_EQ(w.api_calls[1].total_ns, 1000U);
+  // Cut by the window: 10..12 µs seen through 11..40 counts its last microsecond.
+  const auto cut = poolscope::profiler::summarize_trace(f.path(), interval{11000, 40000});
+  ASSERT_FALSE(cut.api_calls.empty());
+  EXPECT_EQ(cut.api_calls[0].name, "cudaGraphLaunch");
+  EXPECT_EQ(cut.api_calls[0].total_ns, 1000U + 4000U);
+}
+
 TEST(overlap, summary_text_keeps_long_kernel_names_whole) {
   // CUB and CUTLASS kernels demangle to hundreds of characters; such a name was cut with the
   // rest of its line at 511 bytes, end of line included, so the next line ran into it.

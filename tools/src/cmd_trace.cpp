@@ -86,9 +86,10 @@ void register_trace(CLI::App& app) {
   auto* summary = trace->add_subcommand(
       "summary",
       "per device: compute and transfer busy time, time both were active, overlap ratio, idle "
-      "time, top kernels and copies");
+      "time, top kernels and copies; then the CUDA API calls that took the most host time");
   summary->add_option("file", summary_cmd->file, "the trace (.json or .json.gz)")->required();
-  summary->add_option("--top", summary_cmd->top, "kernels and copies listed per device");
+  summary->add_option("--top", summary_cmd->top,
+                      "kernels and copies listed per device, and CUDA API calls");
   summary->add_option("--json", summary_cmd->json_path,
                       "also write the summary as JSON to this file ('-': stdout)");
   summary->callback([summary_cmd] { run_summary(*summary_cmd); });

@@ -148,7 +148,7 @@ struct op_summary {
 };
 
 /// What `poolscope trace summary` prints: per device, busy time of compute and transfer, the
-/// overlap, idle time, and the top kernels and copies.
+/// overlap, idle time, and the top kernels and copies; then the top CUDA API calls.
 struct trace_summary {
   std::uint64_t events = 0;
   /// Events left out for fields that cannot be read: not an object, no "ph", a "ts" (or an X
@@ -162,6 +162,11 @@ struct trace_summary {
   std::vector<device_overlap> devices;
   std::vector<op_summary> kernels;  ///< every (device, kernel name), by total time, descending
   std::vector<op_summary> copies;   ///< every (device, copy kind), by total time, descending
+  /// Every CUDA API call name (cat "cuda_api", recorded with CUPTI's runtime or driver kinds),
+  /// by total time, descending: host time spent in CUDA calls, the calls a loop of small ops
+  /// costs. `category` is the args' "api" ("runtime", "driver"; "" if absent), `device` -1. A
+  /// runtime call encloses the driver calls it makes, so the two are not summed together.
+  std::vector<op_summary> api_calls;
 
   /// A table per device; `top` kernels and copies per device.
   [[nodiscard]] std::string to_text(std::size_t top = 10) const;
