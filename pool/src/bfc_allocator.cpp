@@ -69,28 +69,11 @@ struct bfc_allocator::state {
   /// neither arm loads.)
   [[nodiscard]] bfc_chunk* or_nobody(bfc_chunk* c) noexcept { return c != nullptr ? c : &nobody; }
 
-  void add_free(bfc_chunk* c) noexcept {
-    index[index_of(c->pool)].insert(c);
-    ++free_chunks;
-    free_bytes += c->size;
-    // Counted without a branch: whether a chunk covers its segment is a coin toss on random
-    // sizes, and a mispredicted branch costs more than two additions.
-    const std::size_t whole = c->whole_segment() ? 1 : 0;
-    wholly_free[index_of(c->pool)] += whole;
-    wholly_free_bytes[index_of(c->pool)] += whole * c->size;
-  }
-  void remove_free(bfc_chunk* c) noexcept {
-    index[index_of(c->pool)].remove(c);
-    --free_chunks;
-    free_bytes -= c->size;
-    const std::size_t whole = c->whole_segment() ? 1 : 0;
-    wholly_free[index_of(c->pool)] -= whole;
-    wholly_free_bytes[index_of(c->pool)] -= whole * c->size;
-  }
-  /// add_free and remove_free for a chunk with a neighbour in its segment, which therefore does
-  /// not cover it: the wholly-free counts stay as they are. (A split's remainder borders the
-  /// chunk carved from it, a merged neighbour the chunk freed: two of the four index changes of
-  /// a typical alloc+free pair skip the whole-segment test and its two counter updates.)
+  /// A free chunk into / out of the index and the counts. The _part forms are for a chunk with
+  /// a neighbour in its segment, which therefore does not cover it: the wholly-free counts stay
+  /// as they are. (A split's remainder borders the chunk carved from it, a merged neighbour the
+  /// chunk freed: two of the four index changes of a typical alloc+free pair skip the
+  /// whole-segment test and its two counter updates.)
   void add_free_part(bfc_chunk* c) noexcept {
     index[index_of(c->pool)].insert(c);
     ++free_chunks;
@@ -100,6 +83,27 @@ struct bfc_allocator::state {
     index[index_of(c->pool)].remove(c);
     --free_chunks;
     free_bytes -= c->size;
+  }
+  void add_free(bfc_chunk* c) noexcept {
+    add_free_part(c);
+    // Counted without a branch: whether a chunk covers its segment is a coin toss on random
+    // sizes, and a mispredicted branch costs more than two additions.
+    const std::size_t whole = c->whole_segment() ? 1 : 0;
+    wholly_free[index_of(c->pool)] += whole;
+    wholly_free_bytes[index_of(c->pool)] += whole * c->size;
+  }
+  void remove_free(bfc_chunk* c) noexcept {
+    remove_free_part(c);
+    const std::size_t whole = c->whole_segment() ? 1 : 0;
+    wholly_free[index_of(c->pool)] -= whole;
+    wholly_free_bytes[index_of(c->pool)] -= whole * c->size;
+  }
+  /// Makes sure one carve (a node for the split's remainder, a live-table slot) will not
+  /// allocate: everything that can throw happens before the pool changes. May throw
+  /// std::bad_alloc.
+  void reserve_for_carve() {
+    nodes.reserve(1);
+    live.reserve_one();
   }
   void link(bfc_segment* s) noexcept {
     bfc_segment*& head = segments[index_of(s->pool)];
@@ -326,9 +330,7 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool 
   state& st = *state_;
   {
     std::lock_guard lock(st.mutex);
-    // Everything that can throw happens before the pool changes.
-    st.nodes.reserve(1);
-    st.live.reserve_one();
+    st.reserve_for_carve();
     if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) [[likely]] {
       return {c->addr, rounded};
     }
@@ -352,8 +354,7 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes, bool
   std::size_t reserved_now = 0;
   {
     std::lock_guard lock(st.mutex);
-    st.nodes.reserve(1);
-    st.live.reserve_one();
+    st.reserve_for_carve();
     if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) {
       return {c->addr, rounded};
     }
