@@ -14,6 +14,7 @@
 
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/darray/distributed_array.hpp"
+#include "poolscope/darray/fork_join.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/hooks/hook.hpp"
@@ -40,14 +41,18 @@ using darray::shape_t;
 using farray = distributed_array<float>;
 
 // The demo's reference for the block matmul: x * y of two m x m row-major matrices, in double,
-// the rows split over the host's hardware threads (on one thread, the 2048^3 product of a GPU
-// run took 25 of the demo's 31 s on a lent host). A part whose thread cannot start runs on the
-// calling thread; each part writes only its own rows.
+// the rows split over the host's hardware threads through the darray's fork_join (on one thread,
+// the 2048^3 product of a GPU run took 25 of the demo's 31 s on a lent host). Each part writes
+// only its own rows; if no thread can be started, the calling thread does them all.
 std::vector<double> host_matmul(const std::vector<float>& x, const std::vector<float>& y,
                                 std::int64_t m) {
   std::vector<double> out(x.size(), 0.0);
-  const auto rows = [&](std::int64_t begin, std::int64_t end) noexcept {
-    for (std::int64_t i = begin; i < end; ++i) {
+  const auto parts =
+      static_cast<std::size_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 32));
+  auto rows = [&](std::size_t part) noexcept {  // not const: fork_join takes a task_ref
+    const auto p = static_cast<std::int64_t>(parts);
+    const auto t = static_cast<std::int64_t>(part);
+    for (std::int64_t i = m * t / p; i < m * (t + 1) / p; ++i) {
       for (std::int64_t k = 0; k < m; ++k) {
         const double xv = x[static_cast<std::size_t>(i * m + k)];
         for (std::int64_t j = 0; j < m; ++j) {
@@ -56,25 +61,13 @@ std::vector<double> host_matmul(const std::vector<float>& x, const std::vector<f
       }
     }
   };
-  const auto parts =
-      static_cast<std::int64_t>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 32));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(parts));
-  std::vector<std::int64_t> here;  // parts whose thread did not start
-  here.reserve(static_cast<std::size_t>(parts));
-  for (std::int64_t t = 1; t < parts; ++t) {
-    try {
-      threads.emplace_back(rows, m * t / parts, m * (t + 1) / parts);
-    } catch (const std::system_error&) {
-      here.push_back(t);
+  try {
+    darray::detail::fork_join helpers(parts - 1);
+    helpers.run(parts, rows);
+  } catch (const std::system_error&) {  // no threads to be had (the parts had not begun)
+    for (std::size_t part = 0; part < parts; ++part) {
+      rows(part);
     }
-  }
-  rows(0, m / parts);
-  for (const std::int64_t t : here) {
-    rows(m * t / parts, m * (t + 1) / parts);
-  }
-  for (std::thread& t : threads) {
-    t.join();
   }
   return out;
 }
