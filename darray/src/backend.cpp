@@ -791,7 +791,7 @@ void backend::collect_deferred(bool all) noexcept {
       std::vector<std::uint64_t>& pending_from = pending_from_;
       pending_from.assign(tracks().queues, UINT64_MAX);  // allocates on the first pass only
       const auto is_complete = [&](const event& e) {
-        if (e.state()->known_complete()) {
+        if (settled(e)) {
           return true;
         }
         const int key = own_queue_key(e);
@@ -804,9 +804,6 @@ void backend::collect_deferred(bool all) noexcept {
         }
         const auto k = static_cast<std::size_t>(key);
         const std::uint64_t seq = e.state()->sequence();
-        if (seq <= tracks_.track[k].complete.load(std::memory_order_acquire)) {
-          return true;
-        }
         if (seq >= pending_from[k]) {
           return false;
         }
