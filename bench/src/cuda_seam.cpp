@@ -330,20 +330,6 @@ struct floor_state {
   }
 };
 
-baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
-  const current_device_guard guard;
-  floor_state st(devices, bytes);
-  return time_repeated(
-      repeat,
-      [&] {
-        for (int d = 0; d < devices; ++d) {
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
-          st.issue(d, bytes);
-        }
-      },
-      [&] { st.wait_all(); });
-}
-
 baseline_seconds time_async_floor_chained(int devices, std::size_t bytes, int length, int repeat) {
   const current_device_guard guard;
   floor_state st(devices, bytes);
@@ -362,6 +348,10 @@ baseline_seconds time_async_floor_chained(int devices, std::size_t bytes, int le
   t.best /= n;
   t.median /= n;
   return t;
+}
+
+baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
+  return time_async_floor_chained(devices, bytes, 1, repeat);  // a chain of one
 }
 
 baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int repeat) {
