@@ -304,8 +304,10 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
   // Returning deferred buffers may query events; a small allocation pays for that only when
   // enough is waiting (on a loop of small ops the queries cost more than the memory is worth).
   if (bytes >= collect_small_below ||
-      deferred_count_.load(std::memory_order_relaxed) >= collect_after_count ||
-      deferred_bytes_.load(std::memory_order_relaxed) >= collect_after_bytes) {
+      deferred_count_.load(std::memory_order_relaxed) >=
+          std::max(collect_after_count, collect_at_count_.load(std::memory_order_relaxed)) ||
+      deferred_bytes_.load(std::memory_order_relaxed) >=
+          std::max(collect_after_bytes, collect_at_bytes_.load(std::memory_order_relaxed))) {
     collect_deferred(false);
   }
   void* p = nullptr;
@@ -776,6 +778,72 @@ void backend::defer_free(int device, void* ptr, std::size_t bytes,
   }
 }
 
+void backend::settle_deferred_uses() noexcept {
+  const std::size_t queues = tracks().queues;
+  try {
+    unsettled_.resize(queues);  // allocates on the first pass only
+    for (auto& v : unsettled_) {
+      v.clear();
+    }
+    for (const auto& d : deferred_) {
+      for (const auto& e : d.uses) {
+        const int key = own_queue_key(e);
+        if (key >= 0 && !settled(e)) {
+          unsettled_[static_cast<std::size_t>(key)].push_back(e.state());
+        }
+      }
+    }
+  } catch (...) {
+    return;  // no memory for the scratch lists: nothing settled now; a later pass asks again
+  }
+  const auto ready = [](const detail::event_state* s) noexcept {
+    try {
+      return s->ready();
+    } catch (...) {
+      return false;  // a failing device: synchronize() reports it
+    }
+  };
+  const auto by_sequence = [](const detail::event_state* a, const detail::event_state* b) {
+    return a->sequence() < b->sequence();
+  };
+  for (std::size_t k = 0; k < queues; ++k) {
+    auto& v = unsettled_[k];
+    if (v.empty()) {
+      continue;
+    }
+    // Events of a queue complete in sequence order: the complete ones are a prefix of v sorted.
+    std::sort(v.begin(), v.end(), by_sequence);
+    v.erase(std::unique(v.begin(), v.end(),
+                        [](const detail::event_state* a, const detail::event_state* b) {
+                          return a->sequence() == b->sequence();
+                        }),
+            v.end());
+    // Oldest first: pending (the devices are behind) settles nothing, in one query.
+    if (!ready(v.front())) {
+      continue;
+    }
+    // Then the newest: complete (the devices keep up) settles them all, in two.
+    std::size_t lo = 1;         // v[0, lo) complete
+    std::size_t hi = v.size();  // v[hi, size) pending
+    if (v.size() > 1) {
+      if (ready(v.back())) {
+        lo = v.size();
+      } else {
+        hi = v.size() - 1;
+      }
+    }
+    while (lo < hi) {
+      const std::size_t mid = lo + (hi - lo) / 2;
+      if (ready(v[mid])) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    raise_to(tracks_.track[k].complete, v[lo - 1]->sequence());
+  }
+}
+
 void backend::collect_deferred(bool all) noexcept {
   std::vector<deferred> done;
   {
@@ -785,39 +853,23 @@ void backend::collect_deferred(bool all) noexcept {
     }
     if (all) {
       done.swap(deferred_);
+      collect_at_count_.store(0, std::memory_order_relaxed);
+      collect_at_bytes_.store(0, std::memory_order_relaxed);
     } else {
-      // At most one query per queue and pass: events of a queue complete in sequence order, so
-      // one found complete settles the earlier ones, one found pending the later ones.
-      std::vector<std::uint64_t>& pending_from = pending_from_;
-      pending_from.assign(tracks().queues, UINT64_MAX);  // allocates on the first pass only
+      settle_deferred_uses();
+      // Events of other backends (or none): asked one by one (one query each; rare).
       const auto is_complete = [&](const event& e) {
         if (settled(e)) {
           return true;
         }
-        const int key = own_queue_key(e);
-        if (key < 0) {
-          try {
-            return e.ready();
-          } catch (...) {
-            return false;  // a failing device: synchronize() reports it
-          }
+        if (own_queue_key(e) >= 0) {
+          return false;  // settle_deferred_uses found it pending
         }
-        const auto k = static_cast<std::size_t>(key);
-        const std::uint64_t seq = e.state()->sequence();
-        if (seq >= pending_from[k]) {
-          return false;
-        }
-        bool ready = false;
         try {
-          ready = e.ready();
+          return e.ready();
         } catch (...) {
+          return false;  // a failing device: synchronize() reports it
         }
-        if (ready) {
-          raise_to(tracks_.track[k].complete, seq);
-        } else {
-          pending_from[k] = seq;
-        }
-        return ready;
       };
       auto it = std::partition(deferred_.begin(), deferred_.end(), [&](const deferred& d) {
         return !std::all_of(d.uses.begin(), d.uses.end(), is_complete);
@@ -829,9 +881,16 @@ void backend::collect_deferred(bool all) noexcept {
     for (const auto& d : done) {
       freed += d.bytes;
     }
+    const std::size_t left_bytes = deferred_bytes_.load(std::memory_order_relaxed) - freed;
     deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
-    deferred_bytes_.store(deferred_bytes_.load(std::memory_order_relaxed) - freed,
-                          std::memory_order_relaxed);
+    deferred_bytes_.store(left_bytes, std::memory_order_relaxed);
+    if (!all) {
+      // What is still pending is not asked again before half as much again waits: a loop of
+      // small ops that runs far ahead of its devices collects at geometric intervals, each pass
+      // walking the list once (amortized constant work per allocation).
+      collect_at_count_.store(deferred_.size() + deferred_.size() / 2, std::memory_order_relaxed);
+      collect_at_bytes_.store(left_bytes + left_bytes / 2, std::memory_order_relaxed);
+    }
   }
   // A partial pass took only buffers whose uses are all complete: nothing to wait for. A full
   // one waits for the uses not known complete (after synchronize(), none: each cudaEvent wait

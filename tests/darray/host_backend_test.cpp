@@ -323,5 +323,97 @@ TEST(darray_backend, returned_deferred_buffers_are_not_waited_for_again) {
   EXPECT_EQ(in_use(), 0U);
 }
 
+// An event of `owner`'s queue `key` with a sequence of the test's choosing: complete once the
+// test's `done` reaches its sequence. Counts the queries (ready()) made of it into `queries`.
+class sequenced_event final : public detail::event_state {
+ public:
+  sequenced_event(const backend* owner, int key, std::uint64_t sequence,
+                  const std::atomic<std::uint64_t>& done, std::atomic<int>& queries)
+      : event_state(owner, key, sequence), done_(done), queries_(queries) {}
+  [[nodiscard]] bool ready() const override {
+    queries_.fetch_add(1);
+    return sequence() <= done_.load();
+  }
+  void wait() const override {}
+
+ private:
+  const std::atomic<std::uint64_t>& done_;
+  std::atomic<int>& queries_;
+};
+
+// Deferred buffers whose uses are events of one queue: a collection finds the frontier between
+// the complete and the pending ones by bisection — about log2 of them queries, not one per
+// complete event (each a driver call on a GPU: 1.4 us, docs/perf.md).
+TEST(darray_backend, collecting_deferred_buffers_bisects_each_queue) {
+  auto be = make_host_backend(1);
+  const auto in_use = [&] { return be->allocator(0).stats().in_use; };
+  // A real record first: the backend's queues exist, and sequences above 1 are the test's.
+  be->record(0, queue_kind::compute).wait();
+  const int key = backend::queue_key(0, queue_kind::compute);
+  std::atomic<std::uint64_t> done{1};
+  std::atomic<int> queries{0};
+  constexpr std::uint64_t first = 2;
+  constexpr std::size_t count = 100;
+  constexpr std::size_t small = 1024;
+  for (std::uint64_t s = first; s < first + count; ++s) {
+    auto b = be->allocate(0, small);
+    b->add_use(event(std::make_shared<sequenced_event>(be.get(), key, s, done, queries)));
+  }
+  // The small allocations collected twice on the way (with 64, then 96 buffers waiting), each
+  // time finding the oldest event pending in one query.
+  EXPECT_EQ(queries.load(), 2);
+  ASSERT_EQ(in_use(), count * small);
+  const std::size_t large = std::size_t{1} << 20;
+  // Nothing complete: one query (the oldest), nothing returned.
+  queries = 0;
+  (void)be->allocate(0, large);
+  EXPECT_EQ(queries.load(), 1);
+  EXPECT_EQ(in_use(), count * small);
+  // The first 60 complete: returned, with at most 2 + ceil(log2(100)) queries (was 61).
+  done = first + 59;
+  queries = 0;
+  (void)be->allocate(0, large);
+  EXPECT_EQ(in_use(), (count - 60) * small);
+  EXPECT_LE(queries.load(), 2 + 7);
+  EXPECT_GE(queries.load(), 2);
+  // All complete: the oldest and the newest pending ones asked, everything returned.
+  done = first + count;
+  queries = 0;
+  (void)be->allocate(0, large);
+  EXPECT_EQ(in_use(), 0U);
+  EXPECT_EQ(queries.load(), 2);
+}
+
+// A loop of small allocations far ahead of its devices: after a collection that returned
+// nothing, the next waits until half as many buffers again are deferred (not every allocation).
+TEST(darray_backend, small_allocations_collect_at_geometric_intervals) {
+  auto be = make_host_backend(1);
+  be->record(0, queue_kind::compute).wait();
+  const int key = backend::queue_key(0, queue_kind::compute);
+  std::atomic<std::uint64_t> done{1};
+  std::atomic<int> queries{0};
+  std::uint64_t seq = 2;
+  const auto defer_one = [&] {
+    auto b = be->allocate(0, 1024);
+    b->add_use(event(std::make_shared<sequenced_event>(be.get(), key, seq++, done, queries)));
+  };
+  for (int i = 0; i < 64; ++i) {
+    defer_one();  // the 64th allocation finds 63 waiting: no collection yet
+  }
+  EXPECT_EQ(queries.load(), 0);
+  defer_one();  // 64 waiting: one collection, one query, nothing returned; the next at 96
+  EXPECT_EQ(queries.load(), 1);
+  for (int i = 0; i < 31; ++i) {
+    defer_one();  // 65..95 waiting: below 64 + 32
+  }
+  EXPECT_EQ(queries.load(), 1);
+  defer_one();  // 96 waiting: the next collection
+  EXPECT_EQ(queries.load(), 2);
+  // Once the devices caught up, a collection returns everything and the interval starts over.
+  done = seq;
+  be->synchronize();
+  EXPECT_EQ(be->allocator(0).stats().in_use, 0U);
+}
+
 }  // namespace
 }  // namespace poolscope::darray

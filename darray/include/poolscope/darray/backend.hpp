@@ -260,9 +260,11 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] pool::allocator& allocator(int device);
 
   /// `bytes` (> 0) of memory on `device`, from its allocator. Frees completed deferred buffers
-  /// first — for a small request (< 1 MiB) only once 64 buffers or 64 MiB wait, so a loop of
-  /// small ops does not query events on every allocation. Throws out_of_memory (after waiting
-  /// for every deferred buffer and retrying once).
+  /// first — for a small request (< 1 MiB) only once 64 buffers or 64 MiB wait, and half as many
+  /// again as the last collection left waiting, so a loop of small ops does not query events on
+  /// every allocation. A collection asks each queue at most about log2(waiting events) + 1
+  /// times (usually once or twice). Throws out_of_memory (after waiting for every deferred
+  /// buffer and retrying once).
   [[nodiscard]] std::shared_ptr<buffer> allocate(int device, std::size_t bytes);
 
   /// An event after the work enqueued so far on (device, q).
@@ -446,6 +448,10 @@ class backend : public std::enable_shared_from_this<backend> {
   /// Whether `e` is known complete without asking the device: its own flag, or (one of ours) a
   /// later event of its queue found complete.
   [[nodiscard]] bool settled(const event& e) const noexcept;
+  /// collect_deferred's queries (under state_mutex_): raises each queue's `complete` to the
+  /// newest of the deferred uses' events found complete, asking the oldest unsettled one first
+  /// (pending: nothing of that queue can go), then the newest, then bisecting between them.
+  void settle_deferred_uses() noexcept;
 
   // The figures of stats(), each counted alone (relaxed atomics: no lock on the enqueue path).
   struct counters {
@@ -465,7 +471,13 @@ class backend : public std::enable_shared_from_this<backend> {
   std::vector<deferred> deferred_;              // state_mutex_
   std::atomic<std::size_t> deferred_bytes_{0};  // of deferred_ (written under state_mutex_)
   std::atomic<std::size_t> deferred_count_{0};  // deferred_.size() (written under state_mutex_)
-  std::vector<std::uint64_t> pending_from_;     // collect_deferred's scratch (state_mutex_)
+  // A small allocation collects once deferred_count_ or deferred_bytes_ reach these, or the
+  // fixed minimums if higher (written under state_mutex_ by each partial collection: half as
+  // much again as it left waiting; 0 after a full one).
+  std::atomic<std::size_t> collect_at_count_{0};
+  std::atomic<std::size_t> collect_at_bytes_{0};
+  // settle_deferred_uses' scratch: per queue, the deferred uses' unsettled events (state_mutex_).
+  std::vector<std::vector<const detail::event_state*>> unsettled_;
   std::atomic<profiler::timeline*> timeline_{nullptr};
   counters counters_;
   plan_cache plans_;
