@@ -379,9 +379,13 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
         }
       }
     }
-    // A kernel launch and an event record cost microseconds of host time per GPU: issuing each
-    // GPU's share of an op from a thread of its own overlaps them.
-    start_issuers(options, devices - 1);
+    // Launched plainly, a kernel costs about 4 us of host time per GPU: issuing each GPU's share
+    // of an op from a thread of its own overlaps those calls (1-3.5 us off D3's A + B on
+    // 2 x H200). Through a graph a launch costs 1.6 us, and a second thread in the driver slows
+    // the first's calls: on the 2 x H100 hosts measured since, the helper cost D3's chained A + B
+    // 1.3-4 us per op and the single op 0.7-4 us (docs/perf.md, nineteenth session), so with
+    // graphs the default is none.
+    start_issuers(options, options.kernel_graphs ? 0 : devices - 1);
   } catch (...) {
     release_all();
     throw;

@@ -1022,7 +1022,7 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
 
 INSTANTIATE_TEST_SUITE_P(backends, darray_random,
                          ::testing::Values("host:2", "host:3", "host:4", "host:3+issue", "cuda",
-                                           "cuda+noissue+nographs"),
+                                           "cuda+issue", "cuda+nographs"),
                          [](const auto& p) {
                            std::string name = p.param;
                            std::erase(name, ':');

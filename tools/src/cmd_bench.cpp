@@ -60,7 +60,8 @@ void register_bench(CLI::App& app) {
   darray_cmd
       ->add_option("--issue-threads", d->options.issue_threads,
                    "threads enqueueing devices' shares of an op beside the caller's (-1: the "
-                   "backend's default, one per GPU after the first; 0: none)")
+                   "backend's default, one per GPU after the first with --kernel-graphs 0, "
+                   "else none; 0: none)")
       ->check(CLI::Range(-1, 1024))
       ->capture_default_str();
   darray_cmd

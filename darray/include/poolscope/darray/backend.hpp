@@ -220,8 +220,10 @@ struct backend_options {
   std::string resource;           ///< "" -> cuda for CUDA devices, host for host devices
   transport transfers = transport::automatic;
   /// Threads that enqueue devices' shares of an elementwise op alongside the calling thread
-  /// (backend::issue_each), so the host cost of several GPUs' enqueue calls overlaps. -1: one
-  /// per GPU after the first on CUDA, none on host (whose enqueue is a queue push); 0: none.
+  /// (backend::issue_each), so the host cost of several GPUs' enqueue calls overlaps. -1: on
+  /// CUDA one per GPU after the first when kernels are launched plainly, none with kernel_graphs
+  /// (a graph launch is cheap enough that a second thread in the driver costs more than it
+  /// overlaps, docs/darray.md); none on host (whose enqueue is a queue push); 0: none.
   int issue_threads = -1;
   /// CUDA: launch kernels as one-node graphs, an executable per stream, kernel and grid whose
   /// arguments are set at each launch: 1.6 us of host time per launch against 3.9 us for
