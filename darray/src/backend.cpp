@@ -781,21 +781,30 @@ void backend::defer_free(int device, void* ptr, std::size_t bytes,
 void backend::settle_deferred_uses() noexcept {
   const std::size_t queues = tracks().queues;
   try {
-    unsettled_.resize(queues);  // allocates on the first pass only
-    for (auto& v : unsettled_) {
-      v.clear();
-    }
+    spans_.assign(queues, queue_span{});  // allocates on the first pass only
+  } catch (...) {
+    return;  // no memory for the scratch: nothing settled now; a later pass asks again
+  }
+  // Calls f(key, state) for each deferred use that is an unsettled event of one of our queues.
+  const auto each_unsettled = [this](auto&& f) {
     for (const auto& d : deferred_) {
       for (const auto& e : d.uses) {
         const int key = own_queue_key(e);
         if (key >= 0 && !settled(e)) {
-          unsettled_[static_cast<std::size_t>(key)].push_back(e.state());
+          f(static_cast<std::size_t>(key), e.state());
         }
       }
     }
-  } catch (...) {
-    return;  // no memory for the scratch lists: nothing settled now; a later pass asks again
-  }
+  };
+  each_unsettled([this](std::size_t k, const detail::event_state* s) {
+    queue_span& sp = spans_[k];
+    if (sp.oldest == nullptr || s->sequence() < sp.oldest->sequence()) {
+      sp.oldest = s;
+    }
+    if (sp.newest == nullptr || s->sequence() > sp.newest->sequence()) {
+      sp.newest = s;
+    }
+  });
   const auto ready = [](const detail::event_state* s) noexcept {
     try {
       return s->ready();
@@ -803,44 +812,53 @@ void backend::settle_deferred_uses() noexcept {
       return false;  // a failing device: synchronize() reports it
     }
   };
-  const auto by_sequence = [](const detail::event_state* a, const detail::event_state* b) {
-    return a->sequence() < b->sequence();
-  };
+  // Events of a queue complete in sequence order.
   for (std::size_t k = 0; k < queues; ++k) {
-    auto& v = unsettled_[k];
-    if (v.empty()) {
+    const queue_span sp = spans_[k];
+    // The oldest first: pending (the devices are behind), nothing of this queue can go.
+    if (sp.oldest == nullptr || !ready(sp.oldest)) {
       continue;
     }
-    // Events of a queue complete in sequence order: the complete ones are a prefix of v sorted.
-    std::sort(v.begin(), v.end(), by_sequence);
-    v.erase(std::unique(v.begin(), v.end(),
-                        [](const detail::event_state* a, const detail::event_state* b) {
-                          return a->sequence() == b->sequence();
-                        }),
-            v.end());
-    // Oldest first: pending (the devices are behind) settles nothing, in one query.
-    if (!ready(v.front())) {
+    std::atomic<std::uint64_t>& complete = tracks_.track[k].complete;
+    // Then the newest: complete (the devices keep up), everything can.
+    if (sp.newest == sp.oldest || ready(sp.newest)) {
+      raise_to(complete, sp.newest->sequence());
       continue;
     }
-    // Then the newest: complete (the devices keep up) settles them all, in two.
-    std::size_t lo = 1;         // v[0, lo) complete
-    std::size_t hi = v.size();  // v[hi, size) pending
-    if (v.size() > 1) {
-      if (ready(v.back())) {
-        lo = v.size();
-      } else {
-        hi = v.size() - 1;
+    // Else the frontier lies between: bisect this queue's sequences strictly between the two.
+    raise_to(complete, sp.oldest->sequence());
+    try {
+      between_.clear();
+      each_unsettled([&](std::size_t key, const detail::event_state* s) {
+        if (key == k && s->sequence() < sp.newest->sequence()) {
+          between_.push_back(s);
+        }
+      });
+      const auto by_sequence = [](const detail::event_state* a, const detail::event_state* b) {
+        return a->sequence() < b->sequence();
+      };
+      std::sort(between_.begin(), between_.end(), by_sequence);
+      between_.erase(std::unique(between_.begin(), between_.end(),
+                                 [](const detail::event_state* a, const detail::event_state* b) {
+                                   return a->sequence() == b->sequence();
+                                 }),
+                     between_.end());
+      std::size_t lo = 0;                // between_[0, lo) complete
+      std::size_t hi = between_.size();  // between_[hi, size) pending
+      while (lo < hi) {
+        const std::size_t mid = lo + (hi - lo) / 2;
+        if (ready(between_[mid])) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
       }
-    }
-    while (lo < hi) {
-      const std::size_t mid = lo + (hi - lo) / 2;
-      if (ready(v[mid])) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
+      if (lo > 0) {
+        raise_to(complete, between_[lo - 1]->sequence());
       }
+    } catch (...) {
+      // No memory for the list: the buffers up to the oldest go now, the rest on a later pass.
     }
-    raise_to(tracks_.track[k].complete, v[lo - 1]->sequence());
   }
 }
 

@@ -453,6 +453,7 @@ class backend : public std::enable_shared_from_this<backend> {
   /// collect_deferred's queries (under state_mutex_): raises each queue's `complete` to the
   /// newest of the deferred uses' events found complete, asking the oldest unsettled one first
   /// (pending: nothing of that queue can go), then the newest, then bisecting between them.
+  /// Walks the deferred list once (twice for a queue it bisects); sorts only to bisect.
   void settle_deferred_uses() noexcept;
 
   // The figures of stats(), each counted alone (relaxed atomics: no lock on the enqueue path).
@@ -478,8 +479,14 @@ class backend : public std::enable_shared_from_this<backend> {
   // much again as it left waiting; 0 after a full one).
   std::atomic<std::size_t> collect_at_count_{0};
   std::atomic<std::size_t> collect_at_bytes_{0};
-  // settle_deferred_uses' scratch: per queue, the deferred uses' unsettled events (state_mutex_).
-  std::vector<std::vector<const detail::event_state*>> unsettled_;
+  // settle_deferred_uses' scratch (state_mutex_): per queue, the oldest and the newest of the
+  // deferred uses' unsettled events; and the events of one queue between the two.
+  struct queue_span {
+    const detail::event_state* oldest = nullptr;
+    const detail::event_state* newest = nullptr;
+  };
+  std::vector<queue_span> spans_;
+  std::vector<const detail::event_state*> between_;
   std::atomic<profiler::timeline*> timeline_{nullptr};
   counters counters_;
   plan_cache plans_;
