@@ -331,6 +331,10 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
 
 // Chunks of fewer elements than this compute all their parts in one task (binary ops).
 constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
+// Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
+// backend's copy-kernel size, cuda_backend.cpp): on 2 x H100 a cross-device event and wait cost
+// D3's fused op more than the copy is worth overlapping (docs/darray.md "Small ops").
+constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
 
 // Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
 // for before is first checked as `check` says.
@@ -402,10 +406,17 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       if (!accumulate) {
         const profiler::scope piece_scope{piece_site};
         const auto& target = dense_of(p.dst_chunk);
-        be.wait(qd, queue_kind::transfer, q.ready);
-        be.copy(qd, queue_kind::transfer, src.type, view::of_box(target->data(), dst.region, *r), d,
-                view_of(q, *r), from.device, options.how);
-        const event e = be.record(qd, queue_kind::transfer);
+        // A small piece is pulled by the receiver on its compute queue, where the work that reads
+        // it runs: no event between queues (or devices) to record and wait for, and on a GPU one
+        // copy kernel's launch (a few microseconds of compute-queue time at most).
+        const bool pull =
+            r->size() * static_cast<std::int64_t>(size_of(src.type)) <= pull_on_compute_bytes;
+        const int on = pull ? d : qd;
+        const queue_kind via = pull ? queue_kind::compute : queue_kind::transfer;
+        be.wait(on, via, q.ready);
+        be.copy(on, via, src.type, view::of_box(target->data(), dst.region, *r), d, view_of(q, *r),
+                from.device, options.how);
+        const event e = be.record(on, via);
         q.storage->add_use(e);
         target->add_use(e);
         dst.parts.push_back(chunk_part{*r, target, dst.region, e});

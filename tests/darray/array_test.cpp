@@ -748,6 +748,44 @@ TEST(darray_array, overlapping_destination_chunks_receive_each_element_once) {
   }
 }
 
+// A remote piece of at most 64 KiB is copied on the receiver's compute queue (no event between
+// queues for the op that reads it to wait on); a larger one on the sender's transfer queue.
+TEST(darray_array, small_pieces_are_pulled_on_the_receivers_compute_queue) {
+  auto be = make_host_backend(2);
+  // D3's seed shapes: device 1 receives [n/2, 0.7 n) from device 0, 0.2 n elements of 8 bytes.
+  for (const i64 n : {i64{4096}, i64{40960}, i64{65536}}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    const shape_t shape{n};
+    const i64 cut = n * 7 / 10;
+    const auto a_map = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
+    const auto c_map = index_map::split(shape, 0, {{0, 0, cut}, {1, cut, n}});
+    const auto h = iota_values(n, 7);
+    const auto c = distributed_array<i64>::from_host(be, h, shape, c_map);
+    const auto y = c.reshard(a_map);
+    EXPECT_EQ(y.to_host(), h);
+    const i64 piece_bytes = (cut - n / 2) * static_cast<i64>(sizeof(i64));
+    const int want_queue = piece_bytes <= (i64{64} << 10)
+                               ? backend::queue_key(1, queue_kind::compute)
+                               : backend::queue_key(0, queue_kind::transfer);
+    int received = 0;
+    for (const chunk_part& part : y.chunks()[1].parts) {
+      if (part.region.dims[0].start == n / 2) {
+        ++received;
+        ASSERT_NE(part.ready.state(), nullptr);
+        EXPECT_EQ(part.ready.state()->queue_key(), want_queue)
+            << "piece of " << piece_bytes << " B";
+      }
+    }
+    EXPECT_EQ(received, 1);
+    // The op that reads it: A + C.reshard(A's map), every element checked.
+    const auto a = distributed_array<i64>::from_host(be, iota_values(n), shape, a_map);
+    const auto sum = (a + c.reshard(a_map)).to_host();
+    for (i64 i = 0; i < n; ++i) {
+      ASSERT_EQ(sum[static_cast<std::size_t>(i)], i + h[static_cast<std::size_t>(i)]) << i;
+    }
+  }
+}
+
 // The second chunk's share of the overlap reads the first chunk's received storage (no copy).
 TEST(darray_array, overlapping_destination_chunks_share_the_received_storage) {
   auto be = make_host_backend(2);

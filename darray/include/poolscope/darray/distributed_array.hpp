@@ -84,7 +84,8 @@ struct reshard_options {
   /// Larger pieces waste less link time between copies (docs/darray.md).
   std::int64_t split_bytes = std::int64_t{64} << 20;
   /// Who issues each copy (either way both link directions run at once: each device's queue
-  /// carries its own pieces).
+  /// carries its own pieces). Pieces of at most 64 KiB are pulled by the receiver on its compute
+  /// queue whatever this says (no event between queues for the op that reads them).
   copy_queue issue_on = copy_queue::source;
 };
 
