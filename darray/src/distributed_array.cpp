@@ -333,7 +333,7 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
 constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
 // Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
 // backend's copy-kernel size, cuda_backend.cpp): on 2 x H100 a cross-device event and wait cost
-// D3's fused op more than the copy is worth overlapping (docs/darray.md "Small ops").
+// D3's fused op more than the copy is worth overlapping (docs/darray.md "Reshard").
 constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
 
 // Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
