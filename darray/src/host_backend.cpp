@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
@@ -446,6 +447,9 @@ struct gemm_fn {
 
 // --- events and queues ---
 
+// Complete once its queue reached it. Like a CUDA event after a failed kernel, an event recorded
+// after a task of its queue failed (the queue's failure, until synchronize() reports it) is
+// complete but failed: waiting for it throws runtime_error naming that task.
 class host_event final : public detail::event_state {
  public:
   host_event(const void* owner, int queue_key, std::uint64_t sequence) noexcept
@@ -455,10 +459,15 @@ class host_event final : public detail::event_state {
   void wait() const override {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [this] { return done_.load(std::memory_order_acquire); });
+    if (!failure_.empty()) {
+      throw runtime_error(failure_);
+    }
   }
-  void complete() {
+  // `failure`: empty, or what failed on the queue before this event.
+  void complete(std::string failure) noexcept {
     {
       const std::lock_guard lock(mutex_);
+      failure_ = std::move(failure);
       done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
@@ -468,6 +477,7 @@ class host_event final : public detail::event_state {
   std::atomic<bool> done_{false};
   mutable std::mutex mutex_;
   mutable std::condition_variable cv_;
+  std::string failure_;  // mutex_
 };
 
 // One in-order work queue run by its own thread (a stream of a fake device).
@@ -507,6 +517,17 @@ class work_queue {
     idle_cv_.wait(lock, [this] { return pending_ == 0; });
   }
 
+  // The first task failure since the last take_failure() ("" if none): events recorded meanwhile
+  // carry it. Taking it makes the queue clean again.
+  [[nodiscard]] std::string failure() const {
+    const std::lock_guard lock(mutex_);
+    return failure_;
+  }
+  [[nodiscard]] std::string take_failure() {
+    const std::lock_guard lock(mutex_);
+    return std::exchange(failure_, std::string());
+  }
+
  private:
   void loop() {
     for (;;) {
@@ -535,11 +556,9 @@ class work_queue {
     try {
       t.run();
     } catch (const std::exception& e) {
-      log(log_level::error, "darray host device " + std::to_string(device_) + ": task " + t.name +
-                                " failed: " + e.what());
+      fail(t, e.what());
     } catch (...) {
-      log(log_level::error,
-          "darray host device " + std::to_string(device_) + ": task " + t.name + " failed");
+      fail(t, "unknown exception");
     }
     if (tl != nullptr) {
       tl->add_host_slice({.name = t.name,
@@ -551,16 +570,34 @@ class work_queue {
     }
   }
 
+  // Logs a task's failure and keeps the queue's first one (what later events carry).
+  void fail(const task& t, const char* what) noexcept {
+    try {
+      std::string message = "darray host device " + std::to_string(device_) + " (" +
+                            (kind_ == queue_kind::compute ? "compute" : "transfer") +
+                            " queue): task " + (t.name.empty() ? std::string("wait") : t.name) +
+                            " failed: " + what;
+      log(log_level::error, message);
+      const std::lock_guard lock(mutex_);
+      if (failure_.empty()) {
+        failure_ = std::move(message);
+      }
+    } catch (...) {
+      // No memory for the message: the failure goes unrecorded (logged where possible).
+    }
+  }
+
   int device_;
-  [[maybe_unused]] queue_kind kind_;
+  queue_kind kind_;
   std::function<profiler::timeline*()> timeline_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::deque<task> tasks_;
   std::size_t pending_ = 0;
   bool stop_ = false;
-  std::thread thread_;  // last: starts after the rest is built
+  std::string failure_;  // mutex_
+  std::thread thread_;   // last: starts after the rest is built
 };
 
 std::string format_mib(std::uint64_t bytes) {
@@ -598,6 +635,16 @@ class host_backend final : public backend {
     }
   }
 
+  // detail::enqueue_failing_host_task.
+  void enqueue_failing(int device, queue_kind q, const std::string& what) {
+    if (device < 0 || device >= device_count()) {
+      throw invalid_argument("darray enqueue_failing_host_task: device " + std::to_string(device) +
+                             " is not one of the " + std::to_string(device_count()) +
+                             " devices of " + name());
+    }
+    push(device, q, "darray.failing", [what] { throw runtime_error(what); });
+  }
+
  private:
   struct fake_device {
     std::unique_ptr<pool::resource> resource;
@@ -633,9 +680,11 @@ class host_backend final : public backend {
 
   event do_record(int device, queue_kind q, std::uint64_t sequence) override {
     auto e = std::make_shared<host_event>(this, queue_key(device, q), sequence);
-    queue(device, q).push({[e] { e->complete(); }, {}, {}});
+    work_queue& wq = queue(device, q);
+    wq.push({[e, &wq] { e->complete(wq.failure()); }, {}, {}});
     return event(e);
   }
+  // A failed event's failure becomes the waiting queue's (the waiting task throws it).
   void do_wait(int device, queue_kind q, const event& e) override {
     queue(device, q).push({[e] { e.wait(); }, {}, {}});
   }
@@ -643,6 +692,28 @@ class host_backend final : public backend {
     for (auto& d : devices_) {
       d->compute->drain();
       d->transfer->drain();
+    }
+    // Every queue is idle: report the first failure since the last synchronize, once.
+    std::string first;
+    for (auto& d : devices_) {
+      for (work_queue* wq : {d->compute.get(), d->transfer.get()}) {
+        std::string f = wq->take_failure();
+        if (first.empty()) {
+          first = std::move(f);
+        }
+      }
+    }
+    if (!first.empty()) {
+      throw runtime_error(first);
+    }
+  }
+  // Throws the failure of one of `device`'s queues, if any (after draining them).
+  void check_failed(int device) {
+    for (const queue_kind q : {queue_kind::compute, queue_kind::transfer}) {
+      const std::string f = queue(device, q).failure();
+      if (!f.empty()) {
+        throw runtime_error(f);
+      }
     }
   }
 
@@ -670,6 +741,7 @@ class host_backend final : public backend {
   void do_download(int device, dtype t, const view& host_dst, const view& src) override {
     queue(device, queue_kind::compute).drain();
     queue(device, queue_kind::transfer).drain();
+    check_failed(device);  // what the queues computed may be wrong
     dispatch<copy_fn>(t, host_dst, src);
   }
 
@@ -728,6 +800,16 @@ class host_backend final : public backend {
 };
 
 }  // namespace
+
+void detail::enqueue_failing_host_task(backend& be, int device, queue_kind q,
+                                       const std::string& what) {
+  auto* host = dynamic_cast<host_backend*>(&be);
+  if (host == nullptr) {
+    throw invalid_argument("darray enqueue_failing_host_task: " + be.name() +
+                           " is not a host backend");
+  }
+  host->enqueue_failing(device, q, what);
+}
 
 std::shared_ptr<backend> make_host_backend(int devices, const backend_options& options) {
   if (devices < 1 || devices > 64) {

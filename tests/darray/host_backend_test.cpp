@@ -9,9 +9,11 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
+#include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "test_support.hpp"
 
@@ -413,6 +415,75 @@ TEST(darray_backend, small_allocations_collect_at_geometric_intervals) {
   done = seq;
   be->synchronize();
   EXPECT_EQ(be->allocator(0).stats().in_use, 0U);
+}
+
+// A host task that throws (as a failing kernel would on a GPU) is never a silent wrong answer:
+// events recorded after it on its queue throw from wait(), a queue that waits for such an event
+// fails too, downloads from the device throw, and synchronize() reports it once; afterwards the
+// backend computes correctly again.
+TEST(darray_backend, a_failing_host_task_surfaces_at_the_next_wait) {
+  auto be = make_host_backend(2);
+  const auto message_of = [](const auto& f) {
+    try {
+      f();
+    } catch (const runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const event before = be->record(0, queue_kind::compute);
+  before.wait();
+  detail::enqueue_failing_host_task(*be, 0, queue_kind::compute, "boom");
+  const event after = be->record(0, queue_kind::compute);
+  const std::string what = message_of([&] { after.wait(); });
+  EXPECT_NE(what.find("boom"), std::string::npos) << what;
+  EXPECT_NE(what.find("host device 0 (compute queue)"), std::string::npos) << what;
+  EXPECT_NE(what.find("darray.failing"), std::string::npos) << what;
+  EXPECT_NO_THROW(before.wait());  // recorded before the failure
+  // Sticky on its queue until synchronize(): later events fail too.
+  const event later = be->record(0, queue_kind::compute);
+  EXPECT_NE(message_of([&] { later.wait(); }).find("boom"), std::string::npos);
+  // Another device's queue is unaffected, until it waits for a failed event.
+  const event clean = be->record(1, queue_kind::compute);
+  EXPECT_NO_THROW(clean.wait());
+  be->wait(1, queue_kind::transfer, after);
+  const event propagated = be->record(1, queue_kind::transfer);
+  const std::string carried = message_of([&] { propagated.wait(); });
+  EXPECT_NE(carried.find("host device 1 (transfer queue)"), std::string::npos) << carried;
+  EXPECT_NE(carried.find("boom"), std::string::npos) << carried;
+  // Downloads from the failed device throw instead of returning what its queue computed.
+  auto buf = be->allocate(0, 4 * sizeof(double));
+  std::vector<double> out(4);
+  EXPECT_THROW(
+      be->download(0, dtype::f64, view::dense(out.data(), {4}), view::dense(buf->data(), {4})),
+      runtime_error);
+  // synchronize() reports the first failure once; then everything works again.
+  EXPECT_NE(message_of([&] { be->synchronize(); }).find("boom"), std::string::npos);
+  EXPECT_NO_THROW(be->synchronize());
+  be->fill(0, queue_kind::compute, dtype::f64, view::dense(buf->data(), {4}), scalar(2.5));
+  const event refilled = be->record(0, queue_kind::compute);
+  EXPECT_NO_THROW(refilled.wait());
+  be->download(0, dtype::f64, view::dense(out.data(), {4}), view::dense(buf->data(), {4}));
+  EXPECT_EQ(out, std::vector<double>(4, 2.5));
+  buf.reset();
+  EXPECT_THROW(detail::enqueue_failing_host_task(*be, 2, queue_kind::compute, "x"),
+               invalid_argument);
+}
+
+// The same through arrays: an array computed after the failure cannot be read back silently.
+TEST(darray_backend, an_array_computed_after_a_failing_task_throws_on_to_host) {
+  auto be = make_host_backend(2);
+  const shape_t shape{64};
+  const auto map = index_map::blocks(shape, 0, 2);
+  const auto a = distributed_array<float>::full(be, 1.0f, shape, map);
+  a.wait();
+  detail::enqueue_failing_host_task(*be, 1, queue_kind::compute, "kernel fault");
+  const auto b = a + a;
+  EXPECT_THROW((void)b.to_host(), runtime_error);
+  EXPECT_THROW(be->synchronize(), runtime_error);
+  // Reported: new work is correct again.
+  const auto c = a + a;
+  EXPECT_EQ(c.to_host(), std::vector<float>(64, 2.0f));
 }
 
 }  // namespace

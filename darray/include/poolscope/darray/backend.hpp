@@ -275,7 +275,10 @@ class backend : public std::enable_shared_from_this<backend> {
   /// nothing when that already holds: `e` is of the same queue, known complete, or not later than
   /// an event of its queue that (device, q) already waits for.
   void wait(int device, queue_kind q, const event& e);
-  /// Blocks until every queue of every device is idle; then frees deferred buffers.
+  /// Blocks until every queue of every device is idle; then frees deferred buffers. Reports a
+  /// failure of enqueued work since the last synchronize: cuda_error for a device's (CUDA);
+  /// runtime_error naming the first failed task (host devices, whose events recorded after that
+  /// task throw it from wait(), as do downloads from its device, until synchronize reports it).
   void synchronize();
 
   /// Copies `src` (on src_device) into `dst` (on dst_device) on (queue_device, q), which must be
@@ -501,6 +504,12 @@ class backend : public std::enable_shared_from_this<backend> {
 /// A host backend of `devices` fake devices.
 [[nodiscard]] std::shared_ptr<backend> make_host_backend(int devices,
                                                          const backend_options& options = {});
+namespace detail {
+/// For tests of the error paths: enqueues on (device, q) of a host backend a task that throws
+/// runtime_error(what), as a failing kernel would on a GPU. Throws invalid_argument naming any
+/// other backend or an absent device.
+void enqueue_failing_host_task(backend& be, int device, queue_kind q, const std::string& what);
+}  // namespace detail
 /// A CUDA backend over GPUs 0..devices-1 (-1: all). Throws device_unavailable without a GPU.
 [[nodiscard]] std::shared_ptr<backend> make_cuda_backend(int devices,
                                                          const backend_options& options = {});
