@@ -657,11 +657,14 @@ class host_backend final : public backend {
     return q == queue_kind::compute ? *devices_[static_cast<std::size_t>(d)]->compute
                                     : *devices_[static_cast<std::size_t>(d)]->transfer;
   }
-  void push(int d, queue_kind q, std::string name, std::function<void()> fn,
-            int slice_device = -1) {
-    const std::string_view cat =
-        q == queue_kind::transfer ? std::string_view("darray.transfer") : "darray.compute";
-    queue(d, q).push({std::move(fn), std::move(name), cat, slice_device});
+  // A traced task: its slice's category is the queue's ("darray.transfer" / "darray.compute")
+  // unless `category` says otherwise.
+  void push(int d, queue_kind q, std::string name, std::function<void()> fn, int slice_device = -1,
+            std::string_view category = {}) {
+    if (category.empty()) {
+      category = q == queue_kind::transfer ? std::string_view("darray.transfer") : "darray.compute";
+    }
+    queue(d, q).push({std::move(fn), std::move(name), category, slice_device});
   }
 
   std::string do_name() const override { return "host:" + std::to_string(devices_.size()); }
@@ -726,10 +729,11 @@ class host_backend final : public backend {
                                   std::to_string(dst_device) + " " + format_mib(bytes)
                             : "darray.copy local " + format_mib(bytes);
     // A copy between devices is traced on the receiving device, whichever queue ran it: that is
-    // where it overlaps (or not) with the compute waiting for it.
+    // where it overlaps (or not) with the compute waiting for it. A copy is a transfer on either
+    // queue (small pieces run on the receiver's compute queue), as the CUDA backend's ranges say.
     push(
         queue_device, q, std::move(name), [t, dst, src] { dispatch<copy_fn>(t, dst, src); },
-        peer ? dst_device : -1);
+        peer ? dst_device : -1, "darray.transfer");
   }
 
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override {

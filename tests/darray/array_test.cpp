@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -16,8 +17,11 @@
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/timeline.hpp"
 #include "test_support.hpp"
 
 namespace poolscope::darray {
@@ -784,6 +788,40 @@ TEST(darray_array, small_pieces_are_pulled_on_the_receivers_compute_queue) {
       ASSERT_EQ(sum[static_cast<std::size_t>(i)], i + h[static_cast<std::size_t>(i)]) << i;
     }
   }
+}
+
+// On host devices a copy's slice is a transfer whichever queue ran it (the pulled small piece
+// runs on the receiver's compute queue), traced on the receiving device, as on CUDA.
+TEST(darray_array, a_pulled_piece_is_traced_as_a_transfer_on_the_receiver) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("poolscope_pull_trace_" + std::to_string(::getpid()) + ".json");
+  auto be = make_host_backend(2);
+  const i64 n = 4096;
+  const shape_t shape{n};
+  const auto a_map = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
+  const auto c_map = index_map::split(shape, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}});
+  const auto c = distributed_array<i64>::from_host(be, iota_values(n), shape, c_map);
+  profiler::timeline_options options;
+  options.trace_path = path.string();
+  options.cupti = false;
+  profiler::timeline tl{options};
+  tl.start();
+  be->set_timeline(&tl);
+  const auto y = c.reshard(a_map);
+  y.wait();
+  be->synchronize();
+  be->set_timeline(nullptr);
+  tl.stop();
+  std::filesystem::remove(path);
+  int copies = 0;
+  for (const auto& s : tl.summary().scopes) {
+    if (s.name.starts_with("darray.copy 0->1")) {
+      copies += static_cast<int>(s.count);
+      EXPECT_EQ(s.category, "darray.transfer") << s.name;
+    }
+  }
+  EXPECT_EQ(copies, 1);
+  EXPECT_EQ(y.to_host(), iota_values(n));
 }
 
 // The second chunk's share of the overlap reads the first chunk's received storage (no copy).
