@@ -684,7 +684,17 @@ class host_backend final : public backend {
   event do_record(int device, queue_kind q, std::uint64_t sequence) override {
     auto e = std::make_shared<host_event>(this, queue_key(device, q), sequence);
     work_queue& wq = queue(device, q);
-    wq.push({[e, &wq] { e->complete(wq.failure()); }, {}, {}});
+    wq.push({[e, &wq] {
+               std::string failure;
+               try {
+                 failure = wq.failure();
+               } catch (...) {
+                 failure = "a task failed";  // short: no allocation; the event must complete
+               }
+               e->complete(std::move(failure));
+             },
+             {},
+             {}});
     return event(e);
   }
   // A failed event's failure becomes the waiting queue's (the waiting task throws it).
