@@ -153,7 +153,10 @@ void log(log_level level, std::string_view message) noexcept {
         const in_sink_scope in_sink;
         s.sink(level, message);
       } catch (...) {
-        // A failing sink must not take the program down; a replacement it asked for still holds.
+        // A failing sink (one that allocates, with the host out of memory) must neither take the
+        // program down nor lose the line: it goes to stderr, which allocates nothing. A
+        // replacement the sink asked for still holds.
+        write_stderr(level, message);
       }
       if (s.replacement) {
         s.sink = std::move(*s.replacement);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <functional>
 #include <future>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -89,17 +90,31 @@ TEST_F(log_reentrancy, a_sink_that_replaces_itself_does_not_deadlock) {
   EXPECT_EQ(second, (std::vector<std::string>{"two"}));
 }
 
-TEST_F(log_reentrancy, a_throwing_sink_is_ignored_and_keeps_later_messages) {
+TEST_F(log_reentrancy, a_throwing_sink_keeps_later_messages_and_its_lines_go_to_stderr) {
   int calls = 0;
   poolscope::set_log_sink([&calls](log_level, std::string_view) {
     ++calls;
     throw std::runtime_error("sink failed");
   });
+  ::testing::internal::CaptureStderr();
   run_or_die("log() with a throwing sink", [] {
     poolscope::log(log_level::error, "a");
-    poolscope::log(log_level::error, "b");
+    poolscope::log(log_level::warn, "b");
   });
+  const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(calls, 2);
+  // Not lost: each line the sink failed on is on stderr.
+  EXPECT_EQ(err, "[poolscope error] a\n[poolscope warn] b\n");
+}
+
+// A sink that allocates fails when the host is out of memory; the line it was given survives.
+TEST_F(log_reentrancy, a_line_the_sink_has_no_memory_for_goes_to_stderr) {
+  poolscope::set_log_sink([](log_level, std::string_view) { throw std::bad_alloc(); });
+  ::testing::internal::CaptureStderr();
+  run_or_die("log() with a sink out of memory",
+             [] { poolscope::log(log_level::error, "collector stopped: out of host memory"); });
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "[poolscope error] collector stopped: out of host memory\n");
 }
 
 }  // namespace

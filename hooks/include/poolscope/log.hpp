@@ -21,7 +21,8 @@ namespace poolscope {
 
 enum class log_level : int { off = 0, error = 1, warn = 2, info = 3, debug = 4 };
 
-/// Writes `message` if `level` is at or under the threshold. noexcept: a failing sink is ignored.
+/// Writes `message` if `level` is at or under the threshold. noexcept: a message the sink fails
+/// on (throws) goes to stderr instead, written without allocating.
 void log(log_level level, std::string_view message) noexcept;
 /// True if a message at `level` would be written (check before building an expensive message).
 [[nodiscard]] bool log_enabled(log_level level) noexcept;
