@@ -519,12 +519,17 @@ class work_queue {
 
   // The first task failure since the last take_failure() ("" if none): events recorded meanwhile
   // carry it. Taking it makes the queue clean again.
+  // Every event record asks: without a failure (nearly always) that is one atomic load.
   [[nodiscard]] std::string failure() const {
+    if (!failed_.load(std::memory_order_acquire)) {
+      return {};
+    }
     const std::lock_guard lock(mutex_);
     return failure_;
   }
   [[nodiscard]] std::string take_failure() {
     const std::lock_guard lock(mutex_);
+    failed_.store(false, std::memory_order_release);
     return std::exchange(failure_, std::string());
   }
 
@@ -581,6 +586,7 @@ class work_queue {
       const std::lock_guard lock(mutex_);
       if (failure_.empty()) {
         failure_ = std::move(message);
+        failed_.store(true, std::memory_order_release);
       }
     } catch (...) {
       // No memory for the message: the failure goes unrecorded (logged where possible).
@@ -596,8 +602,9 @@ class work_queue {
   std::deque<task> tasks_;
   std::size_t pending_ = 0;
   bool stop_ = false;
-  std::string failure_;  // mutex_
-  std::thread thread_;   // last: starts after the rest is built
+  std::string failure_;              // mutex_
+  std::atomic<bool> failed_{false};  // !failure_.empty() (written under mutex_)
+  std::thread thread_;               // last: starts after the rest is built
 };
 
 std::string format_mib(std::uint64_t bytes) {
