@@ -330,28 +330,37 @@ struct floor_state {
   }
 };
 
-baseline_seconds time_async_floor_chained(int devices, std::size_t bytes, int length, int repeat) {
+struct async_floor::state : floor_state {
+  using floor_state::floor_state;
+};
+
+async_floor::async_floor(int devices, std::size_t bytes) : bytes_(bytes) {
   const current_device_guard guard;
-  floor_state st(devices, bytes);
-  const int n = std::max(length, 1);
-  baseline_seconds t = time_repeated(
-      repeat,
-      [&] {
-        for (int k = 0; k < n; ++k) {
-          for (int d = 0; d < devices; ++d) {
-            POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
-            st.issue(d, bytes);
-          }
-        }
-      },
-      [&] { st.wait_all(); });
-  t.best /= n;
-  t.median /= n;
-  return t;
+  state_ = std::make_unique<state>(devices, bytes);
 }
 
-baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat) {
-  return time_async_floor_chained(devices, bytes, 1, repeat);  // a chain of one
+async_floor::~async_floor() {
+  int previous = 0;
+  const bool known = cudaGetDevice(&previous) == cudaSuccess;
+  state_.reset();  // each buffer, stream and event selects its own device to go
+  if (known) {
+    (void)cudaSetDevice(previous);
+  }
+}
+
+void async_floor::issue(int length) {
+  const current_device_guard guard;
+  const int devices = static_cast<int>(state_->events.size());
+  for (int k = 0; k < std::max(length, 1); ++k) {
+    for (int d = 0; d < devices; ++d) {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      state_->issue(d, bytes_);
+    }
+  }
+}
+
+void async_floor::wait() {
+  state_->wait_all();
 }
 
 baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int repeat) {

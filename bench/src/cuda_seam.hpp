@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace poolscope::bench::detail {
@@ -48,18 +49,29 @@ struct baseline_seconds {
 /// byte), timed as time_peer_copies.
 [[nodiscard]] baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat);
 
-/// The floor of a small op's cost on `devices` GPUs from one thread: per GPU, cudaSetDevice, one
-/// asynchronous call (cudaMemsetAsync of `bytes`, standing in for a kernel launch) and one
-/// cudaEventRecord, then cudaEventSynchronize on each event; timed as time_peer_copies.
-[[nodiscard]] baseline_seconds time_async_floor(int devices, std::size_t bytes, int repeat);
+/// The floor of a small op's cost on `devices` GPUs from one thread, taken a round at a time so
+/// that a benchmark can interleave its rounds with the op's own (both then see the same host
+/// state): per GPU, cudaSetDevice, one asynchronous call (cudaMemsetAsync of `bytes`, standing in
+/// for a kernel launch) and one cudaEventRecord; then cudaEventSynchronize on each GPU's event.
+/// Buffers, streams and events are made by the constructor and freed by the destructor. Calls
+/// leave the current device as they found it. Not thread-safe: one thread drives an object.
+class async_floor {
+ public:
+  async_floor(int devices, std::size_t bytes);
+  ~async_floor();
+  async_floor(const async_floor&) = delete;
+  async_floor& operator=(const async_floor&) = delete;
+  /// `length` (>= 1) rounds of the calls back to back (a chain), without waiting.
+  void issue(int length = 1);
+  /// cudaEventSynchronize on each GPU's last event.
+  void wait();
 
-/// The floor of a chain of small ops from one thread: `length` rounds of time_async_floor's
-/// calls (cudaSetDevice, cudaMemsetAsync, cudaEventRecord per GPU) back to back, then one
-/// cudaEventSynchronize per GPU; seconds per round (best and median of `repeat` chains).
-[[nodiscard]] baseline_seconds time_async_floor_chained(int devices, std::size_t bytes, int length,
-                                                        int repeat);
-
-/// The same calls with one issuing thread per GPU: each GPU's cudaMemsetAsync and
+ private:
+  struct state;
+  std::unique_ptr<state> state_;
+  std::size_t bytes_;
+};
+/// async_floor's calls with one issuing thread per GPU: each GPU's cudaMemsetAsync and
 /// cudaEventRecord run on a thread of its own (started before timing, spinning on a counter for
 /// the next round), so the calls of different GPUs overlap; the timed thread starts a round,
 /// waits until every GPU's calls returned, then synchronizes each event. The floor of a small op

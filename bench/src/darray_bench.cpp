@@ -65,20 +65,21 @@ baseline_seconds time_op(int runs, const std::function<void()>& op) {
 }
 
 // The time of an op in whole, and split into issuing it (until `make` returns its result) and
-// waiting for that result (wait()).
+// waiting for that result (wait()). Samples are taken a round at a time, so that the rounds of
+// several ops (and of their floor) can be interleaved and all see the same host state.
 struct split_seconds {
   baseline_seconds total;
   baseline_seconds issue;
   baseline_seconds wait;
 };
-// One untimed warm-up, then `runs` timed runs of make().wait().
-template <typename Make>
-split_seconds time_split(int runs, Make make) {
-  make().wait();
+struct split_samples {
   std::vector<double> total;
   std::vector<double> issue;
   std::vector<double> wait;
-  for (int i = 0; i < std::max(runs, 1); ++i) {
+
+  // One timed run of make().wait().
+  template <typename Make>
+  void take(Make& make) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = make();
     const auto t1 = std::chrono::steady_clock::now();
@@ -88,32 +89,56 @@ split_seconds time_split(int runs, Make make) {
     issue.push_back(std::chrono::duration<double>(t1 - t0).count());
     wait.push_back(std::chrono::duration<double>(t2 - t1).count());
   }
-  return {summarize(std::move(total)), summarize(std::move(issue)), summarize(std::move(wait))};
-}
+  [[nodiscard]] split_seconds summary() const {
+    return {summarize(total), summarize(issue), summarize(wait)};
+  }
+};
 
 // Seconds per op of a chain of `length` ops issued back to back, each given the previous one's
 // result (the first `start`), with one wait at the end: the rate a loop of dependent ops sustains,
-// where each op's round trip to the devices hides behind the issuing of the next. One untimed
-// chain, then `runs`; the last chain's result is returned for checking.
+// where each op's round trip to the devices hides behind the issuing of the next. Timed a chain
+// at a time (to interleave with others); the last chain's result is kept for checking.
 template <typename Array, typename Step>
-std::pair<baseline_seconds, Array> time_chain(int runs, int length, const Array& start, Step step) {
-  const auto chain = [&] {
+struct chain_samples {
+  const Array& start;
+  int length;
+  Step step;
+  std::vector<double> per_op;
+  Array last;
+
+  chain_samples(const Array& s, int n, Step f) : start(s), length(std::max(n, 1)), step(f) {
+    last = run();  // untimed warm-up
+  }
+  Array run() {
     Array x = start;
     for (int k = 0; k < length; ++k) {
       x = step(x);
     }
     x.wait();
     return x;
-  };
-  Array last = chain();
-  std::vector<double> per_op;
-  for (int i = 0; i < std::max(runs, 1); ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    last = chain();
-    const auto t1 = std::chrono::steady_clock::now();
-    per_op.push_back(std::chrono::duration<double>(t1 - t0).count() / std::max(length, 1));
   }
-  return {summarize(std::move(per_op)), std::move(last)};
+  void take() {
+    const auto t0 = std::chrono::steady_clock::now();
+    last = run();
+    const auto t1 = std::chrono::steady_clock::now();
+    per_op.push_back(std::chrono::duration<double>(t1 - t0).count() / length);
+  }
+};
+
+// Runs `rounds` rounds of each of `takers` (callables taking one sample), in blocks of `block`
+// rounds of one, then the next, round robin: interleaved, so that a host whose speed drifts
+// during the run (the lent hosts do, by 20 % and more) moves every figure alike and their ratios
+// hold; blocked, so that each op still runs with its code and data warm.
+void interleave(int rounds, int block, const std::vector<std::function<void()>>& takers) {
+  for (int done = 0; done < rounds;) {
+    const int n = std::min(block, rounds - done);
+    for (const auto& take : takers) {
+      for (int i = 0; i < n; ++i) {
+        take();
+      }
+    }
+    done += n;
+  }
 }
 
 // The memcpy stand-in for raw device copies on host devices: every link copied at once, one thread
@@ -419,21 +444,63 @@ class bench_run {
     const std::int64_t n = 4096;
     const int runs = std::max(100, 20 * o_.repeat);
     const auto [a_map, c_map, a, b, c] = seed_arrays(n);
-    const split_seconds t_add = time_split(runs, [&] { return a + b; });
     std::shared_ptr<const darray::reshard_plan> plan;
-    const split_seconds t_fused = time_split(runs, [&] {
+    const auto add = [&] { return a + b; };
+    const auto fused = [&] {
       const auto moved = c.reshard(a.index_map(), reshard_options());
       plan = moved.handle().last_reshard().plan;
       return a + moved;
-    });
+    };
+    // What A + B cannot avoid on GPUs: one async call and one event per device, a sync per event.
+    const auto per_device =
+        static_cast<std::size_t>(n) * sizeof(float) / static_cast<std::size_t>(std::max(devs_, 1));
+    std::unique_ptr<detail::async_floor> floor_calls;
+    if (gpu_) {
+      floor_calls = std::make_unique<detail::async_floor>(devs_, per_device);
+    }
     // The same ops chained: x = x + B (x = x + C.reshard(A.index_map())) `chain` times, one wait.
     constexpr int chain = 64;
     const int chains = std::max(10, runs / 10);
-    const auto [t_add_chain, add_last] =
-        time_chain(chains, chain, a, [&](const farray& x) { return x + b; });
-    const auto [t_fused_chain, fused_last] = time_chain(chains, chain, a, [&](const farray& x) {
+    const auto add_step = [&](const farray& x) { return x + b; };
+    const auto fused_step = [&](const farray& x) {
       return x + c.reshard(a.index_map(), reshard_options());
-    });
+    };
+    // One untimed round of each, then the op, the fused op and the floor in interleaved blocks.
+    add().wait();
+    fused().wait();
+    split_samples add_samples;
+    split_samples fused_samples;
+    std::vector<double> floor_samples;
+    std::vector<double> floor_chain_samples;
+    const auto time_floor = [&](std::vector<double>& out, int length) {
+      const auto t0 = std::chrono::steady_clock::now();
+      floor_calls->issue(length);
+      floor_calls->wait();
+      const auto t1 = std::chrono::steady_clock::now();
+      out.push_back(std::chrono::duration<double>(t1 - t0).count() / length);
+    };
+    std::vector<std::function<void()>> singles{[&] { add_samples.take(add); },
+                                               [&] { fused_samples.take(fused); }};
+    if (floor_calls) {
+      floor_calls->issue();
+      floor_calls->wait();
+      singles.emplace_back([&] { time_floor(floor_samples, 1); });
+    }
+    interleave(runs, 10, singles);
+    chain_samples add_chain(a, chain, add_step);
+    chain_samples fused_chain(a, chain, fused_step);
+    std::vector<std::function<void()>> chained{[&] { add_chain.take(); },
+                                               [&] { fused_chain.take(); }};
+    if (floor_calls) {
+      chained.emplace_back([&] { time_floor(floor_chain_samples, chain); });
+    }
+    interleave(chains, 1, chained);
+    const split_seconds t_add = add_samples.summary();
+    const split_seconds t_fused = fused_samples.summary();
+    const baseline_seconds t_add_chain = summarize(add_chain.per_op);
+    const baseline_seconds t_fused_chain = summarize(fused_chain.per_op);
+    const farray& add_last = add_chain.last;
+    const farray& fused_last = fused_chain.last;
     // The values too: a wrong result at this size would make the times meaningless.
     const auto every = [](const std::vector<float>& v, float want) {
       return std::all_of(v.begin(), v.end(), [want](float e) { return e == want; });
@@ -465,18 +532,15 @@ class bench_run {
     if (!links.empty()) {
       w.baselines["peer"] = raw_copies(links, runs);
     }
-    if (gpu_) {
-      // What A + B cannot avoid: one async call and one event per device, a sync per event.
-      const auto per_device = static_cast<std::size_t>(n) * sizeof(float) /
-                              static_cast<std::size_t>(std::max(devs_, 1));
-      w.baselines["floor"] = make_baseline("memset + event per GPU", 0,
-                                           detail::time_async_floor(devs_, per_device, runs));
+    if (floor_calls) {
+      w.baselines["floor"] = make_baseline("memset + event per GPU", 0, summarize(floor_samples));
+      w.baselines["floor_chained"] =
+          make_baseline("the same calls chained, one wait", 0, summarize(floor_chain_samples));
+      floor_calls.reset();  // its streams and buffers go before the threaded floor's are made
+      // Apart, not interleaved: its spinning threads would take the cores the ops issue from.
       w.baselines["floor_threaded"] =
           make_baseline("the same, a thread per GPU", 0,
                         detail::time_async_floor_threaded(devs_, per_device, runs));
-      w.baselines["floor_chained"] =
-          make_baseline("the same calls chained, one wait", 0,
-                        detail::time_async_floor_chained(devs_, per_device, chain, chains));
     }
   }
 
