@@ -86,6 +86,8 @@ for name, r in (("default kinds", d[0]), ("all kinds", d[2])):
 PY
   fi
   step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
+  step "trace summary (demo.fused)" "$out/demo.log" "$cli" trace summary \
+    "$out/demo_trace.json.gz" --range demo.fused --top 3
   if "$cli" bench darray --help >/dev/null 2>&1; then
     step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
       --json "$out/bench_darray.json"

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "detail/json_text.hpp"
+#include "poolscope/error.hpp"
 #include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::profiler {
@@ -145,11 +146,11 @@ void overlap_analyzer::compact(std::vector<interval>& v) {
   held_ -= before - v.size();
 }
 
-void overlap_analyzer::add(int device, activity_class c, std::int64_t begin_ns,
-                           std::int64_t end_ns) {
+void overlap_analyzer::add(int device, activity_class c, std::int64_t begin_ns, std::int64_t end_ns,
+                           std::uint64_t ops) {
   lists& l = devices_[device];
   const auto k = static_cast<std::size_t>(c);
-  ++l.ops[k];
+  l.ops[k] += ops;
   if (end_ns <= begin_ns) {
     return;
   }
@@ -179,14 +180,22 @@ void overlap_analyzer::set_window(std::int64_t begin_ns, std::int64_t end_ns) no
   window_ = interval{begin_ns, std::max(begin_ns, end_ns)};
 }
 
+void overlap_analyzer::set_windows(std::vector<interval> windows) {
+  windows_ = merge_intervals(std::move(windows));
+}
+
 std::vector<device_overlap> overlap_analyzer::analyze() const {
   std::vector<device_overlap> out;
-  const interval window =
-      window_ ? *window_ : (min_ns_ <= max_ns_ ? interval{min_ns_, max_ns_} : interval{0, 0});
+  std::vector<interval> windows = windows_;
+  if (windows.empty()) {
+    windows.push_back(window_ ? *window_
+                              : (min_ns_ <= max_ns_ ? interval{min_ns_, max_ns_} : interval{0, 0}));
+  }
+  const std::uint64_t window_ns = total_length(windows);
   for (const auto& [device, l] : devices_) {
     device_overlap d;
     d.device = device;
-    d.window_ns = span_ns(window.begin_ns, window.end_ns);
+    d.window_ns = window_ns;
     const auto compute = merge_intervals(l.of[0]);
     const auto transfer = merge_intervals(l.of[1]);
     const auto other = merge_intervals(l.of[2]);
@@ -206,8 +215,7 @@ std::vector<device_overlap> overlap_analyzer::analyze() const {
       d.last_ns = busy.back().end_ns;
     }
     // Only the busy time inside the window counts against it.
-    const interval w[] = {window};
-    const std::uint64_t busy_in_window = total_length(intersect_intervals(busy, w));
+    const std::uint64_t busy_in_window = total_length(intersect_intervals(busy, windows));
     d.idle_ns = d.window_ns - std::min(d.window_ns, busy_in_window);
     d.compute_ops = l.ops[0];
     d.transfer_ops = l.ops[1];
@@ -335,13 +343,15 @@ std::string trace_summary::to_text(std::size_t top) const {
   }
   std::snprintf(
       line, sizeof line,
-      "%zu device(s), %llu events, window %s; transfer %s, %s of it overlapped with "
+      "%zu device(s), %llu events, window %s%s; transfer %s, %s of it overlapped with "
       "compute\n",
       devices.size(), static_cast<unsigned long long>(events),
-      format_ns(window_end_ns >= window_begin_ns
+      format_ns(!windows.empty() ? static_cast<double>(total_length(windows))
+                : window_end_ns >= window_begin_ns
                     ? static_cast<double>(span_ns(window_begin_ns, window_end_ns))
                     : 0.0)
           .c_str(),
+      windows.size() > 1 ? (" in " + std::to_string(windows.size()) + " ranges").c_str() : "",
       format_ns(static_cast<double>(total_transfer)).c_str(),
       percent(static_cast<double>(total_both), static_cast<double>(total_transfer)).c_str());
   out += line;
@@ -361,6 +371,12 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   j["malformed"] = malformed;
   j["window_begin_ns"] = window_begin_ns;
   j["window_end_ns"] = window_end_ns;
+  if (!windows.empty()) {
+    j["windows"] = nlohmann::json::array();
+    for (const interval& w : windows) {
+      j["windows"].push_back({{"begin_ns", w.begin_ns}, {"end_ns", w.end_ns}});
+    }
+  }
   j["devices"] = nlohmann::json::array();
   for (const device_overlap& d : devices) {
     nlohmann::json dj = d.to_json();
@@ -388,9 +404,28 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   return j;
 }
 
-trace_summary summarize_trace(const std::string& path, std::optional<interval> window) {
+namespace {
+
+// The parts of [begin, end) inside `windows` (sorted, disjoint), appended to `out`; a slice of
+// no length counts where it lies inside (or on the edge of) a window.
+void clip_to(const std::vector<interval>& windows, std::int64_t begin, std::int64_t end,
+             std::vector<interval>& out) {
+  auto w = std::lower_bound(windows.begin(), windows.end(), begin,
+                            [](const interval& x, std::int64_t t) { return x.end_ns < t; });
+  for (; w != windows.end() && w->begin_ns <= end; ++w) {
+    const std::int64_t b = std::max(begin, w->begin_ns);
+    const std::int64_t x = std::min(end, w->end_ns);
+    if (x > b || (x == b && end == begin)) {
+      out.push_back({b, x});
+    }
+  }
+}
+
+// summarize_trace's work; `windows` sorted and disjoint, or null for the whole trace.
+trace_summary summarize(const std::string& path, const std::vector<interval>* windows) {
   trace_summary s;
   overlap_analyzer analyzer;
+  std::vector<interval> parts;  // a slice's parts inside the windows
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
   std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
   std::map<std::pair<std::string, std::string>, op_summary> api_calls;  // (name, api)
@@ -478,11 +513,18 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     lo = std::min(lo, begin);
     hi = std::max(hi, end);
     if (complete && !cls && cat_it != e.end() && *cat_it == "cuda_api" && name_it != e.end()) {
-      // A CUDA API call: its time inside the window, under its name and api.
-      const std::int64_t b = window ? std::max(begin, window->begin_ns) : begin;
-      const std::int64_t x = window ? std::min(end, window->end_ns) : end;
-      if (x < b || (window && x == b && end > begin)) {
-        return;
+      // A CUDA API call: its time inside the windows, under its name and api.
+      std::uint64_t inside = span_ns(begin, end);
+      if (windows != nullptr) {
+        parts.clear();
+        clip_to(*windows, begin, end, parts);
+        if (parts.empty()) {
+          return;
+        }
+        inside = 0;
+        for (const interval& p : parts) {
+          inside += span_ns(p.begin_ns, p.end_ns);
+        }
       }
       std::string api;
       if (has_args) {
@@ -495,7 +537,7 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
       c.name = call;
       c.category = std::move(api);
       c.device = -1;
-      c.add(span_ns(b, x), 0);
+      c.add(inside, 0);
       return;
     }
     if (!device || !cls) {  // (a device is read only for a counted category)
@@ -503,20 +545,29 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     }
     const activity_class klass = *cls;
     const std::string& cat = cat_it->get_ref<const std::string&>();
-    if (window) {
-      // Only the part inside the window counts.
-      begin = std::max(begin, window->begin_ns);
-      end = std::min(end, window->end_ns);
-      if (end <= begin) {
+    parts.clear();
+    if (windows != nullptr) {
+      // Only the parts inside the windows count.
+      clip_to(*windows, begin, end, parts);
+      std::erase_if(parts, [](const interval& p) { return p.end_ns <= p.begin_ns; });
+      if (parts.empty()) {
         return;
       }
+    } else {
+      parts.push_back({begin, end});
     }
-    analyzer.add(*device, klass, begin, end);
-    // A peer copy is transfer time on both of its devices (see timeline.cpp).
-    if (peer[0] && peer[1]) {
-      for (const std::optional<int>& other : peer) {
-        if (*other != *device) {
-          analyzer.add(*other, klass, begin, end);
+    std::uint64_t dur = 0;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const interval& p = parts[i];
+      dur += span_ns(p.begin_ns, p.end_ns);
+      const std::uint64_t ops = i == 0 ? 1 : 0;  // one slice, however many parts
+      analyzer.add(*device, klass, p.begin_ns, p.end_ns, ops);
+      // A peer copy is transfer time on both of its devices (see timeline.cpp).
+      if (peer[0] && peer[1]) {
+        for (const std::optional<int>& other : peer) {
+          if (*other != *device) {
+            analyzer.add(*other, klass, p.begin_ns, p.end_ns, ops);
+          }
         }
       }
     }
@@ -526,7 +577,6 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     if (const auto b = args->find("bytes"); b != args->end() && b->is_number_unsigned()) {
       bytes = b->get<std::uint64_t>();
     }
-    const std::uint64_t dur = span_ns(begin, end);
     if (cat == "kernel" || cat == "nccl") {
       op_summary& k = kernels[{*device, name, cat}];
       k.name = name;
@@ -542,14 +592,17 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
     }
   });
   s.events = info.events;
-  if (window) {
-    lo = window->begin_ns;
-    hi = window->end_ns;
+  if (windows != nullptr) {
+    lo = windows->front().begin_ns;
+    hi = windows->back().end_ns;
+    s.windows = *windows;
+    analyzer.set_windows(*windows);
+  } else if (lo <= hi) {
+    analyzer.set_window(lo, hi);
   }
   if (lo <= hi) {
     s.window_begin_ns = lo;
     s.window_end_ns = hi;
-    analyzer.set_window(lo, hi);
   }
   s.devices = analyzer.analyze();
   const auto by_total = [](const op_summary& a, const op_summary& b) {
@@ -568,6 +621,88 @@ trace_summary summarize_trace(const std::string& path, std::optional<interval> w
   }
   std::sort(s.api_calls.begin(), s.api_calls.end(), by_total);
   return s;
+}
+
+}  // namespace
+
+trace_summary summarize_trace(const std::string& path, std::optional<interval> window) {
+  if (!window) {
+    return summarize(path, nullptr);
+  }
+  // One window keeps its edges even where it holds no time (an instant's calls still count).
+  const std::vector<interval> one{{window->begin_ns, std::max(window->begin_ns, window->end_ns)}};
+  return summarize(path, &one);
+}
+
+trace_summary summarize_trace(const std::string& path, std::vector<interval> windows) {
+  for (const interval& w : windows) {
+    if (w.end_ns < w.begin_ns) {
+      throw invalid_argument("summarize_trace: window [" + std::to_string(w.begin_ns) + ", " +
+                             std::to_string(w.end_ns) + ") ns ends before it begins");
+    }
+  }
+  const std::vector<interval> merged = merge_intervals(std::move(windows));
+  if (merged.empty()) {
+    throw invalid_argument("summarize_trace: no window holds any time");
+  }
+  return summarize(path, &merged);
+}
+
+trace_ranges find_trace_ranges(const std::string& path, std::string_view name,
+                               std::size_t max_names) {
+  trace_ranges r;
+  std::map<std::string, std::uint64_t, std::less<>> host_names;
+  constexpr std::size_t names_kept = 4096;  // distinct names counted, beyond which new ones are not
+  const auto time_of = [](const nlohmann::json& v, double& us) {
+    if (!v.is_number()) {
+      return false;
+    }
+    us = v.get<double>();
+    return std::isfinite(us) && std::abs(us) <= max_trace_time_us;
+  };
+  (void)read_trace(path, [&](std::uint64_t, const nlohmann::json& e) {
+    if (!e.is_object()) {
+      return;
+    }
+    const auto ph = e.find("ph");
+    const auto nm = e.find("name");
+    if (ph == e.end() || *ph != "X" || nm == e.end() || !nm->is_string()) {
+      return;
+    }
+    const std::string& n = nm->get_ref<const std::string&>();
+    if (n == name) {
+      const auto ts = e.find("ts");
+      const auto dur = e.find("dur");
+      double ts_us = 0;
+      double dur_us = 0;
+      if (ts != e.end() && dur != e.end() && time_of(*ts, ts_us) && time_of(*dur, dur_us) &&
+          dur_us >= 0 && ts_us + dur_us <= max_trace_time_us) {
+        const std::int64_t b = us_to_ns(ts_us);
+        r.found.push_back({b, b + us_to_ns(dur_us)});
+      }
+      return;
+    }
+    const auto cat = e.find("cat");
+    if (cat != e.end() && *cat == "cuda_api") {
+      return;
+    }
+    const auto args = e.find("args");
+    if (args != e.end() && args->is_object() && args->contains("device")) {
+      return;  // device activity
+    }
+    if (const auto it = host_names.find(n); it != host_names.end()) {
+      ++it->second;
+    } else if (host_names.size() < names_kept) {
+      host_names.emplace(n, 1);
+    }
+  });
+  std::vector<std::pair<std::string, std::uint64_t>> by_count(host_names.begin(), host_names.end());
+  std::stable_sort(by_count.begin(), by_count.end(),
+                   [](const auto& a, const auto& b) { return a.second > b.second; });
+  for (std::size_t i = 0; i < by_count.size() && i < max_names; ++i) {
+    r.host_names.push_back(std::move(by_count[i].first));
+  }
+  return r;
 }
 
 }  // namespace poolscope::profiler

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "poolscope/error.hpp"
 #include "poolscope/profiler/trace_writer.hpp"
 #include "trace_test_util.hpp"
 
@@ -512,6 +513,158 @@ TEST(overlap, summary_sums_cuda_api_calls_by_name_and_api) {
   ASSERT_FALSE(cut.api_calls.empty());
   EXPECT_EQ(cut.api_calls[0].name, "cudaGraphLaunch");
   EXPECT_EQ(cut.api_calls[0].total_ns, 1000U + 4000U);
+}
+
+// Several windows at once (an op's runs): each slice counts by its parts inside them, once as an
+// operation however many parts; every device's window is the union's length. Times in µs:
+//   windows [10,20) and [40,50) (the two "op" slices)
+//   device 0: kernel [5,15) -> [10,15); peer copy 0->1 [12,45) -> [12,20) + [40,45)
+//   device 1: kernel [25,30) (outside: left out), kernel [46,48); the copy's transfer time too
+//   cudaLaunchKernel [18,42) -> [18,20) + [40,42)
+TEST(overlap, summary_in_several_windows_counts_each_slice_by_its_parts) {
+  poolscope::profiler::testing::temp_file f(".json");
+  {
+    std::ofstream out(f.path());
+    out << R"({"traceEvents": [
+      {"name": "op", "cat": "user", "ph": "X", "pid": 1, "tid": 1, "ts": 10, "dur": 10},
+      {"name": "op", "cat": "user", "ph": "X", "pid": 1, "tid": 1, "ts": 40, "dur": 10},
+      {"name": "other", "cat": "user", "ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 60},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 5, "dur": 10,
+       "args": {"device": 0}},
+      {"name": "Memcpy PtoP", "cat": "memcpy", "ph": "X", "pid": 100, "tid": 2, "ts": 12,
+       "dur": 33, "args": {"device": 0, "src_device": 0, "dst_device": 1, "bytes": 4096}},
+      {"name": "K2", "cat": "kernel", "ph": "X", "pid": 101, "tid": 1, "ts": 25, "dur": 5,
+       "args": {"device": 1}},
+      {"name": "K2", "cat": "kernel", "ph": "X", "pid": 101, "tid": 1, "ts": 46, "dur": 2,
+       "args": {"device": 1}},
+      {"name": "cudaLaunchKernel", "cat": "cuda_api", "ph": "X", "pid": 1, "tid": 1, "ts": 18,
+       "dur": 24, "args": {"api": "runtime"}}
+    ]})";
+  }
+  const auto r = poolscope::profiler::find_trace_ranges(f.path(), "op");
+  ASSERT_EQ(r.found, (std::vector<interval>{{10000, 20000}, {40000, 50000}}));
+  const auto s = poolscope::profiler::summarize_trace(f.path(), r.found);
+  EXPECT_EQ(s.windows, r.found);
+  EXPECT_EQ(s.window_begin_ns, 10000);
+  EXPECT_EQ(s.window_end_ns, 50000);
+  ASSERT_EQ(s.devices.size(), 2U);
+  const device_overlap& d0 = s.devices[0];
+  EXPECT_EQ(d0.window_ns, 20000U);
+  EXPECT_EQ(d0.compute_ns, 5000U);
+  EXPECT_EQ(d0.transfer_ns, 13000U);
+  EXPECT_EQ(d0.both_ns, 3000U);
+  EXPECT_EQ(d0.busy_ns, 15000U);
+  EXPECT_EQ(d0.idle_ns, 5000U);
+  EXPECT_EQ(d0.compute_ops, 1U);
+  EXPECT_EQ(d0.transfer_ops, 1U);
+  const device_overlap& d1 = s.devices[1];
+  EXPECT_EQ(d1.compute_ns, 2000U);
+  EXPECT_EQ(d1.compute_ops, 1U);
+  EXPECT_EQ(d1.transfer_ns, 13000U);
+  EXPECT_EQ(d1.transfer_ops, 1U);
+  EXPECT_EQ(d1.both_ns, 0U);
+  EXPECT_EQ(d1.idle_ns, 5000U);
+  ASSERT_EQ(s.copies.size(), 1U);
+  EXPECT_EQ(s.copies[0].count, 1U);
+  EXPECT_EQ(s.copies[0].total_ns, 13000U);
+  ASSERT_EQ(s.kernels.size(), 2U);
+  EXPECT_EQ(s.kernels[0].name, "K");
+  EXPECT_EQ(s.kernels[0].total_ns, 5000U);
+  EXPECT_EQ(s.kernels[1].name, "K2");
+  EXPECT_EQ(s.kernels[1].count, 1U);
+  EXPECT_EQ(s.kernels[1].total_ns, 2000U);
+  ASSERT_EQ(s.api_calls.size(), 1U);
+  EXPECT_EQ(s.api_calls[0].count, 1U);
+  EXPECT_EQ(s.api_calls[0].total_ns, 4000U);
+  EXPECT_NE(s.to_text().find("window 20.000 us in 2 ranges"), std::string::npos) << s.to_text();
+  EXPECT_EQ(s.to_json()["windows"].size(), 2U);
+
+  // A name the trace lacks: nothing found, and the host slices it has, most frequent first
+  // (device activity and CUDA calls left out).
+  const auto none = poolscope::profiler::find_trace_ranges(f.path(), "nope");
+  EXPECT_TRUE(none.found.empty());
+  EXPECT_EQ(none.host_names, (std::vector<std::string>{"op", "other"}));
+  // Windows that hold no time, or end before they begin, are refused.
+  EXPECT_THROW((void)poolscope::profiler::summarize_trace(f.path(), std::vector<interval>{}),
+               poolscope::invalid_argument);
+  EXPECT_THROW(
+      (void)poolscope::profiler::summarize_trace(f.path(), std::vector<interval>{{5000, 3000}}),
+      poolscope::invalid_argument);
+}
+
+// Random slices on one device and random windows, written as a trace and summarised, against a
+// model in unit steps of 1 µs.
+TEST(overlap, summary_in_random_windows_against_unit_step_model) {
+  const auto seed = static_cast<unsigned>(std::random_device{}());
+  std::printf("overlap windows seed %u\n", seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int round = 0; round < 10; ++round) {
+    constexpr int domain = 400;
+    std::uniform_int_distribution<int> start(0, domain - 1);
+    std::uniform_int_distribution<int> len(0, 40);
+    std::uniform_int_distribution<int> cls(0, 1);
+    std::vector<std::array<bool, 2>> busy(domain);
+    std::vector<bool> inside(domain, false);
+    std::vector<interval> windows;
+    for (int i = 0; i < 1 + round % 4; ++i) {
+      const int b = start(rng);
+      const int e = std::min(domain, b + 1 + len(rng) * 2);
+      windows.push_back({b * 1000LL, e * 1000LL});
+      for (int t = b; t < e; ++t) {
+        inside[static_cast<std::size_t>(t)] = true;
+      }
+    }
+    std::ostringstream json;
+    json << R"({"traceEvents": [)";
+    std::uint64_t ops[2] = {0, 0};
+    for (int i = 0; i < 60; ++i) {
+      const int b = start(rng);
+      const int e = std::min(domain, b + 1 + len(rng));
+      const int c = cls(rng);
+      json << (i == 0 ? "" : ",") << R"({"name": "s", "cat": ")" << (c == 0 ? "kernel" : "memcpy")
+           << R"(", "ph": "X", "pid": 100, "tid": 1, "ts": )" << b << R"(, "dur": )" << e - b
+           << R"(, "args": {"device": 0}})";
+      bool counted = false;
+      for (int t = b; t < e; ++t) {
+        if (inside[static_cast<std::size_t>(t)]) {
+          busy[static_cast<std::size_t>(t)][static_cast<std::size_t>(c)] = true;
+          counted = true;
+        }
+      }
+      ops[c] += counted ? 1 : 0;
+    }
+    json << "]}";
+    poolscope::profiler::testing::temp_file f(".json");
+    {
+      std::ofstream out(f.path());
+      out << json.str();
+    }
+    std::uint64_t compute = 0, transfer = 0, both = 0, any = 0, window = 0;
+    for (int t = 0; t < domain; ++t) {
+      const auto& b = busy[static_cast<std::size_t>(t)];
+      compute += b[0] ? 1000 : 0;
+      transfer += b[1] ? 1000 : 0;
+      both += b[0] && b[1] ? 1000 : 0;
+      any += b[0] || b[1] ? 1000 : 0;
+      window += inside[static_cast<std::size_t>(t)] ? 1000 : 0;
+    }
+    const auto s = poolscope::profiler::summarize_trace(f.path(), windows);
+    if (compute + transfer == 0) {
+      EXPECT_TRUE(s.devices.empty());
+      continue;
+    }
+    ASSERT_EQ(s.devices.size(), 1U);
+    const device_overlap& d = s.devices[0];
+    EXPECT_EQ(d.window_ns, window);
+    EXPECT_EQ(d.compute_ns, compute);
+    EXPECT_EQ(d.transfer_ns, transfer);
+    EXPECT_EQ(d.both_ns, both);
+    EXPECT_EQ(d.busy_ns, any);
+    EXPECT_EQ(d.idle_ns, window - any);
+    EXPECT_EQ(d.compute_ops, ops[0]);
+    EXPECT_EQ(d.transfer_ops, ops[1]);
+  }
 }
 
 TEST(overlap, summary_text_keeps_long_kernel_names_whole) {

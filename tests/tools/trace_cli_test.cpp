@@ -144,6 +144,38 @@ TEST(trace_cli, summary_matches_hand_computed_figures) {
   std::remove(json_path.c_str());
 }
 
+// --range: only the time inside the slices of that name. Two "phase" slices, [15,25) and
+// [45,55) us, over valid_events: compute [15,25) + [50,55) = 15 us, transfer [20,25) = 5 us, all
+// of it under compute (ratio 1); window 20 us, busy 15, idle 5.
+TEST(trace_cli, summary_of_a_range_counts_only_its_slices) {
+  require_trace_command();
+  const std::string path = write_trace(valid_events + R"JSON(,
+  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":15.000,"dur":10.000},
+  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":45.000,"dur":10.000})JSON");
+  const process_result r = run_cli({"trace", "summary", path, "--range", "phase", "--json", "-"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("range 'phase': 2 slice(s), 0.020 ms in all"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("overlap ratio 1.000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("window 20.000 us in 2 ranges"), std::string::npos) << r.out;
+  const json j = json::parse(r.out.substr(r.out.find("\n{") + 1));
+  ASSERT_EQ(j["devices"].size(), 1U);
+  const json& d = j["devices"][0];
+  EXPECT_EQ(d["window_ns"], 20000);
+  EXPECT_EQ(d["compute_ns"], 15000);
+  EXPECT_EQ(d["transfer_ns"], 5000);
+  EXPECT_EQ(d["both_ns"], 5000);
+  EXPECT_EQ(d["idle_ns"], 5000);
+  EXPECT_EQ(j["windows"].size(), 2U);
+
+  // A name the trace lacks: exit 1, naming it and the host slices there are.
+  const process_result bad = run_cli({"trace", "summary", path, "--range", "nope"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("no slice named 'nope'"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("phase"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("step"), std::string::npos) << bad.err;
+  std::remove(path.c_str());
+}
+
 TEST(trace_cli, summary_of_a_missing_file_fails_with_a_message) {
   require_trace_command();
   const process_result r = run_cli({"trace", "summary", "/nonexistent-poolscope-dir/x.json"});

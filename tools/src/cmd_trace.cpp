@@ -3,6 +3,7 @@
 //
 //   poolscope trace check run.json.gz          # exit 0 and "OK: ..." or exit 1 and the problems
 //   poolscope trace summary run.json.gz --top 5 --json summary.json
+//   poolscope trace summary trace.json --range demo.fused   # only while the fused op ran
 //
 // Exit codes: check: 0 valid, 1 problems found (listed, each naming its event); summary: 0, or 1
 // with a message if the file cannot be read or parsed.
@@ -11,6 +12,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +31,7 @@ struct trace_command {
   bool quiet = false;
   std::size_t top = 10;
   std::string json_path;
+  std::vector<std::string> ranges;
 };
 
 void run_check(const trace_command& cmd) {
@@ -43,8 +46,38 @@ void run_check(const trace_command& cmd) {
   }
 }
 
+// The slices named by --range, each name's count printed; a name with none is an error that
+// lists the names the trace has.
+std::vector<profiler::interval> range_windows(const trace_command& cmd) {
+  std::vector<profiler::interval> windows;
+  for (const std::string& name : cmd.ranges) {
+    profiler::trace_ranges r = profiler::find_trace_ranges(cmd.file, name);
+    if (r.found.empty()) {
+      std::string known;
+      for (const std::string& n : r.host_names) {
+        known += (known.empty() ? "" : ", ") + n;
+      }
+      throw invalid_argument("trace summary --range: no slice named '" + name + "' in '" +
+                             cmd.file + "'" +
+                             (known.empty() ? std::string("; it has no host slices")
+                                            : "; its host slices include: " + known));
+    }
+    std::uint64_t ns = 0;
+    for (const profiler::interval& w : r.found) {
+      ns += static_cast<std::uint64_t>(w.end_ns - w.begin_ns);
+    }
+    std::printf("range '%s': %zu slice(s), %.3f ms in all\n", name.c_str(), r.found.size(),
+                static_cast<double>(ns) / 1e6);
+    windows.insert(windows.end(), r.found.begin(), r.found.end());
+  }
+  return windows;
+}
+
 void run_summary(const trace_command& cmd) {
-  const profiler::trace_summary s = profiler::summarize_trace(cmd.file);
+  const profiler::trace_summary s = cmd.ranges.empty()
+                                        ? profiler::summarize_trace(cmd.file)
+                                        : profiler::summarize_trace(cmd.file, range_windows(cmd));
+  std::fflush(stdout);
   std::cout << s.to_text(cmd.top);
   if (!cmd.json_path.empty()) {
     const std::string text =
@@ -86,12 +119,16 @@ void register_trace(CLI::App& app) {
   auto* summary = trace->add_subcommand(
       "summary",
       "per device: compute and transfer busy time, time both were active, overlap ratio, idle "
-      "time, top kernels and copies; then the CUDA API calls that took the most host time");
+      "time, top kernels and copies; then the CUDA API calls that took the most host time; "
+      "with --range, only while the slices of that name ran");
   summary->add_option("file", summary_cmd->file, "the trace (.json or .json.gz)")->required();
   summary->add_option("--top", summary_cmd->top,
                       "kernels and copies listed per device, and CUDA API calls");
   summary->add_option("--json", summary_cmd->json_path,
                       "also write the summary as JSON to this file ('-': stdout)");
+  summary->add_option("--range", summary_cmd->ranges,
+                      "count only the time inside every slice of this name (a scope such as "
+                      "demo.fused, an NVTX range, a darray op); repeat to add names");
   summary->callback([summary_cmd] { run_summary(*summary_cmd); });
 }
 

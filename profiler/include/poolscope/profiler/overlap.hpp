@@ -99,10 +99,16 @@ class overlap_analyzer {
 
   /// Adds [begin_ns, end_ns) of class `c` on `device`. Empty or reversed intervals count as an
   /// operation but add no time.
-  void add(int device, activity_class c, std::int64_t begin_ns, std::int64_t end_ns);
+  /// `ops`: the operations it stands for (0 for a further part of one already counted, as when a
+  /// slice is cut into the parts that lie inside several windows).
+  void add(int device, activity_class c, std::int64_t begin_ns, std::int64_t end_ns,
+           std::uint64_t ops = 1);
   /// Sets the window idle time is measured in; without it, the window is the span from the
   /// earliest to the latest activity over all devices.
   void set_window(std::int64_t begin_ns, std::int64_t end_ns) noexcept;
+  /// Sets several windows (their union; set_window's one is then unused): each device's window_ns
+  /// is the union's length and only busy time inside it counts against it.
+  void set_windows(std::vector<interval> windows);
   /// One entry per device that had activity, by device id.
   [[nodiscard]] std::vector<device_overlap> analyze() const;
   /// Intervals left out because max_intervals was reached.
@@ -123,6 +129,7 @@ class overlap_analyzer {
   std::size_t held_ = 0;
   std::uint64_t dropped_ = 0;
   std::optional<interval> window_;
+  std::vector<interval> windows_;  // set_windows' union; empty: window_ or the activity's span
   std::int64_t min_ns_ = INT64_MAX;
   std::int64_t max_ns_ = INT64_MIN;
 };
@@ -151,6 +158,9 @@ struct op_summary {
 /// overlap, idle time, and the top kernels and copies; then the top CUDA API calls.
 struct trace_summary {
   std::uint64_t events = 0;
+  /// The windows the figures were taken in (their union, sorted and disjoint); empty when the
+  /// whole trace counts.
+  std::vector<interval> windows;
   /// Events left out for fields that cannot be read: not an object, no "ph", a "ts" (or an X
   /// event's "dur") missing, not a finite number or out of range (max_trace_time_us, for the
   /// slice's end too), a negative "dur", a "name" that is not a string; and X events of a
@@ -181,5 +191,24 @@ struct trace_summary {
 /// every device (an op's overlap, not the whole run's).
 [[nodiscard]] trace_summary summarize_trace(const std::string& path,
                                             std::optional<interval> window = std::nullopt);
+/// summarize_trace in several windows at once (their union; one op's runs, say): each slice
+/// counts by its parts inside them, and every device's window is the union's length. Throws
+/// invalid_argument if `windows` holds no time (a window that ends before it begins included).
+[[nodiscard]] trace_summary summarize_trace(const std::string& path, std::vector<interval> windows);
+
+/// Where the complete (X) slices of one name lie in a trace: a scope (POOLSCOPE_SCOPE), a
+/// darray op, a demo step — the windows for summarize_trace, as `poolscope trace summary --range`
+/// uses them.
+struct trace_ranges {
+  std::vector<interval> found;  ///< each slice named as asked, [ts, ts + dur) in ns, file order
+  /// The names of the trace's host slices (X events without a "device" in args, CUDA API calls
+  /// left out), most frequent first, at most `max_names`: what could have been asked for.
+  std::vector<std::string> host_names;
+};
+/// Reads the trace at `path` (plain or gzip, streamed) for the slices named `name` (exactly).
+/// Slices whose times cannot be read are skipped (`trace check` names them). Throws
+/// runtime_error if the file cannot be read or parsed.
+[[nodiscard]] trace_ranges find_trace_ranges(const std::string& path, std::string_view name,
+                                             std::size_t max_names = 20);
 
 }  // namespace poolscope::profiler
