@@ -322,6 +322,45 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
   return std::make_shared<buffer>(shared_from_this(), device, p, bytes);
 }
 
+std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes, queue_kind first_use) {
+  check_device(device, "allocate");
+  if (bytes == 0 || deferred_count_.load(std::memory_order_relaxed) == 0) {
+    return allocate(device, bytes);  // (which refuses 0 bytes)
+  }
+  // The uses of a buffer dropped with them pending on the queue of the new work come before it
+  // in that queue's order: the memory can be written by the new work at once.
+  const int key = queue_key(device, first_use);
+  void* p = nullptr;
+  std::vector<event> uses;
+  {
+    const std::lock_guard lock(state_mutex_);
+    const std::size_t n = deferred_.size();
+    for (std::size_t i = n; i > 0 && n - i < reuse_scan; --i) {
+      deferred& d = deferred_[i - 1];
+      if (d.queue == key && d.device == device && d.bytes == bytes) {
+        p = d.ptr;
+        uses = std::move(d.uses);
+        deferred_.erase(deferred_.begin() + static_cast<std::ptrdiff_t>(i - 1));
+        deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
+        deferred_bytes_.store(deferred_bytes_.load(std::memory_order_relaxed) - bytes,
+                              std::memory_order_relaxed);
+        break;
+      }
+    }
+  }
+  if (p == nullptr) {
+    return allocate(device, bytes);
+  }
+  try {
+    auto b = std::make_shared<buffer>(shared_from_this(), device, p, bytes);
+    counters_.buffers_reused.fetch_add(1, std::memory_order_relaxed);
+    return b;
+  } catch (...) {
+    defer_free(device, p, bytes, std::move(uses));  // back where it was (noexcept)
+    throw;
+  }
+}
+
 backend::queue_tracks& backend::tracks() {
   std::call_once(tracks_once_, [this] {
     const auto n = static_cast<std::size_t>(device_count()) * 2;
@@ -710,6 +749,7 @@ backend_stats backend::stats() const {
   s.ops = get(counters_.ops);
   s.waits = get(counters_.waits);
   s.waits_elided = get(counters_.waits_elided);
+  s.buffers_reused = get(counters_.buffers_reused);
   return s;
 }
 
@@ -763,9 +803,17 @@ void backend::defer_free(int device, void* ptr, std::size_t bytes,
     do_allocator(device).deallocate(do_alloc_stream(device), ptr, bytes);
     return;
   }
+  // The one queue every pending use belongs to, if there is one (see allocate with first_use).
+  int queue = own_queue_key(uses.front());
+  for (const auto& e : uses) {
+    if (own_queue_key(e) != queue) {
+      queue = -1;
+      break;
+    }
+  }
   try {
     const std::lock_guard lock(state_mutex_);
-    deferred_.push_back(deferred{device, ptr, bytes, std::move(uses)});
+    deferred_.push_back(deferred{device, ptr, bytes, std::move(uses), queue});
     deferred_count_.store(deferred_.size(), std::memory_order_relaxed);
     deferred_bytes_.store(deferred_bytes_.load(std::memory_order_relaxed) + bytes,
                           std::memory_order_relaxed);

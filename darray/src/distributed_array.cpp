@@ -120,14 +120,19 @@ std::optional<std::int64_t> bytes_of(std::int64_t elements, dtype t) noexcept {
   return bytes;
 }
 
-std::shared_ptr<buffer> dense_buffer(backend& be, int device, const box& b, dtype t) {
+// A buffer for `b` of `t` on `device`. `first_use`: the queue of `device` the buffer is first
+// written on (work enqueued after this call), which lets the backend hand over a buffer dropped
+// with its uses pending on that queue (backend::allocate); nullopt when it is not known.
+std::shared_ptr<buffer> dense_buffer(backend& be, int device, const box& b, dtype t,
+                                     std::optional<queue_kind> first_use = std::nullopt) {
   // box::size() saturates at INT64_MAX, which bytes_of rejects too.
   const std::optional<std::int64_t> bytes = bytes_of(b.size(), t);
   if (!bytes) {
     throw invalid_argument("darray: a chunk " + b.to_string() + " of " + std::string(to_string(t)) +
                            " holds more than INT64_MAX bytes");
   }
-  return be.allocate(device, static_cast<std::size_t>(std::max<std::int64_t>(*bytes, 1)));
+  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(*bytes, 1));
+  return first_use ? be.allocate(device, n, *first_use) : be.allocate(device, n);
 }
 
 // The result of a reduction of nothing (a sum over an axis of extent 0, a matmul whose inner
@@ -145,7 +150,7 @@ std::shared_ptr<array_state> identity_partial(const array_state& from, shape_t s
   const std::vector<int> devices = from.map.devices();
   const int device = devices.empty() ? 0 : devices.front();
   const box b = box::full(out->shape);
-  auto o = dense_buffer(be, device, b, from.type);
+  auto o = dense_buffer(be, device, b, from.type, queue_kind::compute);
   be.fill(device, queue_kind::compute, from.type, view::dense(o->data(), b.extents()), identity);
   const event e = be.record(device, queue_kind::compute);
   o->add_use(e);
@@ -366,7 +371,9 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   auto dense_of = [&](std::size_t j) -> const std::shared_ptr<buffer>& {
     if (!dense[j]) {
       const chunk& c = out->chunks[j];
-      dense[j] = dense_buffer(be, c.device, c.region, src.type);
+      // Accumulated into on the compute queue, filled there first; else written by copies.
+      dense[j] = dense_buffer(be, c.device, c.region, src.type,
+                              accumulate ? std::optional(queue_kind::compute) : std::nullopt);
       if (accumulate) {
         be.fill(c.device, queue_kind::compute, src.type,
                 view::dense(dense[j]->data(), c.region.extents()),
@@ -581,7 +588,7 @@ array_handle array_handle::full(std::shared_ptr<backend> be, dtype t, scalar val
     if (c.region.empty()) {
       continue;
     }
-    auto buf = dense_buffer(*be, c.device, c.region, t);
+    auto buf = dense_buffer(*be, c.device, c.region, t, queue_kind::compute);
     be->fill(c.device, queue_kind::compute, t, view::dense(buf->data(), c.region.extents()), value);
     const event e = be->record(c.device, queue_kind::compute);
     buf->add_use(e);
@@ -666,7 +673,8 @@ std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> output_buffers(back
   outputs.reserve(s.chunks.size());
   for (std::size_t j = 0; j < s.chunks.size(); ++j) {
     if (!s.chunks[j].region.empty()) {
-      outputs.emplace_back(j, dense_buffer(be, s.chunks[j].device, s.chunks[j].region, s.type));
+      outputs.emplace_back(
+          j, dense_buffer(be, s.chunks[j].device, s.chunks[j].region, s.type, queue_kind::compute));
     }
   }
   return outputs;
@@ -844,7 +852,7 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
       continue;
     }
     const box out_box = axis ? drop_axis(c.region, *axis) : box{};
-    auto o = dense_buffer(be, c.device, out_box, s->type);
+    auto o = dense_buffer(be, c.device, out_box, s->type, queue_kind::compute);
     be.fill(c.device, queue_kind::compute, s->type, view::dense(o->data(), out_box.extents()),
             identity(op, s->type));
     std::vector<std::shared_ptr<buffer>> used;
@@ -945,7 +953,7 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
     const box& blk = tasks[t].a_block;
     const box c_box{{blk.dims[0], slice{0, n}}};
     const int d = ac.device;
-    auto o = dense_buffer(be, d, c_box, x->type);
+    auto o = dense_buffer(be, d, c_box, x->type, queue_kind::compute);
     be.fill(d, queue_kind::compute, x->type, view::dense(o->data(), c_box.extents()),
             scalar::of(0));
     std::vector<std::shared_ptr<buffer>> used;

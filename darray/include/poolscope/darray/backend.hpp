@@ -16,7 +16,9 @@
 // Memory: buffers come from each device's poolscope allocator (strategy chosen in
 // backend_options), so every chunk allocation goes through the hooks. A buffer is returned to its
 // allocator when its last owner drops it *and* every event recorded with add_use() has completed
-// (checked whenever the backend allocates or synchronizes, and at destruction).
+// (checked whenever the backend allocates or synchronizes, and at destruction) — or, when those
+// events all belong to one queue, handed at once to an allocation of the same size for work on
+// that queue (allocate with a first_use queue: stream-ordered reuse).
 // Tracing: every copy is an NVTX range of category darray.transfer, every op one of
 // darray.compute, and when a timeline is attached (set_timeline) the host backend adds a slice per
 // executed task (device = the device whose queue ran it); on CUDA the timeline's CUPTI records show
@@ -241,6 +243,9 @@ struct backend_stats {
   std::uint64_t ops = 0;           ///< compute tasks (fill, unary, binary, reduce, gemm, ...)
   std::uint64_t waits = 0;         ///< waits of one queue for another's event, enqueued
   std::uint64_t waits_elided = 0;  ///< waits that enqueued nothing (already ordered or complete)
+  /// Allocations served in stream order by a dropped buffer whose uses were pending on the
+  /// queue of the new work (allocate with first_use), without an allocator call.
+  std::uint64_t buffers_reused = 0;
 };
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
@@ -268,6 +273,18 @@ class backend : public std::enable_shared_from_this<backend> {
   /// times (usually once or twice). Throws out_of_memory (after waiting for every deferred
   /// buffer and retrying once).
   [[nodiscard]] std::shared_ptr<buffer> allocate(int device, std::size_t bytes);
+  /// allocate() for a buffer whose first use is work enqueued after this call on (device,
+  /// first_use): a buffer of exactly `bytes` dropped while its uses were still pending, all on
+  /// that same queue, may be handed over at once — the queue runs the new work after them
+  /// (stream-ordered reuse, as a caching allocator reuses a block freed on a stream for that
+  /// stream). A loop such as `x = x + y` then holds two buffers per device, not one per op the
+  /// host runs ahead. Only the reuse_scan buffers dropped last are looked at; else, or when none
+  /// fits, allocate(device, bytes). A reused buffer never went back to its allocator, whose
+  /// stats and hooks count it in use throughout (stats().buffers_reused counts these).
+  [[nodiscard]] std::shared_ptr<buffer> allocate(int device, std::size_t bytes,
+                                                 queue_kind first_use);
+  /// How many of the buffers dropped last allocate(device, bytes, first_use) looks at.
+  static constexpr std::size_t reuse_scan = 8;
 
   /// An event after the work enqueued so far on (device, q).
   [[nodiscard]] event record(int device, queue_kind q);
@@ -435,6 +452,7 @@ class backend : public std::enable_shared_from_this<backend> {
     void* ptr;
     std::size_t bytes;
     std::vector<event> uses;
+    int queue = -1;  // the queue_key of every pending use when they share one (else -1)
   };
   // What the backend knows of each queue's events (see wait() and collect_deferred()).
   struct queue_track {
@@ -469,6 +487,7 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> ops{0};
     std::atomic<std::uint64_t> waits{0};
     std::atomic<std::uint64_t> waits_elided{0};
+    std::atomic<std::uint64_t> buffers_reused{0};
   };
 
   std::once_flag tracks_once_;
