@@ -55,6 +55,43 @@ TEST_P(darray_concurrency, threads_share_arrays_and_a_backend) {
   }
 }
 
+// Loops of `x = x + y` from several threads at once, none waiting until its end: each op's output
+// may take a buffer dropped by any thread with its uses pending on the same device's compute queue
+// (stream-ordered reuse); the queue's order keeps every thread's values right.
+TEST_P(darray_concurrency, threads_looping_ahead_share_dropped_buffers_in_queue_order) {
+  backend_options options;
+  options.issue_threads = GetParam();
+  auto be = make_host_backend(2, options);
+  const std::int64_t n = std::int64_t{1} << 12;
+  const auto map = index_map::blocks({n}, 0, 2);
+  auto y = distributed_array<float>::full(be, 1.0f, {n}, map);
+  constexpr int ops = 50;
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto x = distributed_array<float>::full(be, static_cast<float>(t), {n}, map);
+      for (int i = 0; i < ops; ++i) {
+        x = x + y;
+      }
+      for (float v : x.to_host()) {
+        wrong[static_cast<std::size_t>(t)] += v == static_cast<float>(t + ops) ? 0 : 1;
+      }
+    });
+  }
+  for (auto& th : threads) {
+    th.join();
+  }
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(wrong[static_cast<std::size_t>(t)], 0) << "thread " << t;
+  }
+  y = {};
+  be->synchronize();
+  for (int d = 0; d < 2; ++d) {
+    EXPECT_EQ(be->allocator(d).stats().in_use, 0U) << "device " << d;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(issue_threads, darray_concurrency, ::testing::Values(0, 2));
 
 }  // namespace
