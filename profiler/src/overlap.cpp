@@ -406,6 +406,15 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
 
 namespace {
 
+// Reads a time in µs that converts to ns without overflow (about ±285 years) into `us`.
+bool time_of(const nlohmann::json& v, double& us) {
+  if (!v.is_number()) {
+    return false;
+  }
+  us = v.get<double>();
+  return std::isfinite(us) && std::abs(us) <= max_trace_time_us;
+}
+
 // The parts of [begin, end) inside `windows` (sorted, disjoint), appended to `out`; a slice of
 // no length counts where it lies inside (or on the edge of) a window.
 void clip_to(const std::vector<interval>& windows, std::int64_t begin, std::int64_t end,
@@ -431,14 +440,6 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
   std::map<std::pair<std::string, std::string>, op_summary> api_calls;  // (name, api)
   std::int64_t lo = INT64_MAX;
   std::int64_t hi = INT64_MIN;
-  // A time in µs that converts to ns without overflow (about ±285 years).
-  const auto time_of = [](const nlohmann::json& v, double& us) {
-    if (!v.is_number()) {
-      return false;
-    }
-    us = v.get<double>();
-    return std::isfinite(us) && std::abs(us) <= max_trace_time_us;
-  };
   const trace_read_info info = read_trace(path, [&](std::uint64_t, const nlohmann::json& e) {
     // What `trace check` rejects as unreadable times is left out and counted, never summed: a
     // negative or missing duration would otherwise count as years of device time.
@@ -653,13 +654,6 @@ trace_ranges find_trace_ranges(const std::string& path, std::string_view name,
   trace_ranges r;
   std::map<std::string, std::uint64_t, std::less<>> host_names;
   constexpr std::size_t names_kept = 4096;  // distinct names counted, beyond which new ones are not
-  const auto time_of = [](const nlohmann::json& v, double& us) {
-    if (!v.is_number()) {
-      return false;
-    }
-    us = v.get<double>();
-    return std::isfinite(us) && std::abs(us) <= max_trace_time_us;
-  };
   (void)read_trace(path, [&](std::uint64_t, const nlohmann::json& e) {
     if (!e.is_object()) {
       return;
