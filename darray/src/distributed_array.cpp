@@ -368,12 +368,16 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   const reshard_plan& plan = *out->info.plan;
 
   std::vector<std::shared_ptr<buffer>> dense(out->chunks.size());
+  // Destination chunks written only by pulls on their device's compute queue (set below).
+  std::vector<char> pulled_only;
   auto dense_of = [&](std::size_t j) -> const std::shared_ptr<buffer>& {
     if (!dense[j]) {
       const chunk& c = out->chunks[j];
-      // Accumulated into on the compute queue, filled there first; else written by copies.
+      // Accumulated into on the compute queue (filled there first), or written there by pulls
+      // alone: a buffer dropped with its uses pending on that queue may serve (stream order).
+      const bool compute_first = accumulate || (j < pulled_only.size() && pulled_only[j] != 0);
       dense[j] = dense_buffer(be, c.device, c.region, src.type,
-                              accumulate ? std::optional(queue_kind::compute) : std::nullopt);
+                              compute_first ? std::optional(queue_kind::compute) : std::nullopt);
       if (accumulate) {
         be.fill(c.device, queue_kind::compute, src.type,
                 view::dense(dense[j]->data(), c.region.extents()),
@@ -388,6 +392,15 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     return out;
   }
 
+  if (!accumulate) {
+    // Every remote piece of a chunk small enough to be pulled (below): no other queue writes it.
+    pulled_only.assign(out->chunks.size(), 1);
+    for (const piece& p : plan.pieces) {
+      if (!p.local && !p.from_dst && p.bytes > pull_on_compute_bytes) {
+        pulled_only[p.dst_chunk] = 0;
+      }
+    }
+  }
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
   for (const piece& p : plan.pieces) {
     chunk& dst = out->chunks[p.dst_chunk];

@@ -356,6 +356,40 @@ TEST(darray_backend, a_loop_far_ahead_of_its_devices_reuses_its_buffers) {
   EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float e) { return e == 1.0f + 2.0f * ops; }));
 }
 
+// The same with a piece resharded into each op (`x = x + c.reshard(a's map)`). A small piece is
+// pulled by the receiver on its compute queue, so the chunk it lands in takes a dropped buffer
+// too. A large one (102 KiB here) is copied on the transfer queue, which is not held: its chunk
+// must not take a buffer whose reads on the held compute queue are still to come (the values
+// would show the overwrite).
+TEST(darray_backend, a_loop_resharding_into_each_op_reuses_only_what_its_queues_order) {
+  for (const std::int64_t n : {std::int64_t{1} << 12, std::int64_t{1} << 17}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    auto be = make_host_backend(2);
+    const std::size_t chunk_bytes = static_cast<std::size_t>(n) / 2 * sizeof(float);
+    const auto a_map = index_map::blocks({n}, 0, 2);
+    const auto c_map = index_map::split({n}, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}});
+    auto x = distributed_array<float>::full(be, 1.0f, {n}, a_map);
+    const auto c = distributed_array<float>::full(be, 3.0f, {n}, c_map);
+    be->synchronize();
+    const std::size_t c_on_1 = be->allocator(1).stats().in_use - chunk_bytes;
+    auto g = std::make_shared<gate>();
+    be->wait(0, queue_kind::compute, event(g));
+    be->wait(1, queue_kind::compute, event(g));
+    constexpr int ops = 50;
+    for (int i = 0; i < ops; ++i) {
+      x = x + c.reshard(a_map);
+    }
+    if (n < (1 << 14)) {
+      // Device 1: c's chunk, x, the chunk the piece lands in, the buffers the last op freed.
+      EXPECT_LE(be->allocator(1).stats().peak_in_use, c_on_1 + 4 * chunk_bytes);
+      EXPECT_GE(be->stats().buffers_reused, 3U * (ops - 2));  // outputs on both, landings on 1
+    }
+    g->open();
+    const std::vector<float> v = x.to_host();
+    EXPECT_TRUE(std::all_of(v.begin(), v.end(), [](float e) { return e == 1.0f + 3.0f * ops; }));
+  }
+}
+
 // An event complete once opened, which counts the host's waits on it (a wait never blocks: the
 // test waits only on opened events, or counts a wait it should not have made).
 class counted_event final : public detail::event_state {
