@@ -87,7 +87,7 @@ PY
   fi
   step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
   step "trace summary (demo.fused)" "$out/demo.log" "$cli" trace summary \
-    "$out/demo_trace.json.gz" --range demo.fused --top 3
+    "$out/demo_trace.json.gz" --range demo.fused --each --top 3
   if "$cli" bench darray --help >/dev/null 2>&1; then
     step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
       --json "$out/bench_darray.json"

@@ -341,6 +341,39 @@ std::string trace_summary::to_text(std::size_t top) const {
     out += a.name;
     out += a.category.empty() ? "\n" : " (" + a.category + ")\n";
   }
+  if (!each.empty()) {
+    // Per range: when it began (since the trace's origin), how long, each device's overlap ratio
+    // there ("-": no transfer in it).
+    std::snprintf(line, sizeof line,
+                  "per range (%zu): share of transfer time with compute running, per device\n",
+                  each.size());
+    out += line;
+    out += "      #           start          length";
+    for (const device_overlap& d : devices) {
+      std::snprintf(line, sizeof line, "  %9s", ("device " + std::to_string(d.device)).c_str());
+      out += d.device < 0 ? "       host" : line;
+    }
+    out += "\n";
+    for (std::size_t w = 0; w < each.size(); ++w) {
+      const window_overlap& r = each[w];
+      std::snprintf(
+          line, sizeof line, "  %5zu %15s %15s", w + 1,
+          format_ns(static_cast<double>(r.window.begin_ns)).c_str(),
+          format_ns(static_cast<double>(span_ns(r.window.begin_ns, r.window.end_ns))).c_str());
+      out += line;
+      for (const device_overlap& d : devices) {
+        const auto it = std::find_if(r.devices.begin(), r.devices.end(),
+                                     [&](const device_overlap& x) { return x.device == d.device; });
+        if (it == r.devices.end() || it->transfer_ns == 0) {
+          std::snprintf(line, sizeof line, "  %9s", "-");
+        } else {
+          std::snprintf(line, sizeof line, "  %9.3f", it->overlap_ratio);
+        }
+        out += line;
+      }
+      out += "\n";
+    }
+  }
   std::snprintf(
       line, sizeof line,
       "%zu device(s), %llu events, window %s%s; transfer %s, %s of it overlapped with "
@@ -375,6 +408,17 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
     j["windows"] = nlohmann::json::array();
     for (const interval& w : windows) {
       j["windows"].push_back({{"begin_ns", w.begin_ns}, {"end_ns", w.end_ns}});
+    }
+  }
+  if (!each.empty()) {
+    j["each"] = nlohmann::json::array();
+    for (const window_overlap& r : each) {
+      nlohmann::json rj{{"begin_ns", r.window.begin_ns}, {"end_ns", r.window.end_ns}};
+      rj["devices"] = nlohmann::json::array();
+      for (const device_overlap& d : r.devices) {
+        rj["devices"].push_back(d.to_json());
+      }
+      j["each"].push_back(std::move(rj));
     }
   }
   j["devices"] = nlohmann::json::array();
@@ -415,10 +459,11 @@ bool time_of(const nlohmann::json& v, double& us) {
   return std::isfinite(us) && std::abs(us) <= max_trace_time_us;
 }
 
-// The parts of [begin, end) inside `windows` (sorted, disjoint), appended to `out`; a slice of
-// no length counts where it lies inside (or on the edge of) a window.
+// The parts of [begin, end) inside `windows` (sorted, disjoint), appended to `out` with the index
+// of the window each lies in to `in`; a slice of no length counts where it lies inside (or on the
+// edge of) a window.
 void clip_to(const std::vector<interval>& windows, std::int64_t begin, std::int64_t end,
-             std::vector<interval>& out) {
+             std::vector<interval>& out, std::vector<std::size_t>& in) {
   auto w = std::lower_bound(windows.begin(), windows.end(), begin,
                             [](const interval& x, std::int64_t t) { return x.end_ns < t; });
   for (; w != windows.end() && w->begin_ns <= end; ++w) {
@@ -426,15 +471,19 @@ void clip_to(const std::vector<interval>& windows, std::int64_t begin, std::int6
     const std::int64_t x = std::min(end, w->end_ns);
     if (x > b || (x == b && end == begin)) {
       out.push_back({b, x});
+      in.push_back(static_cast<std::size_t>(w - windows.begin()));
     }
   }
 }
 
-// summarize_trace's work; `windows` sorted and disjoint, or null for the whole trace.
-trace_summary summarize(const std::string& path, const std::vector<interval>* windows) {
+// summarize_trace's work; `windows` sorted and disjoint, or null for the whole trace; with
+// `each`, also the analysis of every window alone.
+trace_summary summarize(const std::string& path, const std::vector<interval>* windows, bool each) {
   trace_summary s;
   overlap_analyzer analyzer;
-  std::vector<interval> parts;  // a slice's parts inside the windows
+  std::vector<overlap_analyzer> per_window(each && windows != nullptr ? windows->size() : 0);
+  std::vector<interval> parts;     // a slice's parts inside the windows
+  std::vector<std::size_t> where;  // the window of each part
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
   std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
   std::map<std::pair<std::string, std::string>, op_summary> api_calls;  // (name, api)
@@ -518,7 +567,8 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
       std::uint64_t inside = span_ns(begin, end);
       if (windows != nullptr) {
         parts.clear();
-        clip_to(*windows, begin, end, parts);
+        where.clear();
+        clip_to(*windows, begin, end, parts, where);
         if (parts.empty()) {
           return;
         }
@@ -547,27 +597,39 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     const activity_class klass = *cls;
     const std::string& cat = cat_it->get_ref<const std::string&>();
     parts.clear();
+    where.clear();
     if (windows != nullptr) {
-      // Only the parts inside the windows count.
-      clip_to(*windows, begin, end, parts);
-      std::erase_if(parts, [](const interval& p) { return p.end_ns <= p.begin_ns; });
-      if (parts.empty()) {
+      // Only the parts inside the windows count (a part of no length: none of a slice's time).
+      clip_to(*windows, begin, end, parts, where);
+      if (std::none_of(parts.begin(), parts.end(),
+                       [](const interval& p) { return p.end_ns > p.begin_ns; })) {
         return;
       }
     } else {
       parts.push_back({begin, end});
     }
     std::uint64_t dur = 0;
+    bool counted = false;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const interval& p = parts[i];
+      if (windows != nullptr && p.end_ns <= p.begin_ns) {
+        continue;
+      }
       dur += span_ns(p.begin_ns, p.end_ns);
-      const std::uint64_t ops = i == 0 ? 1 : 0;  // one slice, however many parts
-      analyzer.add(*device, klass, p.begin_ns, p.end_ns, ops);
+      const std::uint64_t ops = counted ? 0 : 1;  // one slice, however many parts
+      counted = true;
+      const auto add_on = [&](int on) {
+        analyzer.add(on, klass, p.begin_ns, p.end_ns, ops);
+        if (!per_window.empty()) {
+          per_window[where[i]].add(on, klass, p.begin_ns, p.end_ns);  // one op in each window
+        }
+      };
+      add_on(*device);
       // A peer copy is transfer time on both of its devices (see timeline.cpp).
       if (peer[0] && peer[1]) {
         for (const std::optional<int>& other : peer) {
           if (*other != *device) {
-            analyzer.add(*other, klass, p.begin_ns, p.end_ns, ops);
+            add_on(*other);
           }
         }
       }
@@ -598,6 +660,10 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     hi = windows->back().end_ns;
     s.windows = *windows;
     analyzer.set_windows(*windows);
+    for (std::size_t w = 0; w < per_window.size(); ++w) {
+      per_window[w].set_window((*windows)[w].begin_ns, (*windows)[w].end_ns);
+      s.each.push_back({(*windows)[w], per_window[w].analyze()});
+    }
   } else if (lo <= hi) {
     analyzer.set_window(lo, hi);
   }
@@ -628,14 +694,14 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
 
 trace_summary summarize_trace(const std::string& path, std::optional<interval> window) {
   if (!window) {
-    return summarize(path, nullptr);
+    return summarize(path, nullptr, false);
   }
   // One window keeps its edges even where it holds no time (an instant's calls still count).
   const std::vector<interval> one{{window->begin_ns, std::max(window->begin_ns, window->end_ns)}};
-  return summarize(path, &one);
+  return summarize(path, &one, false);
 }
 
-trace_summary summarize_trace(const std::string& path, std::vector<interval> windows) {
+trace_summary summarize_trace(const std::string& path, std::vector<interval> windows, bool each) {
   for (const interval& w : windows) {
     if (w.end_ns < w.begin_ns) {
       throw invalid_argument("summarize_trace: window [" + std::to_string(w.begin_ns) + ", " +
@@ -646,7 +712,7 @@ trace_summary summarize_trace(const std::string& path, std::vector<interval> win
   if (merged.empty()) {
     throw invalid_argument("summarize_trace: no window holds any time");
   }
-  return summarize(path, &merged);
+  return summarize(path, &merged, each);
 }
 
 trace_ranges find_trace_ranges(const std::string& path, std::string_view name,

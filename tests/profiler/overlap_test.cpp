@@ -578,6 +578,34 @@ TEST(overlap, summary_in_several_windows_counts_each_slice_by_its_parts) {
   EXPECT_EQ(s.api_calls[0].total_ns, 4000U);
   EXPECT_NE(s.to_text().find("window 20.000 us in 2 ranges"), std::string::npos) << s.to_text();
   EXPECT_EQ(s.to_json()["windows"].size(), 2U);
+  EXPECT_TRUE(s.each.empty());  // not asked for
+
+  // Each window alone: [10,20) device 0 compute 5, transfer 8, both 3 (0.375), device 1 the
+  // copy's 8 only; [40,50) device 0 the copy's 5, device 1 compute 2 and the copy's 5, apart.
+  const auto e = poolscope::profiler::summarize_trace(f.path(), r.found, true);
+  ASSERT_EQ(e.each.size(), 2U);
+  EXPECT_EQ(e.each[0].window, (interval{10000, 20000}));
+  ASSERT_EQ(e.each[0].devices.size(), 2U);
+  const device_overlap& w0 = e.each[0].devices[0];
+  EXPECT_EQ(w0.window_ns, 10000U);
+  EXPECT_EQ(w0.compute_ns, 5000U);
+  EXPECT_EQ(w0.transfer_ns, 8000U);
+  EXPECT_EQ(w0.both_ns, 3000U);
+  EXPECT_DOUBLE_EQ(w0.overlap_ratio, 0.375);
+  EXPECT_EQ(w0.transfer_ops, 1U);
+  EXPECT_EQ(e.each[0].devices[1].transfer_ns, 8000U);
+  EXPECT_EQ(e.each[0].devices[1].compute_ns, 0U);
+  ASSERT_EQ(e.each[1].devices.size(), 2U);
+  EXPECT_EQ(e.each[1].devices[0].transfer_ns, 5000U);
+  EXPECT_EQ(e.each[1].devices[0].transfer_ops, 1U);  // the copy, counted in both windows
+  EXPECT_EQ(e.each[1].devices[0].compute_ns, 0U);
+  EXPECT_EQ(e.each[1].devices[1].compute_ns, 2000U);
+  EXPECT_EQ(e.each[1].devices[1].both_ns, 0U);
+  EXPECT_EQ(e.devices, s.devices);  // the union's figures as without `each`
+  const std::string text = e.to_text();
+  EXPECT_NE(text.find("per range (2)"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.375"), std::string::npos) << text;
+  EXPECT_EQ(e.to_json()["each"].size(), 2U);
 
   // A name the trace lacks: nothing found, and the host slices it has, most frequent first
   // (device activity and CUDA calls left out).
@@ -618,10 +646,12 @@ TEST(overlap, summary_in_random_windows_against_unit_step_model) {
     std::ostringstream json;
     json << R"({"traceEvents": [)";
     std::uint64_t ops[2] = {0, 0};
+    std::vector<std::array<int, 3>> slices;  // begin, end, class
     for (int i = 0; i < 60; ++i) {
       const int b = start(rng);
       const int e = std::min(domain, b + 1 + len(rng));
       const int c = cls(rng);
+      slices.push_back({b, e, c});
       json << (i == 0 ? "" : ",") << R"({"name": "s", "cat": ")" << (c == 0 ? "kernel" : "memcpy")
            << R"(", "ph": "X", "pid": 100, "tid": 1, "ts": )" << b << R"(, "dur": )" << e - b
            << R"(, "args": {"device": 0}})";
@@ -649,7 +679,44 @@ TEST(overlap, summary_in_random_windows_against_unit_step_model) {
       any += b[0] || b[1] ? 1000 : 0;
       window += inside[static_cast<std::size_t>(t)] ? 1000 : 0;
     }
-    const auto s = poolscope::profiler::summarize_trace(f.path(), windows);
+    const auto s = poolscope::profiler::summarize_trace(f.path(), windows, true);
+    // Each window alone: the runs of `inside` (windows that overlap or touch are one).
+    std::vector<std::pair<int, int>> runs;
+    for (int t = 0; t < domain; ++t) {
+      if (inside[static_cast<std::size_t>(t)]) {
+        if (runs.empty() || runs.back().second != t) {
+          runs.emplace_back(t, t);
+        }
+        runs.back().second = t + 1;
+      }
+    }
+    ASSERT_EQ(s.each.size(), runs.size());
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      const auto [w0, w1] = runs[k];
+      EXPECT_EQ(s.each[k].window, (interval{w0 * 1000LL, w1 * 1000LL}));
+      std::uint64_t c_ns = 0, t_ns = 0, b_ns = 0, run_ops[2] = {0, 0};
+      for (int t = w0; t < w1; ++t) {
+        const auto& b = busy[static_cast<std::size_t>(t)];
+        c_ns += b[0] ? 1000 : 0;
+        t_ns += b[1] ? 1000 : 0;
+        b_ns += b[0] && b[1] ? 1000 : 0;
+      }
+      for (const auto& [b, e, c] : slices) {
+        run_ops[c] += std::max(b, w0) < std::min(e, w1) ? 1 : 0;
+      }
+      if (c_ns + t_ns == 0) {
+        EXPECT_TRUE(s.each[k].devices.empty());
+        continue;
+      }
+      ASSERT_EQ(s.each[k].devices.size(), 1U);
+      const device_overlap& r = s.each[k].devices[0];
+      EXPECT_EQ(r.window_ns, static_cast<std::uint64_t>(w1 - w0) * 1000);
+      EXPECT_EQ(r.compute_ns, c_ns);
+      EXPECT_EQ(r.transfer_ns, t_ns);
+      EXPECT_EQ(r.both_ns, b_ns);
+      EXPECT_EQ(r.compute_ops, run_ops[0]);
+      EXPECT_EQ(r.transfer_ops, run_ops[1]);
+    }
     if (compute + transfer == 0) {
       EXPECT_TRUE(s.devices.empty());
       continue;

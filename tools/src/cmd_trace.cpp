@@ -4,6 +4,7 @@
 //   poolscope trace check run.json.gz          # exit 0 and "OK: ..." or exit 1 and the problems
 //   poolscope trace summary run.json.gz --top 5 --json summary.json
 //   poolscope trace summary trace.json --range demo.fused   # only while the fused op ran
+//   poolscope trace summary trace.json --range demo.fused --each   # and each run's overlap
 //
 // Exit codes: check: 0 valid, 1 problems found (listed, each naming its event); summary: 0, or 1
 // with a message if the file cannot be read or parsed.
@@ -32,6 +33,7 @@ struct trace_command {
   std::size_t top = 10;
   std::string json_path;
   std::vector<std::string> ranges;
+  bool each = false;
 };
 
 void run_check(const trace_command& cmd) {
@@ -74,9 +76,9 @@ std::vector<profiler::interval> range_windows(const trace_command& cmd) {
 }
 
 void run_summary(const trace_command& cmd) {
-  const profiler::trace_summary s = cmd.ranges.empty()
-                                        ? profiler::summarize_trace(cmd.file)
-                                        : profiler::summarize_trace(cmd.file, range_windows(cmd));
+  const profiler::trace_summary s =
+      cmd.ranges.empty() ? profiler::summarize_trace(cmd.file)
+                         : profiler::summarize_trace(cmd.file, range_windows(cmd), cmd.each);
   std::fflush(stdout);
   std::cout << s.to_text(cmd.top);
   if (!cmd.json_path.empty()) {
@@ -126,9 +128,15 @@ void register_trace(CLI::App& app) {
                       "kernels and copies listed per device, and CUDA API calls");
   summary->add_option("--json", summary_cmd->json_path,
                       "also write the summary as JSON to this file ('-': stdout)");
-  summary->add_option("--range", summary_cmd->ranges,
-                      "count only the time inside every slice of this name (a scope such as "
-                      "demo.fused, an NVTX range, a darray op); repeat to add names");
+  auto* range = summary->add_option(
+      "--range", summary_cmd->ranges,
+      "count only the time inside every slice of this name (a scope such as demo.fused, an NVTX "
+      "range, a darray op); repeat to add names");
+  summary
+      ->add_flag("--each", summary_cmd->each,
+                 "with --range: also each slice's own overlap per device (slices that overlap "
+                 "count as one)")
+      ->needs(range);
   summary->callback([summary_cmd] { run_summary(*summary_cmd); });
 }
 

@@ -161,6 +161,13 @@ struct trace_summary {
   /// The windows the figures were taken in (their union, sorted and disjoint); empty when the
   /// whole trace counts.
   std::vector<interval> windows;
+  /// One window's own analysis (summarize_trace with `each`).
+  struct window_overlap {
+    interval window;
+    std::vector<device_overlap> devices;  ///< as `devices`, inside this window alone
+  };
+  /// Per window of `windows`, in time order, when asked for (`each`); else empty.
+  std::vector<window_overlap> each;
   /// Events left out for fields that cannot be read: not an object, no "ph", a "ts" (or an X
   /// event's "dur") missing, not a finite number or out of range (max_trace_time_us, for the
   /// slice's end too), a negative "dur", a "name" that is not a string; and X events of a
@@ -192,9 +199,12 @@ struct trace_summary {
 [[nodiscard]] trace_summary summarize_trace(const std::string& path,
                                             std::optional<interval> window = std::nullopt);
 /// summarize_trace in several windows at once (their union; one op's runs, say): each slice
-/// counts by its parts inside them, and every device's window is the union's length. Throws
-/// invalid_argument if `windows` holds no time (a window that ends before it begins included).
-[[nodiscard]] trace_summary summarize_trace(const std::string& path, std::vector<interval> windows);
+/// counts by its parts inside them, and every device's window is the union's length. With
+/// `each`, trace_summary::each also holds every window's own analysis (windows that overlap or
+/// touch are merged first, and count as one). Throws invalid_argument if `windows` holds no time
+/// (a window that ends before it begins included).
+[[nodiscard]] trace_summary summarize_trace(const std::string& path, std::vector<interval> windows,
+                                            bool each = false);
 
 /// Where the complete (X) slices of one name lie in a trace: a scope (POOLSCOPE_SCOPE), a
 /// darray op, a demo step — the windows for summarize_trace, as `poolscope trace summary --range`
