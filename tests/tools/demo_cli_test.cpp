@@ -60,6 +60,14 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
     }
   }
   EXPECT_EQ(step_scopes, 3);
+  // The backend's counters: at least the pieces of the two rounds' reshard and fused steps
+  // (reductions and the matmul move more), and buffers handed on in queue order (not asserted:
+  // they need an op whose inputs' reads are still pending); the text says so too.
+  const json& bs = demo.at("backend_stats");
+  EXPECT_GE(bs.at("bytes_peer").get<std::int64_t>(), 4 * 40000 * 4);
+  EXPECT_GT(bs.at("ops").get<std::int64_t>(), 0);
+  EXPECT_GE(bs.at("buffers_reused").get<std::int64_t>(), 0);
+  EXPECT_NE(r.out.find("buffers handed on in queue order"), std::string::npos) << r.out;
   for (const auto& c : demo.at("checks")) {
     EXPECT_TRUE(c.at("ok").get<bool>()) << c.dump();
   }

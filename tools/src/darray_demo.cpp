@@ -398,6 +398,15 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
                    {"upstream_allocs", st.upstream_allocs}});
   }
   demo["allocators"] = mem;
+  const darray::backend_stats bs = be->stats();
+  demo["backend_stats"] = {{"ops", bs.ops},
+                           {"copies_local", bs.copies_local},
+                           {"copies_peer", bs.copies_peer},
+                           {"bytes_peer", bs.bytes_peer},
+                           {"bytes_nccl", bs.bytes_nccl},
+                           {"waits", bs.waits},
+                           {"waits_elided", bs.waits_elided},
+                           {"buffers_reused", bs.buffers_reused}};
   rep.set_metadata("demo", demo);
   rep.write(o.report_path);
   res.report = rep.to_json();
@@ -460,6 +469,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       << mib(m["peak_reserved"].get<std::int64_t>()) << ", upstream allocations "
       << m["upstream_allocs"].get<std::int64_t>() << "\n";
   }
+  t << "    buffers handed on in queue order (no allocator call): " << bs.buffers_reused
+    << "; queue waits enqueued " << bs.waits << ", elided " << bs.waits_elided << "\n";
   t << "\n  top scopes (function profiler):\n";
   {
     std::istringstream table(scopes.report().to_table());
