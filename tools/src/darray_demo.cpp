@@ -449,8 +449,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   if (std::any_of(res.overlap.begin(), res.overlap.end(), [](double v) { return std::isnan(v); })) {
     t << " (CUPTI off: the trace has no device activity)";
   }
-  t << "\n  (the best fused run; every run's: poolscope trace summary " << o.trace_path
-    << " --range demo.fused)";
+  t << "\n  (the best fused run; each run: poolscope trace summary " << o.trace_path
+    << " --range demo.fused --each)";
   t << "\n\n  checks against the host:\n";
   for (const auto& c : res.checks) {
     t << "    " << (c.ok ? "ok   " : "FAIL ") << c.what;
