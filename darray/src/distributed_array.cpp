@@ -392,11 +392,15 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     return out;
   }
 
+  // A small piece is pulled by the receiver on its compute queue, where the work that reads it
+  // runs: no event between queues (or devices) to record and wait for, and on a GPU one copy
+  // kernel's launch (a few microseconds of compute-queue time at most).
+  const auto pulled = [](const piece& p) { return p.bytes <= pull_on_compute_bytes; };
   if (!accumulate) {
-    // Every remote piece of a chunk small enough to be pulled (below): no other queue writes it.
+    // A chunk whose every remote piece is pulled is written by no other queue.
     pulled_only.assign(out->chunks.size(), 1);
     for (const piece& p : plan.pieces) {
-      if (!p.local && !p.from_dst && p.bytes > pull_on_compute_bytes) {
+      if (!p.local && !p.from_dst && !pulled(p)) {
         pulled_only[p.dst_chunk] = 0;
       }
     }
@@ -426,11 +430,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       if (!accumulate) {
         const profiler::scope piece_scope{piece_site};
         const auto& target = dense_of(p.dst_chunk);
-        // A small piece is pulled by the receiver on its compute queue, where the work that reads
-        // it runs: no event between queues (or devices) to record and wait for, and on a GPU one
-        // copy kernel's launch (a few microseconds of compute-queue time at most).
-        const bool pull =
-            r->size() * static_cast<std::int64_t>(size_of(src.type)) <= pull_on_compute_bytes;
+        const bool pull = pulled(p);
         const int on = pull ? d : qd;
         const queue_kind via = pull ? queue_kind::compute : queue_kind::transfer;
         be.wait(on, via, q.ready);

@@ -599,25 +599,23 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     parts.clear();
     where.clear();
     if (windows != nullptr) {
-      // Only the parts inside the windows count (a part of no length: none of a slice's time).
+      // Only the parts inside the windows count; a slice of no length has none of their time
+      // (clip_to gives a slice with length only parts with length).
+      if (end <= begin) {
+        return;
+      }
       clip_to(*windows, begin, end, parts, where);
-      if (std::none_of(parts.begin(), parts.end(),
-                       [](const interval& p) { return p.end_ns > p.begin_ns; })) {
+      if (parts.empty()) {
         return;
       }
     } else {
       parts.push_back({begin, end});
     }
     std::uint64_t dur = 0;
-    bool counted = false;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const interval& p = parts[i];
-      if (windows != nullptr && p.end_ns <= p.begin_ns) {
-        continue;
-      }
       dur += span_ns(p.begin_ns, p.end_ns);
-      const std::uint64_t ops = counted ? 0 : 1;  // one slice, however many parts
-      counted = true;
+      const std::uint64_t ops = i == 0 ? 1 : 0;  // one slice, however many parts
       const auto add_on = [&](int on) {
         analyzer.add(on, klass, p.begin_ns, p.end_ns, ops);
         if (!per_window.empty()) {
