@@ -767,6 +767,7 @@ std::string darray_bench_report::to_json() const {
   j["transport"] = transport;
   j["issue_threads"] = issue_threads;
   j["kernel_graphs"] = kernel_graphs;
+  j["yield_to_copies"] = yield_to_copies;
   j["split_mib"] = split_mib;
   j["repeat"] = repeat;
   j["n"] = n;
@@ -834,6 +835,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   bo.allocator = o.allocator;
   bo.issue_threads = o.issue_threads;
   bo.kernel_graphs = o.kernel_graphs;
+  bo.yield_to_copies = o.yield_to_copies;
   bo.transfers = o.transport == "peer"   ? darray::transport::peer
                  : o.transport == "nccl" ? darray::transport::nccl
                                          : darray::transport::automatic;
@@ -851,6 +853,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   rep.transport = o.transport;
   rep.issue_threads = be->issue_threads();
   rep.kernel_graphs = o.kernel_graphs;
+  rep.yield_to_copies = o.yield_to_copies;
   rep.split_mib = o.split_mib;
   rep.repeat = o.repeat;
   bench_run run(o, be, progress);
@@ -878,8 +881,10 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   }
   t << "), n = " << rep.n << " float32, allocator " << rep.allocator << ", transport "
     << rep.transport << ", issuing threads " << rep.issue_threads << ", kernels launched "
-    << (rep.kernel_graphs ? "as graphs" : "plainly") << ", pieces split above " << rep.split_mib
-    << " MiB, best of " << rep.repeat << " after a warm-up\n";
+    << (rep.kernel_graphs ? "as graphs" : "plainly")
+    << (rep.yield_to_copies ? ", compute yielding to copies out" : ", compute at full occupancy")
+    << ", pieces split above " << rep.split_mib << " MiB, best of " << rep.repeat
+    << " after a warm-up\n";
   t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
                 : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread per "
                   "link); targets apply to GPUs and are not checked\n");

@@ -369,9 +369,52 @@ backend::queue_tracks& backend::tracks() {
     for (std::size_t i = 0; i < n * n; ++i) {
       tracks_.waited[i].store(0, std::memory_order_relaxed);
     }
+    tracks_.outgoing = std::make_unique<outgoing_copies[]>(n / 2);
     tracks_.queues = n;
   });
   return tracks_;
+}
+
+void backend::note_outgoing_copy(int device, const event& end) noexcept {
+  outgoing_copies& o = tracks().outgoing[static_cast<std::size_t>(device)];
+  try {
+    const std::lock_guard lock(o.mutex);
+    // One end per queue: a newer record of a queue completes after its older ones.
+    const int key = end.state()->queue_key();
+    const auto same = std::find_if(o.ends.begin(), o.ends.end(),
+                                   [key](const event& e) { return e.state()->queue_key() == key; });
+    if (same != o.ends.end()) {
+      *same = end;
+    } else {
+      o.ends.push_back(end);
+    }
+    o.any.store(true, std::memory_order_release);
+  } catch (...) {  // no memory for the note: compute does not yield to this copy
+  }
+}
+
+bool backend::yields_to_copies(int device) noexcept {
+  if (!yield_to_copies_) {
+    return false;
+  }
+  outgoing_copies& o = tracks().outgoing[static_cast<std::size_t>(device)];
+  if (!o.any.load(std::memory_order_acquire)) {
+    return false;
+  }
+  const std::lock_guard lock(o.mutex);
+  std::erase_if(o.ends, [this](const event& e) {
+    try {
+      return settled(e) || e.ready();
+    } catch (...) {
+      return true;  // a failed query: the copy's error surfaces where its event is waited for
+    }
+  });
+  o.any.store(!o.ends.empty(), std::memory_order_release);
+  if (o.ends.empty()) {
+    return false;
+  }
+  counters_.compute_yielding.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 int backend::own_queue_key(const event& e) const noexcept {
@@ -390,6 +433,9 @@ event backend::record(int device, queue_kind q) {
   const std::lock_guard lock(t.record_mutex);
   event e = do_record(device, q, t.recorded + 1);
   ++t.recorded;
+  if (const int source = t.copy_source.exchange(-1, std::memory_order_relaxed); source >= 0) {
+    note_outgoing_copy(source, e);
+  }
   return e;
 }
 
@@ -502,6 +548,11 @@ void backend::copy(int queue_device, queue_kind q, dtype t, const view& dst, int
     return;
   }
   do_copy(queue_device, q, t, dst, dst_device, src, src_device, how);
+  if (yield_to_copies_ && src_device != dst_device &&
+      static_cast<std::uint64_t>(dst.size()) * size_of(t) >= yield_min_bytes) {
+    tracks().track[static_cast<std::size_t>(queue_key(queue_device, q))].copy_source.store(
+        src_device, std::memory_order_relaxed);
+  }
 }
 
 void backend::copy_group(dtype t, const std::vector<transfer>& list, transport how) {
@@ -750,6 +801,7 @@ backend_stats backend::stats() const {
   s.waits = get(counters_.waits);
   s.waits_elided = get(counters_.waits_elided);
   s.buffers_reused = get(counters_.buffers_reused);
+  s.compute_yielding = get(counters_.compute_yielding);
   return s;
 }
 

@@ -292,6 +292,15 @@ class cuda_backend final : public backend {
   [[nodiscard]] detail::launch_target target(int device, queue_kind q) const noexcept {
     return detail::launch_target{stream(device, q), dev(device).sm_count, dev(device).graphs.get()};
   }
+  // target() for an element-wise kernel: fewer blocks while a large copy out of the device runs
+  // (backend_options::yield_to_copies; copies queue on the transfer queue, so only compute's).
+  [[nodiscard]] detail::launch_target map_target(int device, queue_kind q) noexcept {
+    detail::launch_target on = target(device, q);
+    if (q == queue_kind::compute && yields_to_copies(device)) {
+      on.blocks_per_sm = detail::yielding_blocks_per_sm;
+    }
+    return on;
+  }
   [[nodiscard]] bool peer(int from, int to) const noexcept {
     return peer_[static_cast<std::size_t>(from) * devices_.size() + static_cast<std::size_t>(to)] !=
            0;
@@ -386,6 +395,7 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
     // 1.3-4 us per op and the single op 0.7-4 us (docs/perf.md, nineteenth session), so with
     // graphs the default is none.
     start_issuers(options, options.kernel_graphs ? 0 : devices - 1);
+    set_yield_to_copies(options.yield_to_copies);
   } catch (...) {
     release_all();
     throw;
@@ -851,7 +861,7 @@ void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, s
   static const profiler::scope_site site{"darray.fill", category::darray_compute};
   const device_guard guard(device);
   const profiler::scope scope{site, stream_view{stream(device, q)}};
-  detail::launch_fill(target(device, q), t, dst, value);
+  detail::launch_fill(map_target(device, q), t, dst, value);
   count_op();
 }
 
@@ -859,7 +869,7 @@ void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, cons
                             const view& src) {
   const device_guard guard(device);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  detail::launch_unary(target(device, q), t, op, dst, src);
+  detail::launch_unary(map_target(device, q), t, op, dst, src);
   count_op();
 }
 
@@ -868,7 +878,7 @@ void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, co
                              const scalar* b_scalar) {
   const device_guard guard(device);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  detail::launch_binary(target(device, q), t, op, dst, a, b, a_scalar, b_scalar);
+  detail::launch_binary(map_target(device, q), t, op, dst, a, b, a_scalar, b_scalar);
   count_op();
 }
 
@@ -876,12 +886,13 @@ void cuda_backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op 
                                    const std::vector<binary_part>& parts) {
   const device_guard guard(device);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  if (detail::launch_binary_parts(target(device, q), t, op, parts)) {
+  const detail::launch_target on = map_target(device, q);
+  if (detail::launch_binary_parts(on, t, op, parts)) {
     count_op();
     return;
   }
   for (const binary_part& p : parts) {
-    detail::launch_binary(target(device, q), t, op, p.dst, p.a, p.b, nullptr, nullptr);
+    detail::launch_binary(on, t, op, p.dst, p.a, p.b, nullptr, nullptr);
     count_op();
   }
 }

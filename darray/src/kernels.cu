@@ -25,7 +25,7 @@ using i64 = std::int64_t;
 /// Threads per block of every kernel (a power of two: the block reductions halve it).
 constexpr int block_threads = 256;
 /// Resident blocks per SM at block_threads (2048 threads per SM on Hopper).
-constexpr int blocks_per_sm = 8;
+constexpr int blocks_per_sm = full_blocks_per_sm;
 /// Upper bound of the first pass of an all-axes reduction: its partials fit the scratch.
 constexpr int reduce_max_blocks = 1024;
 /// Vectors each thread keeps in flight per iteration of the vector path.
@@ -351,6 +351,17 @@ unsigned grid_for(i64 items, int sm_count) noexcept {
   return static_cast<unsigned>(std::clamp<i64>(wanted, 1, cap));
 }
 
+// grid_for for the vector path of the element-wise map, capped at on.blocks_per_sm resident
+// blocks per SM. Only that path yields (launch_target::blocks_per_sm): its 16-byte accesses, two
+// in flight per thread, keep HBM busy at 2 blocks per SM, where the one-element-per-thread
+// kernels (strided, parts) lose most of their bandwidth (docs/darray.md).
+unsigned vector_grid_for(i64 items, const launch_target& on) noexcept {
+  const i64 wanted = (items + block_threads - 1) / block_threads;
+  const i64 cap =
+      static_cast<i64>(std::max(on.sm_count, 1)) * std::clamp(on.blocks_per_sm, 1, blocks_per_sm);
+  return static_cast<unsigned>(std::clamp<i64>(wanted, 1, cap));
+}
+
 // ------------------------------------------------------------------------------------------
 // Element-wise map: p[0][i] = f(p[1][i], ..., p[N][i]) for N inputs (0, 1 or 2).
 
@@ -592,7 +603,7 @@ void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
     }
     const i64 vectors = (n - head) / static_cast<i64>(W);
     const unsigned blocks =
-        grid_for(std::max<i64>({vectors / vector_unroll, head, static_cast<i64>(W)}), on.sm_count);
+        vector_grid_for(std::max<i64>({vectors / vector_unroll, head, static_cast<i64>(W)}), on);
     launch(on, &map_vector_kernel<T, N, F>, blocks, block_threads, ops, n, head, reads, f);
   } else {
     const unsigned blocks = grid_for(n, on.sm_count);

@@ -74,12 +74,21 @@ class graph_launcher {
   std::uint64_t clock_ = 0;     // guarded by mutex_
 };
 
-/// Where kernels run: the stream and the SM count of its device, and the launcher that enqueues
-/// them (null: plain launches).
+/// Resident blocks per SM of a full wave of the element-wise kernels (2048 threads per SM on
+/// Hopper at 256 threads per block).
+constexpr int full_blocks_per_sm = 8;
+/// Blocks per SM of element-wise kernels that yield memory bandwidth to a copy out of their
+/// device (backend_options::yield_to_copies; the vector path of the map only).
+constexpr int yielding_blocks_per_sm = 2;
+
+/// Where kernels run: the stream and the SM count of its device, the launcher that enqueues
+/// them (null: plain launches), and how many blocks per SM the vector path of the element-wise
+/// map may keep resident (its grid's cap; every other kernel takes a full wave).
 struct launch_target {
   cudaStream_t stream = nullptr;
   int sm_count = 1;
   graph_launcher* graphs = nullptr;
+  int blocks_per_sm = full_blocks_per_sm;
 };
 
 /// Bytes of scratch launch_reduce needs for all-axes reductions (any dtype).

@@ -284,6 +284,69 @@ TEST(darray_backend, small_allocations_return_deferred_buffers_in_batches) {
   EXPECT_EQ(in_use(), 0U);
 }
 
+// Compute on a device yields to a large copy out of it (backend_options::yield_to_copies: on
+// GPUs its element-wise kernels get fewer blocks) exactly while that copy may still run: from
+// the record after the copy until that event is seen complete. Not for a copy into the device,
+// within it, below yield_min_bytes, nor with the option off; a pull on the receiver's queue
+// counts for the sender.
+TEST(darray_backend, compute_yields_to_a_large_copy_out_of_its_device_while_it_runs) {
+  for (const bool on : {true, false}) {
+    backend_options options;
+    options.yield_to_copies = on;
+    auto be = make_host_backend(3, options);
+    constexpr std::size_t large = backend::yield_min_bytes;
+    constexpr std::size_t n = large / sizeof(float);
+    std::vector<std::shared_ptr<buffer>> bufs;
+    std::vector<view> v;
+    for (int d = 0; d < 3; ++d) {
+      bufs.push_back(be->allocate(d, large));
+      v.push_back(view::dense(bufs.back()->data(), {static_cast<std::int64_t>(n)}));
+    }
+    const auto yielding = [&] { return be->stats().compute_yielding; };
+    const auto add_on = [&](int d) {  // a binary op on d's compute queue, in place
+      be->binary(d, queue_kind::compute, dtype::f32, binary_op::add, v[d], v[d], v[d], nullptr,
+                 nullptr);
+    };
+    auto g = std::make_shared<gate>();
+    be->wait(0, queue_kind::transfer, event(g));  // device 0's and 1's transfer queues block
+    be->wait(1, queue_kind::transfer, event(g));
+
+    // A push out of device 0 of exactly yield_min_bytes, marked by the record after it.
+    be->copy(0, queue_kind::transfer, dtype::f32, v[1], 1, v[0], 0);
+    add_on(0);  // no record after the copy yet: nothing known to mark its end
+    EXPECT_EQ(yielding(), 0U);
+    const event pushed = be->record(0, queue_kind::transfer);
+    add_on(0);
+    add_on(0);
+    add_on(1);  // the receiver does not yield (writes into a busy device are not slowed)
+    add_on(2);
+    EXPECT_EQ(yielding(), on ? 2U : 0U);
+    // Smaller copies, and copies within a device, mark nothing.
+    const view small = view::dense(bufs[2]->data(), {static_cast<std::int64_t>(n / 2)});
+    be->copy(1, queue_kind::transfer, dtype::f32, view::dense(bufs[1]->data(), {n / 2}), 1, small,
+             2);
+    (void)be->record(1, queue_kind::transfer);
+    be->copy(1, queue_kind::transfer, dtype::f32, v[1], 1, v[1], 1);
+    (void)be->record(1, queue_kind::transfer);
+    add_on(2);
+    add_on(1);
+    EXPECT_EQ(yielding(), on ? 2U : 0U);
+    // A pull: device 2's data copied on device 1's (blocked) transfer queue.
+    be->copy(1, queue_kind::transfer, dtype::f32, v[1], 1, v[2], 2);
+    const event pulled = be->record(1, queue_kind::transfer);
+    add_on(2);
+    EXPECT_EQ(yielding(), on ? 3U : 0U);
+
+    g->open();
+    pushed.wait();
+    pulled.wait();
+    add_on(0);  // both copies seen complete now: full occupancy again
+    add_on(2);
+    EXPECT_EQ(yielding(), on ? 3U : 0U);
+    be->synchronize();
+  }
+}
+
 // A buffer dropped while its uses are pending, all on one queue, is handed to the next
 // allocation of its size for work on that queue (which runs after those uses), and to no other:
 // another size, queue or device, an allocation that names no queue, a buffer whose uses span two

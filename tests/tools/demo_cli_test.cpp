@@ -67,6 +67,7 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   EXPECT_GE(bs.at("bytes_peer").get<std::int64_t>(), 4 * 40000 * 4);
   EXPECT_GT(bs.at("ops").get<std::int64_t>(), 0);
   EXPECT_GE(bs.at("buffers_reused").get<std::int64_t>(), 0);
+  EXPECT_TRUE(bs.contains("compute_yielding")) << bs.dump();
   EXPECT_NE(r.out.find("buffers handed on in queue order"), std::string::npos) << r.out;
   for (const auto& c : demo.at("checks")) {
     EXPECT_TRUE(c.at("ok").get<bool>()) << c.dump();

@@ -69,6 +69,11 @@ void register_bench(CLI::App& app) {
                    "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
       ->capture_default_str();
   darray_cmd
+      ->add_option("--yield-to-copies", d->options.yield_to_copies,
+                   "CUDA: element-wise kernels run with fewer blocks while a large copy out of "
+                   "their device is in flight (1) or always at full occupancy (0)")
+      ->capture_default_str();
+  darray_cmd
       ->add_option("--split-mib", d->options.split_mib,
                    "reshard pieces above this many MiB are split (0: never)")
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))

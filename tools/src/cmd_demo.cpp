@@ -38,6 +38,10 @@ void register_demo(CLI::App& app) {
   sub->add_option("--kernel-graphs", o->kernel_graphs,
                   "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
       ->capture_default_str();
+  sub->add_option("--yield-to-copies", o->yield_to_copies,
+                  "CUDA: element-wise kernels run with fewer blocks while a large copy out of "
+                  "their device is in flight (1) or always at full occupancy (0)")
+      ->capture_default_str();
   sub->add_flag("!--no-cupti", o->cupti, "do not collect CUPTI activity");
   sub->add_option("--cupti-kinds", o->cupti_kinds,
                   "CUPTI activity to collect: all, or a comma-separated list of kernels, copies, "

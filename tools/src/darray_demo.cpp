@@ -148,6 +148,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   darray::backend_options bo;
   bo.allocator = o.allocator;
   bo.kernel_graphs = o.kernel_graphs;
+  bo.yield_to_copies = o.yield_to_copies;
   if (o.transport == "auto") {
     bo.transfers = darray::transport::automatic;
   } else if (o.transport == "peer") {
@@ -370,6 +371,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   demo["allocator"] = o.allocator;
   demo["transport"] = o.transport;
   demo["kernel_graphs"] = o.kernel_graphs;
+  demo["yield_to_copies"] = o.yield_to_copies;
   demo["cupti_kinds"] = to.cupti ? profiler::activity_kinds_of(cupti_settings) : "";
   demo["rounds"] = rounds;
   demo["t_add_ms"] = res.t_add_ms;
@@ -406,7 +408,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
                            {"bytes_nccl", bs.bytes_nccl},
                            {"waits", bs.waits},
                            {"waits_elided", bs.waits_elided},
-                           {"buffers_reused", bs.buffers_reused}};
+                           {"buffers_reused", bs.buffers_reused},
+                           {"compute_yielding", bs.compute_yielding}};
   rep.set_metadata("demo", demo);
   rep.write(o.report_path);
   res.report = rep.to_json();
@@ -470,7 +473,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       << m["upstream_allocs"].get<std::int64_t>() << "\n";
   }
   t << "    buffers handed on in queue order (no allocator call): " << bs.buffers_reused
-    << "; queue waits enqueued " << bs.waits << ", elided " << bs.waits_elided << "\n";
+    << "; queue waits enqueued " << bs.waits << ", elided " << bs.waits_elided
+    << "; compute yielding to copies out of its device " << bs.compute_yielding << "\n";
   t << "\n  top scopes (function profiler):\n";
   {
     std::istringstream table(scopes.report().to_table());

@@ -49,6 +49,8 @@ struct darray_demo_options {
   /// CUDA: kernels launched as one-node graphs (darray::backend_options::kernel_graphs) or with
   /// cudaLaunchKernel; ignored on host devices.
   bool kernel_graphs = true;
+  /// darray::backend_options::yield_to_copies; ignored on host devices (counted there).
+  bool yield_to_copies = true;
 };
 
 /// One check against the host reference.

@@ -56,6 +56,9 @@ struct darray_bench_options {
   int issue_threads = -1;
   /// backend_options::kernel_graphs: CUDA kernels launched as graphs (default) or plainly.
   bool kernel_graphs = true;
+  /// backend_options::yield_to_copies: compute yields memory bandwidth to copies out of its
+  /// device (default) or runs at full occupancy.
+  bool yield_to_copies = true;
   /// Reshard pieces above this many MiB are split (reshard_options::split_bytes; 0: never).
   std::int64_t split_mib = 64;
   std::vector<std::string> only;  ///< subset of darray_workload_names() (empty: all)
@@ -102,6 +105,7 @@ struct darray_bench_report {
   std::string transport;
   std::size_t issue_threads = 0;  ///< the backend's issuing threads (backend::issue_threads)
   bool kernel_graphs = true;      ///< darray_bench_options::kernel_graphs
+  bool yield_to_copies = true;    ///< darray_bench_options::yield_to_copies
   std::int64_t split_mib = 64;    ///< reshard pieces above this are split (0: never)
   int repeat = 0;
   std::int64_t n = 0;  ///< D1 elements

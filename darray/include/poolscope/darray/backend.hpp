@@ -231,6 +231,15 @@ struct backend_options {
   /// arguments are set at each launch: 1.6 us of host time per launch against 3.9 us for
   /// cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
   bool kernel_graphs = true;
+  /// Compute enqueued on a device while a large copy out of it (>= 4 MiB) is still in flight
+  /// yields memory bandwidth to that copy: on GPUs, elementwise kernels over contiguous operands
+  /// (the vector path) are launched with 2 blocks per SM instead of 8. A kernel at full occupancy
+  /// takes so much of the device's memory bandwidth that the copy engines reading it for a peer
+  /// slow by a quarter (0.583 -> 0.756 ms for 215 MB on H100), while the kernel at 2 blocks per SM
+  /// loses about 6 % (docs/darray.md); writes into a busy device are not slowed. The copies of a
+  /// reshard, fused op or matmul are what the op waits for, so they go first. Ignored by host
+  /// backends (they count it).
+  bool yield_to_copies = true;
 };
 
 /// What a backend did.
@@ -246,6 +255,9 @@ struct backend_stats {
   /// Allocations served in stream order by a dropped buffer whose uses were pending on the
   /// queue of the new work (allocate with first_use), without an allocator call.
   std::uint64_t buffers_reused = 0;
+  /// Compute tasks enqueued on a device while a large copy out of it was in flight
+  /// (backend_options::yield_to_copies: on GPUs, launched with fewer blocks).
+  std::uint64_t compute_yielding = 0;
 };
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
@@ -385,6 +397,10 @@ class backend : public std::enable_shared_from_this<backend> {
     return issuers_ != nullptr ? issuers_->helpers() : 0;
   }
 
+  /// The smallest copy compute yields to (backend_options::yield_to_copies): 4 MiB move in
+  /// about 10 us over NVLink; shorter copies end before a kernel would gain from yielding.
+  static constexpr std::uint64_t yield_min_bytes = std::uint64_t{4} << 20;
+
   /// The key of a queue in event_state::queue_key().
   [[nodiscard]] static constexpr int queue_key(int device, queue_kind q) noexcept {
     return device * 2 + (q == queue_kind::compute ? 0 : 1);
@@ -403,6 +419,14 @@ class backend : public std::enable_shared_from_this<backend> {
   /// For implementations: counts work in stats().
   void count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept;
   void count_op() noexcept;
+  /// For implementations, from the constructor: options.yield_to_copies.
+  void set_yield_to_copies(bool on) noexcept { yield_to_copies_ = on; }
+  /// For implementations, when enqueueing compute on `device`: whether a copy of at least
+  /// yield_min_bytes out of `device` (enqueued with copy() and followed by a record() on its
+  /// queue, as the executor does) may still be in flight, asking the device about the newest
+  /// such copy of each queue; counts a yes in stats().compute_yielding. False when
+  /// yield_to_copies is off. Thread-safe.
+  [[nodiscard]] bool yields_to_copies(int device) noexcept;
   /// For implementations: frees deferred buffers whose uses completed (all of them if `all`,
   /// after synchronizing). Call from do_synchronize's callers only through the public methods.
   void collect_deferred(bool all) noexcept;
@@ -459,13 +483,26 @@ class backend : public std::enable_shared_from_this<backend> {
     std::mutex record_mutex;
     std::uint64_t recorded = 0;              // the last sequence handed out (record_mutex)
     std::atomic<std::uint64_t> complete{0};  // every event up to this sequence has completed
+    // The source device of a copy of >= yield_min_bytes enqueued since the last record (-1:
+    // none): that record marks the copy's end (yields_to_copies).
+    std::atomic<int> copy_source{-1};
+  };
+  // Per device: the newest event after a large copy out of it, per queue that carried one, not
+  // yet seen complete (yields_to_copies).
+  struct outgoing_copies {
+    std::atomic<bool> any{false};  // !ends.empty() (written under mutex)
+    std::mutex mutex;
+    std::vector<event> ends;
   };
   struct queue_tracks {
     std::size_t queues = 0;
     std::unique_ptr<queue_track[]> track;
     std::unique_ptr<std::atomic<std::uint64_t>[]> waited;  // [waiter * queues + source]
+    std::unique_ptr<outgoing_copies[]> outgoing;           // [device]
   };
   queue_tracks& tracks();
+  /// Keeps `end` (recorded after a large copy out of `device`) for yields_to_copies.
+  void note_outgoing_copy(int device, const event& end) noexcept;
   /// The queue_key of `e` if this backend recorded it, else -1.
   [[nodiscard]] int own_queue_key(const event& e) const noexcept;
   /// Whether `e` is known complete without asking the device: its own flag, or (one of ours) a
@@ -488,7 +525,9 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> waits{0};
     std::atomic<std::uint64_t> waits_elided{0};
     std::atomic<std::uint64_t> buffers_reused{0};
+    std::atomic<std::uint64_t> compute_yielding{0};
   };
+  bool yield_to_copies_ = false;
 
   std::once_flag tracks_once_;
   queue_tracks tracks_;
