@@ -231,14 +231,14 @@ struct backend_options {
   /// arguments are set at each launch: 1.6 us of host time per launch against 3.9 us for
   /// cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
   bool kernel_graphs = true;
-  /// Compute enqueued on a device while a large copy out of it (>= 4 MiB) is still in flight
-  /// yields memory bandwidth to that copy: on GPUs, elementwise kernels over contiguous operands
-  /// (the vector path) are launched with 2 blocks per SM instead of 8. A kernel at full occupancy
-  /// takes so much of the device's memory bandwidth that the copy engines reading it for a peer
-  /// slow by a quarter (0.583 -> 0.756 ms for 215 MB on H100), while the kernel at 2 blocks per SM
-  /// loses about 6 % (docs/darray.md); writes into a busy device are not slowed. The copies of a
-  /// reshard, fused op or matmul are what the op waits for, so they go first. Ignored by host
-  /// backends (they count it).
+  /// Compute enqueued on a device while a large copy out of it (>= yield_min_bytes) may still
+  /// be in flight yields memory bandwidth to that copy: on GPUs, element-wise kernels over
+  /// contiguous operands (the vector path) run at 2 blocks per SM instead of 8. A kernel at full
+  /// occupancy slows the copy engines reading its device for a peer (215 MB: 0.583 ms from an
+  /// idle H100, 0.756 ms beside an add, 0.596 ms beside the add at 2 blocks per SM), and the
+  /// vector path loses nothing measurable at 2 blocks per SM; writes into a busy device are not
+  /// slowed. The copies are what a reshard or fused op waits for, so they go first (D1 on
+  /// 2 x H100: 1.42-1.47 ms against 1.50-1.52; docs/darray.md). Host backends only count it.
   bool yield_to_copies = true;
 };
 
