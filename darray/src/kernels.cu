@@ -353,8 +353,9 @@ unsigned grid_for(i64 items, int sm_count) noexcept {
 
 // grid_for for the vector path of the element-wise map, capped at on.blocks_per_sm resident
 // blocks per SM. Only that path yields (launch_target::blocks_per_sm): its 16-byte accesses, two
-// in flight per thread, keep HBM busy at 2 blocks per SM, where the one-element-per-thread
-// kernels (strided, parts) lose most of their bandwidth (docs/darray.md).
+// in flight per thread, keep HBM as busy at 2 blocks per SM as at 8, while the one-element-per-
+// thread kernels (strided, parts) lose bandwidth (D2's swap + add ran 24 % slower with them
+// yielding; docs/darray.md).
 unsigned vector_grid_for(i64 items, const launch_target& on) noexcept {
   const i64 wanted = (items + block_threads - 1) / block_threads;
   const i64 cap =
