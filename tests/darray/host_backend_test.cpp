@@ -180,28 +180,7 @@ TEST(darray_backend, identities_and_names) {
   EXPECT_EQ(size_of(dtype::i64), 8U);
 }
 
-// An event of no backend that completes when the test opens it: a queue waiting for it stays
-// blocked, so what follows is checked while the events behind it are certainly pending.
-class gate final : public detail::event_state {
- public:
-  [[nodiscard]] bool ready() const override { return open_.load(); }
-  void wait() const override {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [this] { return open_.load(); });
-  }
-  void open() {
-    {
-      const std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::atomic<bool> open_{false};
-  mutable std::mutex mutex_;
-  mutable std::condition_variable cv_;
-};
+using test_support::gate;
 
 TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {
   auto be = make_host_backend(2);

@@ -2,12 +2,16 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <mutex>
 #include <set>
 #include <vector>
 
+#include "poolscope/darray/backend.hpp"
 #include "poolscope/darray/geometry.hpp"
 
 namespace poolscope::darray::test_support {
@@ -17,6 +21,29 @@ inline std::uint64_t test_seed(std::uint64_t fallback = 20240611) {
   const char* env = std::getenv("POOLSCOPE_TEST_SEED");
   return env != nullptr ? std::strtoull(env, nullptr, 10) : fallback;
 }
+
+// An event of no backend that completes when the test opens it: a queue waiting for it stays
+// blocked, so what follows is checked while the events behind it are certainly pending.
+class gate final : public detail::event_state {
+ public:
+  [[nodiscard]] bool ready() const override { return open_.load(); }
+  void wait() const override {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return open_.load(); });
+  }
+  void open() {
+    {
+      const std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::atomic<bool> open_{false};
+  mutable std::mutex mutex_;
+  mutable std::condition_variable cv_;
+};
 
 using point = std::vector<std::int64_t>;
 
