@@ -353,7 +353,7 @@ std::string trace_summary::to_text(std::size_t top) const {
       std::snprintf(line, sizeof line, "  %9s", ("device " + std::to_string(d.device)).c_str());
       out += d.device < 0 ? "       host" : line;
     }
-    out += "\n";
+    out += "  pools grew\n";
     for (std::size_t w = 0; w < each.size(); ++w) {
       const window_overlap& r = each[w];
       std::snprintf(
@@ -371,7 +371,15 @@ std::string trace_summary::to_text(std::size_t top) const {
         }
         out += line;
       }
-      out += "\n";
+      if (r.upstream_allocs == 0) {
+        out += "  -\n";
+      } else {
+        std::snprintf(line, sizeof line, "  %llu time%s, %.1f MiB\n",
+                      static_cast<unsigned long long>(r.upstream_allocs),
+                      r.upstream_allocs == 1 ? "" : "s",
+                      static_cast<double>(r.upstream_bytes) / (1024.0 * 1024.0));
+        out += line;
+      }
     }
   }
   std::snprintf(
@@ -388,6 +396,15 @@ std::string trace_summary::to_text(std::size_t top) const {
       format_ns(static_cast<double>(total_transfer)).c_str(),
       percent(static_cast<double>(total_both), static_cast<double>(total_transfer)).c_str());
   out += line;
+  if (upstream_allocs != 0) {
+    std::snprintf(line, sizeof line,
+                  "pools grew %llu time(s) by %s in %s (allocator device_alloc events: the "
+                  "upstream allocator's host time, paid by first runs)\n",
+                  static_cast<unsigned long long>(upstream_allocs),
+                  format_bytes(static_cast<std::size_t>(upstream_bytes)).c_str(),
+                  windows.empty() ? "the trace" : "the window(s)");
+    out += line;
+  }
   if (malformed != 0) {
     std::snprintf(line, sizeof line,
                   "%llu event(s) left out: a time, name or device that cannot be read "
@@ -402,6 +419,8 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   nlohmann::json j;
   j["events"] = events;
   j["malformed"] = malformed;
+  j["upstream_allocs"] = upstream_allocs;
+  j["upstream_bytes"] = upstream_bytes;
   j["window_begin_ns"] = window_begin_ns;
   j["window_end_ns"] = window_end_ns;
   if (!windows.empty()) {
@@ -413,7 +432,10 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   if (!each.empty()) {
     j["each"] = nlohmann::json::array();
     for (const window_overlap& r : each) {
-      nlohmann::json rj{{"begin_ns", r.window.begin_ns}, {"end_ns", r.window.end_ns}};
+      nlohmann::json rj{{"begin_ns", r.window.begin_ns},
+                        {"end_ns", r.window.end_ns},
+                        {"upstream_allocs", r.upstream_allocs},
+                        {"upstream_bytes", r.upstream_bytes}};
       rj["devices"] = nlohmann::json::array();
       for (const device_overlap& d : r.devices) {
         rj["devices"].push_back(d.to_json());
@@ -482,6 +504,8 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
   trace_summary s;
   overlap_analyzer analyzer;
   std::vector<overlap_analyzer> per_window(each && windows != nullptr ? windows->size() : 0);
+  // Per window of `each`: the pools' upstream allocations in it (count, bytes).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> growth(per_window.size());
   std::vector<interval> parts;     // a slice's parts inside the windows
   std::vector<std::size_t> where;  // the window of each part
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
@@ -562,6 +586,36 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     }
     lo = std::min(lo, begin);
     hi = std::max(hi, end);
+    if (!complete && name_it != e.end() && *name_it == "device_alloc" && cat_it != e.end() &&
+        *cat_it == "allocator") {
+      // A pool took memory from its upstream resource: counted where it happened.
+      std::uint64_t bytes = 0;
+      if (has_args) {
+        if (const auto p = args->find("phase"); p != args->end() && *p == "pre") {
+          return;
+        }
+        if (const auto r = args->find("rounded"); r != args->end() && r->is_number_unsigned()) {
+          bytes = r->get<std::uint64_t>();
+        }
+      }
+      std::size_t in = 0;
+      if (windows != nullptr) {
+        parts.clear();
+        where.clear();
+        clip_to(*windows, begin, begin, parts, where);
+        if (parts.empty()) {
+          return;
+        }
+        in = where.front();
+      }
+      ++s.upstream_allocs;
+      s.upstream_bytes += bytes;
+      if (!growth.empty()) {
+        ++growth[in].first;
+        growth[in].second += bytes;
+      }
+      return;
+    }
     if (complete && !cls && cat_it != e.end() && *cat_it == "cuda_api" && name_it != e.end()) {
       // A CUDA API call: its time inside the windows, under its name and api.
       std::uint64_t inside = span_ns(begin, end);
@@ -660,7 +714,7 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     analyzer.set_windows(*windows);
     for (std::size_t w = 0; w < per_window.size(); ++w) {
       per_window[w].set_window((*windows)[w].begin_ns, (*windows)[w].end_ns);
-      s.each.push_back({(*windows)[w], per_window[w].analyze()});
+      s.each.push_back({(*windows)[w], per_window[w].analyze(), growth[w].first, growth[w].second});
     }
   } else if (lo <= hi) {
     analyzer.set_window(lo, hi);

@@ -515,6 +515,60 @@ TEST(overlap, summary_sums_cuda_api_calls_by_name_and_api) {
   EXPECT_EQ(cut.api_calls[0].total_ns, 1000U + 4000U);
 }
 
+// The pools' growth: allocator device_alloc events (not their "pre" half, not other allocator
+// events) counted with their bytes over the trace, in windows, and per window with `each`;
+// where an op's first runs paid for cudaMalloc. Times in µs: windows [10,20) and [40,50).
+TEST(overlap, summary_counts_where_the_pools_grew) {
+  poolscope::profiler::testing::temp_file f(".json");
+  {
+    std::ofstream out(f.path());
+    out << R"({"traceEvents": [
+      {"name": "op", "cat": "user", "ph": "X", "pid": 1, "tid": 1, "ts": 10, "dur": 10},
+      {"name": "op", "cat": "user", "ph": "X", "pid": 1, "tid": 1, "ts": 40, "dur": 10},
+      {"name": "K", "cat": "kernel", "ph": "X", "pid": 100, "tid": 1, "ts": 12, "dur": 4,
+       "args": {"device": 0}},
+      {"name": "device_alloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 5, "args": {"device": 0, "phase": "post", "rounded": 4096}},
+      {"name": "device_alloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 11, "args": {"device": 0, "phase": "pre", "rounded": 0}},
+      {"name": "device_alloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 11, "args": {"device": 0, "phase": "post", "rounded": 268435456}},
+      {"name": "device_alloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 19, "args": {"device": 1, "phase": "post", "rounded": 268435456}},
+      {"name": "pool_malloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 41, "args": {"device": 0, "phase": "post", "rounded": 1024}},
+      {"name": "device_alloc", "cat": "user", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 42, "args": {"rounded": 1}},
+      {"name": "device_alloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
+       "ts": 60}
+    ]})";
+  }
+  using poolscope::profiler::summarize_trace;
+  const auto whole = summarize_trace(f.path());
+  EXPECT_EQ(whole.upstream_allocs, 4U);  // at 5, 11, 19 and 60 (no args: no bytes)
+  EXPECT_EQ(whole.upstream_bytes, 4096U + 2U * 268435456U);
+  EXPECT_NE(whole.to_text().find("pools grew 4 time(s)"), std::string::npos) << whole.to_text();
+  const std::vector<interval> windows{{10000, 20000}, {40000, 50000}};
+  const auto w = summarize_trace(f.path(), windows, /*each=*/true);
+  EXPECT_EQ(w.upstream_allocs, 2U);
+  EXPECT_EQ(w.upstream_bytes, 2U * 268435456U);
+  ASSERT_EQ(w.each.size(), 2U);
+  EXPECT_EQ(w.each[0].upstream_allocs, 2U);
+  EXPECT_EQ(w.each[0].upstream_bytes, 2U * 268435456U);
+  EXPECT_EQ(w.each[1].upstream_allocs, 0U);
+  const std::string text = w.to_text();
+  EXPECT_NE(text.find("pools grew\n"), std::string::npos) << text;          // the table's column
+  EXPECT_NE(text.find("2 times, 512.0 MiB\n"), std::string::npos) << text;  // the first window
+  const auto j = w.to_json();
+  EXPECT_EQ(j["upstream_allocs"], 2U);
+  EXPECT_EQ(j["each"][0]["upstream_bytes"], 2U * 268435456U);
+  EXPECT_EQ(j["each"][1]["upstream_allocs"], 0U);
+  // Nothing grew: no line.
+  const auto none = summarize_trace(f.path(), interval{40000, 50000});
+  EXPECT_EQ(none.upstream_allocs, 0U);
+  EXPECT_EQ(none.to_text().find("pools grew"), std::string::npos);
+}
+
 // Several windows at once (an op's runs): each slice counts by its parts inside them, once as an
 // operation however many parts; every device's window is the union's length. Times in µs:
 //   windows [10,20) and [40,50) (the two "op" slices)

@@ -165,6 +165,8 @@ struct trace_summary {
   struct window_overlap {
     interval window;
     std::vector<device_overlap> devices;  ///< as `devices`, inside this window alone
+    std::uint64_t upstream_allocs = 0;    ///< as `upstream_allocs`, inside this window alone
+    std::uint64_t upstream_bytes = 0;
   };
   /// Per window of `windows`, in time order, when asked for (`each`); else empty.
   std::vector<window_overlap> each;
@@ -174,6 +176,12 @@ struct trace_summary {
   /// counted category whose args "device", "src_device" or "dst_device" is not an integer in
   /// [-1, INT_MAX]. `poolscope trace check` names them.
   std::uint64_t malformed = 0;
+  /// Times a pool grew in the windows (the whole trace without): allocator events
+  /// "device_alloc" (cat "allocator", not phase "pre"), and the bytes they took ("rounded").
+  /// Host time in the upstream allocator (cudaMalloc: hundreds of µs per 256 MiB) that an op's
+  /// first runs pay and later ones do not.
+  std::uint64_t upstream_allocs = 0;
+  std::uint64_t upstream_bytes = 0;
   std::int64_t window_begin_ns = 0;  ///< ts of the earliest event (ns since the trace origin)
   std::int64_t window_end_ns = 0;    ///< end of the latest event
   std::vector<device_overlap> devices;
