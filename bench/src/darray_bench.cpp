@@ -789,6 +789,7 @@ std::string darray_bench_report::to_json() const {
                {"gbps", b.gbps}};
     }
     jw["baselines"] = bs;
+    jw["backend"] = w.backend;
     jw["error"] = w.error;
     ws[w.name] = jw;
   }
@@ -864,7 +865,17 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   }
   for (const auto& name : all) {
     if (o.only.empty() || std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {
+      const darray::backend_stats before = be->stats();
       rep.workloads.push_back(run.run(name));
+      const darray::backend_stats after = be->stats();
+      rep.workloads.back().backend = {
+          {"ops", after.ops - before.ops},
+          {"copies_peer", after.copies_peer - before.copies_peer},
+          {"bytes_peer", after.bytes_peer - before.bytes_peer},
+          {"waits", after.waits - before.waits},
+          {"waits_elided", after.waits_elided - before.waits_elided},
+          {"buffers_reused", after.buffers_reused - before.buffers_reused},
+          {"compute_yielding", after.compute_yielding - before.compute_yielding}};
     }
   }
 

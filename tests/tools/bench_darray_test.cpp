@@ -121,6 +121,16 @@ TEST_F(bench_darray_cli, d1_times_eta_bytes_and_baselines) {
   expect_baseline(w, "peer_one_way", moved);
   expect_baseline(w, "peer_bidirectional", 2 * moved);
   EXPECT_FALSE(w.at("baselines").contains("nccl")) << "no NCCL baseline without a GPU";
+  // The backend's own counts over the workload: every darray reshard and fused run (a warm-up
+  // and the timed runs of each) moved exactly `moved` between the devices, so bytes_peer is a
+  // whole number (>= 2) of them; pieces under backend::yield_min_bytes: nothing yields.
+  const json& be = w.at("backend");
+  const auto peer_bytes = be.at("bytes_peer").get<std::uint64_t>();
+  const auto moved_bytes = static_cast<std::uint64_t>(moved);
+  EXPECT_GE(peer_bytes, 2 * moved_bytes);
+  EXPECT_EQ(peer_bytes % moved_bytes, 0U) << peer_bytes;
+  EXPECT_GT(be.at("ops").get<std::uint64_t>(), 0U);
+  EXPECT_EQ(be.at("compute_yielding").get<std::uint64_t>(), 0U);
   expect_near_rel(fig(w, "ratio_peer"),
                   fig(w, "reshard_gbps") / w.at("baselines").at("peer").at("gbps").get<double>(),
                   "ratio_peer");

@@ -80,7 +80,12 @@ struct darray_workload_result {
   std::string what;  ///< one line
   std::map<std::string, double> figures;
   std::map<std::string, darray_baseline> baselines;  ///< "peer", "peer_bidirectional", "nccl", ...
-  std::string error;                                 ///< non-empty if the workload failed
+  /// What the darray backend did during the workload (warm-up, timed runs, and the darray
+  /// side of baselines), as differences of darray::backend_stats: "ops", "copies_peer",
+  /// "bytes_peer", "waits", "waits_elided", "buffers_reused", "compute_yielding" — whether a
+  /// mechanism engaged (compute yielding to copies in D1 and D2 on GPUs, say).
+  std::map<std::string, std::uint64_t> backend;
+  std::string error;  ///< non-empty if the workload failed
 };
 
 /// One line of the table.
