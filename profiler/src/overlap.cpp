@@ -374,11 +374,13 @@ std::string trace_summary::to_text(std::size_t top) const {
       if (r.upstream_allocs == 0) {
         out += "  -\n";
       } else {
-        std::snprintf(line, sizeof line, "  %llu time%s, %.1f MiB\n",
+        std::snprintf(line, sizeof line, "  %llu time%s, %.1f MiB",
                       static_cast<unsigned long long>(r.upstream_allocs),
                       r.upstream_allocs == 1 ? "" : "s",
                       static_cast<double>(r.upstream_bytes) / (1024.0 * 1024.0));
         out += line;
+        out +=
+            r.upstream_ns != 0 ? ", " + format_ns(static_cast<double>(r.upstream_ns)) + "\n" : "\n";
       }
     }
   }
@@ -397,12 +399,15 @@ std::string trace_summary::to_text(std::size_t top) const {
       percent(static_cast<double>(total_both), static_cast<double>(total_transfer)).c_str());
   out += line;
   if (upstream_allocs != 0) {
+    // (allocator device_alloc events; the time from the timeline's "upstream alloc" slices)
+    const std::string took = upstream_ns != 0 ? ", " + format_ns(static_cast<double>(upstream_ns)) +
+                                                    " of host time in the upstream allocator"
+                                              : std::string();
     std::snprintf(line, sizeof line,
-                  "pools grew %llu time(s) by %s in %s (allocator device_alloc events: the "
-                  "upstream allocator's host time, paid by first runs)\n",
+                  "pools grew %llu time(s) by %s in %s%s: a cost first runs pay\n",
                   static_cast<unsigned long long>(upstream_allocs),
                   format_bytes(static_cast<std::size_t>(upstream_bytes)).c_str(),
-                  windows.empty() ? "the trace" : "the window(s)");
+                  windows.empty() ? "the trace" : "the window(s)", took.c_str());
     out += line;
   }
   if (malformed != 0) {
@@ -421,6 +426,7 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   j["malformed"] = malformed;
   j["upstream_allocs"] = upstream_allocs;
   j["upstream_bytes"] = upstream_bytes;
+  j["upstream_ns"] = upstream_ns;
   j["window_begin_ns"] = window_begin_ns;
   j["window_end_ns"] = window_end_ns;
   if (!windows.empty()) {
@@ -435,7 +441,8 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
       nlohmann::json rj{{"begin_ns", r.window.begin_ns},
                         {"end_ns", r.window.end_ns},
                         {"upstream_allocs", r.upstream_allocs},
-                        {"upstream_bytes", r.upstream_bytes}};
+                        {"upstream_bytes", r.upstream_bytes},
+                        {"upstream_ns", r.upstream_ns}};
       rj["devices"] = nlohmann::json::array();
       for (const device_overlap& d : r.devices) {
         rj["devices"].push_back(d.to_json());
@@ -506,8 +513,9 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
   std::vector<overlap_analyzer> per_window(each && windows != nullptr ? windows->size() : 0);
   // Per window of `each`: the pools' upstream allocations in it (count, bytes).
   std::vector<std::pair<std::uint64_t, std::uint64_t>> growth(per_window.size());
-  std::vector<interval> parts;     // a slice's parts inside the windows
-  std::vector<std::size_t> where;  // the window of each part
+  std::vector<std::uint64_t> growth_ns(per_window.size());  // and the host time in them
+  std::vector<interval> parts;                              // a slice's parts inside the windows
+  std::vector<std::size_t> where;                           // the window of each part
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
   std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
   std::map<std::pair<std::string, std::string>, op_summary> api_calls;  // (name, api)
@@ -616,6 +624,26 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
       }
       return;
     }
+    if (complete && name_it != e.end() && *name_it == "upstream alloc" && cat_it != e.end() &&
+        *cat_it == "allocator") {
+      // The host time of a pool's upstream allocation, inside the windows.
+      parts.clear();
+      where.clear();
+      if (windows != nullptr) {
+        clip_to(*windows, begin, end, parts, where);
+      } else {
+        parts.push_back({begin, end});
+        where.push_back(0);
+      }
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const std::uint64_t ns = span_ns(parts[i].begin_ns, parts[i].end_ns);
+        s.upstream_ns += ns;
+        if (!growth_ns.empty()) {
+          growth_ns[where[i]] += ns;
+        }
+      }
+      return;
+    }
     if (complete && !cls && cat_it != e.end() && *cat_it == "cuda_api" && name_it != e.end()) {
       // A CUDA API call: its time inside the windows, under its name and api.
       std::uint64_t inside = span_ns(begin, end);
@@ -714,7 +742,8 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     analyzer.set_windows(*windows);
     for (std::size_t w = 0; w < per_window.size(); ++w) {
       per_window[w].set_window((*windows)[w].begin_ns, (*windows)[w].end_ns);
-      s.each.push_back({(*windows)[w], per_window[w].analyze(), growth[w].first, growth[w].second});
+      s.each.push_back({(*windows)[w], per_window[w].analyze(), growth[w].first, growth[w].second,
+                        growth_ns[w]});
     }
   } else if (lo <= hi) {
     analyzer.set_window(lo, hi);

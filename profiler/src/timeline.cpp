@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -228,10 +229,12 @@ struct timeline::impl {
     }
   }
 
-  // The trace events of one allocator event (its instant, its counters); caller holds mutex.
+  // The trace events of one allocator event (its instant, its counters, and for the post event
+  // of an upstream call whose pre event this thread raised, the call as a slice from
+  // `upstream_begin_ns`); caller holds mutex.
   void format_allocator_event(const hooks::event& e, const memory_peak& p,
                               const std::pair<std::uint64_t, std::uint64_t>& dev_now,
-                              bool counter_changed);
+                              bool counter_changed, std::optional<std::uint64_t> upstream_begin_ns);
 
   void put(const trace_event& e) {
     append_trace_event(current, e, origin);
@@ -990,9 +993,38 @@ void timeline::lost_host_events(std::uint64_t host_slices) noexcept {
   m.lost_to_memory();
 }
 
+namespace {
+// The pre event of the upstream call (device_alloc, device_free) this thread is in, if any: its
+// post event makes the call a slice. An upstream allocation that fails raises no post event; the
+// next pre replaces it.
+struct upstream_call {
+  const void* timeline = nullptr;
+  std::uint64_t allocator_id = 0;
+  hooks::event_kind kind = hooks::event_kind::device_alloc;
+  std::uint64_t begin_ns = 0;
+};
+thread_local upstream_call t_upstream;
+
+bool is_upstream_call(hooks::event_kind k) noexcept {
+  return k == hooks::event_kind::device_alloc || k == hooks::event_kind::device_free;
+}
+}  // namespace
+
 void timeline::add_allocator_event(const hooks::event& e) noexcept {
   if (e.phase == hooks::event_phase::pre) {
-    return;  // the post (or instant) event of the same operation carries the outcome
+    // The post (or instant) event of the same operation carries the outcome; an upstream call's
+    // pre event marks where the call began.
+    if (is_upstream_call(e.kind)) {
+      t_upstream = {impl_.get(), e.allocator_id, e.kind, e.time_ns};
+    }
+    return;
+  }
+  std::optional<std::uint64_t> upstream_begin;
+  if (is_upstream_call(e.kind) && t_upstream.timeline == impl_.get() &&
+      t_upstream.allocator_id == e.allocator_id && t_upstream.kind == e.kind &&
+      t_upstream.begin_ns <= e.time_ns) {
+    upstream_begin = t_upstream.begin_ns;
+    t_upstream = {};
   }
   impl& m = *impl_;
   try {
@@ -1032,7 +1064,8 @@ void timeline::add_allocator_event(const hooks::event& e) noexcept {
       ++m.stats.events_dropped;
       return;
     }
-    m.append_whole([&] { m.format_allocator_event(e, p, dev_now, counter_changed); });
+    m.append_whole(
+        [&] { m.format_allocator_event(e, p, dev_now, counter_changed, upstream_begin); });
   } catch (...) {
     // Out of memory: the event is lost (counted), the program goes on.
     lost_host_events(0);
@@ -1041,8 +1074,28 @@ void timeline::add_allocator_event(const hooks::event& e) noexcept {
 
 void timeline::impl::format_allocator_event(const hooks::event& e, const memory_peak& p,
                                             const std::pair<std::uint64_t, std::uint64_t>& dev_now,
-                                            bool counter_changed) {
+                                            bool counter_changed,
+                                            std::optional<std::uint64_t> upstream_begin_ns) {
   impl& m = *this;
+  if (upstream_begin_ns) {
+    // The upstream call itself (cudaMalloc, cudaFree: hundreds of µs for large blocks, the host
+    // blocked) as a slice on the calling thread, where a gap in the host's issuing would be.
+    m.name_host_thread(e.thread);
+    trace_event s;
+    s.phase = trace_phase::complete;
+    s.name = e.kind == hooks::event_kind::device_alloc ? "upstream alloc" : "upstream free";
+    s.cat = "allocator";
+    s.pid = host_pid;
+    s.tid = static_cast<std::int64_t>(e.thread);
+    s.ts_ns = *upstream_begin_ns;
+    s.dur_ns = e.time_ns - *upstream_begin_ns;
+    const trace_arg args[] = {{"allocator", p.allocator},
+                              {"allocator_id", e.allocator_id},
+                              {"device", e.device},
+                              {"bytes", e.rounded}};
+    s.args = args;
+    m.put(s);
+  }
   {
     if (m.opts.allocator_instants) {
       m.name_host_thread(e.thread);

@@ -540,14 +540,25 @@ TEST(overlap, summary_counts_where_the_pools_grew) {
       {"name": "device_alloc", "cat": "user", "ph": "i", "s": "t", "pid": 1, "tid": 1,
        "ts": 42, "args": {"rounded": 1}},
       {"name": "device_alloc", "cat": "allocator", "ph": "i", "s": "t", "pid": 1, "tid": 1,
-       "ts": 60}
+       "ts": 60},
+      {"name": "upstream alloc", "cat": "allocator", "ph": "X", "pid": 1, "tid": 1,
+       "ts": 10.5, "dur": 0.5, "args": {"bytes": 268435456}},
+      {"name": "upstream alloc", "cat": "allocator", "ph": "X", "pid": 1, "tid": 1,
+       "ts": 18, "dur": 4, "args": {"bytes": 268435456}},
+      {"name": "upstream alloc", "cat": "user", "ph": "X", "pid": 1, "tid": 1,
+       "ts": 41, "dur": 1},
+      {"name": "upstream alloc", "cat": "allocator", "ph": "X", "pid": 1, "tid": 1,
+       "ts": 30, "dur": 1}
     ]})";
   }
   using poolscope::profiler::summarize_trace;
   const auto whole = summarize_trace(f.path());
   EXPECT_EQ(whole.upstream_allocs, 4U);  // at 5, 11, 19 and 60 (no args: no bytes)
   EXPECT_EQ(whole.upstream_bytes, 4096U + 2U * 268435456U);
+  // The host time of the "upstream alloc" slices (not of another category's): 0.5 + 4 + 1 µs.
+  EXPECT_EQ(whole.upstream_ns, 5500U);
   EXPECT_NE(whole.to_text().find("pools grew 4 time(s)"), std::string::npos) << whole.to_text();
+  EXPECT_NE(whole.to_text().find("5.500 us of host time"), std::string::npos) << whole.to_text();
   const std::vector<interval> windows{{10000, 20000}, {40000, 50000}};
   const auto w = summarize_trace(f.path(), windows, /*each=*/true);
   EXPECT_EQ(w.upstream_allocs, 2U);
@@ -556,13 +567,19 @@ TEST(overlap, summary_counts_where_the_pools_grew) {
   EXPECT_EQ(w.each[0].upstream_allocs, 2U);
   EXPECT_EQ(w.each[0].upstream_bytes, 2U * 268435456U);
   EXPECT_EQ(w.each[1].upstream_allocs, 0U);
+  // The slices' parts inside the windows: 0.5 µs, and 2 of the 4 that cross 20 µs.
+  EXPECT_EQ(w.upstream_ns, 2500U);
+  EXPECT_EQ(w.each[0].upstream_ns, 2500U);
+  EXPECT_EQ(w.each[1].upstream_ns, 0U);
   const std::string text = w.to_text();
-  EXPECT_NE(text.find("pools grew\n"), std::string::npos) << text;          // the table's column
-  EXPECT_NE(text.find("2 times, 512.0 MiB\n"), std::string::npos) << text;  // the first window
+  EXPECT_NE(text.find("pools grew\n"), std::string::npos) << text;  // the table's column
+  EXPECT_NE(text.find("2 times, 512.0 MiB, 2.500 us\n"), std::string::npos) << text;
   const auto j = w.to_json();
   EXPECT_EQ(j["upstream_allocs"], 2U);
   EXPECT_EQ(j["each"][0]["upstream_bytes"], 2U * 268435456U);
   EXPECT_EQ(j["each"][1]["upstream_allocs"], 0U);
+  EXPECT_EQ(j["upstream_ns"], 2500U);
+  EXPECT_EQ(j["each"][0]["upstream_ns"], 2500U);
   // Nothing grew: no line.
   const auto none = summarize_trace(f.path(), interval{40000, 50000});
   EXPECT_EQ(none.upstream_allocs, 0U);

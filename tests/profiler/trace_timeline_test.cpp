@@ -9,7 +9,9 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "poolscope/error.hpp"
@@ -38,24 +40,48 @@ using poolscope::profiler::testing::read_events;
 using poolscope::profiler::testing::temp_file;
 using poolscope::profiler::testing::to_ns;
 
-/// Remembers every post/instant allocator event: the reference for what the trace must hold.
+/// Remembers every post/instant allocator event, and each upstream call (device_alloc,
+/// device_free) from its pre to its post event: the reference for what the trace must hold.
 class recording_hook final : public poolscope::hooks::hook {
  public:
+  struct upstream_call {
+    std::string name;  // "upstream alloc" / "upstream free"
+    std::uint64_t thread;
+    std::uint64_t begin_ns;
+    std::uint64_t end_ns;
+    std::uint64_t bytes;
+  };
   void on_event(const poolscope::hooks::event& e) noexcept override {
+    using poolscope::hooks::event_kind;
+    const bool upstream = e.kind == event_kind::device_alloc || e.kind == event_kind::device_free;
+    std::lock_guard lock(mutex_);
     if (e.phase == poolscope::hooks::event_phase::pre) {
+      if (upstream) {
+        began_[e.thread] = e.time_ns;
+      }
       return;
     }
-    std::lock_guard lock(mutex_);
     events_.push_back(e);
+    if (upstream && began_.contains(e.thread)) {
+      calls_.push_back({e.kind == event_kind::device_alloc ? "upstream alloc" : "upstream free",
+                        e.thread, began_[e.thread], e.time_ns, e.rounded});
+      began_.erase(e.thread);
+    }
   }
   std::vector<poolscope::hooks::event> events() {
     std::lock_guard lock(mutex_);
     return events_;
   }
+  std::vector<upstream_call> calls() {
+    std::lock_guard lock(mutex_);
+    return calls_;
+  }
 
  private:
   std::mutex mutex_;
   std::vector<poolscope::hooks::event> events_;
+  std::map<std::uint64_t, std::uint64_t> began_;  // thread -> its upstream call's pre event
+  std::vector<upstream_call> calls_;
 };
 
 timeline_options host_only(const std::string& path) {
@@ -115,8 +141,41 @@ TEST(trace_timeline, host_only_run_with_scopes_allocator_events_and_counters) {
   EXPECT_EQ(st.events_written, events.size());
   EXPECT_FALSE(st.write_failed);
 
+  // Upstream calls: a slice each (cat "allocator"), from its pre to its post event, on the
+  // calling thread, in the order made (each thread's calls come one after another).
+  const auto calls = reference.calls();
+  const auto upstream = events_of(events, "X", "allocator");
+  ASSERT_EQ(upstream.size(), calls.size());
+  ASSERT_GE(calls.size(), 2U);  // the pool's segments taken, and given back by release_cached
+  // (name, thread, bytes, duration in µs): sorted alike, as the trace's rounding to the
+  // nanosecond keeps the order of durations.
+  std::multiset<std::tuple<std::string, std::uint64_t, std::uint64_t, double>> want_calls;
+  std::multiset<std::tuple<std::string, std::uint64_t, std::uint64_t, double>> got_calls;
+  for (const auto& c : calls) {
+    want_calls.insert(
+        {c.name, c.thread, c.bytes, static_cast<double>(c.end_ns - c.begin_ns) / 1000.0});
+  }
+  for (const auto& s : upstream) {
+    EXPECT_EQ(s["pid"], poolscope::profiler::host_pid);
+    EXPECT_EQ(s["args"]["allocator"], "bfc/host");
+    got_calls.insert({s["name"].get<std::string>(), s["tid"].get<std::uint64_t>(),
+                      s["args"]["bytes"].get<std::uint64_t>(), s["dur"].get<double>()});
+  }
+  ASSERT_EQ(got_calls.size(), want_calls.size());
+  for (auto w = want_calls.begin(), g = got_calls.begin(); w != want_calls.end(); ++w, ++g) {
+    EXPECT_EQ(std::get<0>(*g), std::get<0>(*w));
+    EXPECT_EQ(std::get<1>(*g), std::get<1>(*w));
+    EXPECT_EQ(std::get<2>(*g), std::get<2>(*w));
+    EXPECT_NEAR(std::get<3>(*g), std::get<3>(*w), 0.0015);  // µs with three decimals
+  }
+
   // Host slices: 20 "alloc" in "pool", one "run", one "worker step" on the worker's track.
-  const auto slices = events_of(events, "X");
+  std::vector<json> slices;
+  for (const auto& s : events_of(events, "X")) {
+    if (s["cat"] != "allocator") {
+      slices.push_back(s);
+    }
+  }
   ASSERT_EQ(slices.size(), 22U);
   EXPECT_EQ(events_of(events, "X", "pool").size(), 20U);
   for (const auto& s : slices) {

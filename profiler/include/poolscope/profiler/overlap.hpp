@@ -167,6 +167,7 @@ struct trace_summary {
     std::vector<device_overlap> devices;  ///< as `devices`, inside this window alone
     std::uint64_t upstream_allocs = 0;    ///< as `upstream_allocs`, inside this window alone
     std::uint64_t upstream_bytes = 0;
+    std::uint64_t upstream_ns = 0;
   };
   /// Per window of `windows`, in time order, when asked for (`each`); else empty.
   std::vector<window_overlap> each;
@@ -182,6 +183,10 @@ struct trace_summary {
   /// first runs pay and later ones do not.
   std::uint64_t upstream_allocs = 0;
   std::uint64_t upstream_bytes = 0;
+  /// Host time in those calls: the "upstream alloc" slices (cat "allocator") the timeline
+  /// writes from each call's pre to its post event, their parts inside the windows (0 for a
+  /// trace without them).
+  std::uint64_t upstream_ns = 0;
   std::int64_t window_begin_ns = 0;  ///< ts of the earliest event (ns since the trace origin)
   std::int64_t window_end_ns = 0;    ///< end of the latest event
   std::vector<device_overlap> devices;
