@@ -393,8 +393,8 @@ void backend::note_outgoing_copy(int device, const event& end) noexcept {
   }
 }
 
-bool backend::yields_to_copies(int device) noexcept {
-  if (!yield_to_copies_) {
+bool backend::yields_to_copies(int device, queue_kind q) noexcept {
+  if (!yield_to_copies_ || q != queue_kind::compute) {
     return false;
   }
   outgoing_copies& o = tracks().outgoing[static_cast<std::size_t>(device)];
@@ -433,8 +433,11 @@ event backend::record(int device, queue_kind q) {
   const std::lock_guard lock(t.record_mutex);
   event e = do_record(device, q, t.recorded + 1);
   ++t.recorded;
-  if (const int source = t.copy_source.exchange(-1, std::memory_order_relaxed); source >= 0) {
-    note_outgoing_copy(source, e);
+  // (A load first: nearly every record follows no large copy, and then writes nothing.)
+  if (t.copy_source.load(std::memory_order_relaxed) >= 0) {
+    if (const int source = t.copy_source.exchange(-1, std::memory_order_relaxed); source >= 0) {
+      note_outgoing_copy(source, e);
+    }
   }
   return e;
 }
@@ -642,7 +645,7 @@ void backend::fill(int device, queue_kind q, dtype t, const view& dst, scalar va
   if (dst.size() == 0) {
     return;
   }
-  do_fill(device, q, t, dst, value);
+  do_fill(device, q, t, dst, value, yields_to_copies(device, q));
 }
 
 void backend::unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
@@ -654,7 +657,7 @@ void backend::unary(int device, queue_kind q, dtype t, unary_op op, const view& 
   if (dst.size() == 0) {
     return;
   }
-  do_unary(device, q, t, op, dst, src);
+  do_unary(device, q, t, op, dst, src, yields_to_copies(device, q));
 }
 
 void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
@@ -675,7 +678,7 @@ void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view
   if (dst.size() == 0) {
     return;
   }
-  do_binary(device, q, t, op, dst, a, b, a_scalar, b_scalar);
+  do_binary(device, q, t, op, dst, a, b, a_scalar, b_scalar, yields_to_copies(device, q));
 }
 
 void backend::binary_parts(int device, queue_kind q, dtype t, binary_op op,
@@ -692,7 +695,7 @@ void backend::binary_parts(int device, queue_kind q, dtype t, binary_op op,
   }
   if (!any_empty) {  // the usual case: no copy of the list
     if (!parts.empty()) {
-      do_binary_parts(device, q, t, op, parts);
+      do_binary_parts(device, q, t, op, parts, yields_to_copies(device, q));
     }
     return;
   }
@@ -700,14 +703,14 @@ void backend::binary_parts(int device, queue_kind q, dtype t, binary_op op,
   std::copy_if(parts.begin(), parts.end(), std::back_inserter(work),
                [](const binary_part& p) { return p.dst.size() != 0; });
   if (!work.empty()) {
-    do_binary_parts(device, q, t, op, work);
+    do_binary_parts(device, q, t, op, work, yields_to_copies(device, q));
   }
 }
 
 void backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
-                              const std::vector<binary_part>& parts) {
+                              const std::vector<binary_part>& parts, bool yielding) {
   for (const binary_part& p : parts) {
-    do_binary(device, q, t, op, p.dst, p.a, p.b, nullptr, nullptr);
+    do_binary(device, q, t, op, p.dst, p.a, p.b, nullptr, nullptr, yielding);
   }
 }
 

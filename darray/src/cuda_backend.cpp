@@ -265,13 +265,15 @@ class cuda_backend final : public backend {
   [[nodiscard]] bool do_groups_automatically(const reshard_plan& plan) const override;
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override;
   void do_download(int device, dtype t, const view& host_dst, const view& src) override;
-  void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) override;
-  void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
-                const view& src) override;
+  void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value,
+               bool yielding) override;
+  void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst, const view& src,
+                bool yielding) override;
   void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
-                 const view& b, const scalar* a_scalar, const scalar* b_scalar) override;
+                 const view& b, const scalar* a_scalar, const scalar* b_scalar,
+                 bool yielding) override;
   void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
-                       const std::vector<binary_part>& parts) override;
+                       const std::vector<binary_part>& parts, bool yielding) override;
   void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                      const view& src) override;
   void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc, const view& src,
@@ -292,11 +294,11 @@ class cuda_backend final : public backend {
   [[nodiscard]] detail::launch_target target(int device, queue_kind q) const noexcept {
     return detail::launch_target{stream(device, q), dev(device).sm_count, dev(device).graphs.get()};
   }
-  // target() for an element-wise kernel: fewer blocks while a large copy out of the device runs
-  // (backend_options::yield_to_copies; copies queue on the transfer queue, so only compute's).
-  [[nodiscard]] detail::launch_target map_target(int device, queue_kind q) noexcept {
+  // target() for an element-wise task: fewer blocks when it yields to a copy out of its device.
+  [[nodiscard]] detail::launch_target map_target(int device, queue_kind q,
+                                                 bool yielding) const noexcept {
     detail::launch_target on = target(device, q);
-    if (q == queue_kind::compute && yields_to_copies(device)) {
+    if (yielding) {
       on.blocks_per_sm = detail::yielding_blocks_per_sm;
     }
     return on;
@@ -857,36 +859,37 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
 
 // --- compute ---
 
-void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) {
+void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value,
+                           bool yielding) {
   static const profiler::scope_site site{"darray.fill", category::darray_compute};
   const device_guard guard(device);
   const profiler::scope scope{site, stream_view{stream(device, q)}};
-  detail::launch_fill(map_target(device, q), t, dst, value);
+  detail::launch_fill(map_target(device, q, yielding), t, dst, value);
   count_op();
 }
 
 void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
-                            const view& src) {
+                            const view& src, bool yielding) {
   const device_guard guard(device);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  detail::launch_unary(map_target(device, q), t, op, dst, src);
+  detail::launch_unary(map_target(device, q, yielding), t, op, dst, src);
   count_op();
 }
 
 void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                              const view& a, const view& b, const scalar* a_scalar,
-                             const scalar* b_scalar) {
+                             const scalar* b_scalar, bool yielding) {
   const device_guard guard(device);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  detail::launch_binary(map_target(device, q), t, op, dst, a, b, a_scalar, b_scalar);
+  detail::launch_binary(map_target(device, q, yielding), t, op, dst, a, b, a_scalar, b_scalar);
   count_op();
 }
 
 void cuda_backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
-                                   const std::vector<binary_part>& parts) {
+                                   const std::vector<binary_part>& parts, bool yielding) {
   const device_guard guard(device);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  const detail::launch_target on = map_target(device, q);
+  const detail::launch_target on = map_target(device, q, yielding);
   if (detail::launch_binary_parts(on, t, op, parts)) {
     count_op();
     return;

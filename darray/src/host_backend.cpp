@@ -767,28 +767,22 @@ class host_backend final : public backend {
     dispatch<copy_fn>(t, host_dst, src);
   }
 
-  // What the CUDA backend's element-wise launches ask (fewer blocks there); here only counted.
-  void count_yielding(int device, queue_kind q) noexcept {
-    if (q == queue_kind::compute) {
-      (void)yields_to_copies(device);
-    }
-  }
-  void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) override {
+  // (`yielding`: fewer blocks on GPUs; nothing to yield here: a host device has no copy engine)
+  void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value,
+               bool /*yielding*/) override {
     count_op();
-    count_yielding(device, q);
     push(device, q, "darray.fill", [t, dst, value] { dispatch<fill_fn>(t, dst, value); });
   }
-  void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
-                const view& src) override {
+  void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst, const view& src,
+                bool /*yielding*/) override {
     count_op();
-    count_yielding(device, q);
     push(device, q, "darray." + std::string(to_string(op)),
          [t, op, dst, src] { dispatch<unary_fn>(t, op, dst, src); });
   }
   void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
-                 const view& b, const scalar* a_scalar, const scalar* b_scalar) override {
+                 const view& b, const scalar* a_scalar, const scalar* b_scalar,
+                 bool /*yielding*/) override {
     count_op();
-    count_yielding(device, q);
     const bool has_a = a_scalar != nullptr;
     const bool has_b = b_scalar != nullptr;
     const scalar as = has_a ? *a_scalar : scalar{};
@@ -799,9 +793,8 @@ class host_backend final : public backend {
          });
   }
   void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
-                       const std::vector<binary_part>& parts) override {
+                       const std::vector<binary_part>& parts, bool /*yielding*/) override {
     count_op();  // one task, as the CUDA backend's one launch
-    count_yielding(device, q);
     push(device, q, "darray." + std::string(to_string(op)), [t, op, parts] {
       for (const binary_part& p : parts) {
         dispatch<binary_fn>(t, op, p.dst, p.a, p.b, nullptr, nullptr);

@@ -511,11 +511,28 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
   trace_summary s;
   overlap_analyzer analyzer;
   std::vector<overlap_analyzer> per_window(each && windows != nullptr ? windows->size() : 0);
-  // Per window of `each`: the pools' upstream allocations in it (count, bytes).
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> growth(per_window.size());
-  std::vector<std::uint64_t> growth_ns(per_window.size());  // and the host time in them
-  std::vector<interval> parts;                              // a slice's parts inside the windows
-  std::vector<std::size_t> where;                           // the window of each part
+  // Per window of `each`: the pools' upstream allocations in it and the host time they took.
+  struct growth_in {
+    std::uint64_t allocs = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t ns = 0;
+  };
+  std::vector<growth_in> growth(per_window.size());
+  std::vector<interval> parts;     // an event's parts that count
+  std::vector<std::size_t> where;  // the window of each part (0 without windows)
+  // Sets `parts` to what of [begin, end) counts: its parts inside the windows (see clip_to), or
+  // all of it without windows. False when nothing counts.
+  const auto counted = [&](std::int64_t begin, std::int64_t end) {
+    parts.clear();
+    where.clear();
+    if (windows != nullptr) {
+      clip_to(*windows, begin, end, parts, where);
+    } else {
+      parts.push_back({begin, end});
+      where.push_back(0);
+    }
+    return !parts.empty();
+  };
   std::map<std::tuple<int, std::string, std::string>, op_summary> kernels;
   std::map<std::tuple<int, std::string, std::string>, op_summary> copies;
   std::map<std::pair<std::string, std::string>, op_summary> api_calls;  // (name, api)
@@ -606,58 +623,38 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
           bytes = r->get<std::uint64_t>();
         }
       }
-      std::size_t in = 0;
-      if (windows != nullptr) {
-        parts.clear();
-        where.clear();
-        clip_to(*windows, begin, begin, parts, where);
-        if (parts.empty()) {
-          return;
-        }
-        in = where.front();
+      if (!counted(begin, begin)) {
+        return;
       }
       ++s.upstream_allocs;
       s.upstream_bytes += bytes;
       if (!growth.empty()) {
-        ++growth[in].first;
-        growth[in].second += bytes;
+        ++growth[where.front()].allocs;
+        growth[where.front()].bytes += bytes;
       }
       return;
     }
     if (complete && name_it != e.end() && *name_it == "upstream alloc" && cat_it != e.end() &&
         *cat_it == "allocator") {
       // The host time of a pool's upstream allocation, inside the windows.
-      parts.clear();
-      where.clear();
-      if (windows != nullptr) {
-        clip_to(*windows, begin, end, parts, where);
-      } else {
-        parts.push_back({begin, end});
-        where.push_back(0);
-      }
+      (void)counted(begin, end);
       for (std::size_t i = 0; i < parts.size(); ++i) {
         const std::uint64_t ns = span_ns(parts[i].begin_ns, parts[i].end_ns);
         s.upstream_ns += ns;
-        if (!growth_ns.empty()) {
-          growth_ns[where[i]] += ns;
+        if (!growth.empty()) {
+          growth[where[i]].ns += ns;
         }
       }
       return;
     }
     if (complete && !cls && cat_it != e.end() && *cat_it == "cuda_api" && name_it != e.end()) {
       // A CUDA API call: its time inside the windows, under its name and api.
-      std::uint64_t inside = span_ns(begin, end);
-      if (windows != nullptr) {
-        parts.clear();
-        where.clear();
-        clip_to(*windows, begin, end, parts, where);
-        if (parts.empty()) {
-          return;
-        }
-        inside = 0;
-        for (const interval& p : parts) {
-          inside += span_ns(p.begin_ns, p.end_ns);
-        }
+      if (!counted(begin, end)) {
+        return;
+      }
+      std::uint64_t inside = 0;
+      for (const interval& p : parts) {
+        inside += span_ns(p.begin_ns, p.end_ns);
       }
       std::string api;
       if (has_args) {
@@ -678,20 +675,10 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     }
     const activity_class klass = *cls;
     const std::string& cat = cat_it->get_ref<const std::string&>();
-    parts.clear();
-    where.clear();
-    if (windows != nullptr) {
-      // Only the parts inside the windows count; a slice of no length has none of their time
-      // (clip_to gives a slice with length only parts with length).
-      if (end <= begin) {
-        return;
-      }
-      clip_to(*windows, begin, end, parts, where);
-      if (parts.empty()) {
-        return;
-      }
-    } else {
-      parts.push_back({begin, end});
+    // Only the parts inside the windows count; a slice of no length has none of their time
+    // (clip_to gives a slice with length only parts with length).
+    if ((windows != nullptr && end <= begin) || !counted(begin, end)) {
+      return;
     }
     std::uint64_t dur = 0;
     for (std::size_t i = 0; i < parts.size(); ++i) {
@@ -742,8 +729,8 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
     analyzer.set_windows(*windows);
     for (std::size_t w = 0; w < per_window.size(); ++w) {
       per_window[w].set_window((*windows)[w].begin_ns, (*windows)[w].end_ns);
-      s.each.push_back({(*windows)[w], per_window[w].analyze(), growth[w].first, growth[w].second,
-                        growth_ns[w]});
+      s.each.push_back({(*windows)[w], per_window[w].analyze(), growth[w].allocs, growth[w].bytes,
+                        growth[w].ns});
     }
   } else if (lo <= hi) {
     analyzer.set_window(lo, hi);

@@ -421,12 +421,6 @@ class backend : public std::enable_shared_from_this<backend> {
   void count_op() noexcept;
   /// For implementations, from the constructor: options.yield_to_copies.
   void set_yield_to_copies(bool on) noexcept { yield_to_copies_ = on; }
-  /// For implementations, when enqueueing compute on `device`: whether a copy of at least
-  /// yield_min_bytes out of `device` (enqueued with copy() and followed by a record() on its
-  /// queue, as the executor does) may still be in flight, asking the device about the newest
-  /// such copy of each queue; counts a yes in stats().compute_yielding. False when
-  /// yield_to_copies is off. Thread-safe.
-  [[nodiscard]] bool yields_to_copies(int device) noexcept;
   /// For implementations: frees deferred buffers whose uses completed (all of them if `all`,
   /// after synchronizing). Call from do_synchronize's callers only through the public methods.
   void collect_deferred(bool all) noexcept;
@@ -455,15 +449,19 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] virtual bool do_groups_automatically(const reshard_plan& plan) const;
   virtual void do_upload(int device, dtype t, const view& dst, const view& host_src) = 0;
   virtual void do_download(int device, dtype t, const view& host_dst, const view& src) = 0;
-  virtual void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value) = 0;
+  // The element-wise tasks. `yielding`: the task is compute on a device while a large copy out of
+  // it may still run (backend_options::yield_to_copies, decided by the public methods): on GPUs,
+  // launch it with fewer blocks.
+  virtual void do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value,
+                       bool yielding) = 0;
   virtual void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
-                        const view& src) = 0;
+                        const view& src, bool yielding) = 0;
   virtual void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                          const view& a, const view& b, const scalar* a_scalar,
-                         const scalar* b_scalar) = 0;
+                         const scalar* b_scalar, bool yielding) = 0;
   /// Default: do_binary per part.
   virtual void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
-                               const std::vector<binary_part>& parts);
+                               const std::vector<binary_part>& parts, bool yielding);
   virtual void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                              const view& src) = 0;
   virtual void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
@@ -503,6 +501,12 @@ class backend : public std::enable_shared_from_this<backend> {
   queue_tracks& tracks();
   /// Keeps `end` (recorded after a large copy out of `device`) for yields_to_copies.
   void note_outgoing_copy(int device, const event& end) noexcept;
+  /// Whether an element-wise task on (device, q) yields (the do_* methods' `yielding`): on the
+  /// compute queue while a copy of at least yield_min_bytes out of `device` (enqueued with copy()
+  /// and followed by a record() on its queue, as the executor does) may still be in flight,
+  /// asking the device about the newest such copy of each queue; counts a yes in
+  /// stats().compute_yielding. False when yield_to_copies is off. Thread-safe.
+  [[nodiscard]] bool yields_to_copies(int device, queue_kind q) noexcept;
   /// The queue_key of `e` if this backend recorded it, else -1.
   [[nodiscard]] int own_queue_key(const event& e) const noexcept;
   /// Whether `e` is known complete without asking the device: its own flag, or (one of ours) a
