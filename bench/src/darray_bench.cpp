@@ -868,14 +868,9 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
       const darray::backend_stats before = be->stats();
       rep.workloads.push_back(run.run(name));
       const darray::backend_stats after = be->stats();
-      rep.workloads.back().backend = {
-          {"ops", after.ops - before.ops},
-          {"copies_peer", after.copies_peer - before.copies_peer},
-          {"bytes_peer", after.bytes_peer - before.bytes_peer},
-          {"waits", after.waits - before.waits},
-          {"waits_elided", after.waits_elided - before.waits_elided},
-          {"buffers_reused", after.buffers_reused - before.buffers_reused},
-          {"compute_yielding", after.compute_yielding - before.compute_yielding}};
+      for (const auto& [field_name, field] : darray::backend_stats_fields) {
+        rep.workloads.back().backend[std::string(field_name)] = after.*field - before.*field;
+      }
     }
   }
 

@@ -10,7 +10,9 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "poolscope/darray/backend.hpp"
@@ -181,6 +183,28 @@ TEST(darray_backend, identities_and_names) {
 }
 
 using test_support::gate;
+
+// backend_stats_fields names every figure once: each entry reads its own member (set to a
+// value of its own here), and the struct holds no figure the table lacks.
+TEST(darray_backend, stats_fields_name_every_figure_once) {
+  static_assert(sizeof(backend_stats) == backend_stats_fields.size() * sizeof(std::uint64_t),
+                "a backend_stats figure without an entry in backend_stats_fields");
+  backend_stats s;
+  std::uint64_t v = 1;
+  for (const auto& [name, field] : backend_stats_fields) {
+    s.*field = v++;
+  }
+  std::set<std::string_view> names;
+  std::set<std::uint64_t> values;
+  for (const auto& [name, field] : backend_stats_fields) {
+    names.insert(name);
+    values.insert(s.*field);
+  }
+  EXPECT_EQ(names.size(), backend_stats_fields.size());
+  EXPECT_EQ(values.size(), backend_stats_fields.size());  // no member read twice
+  EXPECT_EQ(s.copies_local, 1U);                          // in declaration order
+  EXPECT_EQ(s.compute_yielding, backend_stats_fields.size());
+}
 
 TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {
   auto be = make_host_backend(2);

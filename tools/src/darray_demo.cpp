@@ -401,15 +401,11 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   }
   demo["allocators"] = mem;
   const darray::backend_stats bs = be->stats();
-  demo["backend_stats"] = {{"ops", bs.ops},
-                           {"copies_local", bs.copies_local},
-                           {"copies_peer", bs.copies_peer},
-                           {"bytes_peer", bs.bytes_peer},
-                           {"bytes_nccl", bs.bytes_nccl},
-                           {"waits", bs.waits},
-                           {"waits_elided", bs.waits_elided},
-                           {"buffers_reused", bs.buffers_reused},
-                           {"compute_yielding", bs.compute_yielding}};
+  nlohmann::json counts = nlohmann::json::object();
+  for (const auto& [name, field] : darray::backend_stats_fields) {
+    counts[std::string(name)] = bs.*field;
+  }
+  demo["backend_stats"] = std::move(counts);
   rep.set_metadata("demo", demo);
   rep.write(o.report_path);
   res.report = rep.to_json();

@@ -81,9 +81,9 @@ struct darray_workload_result {
   std::map<std::string, double> figures;
   std::map<std::string, darray_baseline> baselines;  ///< "peer", "peer_bidirectional", "nccl", ...
   /// What the darray backend did during the workload (warm-up, timed runs, and the darray
-  /// side of baselines), as differences of darray::backend_stats: "ops", "copies_peer",
-  /// "bytes_peer", "waits", "waits_elided", "buffers_reused", "compute_yielding" — whether a
-  /// mechanism engaged (compute yielding to copies in D1 and D2 on GPUs, say).
+  /// side of baselines), as differences of darray::backend_stats under the names of
+  /// darray::backend_stats_fields ("bytes_peer", "compute_yielding", ...) — whether a mechanism
+  /// engaged (compute yielding to copies in D1 and D2 on GPUs, say).
   std::map<std::string, std::uint64_t> backend;
   std::string error;  ///< non-empty if the workload failed
 };

@@ -51,6 +51,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "poolscope/darray/fork_join.hpp"
@@ -259,6 +260,20 @@ struct backend_stats {
   /// (backend_options::yield_to_copies: on GPUs, launched with fewer blocks).
   std::uint64_t compute_yielding = 0;
 };
+
+/// Every figure of backend_stats with its name, in declaration order: what reports write (the
+/// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 10>
+    backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
+                          {"copies_peer", &backend_stats::copies_peer},
+                          {"bytes_local", &backend_stats::bytes_local},
+                          {"bytes_peer", &backend_stats::bytes_peer},
+                          {"bytes_nccl", &backend_stats::bytes_nccl},
+                          {"ops", &backend_stats::ops},
+                          {"waits", &backend_stats::waits},
+                          {"waits_elided", &backend_stats::waits_elided},
+                          {"buffers_reused", &backend_stats::buffers_reused},
+                          {"compute_yielding", &backend_stats::compute_yielding}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
