@@ -805,6 +805,7 @@ backend_stats backend::stats() const {
   s.waits_elided = get(counters_.waits_elided);
   s.buffers_reused = get(counters_.buffers_reused);
   s.compute_yielding = get(counters_.compute_yielding);
+  s.kernel_graphs_made = get(counters_.kernel_graphs_made);
   return s;
 }
 

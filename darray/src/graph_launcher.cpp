@@ -42,7 +42,7 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
   params.kernelParams = args;
   const std::lock_guard lock(mutex_);
   const auto it = std::find_if(entries_.begin(), entries_.end(), [&](const entry& e) {
-    return e.stream == stream && e.kernel == kernel && same(e.grid, grid) && same(e.block, block);
+    return e.stream == stream && e.kernel == kernel && same(e.block, block);
   });
   if (it != entries_.end()) {
     it->used = ++clock_;
@@ -50,7 +50,7 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
       POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(it->exec, stream));
       return;
     }
-    // The executable would not take the arguments: drop it and make a new one below (whose
+    // The executable would not take the parameters: drop it and make a new one below (whose
     // own failure, if any, is reported).
     (void)cudaGetLastError();
     destroy(*it);
@@ -68,7 +68,6 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
   entry e;
   e.stream = stream;
   e.kernel = kernel;
-  e.grid = grid;
   e.block = block;
   e.used = ++clock_;
   // Whatever fails below leaves nothing behind: `e` is destroyed unless it was stored.
@@ -84,6 +83,9 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
   POOLSCOPE_DARRAY_CHECK(cudaGraphCreate(&e.graph, 0));
   POOLSCOPE_DARRAY_CHECK(cudaGraphAddKernelNode(&e.node, e.graph, nullptr, 0, &params));
   POOLSCOPE_DARRAY_CHECK(cudaGraphInstantiate(&e.exec, e.graph, 0));
+  if (instantiations_ != nullptr) {
+    instantiations_->fetch_add(1, std::memory_order_relaxed);
+  }
   entries_.reserve(entries_.size() + 1);
   POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(e.exec, stream));
   entries_.push_back(e);

@@ -23,6 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -32,36 +33,41 @@
 
 namespace poolscope::darray::detail {
 
-/// Launches kernels as one-node CUDA graphs, one executable per (stream, kernel, grid, block):
-/// the first launch of a combination instantiates it, later ones set the node's arguments and
-/// launch the graph. On the lent H200 hosts that costs 1.6 us of host time against 3.9 us for a
-/// cudaLaunchKernel of the same kernel (docs/perf.md, seventh session, run B), so small
-/// ops spend less of their life being enqueued. The GPU sees the same kernel with the same
-/// arguments, in stream order: an executable's launches are ordered behind its earlier ones,
-/// which are on the same stream already, and setting arguments affects only later launches.
+/// Launches kernels as one-node CUDA graphs, one executable per (stream, kernel, block size):
+/// the first launch of a combination instantiates it (tens of microseconds of host time), later
+/// ones set the node's grid and arguments and launch the graph. On the lent H200 hosts that costs
+/// 1.6 us of host time against 3.9 us for a cudaLaunchKernel of the same kernel (docs/perf.md,
+/// seventh session, run B), so small ops spend less of their life being enqueued; the grid is set
+/// at each launch, so an op of a new size (or a kernel yielding to a copy, with a smaller grid)
+/// pays no instantiation. The GPU sees the same kernel with the same grid and arguments, in
+/// stream order: an executable's launches are ordered behind its earlier ones, which are on the
+/// same stream already, and setting parameters affects only later launches.
 /// Holds at most `capacity` executables per launcher, dropping the least recently used (CUDA
-/// frees one still running when it completes).
+/// frees one still running when it completes). `instantiations`, when given, counts each
+/// executable made (backend_stats::kernel_graphs_made); it must outlive the launcher.
 /// Ownership: owns its graphs. Thread safety: thread-safe (one mutex per launcher; a backend has
 /// one launcher per device, whose work is enqueued by one thread at a time in practice).
 /// Preconditions: the device of every stream passed is current, as for <<<...>>>.
 class graph_launcher {
  public:
-  explicit graph_launcher(std::size_t capacity = 64) noexcept : capacity_(capacity) {}
+  explicit graph_launcher(std::size_t capacity = 64,
+                          std::atomic<std::uint64_t>* instantiations = nullptr) noexcept
+      : capacity_(capacity), instantiations_(instantiations) {}
   graph_launcher(const graph_launcher&) = delete;
   graph_launcher& operator=(const graph_launcher&) = delete;
   ~graph_launcher();
 
-  /// Enqueues `kernel(args...)` on `stream` (args: pointers to each argument, as for
+  /// Enqueues `kernel(args...)` on `stream` over `grid` (args: pointers to each argument, as for
   /// cudaLaunchKernel; no dynamic shared memory). Throws cuda_error when a call fails.
-  /// An executable that refuses new arguments is replaced by a new one.
+  /// An executable that refuses new parameters is replaced by a new one.
   void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args);
 
  private:
   struct entry {
     cudaStream_t stream = nullptr;
     const void* kernel = nullptr;
-    dim3 grid, block;
-    cudaGraph_t graph = nullptr;  // kept: setting a node's arguments names the node of its graph
+    dim3 block;
+    cudaGraph_t graph = nullptr;  // kept: setting a node's parameters names the node of its graph
     cudaGraphNode_t node = nullptr;
     cudaGraphExec_t exec = nullptr;
     std::uint64_t used = 0;
@@ -69,6 +75,7 @@ class graph_launcher {
   static void destroy(entry& e) noexcept;
 
   std::size_t capacity_;
+  std::atomic<std::uint64_t>* instantiations_;
   std::mutex mutex_;
   std::vector<entry> entries_;  // guarded by mutex_; few, searched linearly
   std::uint64_t clock_ = 0;     // guarded by mutex_

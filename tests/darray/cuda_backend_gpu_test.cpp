@@ -948,10 +948,11 @@ TEST_F(cuda_backend_events, buffers_with_pending_uses_return_after_synchronize) 
 }
 
 // Kernels launched as graphs (backend_options::kernel_graphs, the default): one executable per
-// stream, kernel and grid, its arguments set at each launch while earlier launches of it may still
-// be queued. Many sizes (more grids than the launcher keeps, so executables are evicted and made
-// again) on both queues, nothing synchronized until the end; then every output against the host,
-// and the same work with plain launches.
+// stream, kernel and block size, its grid and arguments set at each launch while earlier launches
+// of it may still be queued. Many sizes (about a hundred grids) on both queues, nothing
+// synchronized until the end; then every output against the host, the executables made against
+// one per queue and kernel (fill, mul and neg of dense f32, each on the vector path), and the same
+// work with plain launches (which make none).
 TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
   if (!the_gpu().be) {
     GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
@@ -982,6 +983,7 @@ TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
       jobs.push_back(std::move(j));
     }
     be->synchronize();
+    EXPECT_EQ(be->stats().kernel_graphs_made, graphs ? 2U * 3U : 0U);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       std::vector<float> host(static_cast<std::size_t>(jobs[i].n));
       be->download(0, dtype::f32, view::dense(host.data(), {jobs[i].n}),

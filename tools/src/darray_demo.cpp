@@ -470,7 +470,11 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   }
   t << "    buffers handed on in queue order (no allocator call): " << bs.buffers_reused
     << "; queue waits enqueued " << bs.waits << ", elided " << bs.waits_elided
-    << "; compute yielding to copies out of its device " << bs.compute_yielding << "\n";
+    << "; compute yielding to copies out of its device " << bs.compute_yielding;
+  if (bs.kernel_graphs_made != 0) {
+    t << "; kernel graphs made " << bs.kernel_graphs_made;
+  }
+  t << "\n";
   t << "\n  top scopes (function profiler):\n";
   {
     std::istringstream table(scopes.report().to_table());

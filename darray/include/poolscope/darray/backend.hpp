@@ -228,9 +228,9 @@ struct backend_options {
   /// (a graph launch is cheap enough that a second thread in the driver costs more than it
   /// overlaps, docs/darray.md); none on host (whose enqueue is a queue push); 0: none.
   int issue_threads = -1;
-  /// CUDA: launch kernels as one-node graphs, an executable per stream, kernel and grid whose
-  /// arguments are set at each launch: 1.6 us of host time per launch against 3.9 us for
-  /// cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
+  /// CUDA: launch kernels as one-node graphs, an executable per stream, kernel and block size
+  /// whose grid and arguments are set at each launch: 1.6 us of host time per launch against 3.9 us
+  /// for cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
   bool kernel_graphs = true;
   /// Compute enqueued on a device while a large copy out of it (>= yield_min_bytes) may still
   /// be in flight yields memory bandwidth to that copy: on GPUs, element-wise kernels over
@@ -259,11 +259,14 @@ struct backend_stats {
   /// Compute tasks enqueued on a device while a large copy out of it was in flight
   /// (backend_options::yield_to_copies: on GPUs, launched with fewer blocks).
   std::uint64_t compute_yielding = 0;
+  /// CUDA graph executables made to launch kernels (backend_options::kernel_graphs): one per
+  /// stream, kernel and block size, each costing tens of microseconds of host time once.
+  std::uint64_t kernel_graphs_made = 0;
 };
 
 /// Every figure of backend_stats with its name, in declaration order: what reports write (the
 /// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
-inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 10>
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 11>
     backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
                           {"copies_peer", &backend_stats::copies_peer},
                           {"bytes_local", &backend_stats::bytes_local},
@@ -273,7 +276,8 @@ inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_st
                           {"waits", &backend_stats::waits},
                           {"waits_elided", &backend_stats::waits_elided},
                           {"buffers_reused", &backend_stats::buffers_reused},
-                          {"compute_yielding", &backend_stats::compute_yielding}}};
+                          {"compute_yielding", &backend_stats::compute_yielding},
+                          {"kernel_graphs_made", &backend_stats::kernel_graphs_made}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
@@ -434,6 +438,10 @@ class backend : public std::enable_shared_from_this<backend> {
   /// For implementations: counts work in stats().
   void count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept;
   void count_op() noexcept;
+  /// For implementations: the counter of stats().kernel_graphs_made (lives as long as this).
+  [[nodiscard]] std::atomic<std::uint64_t>* kernel_graphs_counter() noexcept {
+    return &counters_.kernel_graphs_made;
+  }
   /// For implementations, from the constructor: options.yield_to_copies.
   void set_yield_to_copies(bool on) noexcept { yield_to_copies_ = on; }
   /// For implementations: frees deferred buffers whose uses completed (all of them if `all`,
@@ -545,6 +553,7 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> waits_elided{0};
     std::atomic<std::uint64_t> buffers_reused{0};
     std::atomic<std::uint64_t> compute_yielding{0};
+    std::atomic<std::uint64_t> kernel_graphs_made{0};
   };
   bool yield_to_copies_ = false;
 
