@@ -3,7 +3,8 @@
 # included), the GPU allocator tests under compute-sanitizer memcheck, the benchmarks and the
 # PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last.
 #   scripts/gpu-check.sh [--quick] [--darray | --pools]
-#     --quick: shorter benchmarks; --darray: build, then only the darray tests, demo and benchmark
+#     --quick: shorter benchmarks; --darray: build, then only the darray tests (and the function
+#     profiler's GPU timing, which the demo uses), demo and benchmark
 #     (for a multi-GPU machine when the single-GPU parts already ran); --pools: everything but
 #     those. GPU_BUILD_DIR overrides the build directory (default build-gpu in the tree).
 set -uo pipefail
@@ -51,8 +52,8 @@ step "configure+build (sm_90)" "$out/build.log" bash -c "
 # 120 s per test: the longest takes seconds; a hang (the CUDA randomized darray test has hung at
 # process exit about once in 20 runs, docs/perf.md) fails its test instead of the whole call.
 if [ "$only" = darray ]; then
-  step "ctest darray+tools (GPUs present)" "$out/tests.log" \
-    ctest --test-dir "$build" --output-on-failure -j 2 --timeout 120 -R 'darray|cli_darray'
+  step "ctest darray+tools+profiler GPU timing (GPUs present)" "$out/tests.log" \
+    ctest --test-dir "$build" --output-on-failure -j 2 --timeout 120 -R 'darray|cli_darray|function_profiler_gpu'
 else
   step "ctest (all, GPU present)" "$out/tests.log" \
     ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cmath>
 #include <mutex>
 #include <unordered_map>
@@ -33,6 +34,8 @@ event_pool& pool() {
 }
 
 constexpr std::size_t k_max_free_per_device = 4096;
+
+std::atomic<std::uint64_t> g_created{0};
 
 }  // namespace
 
@@ -82,6 +85,7 @@ event_handle acquire_event(const char** error) noexcept {
       fail(rc, error);
       return nullptr;
     }
+    g_created.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard lock(p.mutex);
     p.device_of.emplace(e, device);
     return e;
@@ -91,6 +95,10 @@ event_handle acquire_event(const char** error) noexcept {
     }
     return nullptr;
   }
+}
+
+std::uint64_t events_created() noexcept {
+  return g_created.load(std::memory_order_relaxed);
 }
 
 void release_event(event_handle e) noexcept {

@@ -74,6 +74,10 @@ std::atomic<std::uint64_t> g_next_session{0};
 std::atomic<clock_function> g_clock{&hooks::now_ns};
 std::atomic<bool> g_gpu{false};
 std::atomic<std::size_t> g_gpu_limit{1024};
+// A thread's pending GPU-time pairs are first resolved when this many (or the limit, if lower)
+// wait, so even a short run gives its completed events back to the pool for later scopes to
+// reuse instead of creating new ones; each later scan waits until twice what the last one left.
+constexpr std::size_t first_gpu_scan = 64;
 std::atomic<void*> g_owner{nullptr};  // the active profiler's state
 
 std::uint64_t now() noexcept {
@@ -678,9 +682,10 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept {
         if (counted && gpu_end != nullptr) {
           const std::size_t limit = g_gpu_limit.load(std::memory_order_relaxed);
           auto& pending = sh.data.pending;
-          if (pending.size() >= sh.next_scan && pending.size() >= limit) {
+          const std::size_t first = std::min(limit, first_gpu_scan);
+          if (pending.size() >= std::max(first, sh.next_scan)) {
             sh.data.resolve(false);
-            sh.next_scan = std::max(limit, pending.size() * 2);
+            sh.next_scan = std::max(first, pending.size() * 2);
           }
           if (pending.size() >= 16 * limit) {
             ++sh.data.gpu_dropped;

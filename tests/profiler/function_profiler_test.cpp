@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "../../profiler/src/detail/cuda_timing_seam.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
@@ -555,6 +556,41 @@ TEST(function_profiler_gpu, event_pairs_resolve_lazily) {
   // The inner span lies inside the outer one on the same stream (0.5 us event resolution).
   EXPECT_GE(*outer.gpu_total_ns + steps * 1000U, *inner.gpu_total_ns);
   EXPECT_GT(*inner.gpu_total_ns, 0U);  // 64 MiB memsets take time on any GPU
+  EXPECT_EQ(cudaFree(buf), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// A short run reuses its events: pairs are first resolved at 64 pending (not only at the limit),
+// so scopes whose GPU work completed give their events back to the pool for the next scopes. The
+// model: each scope takes two events; with every pair complete by the next scope's close, at
+// most the first scan's 65 pairs are ever out of the pool at once, so at most 130 events are
+// created however many scopes run (the pool may hold events of earlier tests: fewer, never more).
+// Without the early scan, 5000 scopes below the default limit would take 10000 events.
+TEST(function_profiler_gpu, a_short_run_reuses_its_events) {
+  if (!have_gpu()) {
+    GTEST_SKIP() << "no CUDA device: GPU timing is absent by design (checked elsewhere)";
+  }
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  void* buf = nullptr;
+  ASSERT_EQ(cudaMalloc(&buf, 4096), cudaSuccess);
+  namespace timing = poolscope::profiler::detail::cuda_timing;
+  const std::uint64_t created_before = timing::events_created();
+  function_profiler prof;  // default options: the limit (1024) is above the run's length
+  constexpr int steps = 5000;
+  for (int i = 0; i < steps; ++i) {
+    {
+      POOLSCOPE_SCOPE("fp.gpu.short", s);
+      ASSERT_EQ(cudaMemsetAsync(buf, i & 0xff, 4096, s), cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);  // the pair just closed is complete
+  }
+  prof.stop();
+  const std::uint64_t created = timing::events_created() - created_before;
+  EXPECT_LE(created, 2U * 65U) << "events created for " << steps << " scopes";
+  const auto p = prof.report(/*wait_for_gpu=*/true);
+  EXPECT_EQ(get(p, "fp.gpu.short").gpu_samples, static_cast<std::uint64_t>(steps));
+  EXPECT_EQ(p.gpu_dropped, 0U);
   EXPECT_EQ(cudaFree(buf), cudaSuccess);
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }

@@ -30,6 +30,8 @@ using event_handle = void*;
 [[nodiscard]] event_handle acquire_event(const char** error = nullptr) noexcept;
 /// Returns `e` to the pool of the device it was acquired on (it may still be pending).
 void release_event(event_handle e) noexcept;
+/// Events acquire_event() has created since the process started (the rest came from the pool).
+[[nodiscard]] std::uint64_t events_created() noexcept;
 
 /// cudaEventRecord(e, stream).
 [[nodiscard]] bool record(event_handle e, void* stream, const char** error = nullptr) noexcept;

@@ -135,8 +135,10 @@ struct function_profiler_options {
   bool memory = true;
   /// The clock for CPU times (tests inject a synthetic one); null: hooks::now_ns.
   clock_function clock = nullptr;
-  /// Per thread: when this many event pairs are pending, completed ones are resolved with
-  /// cudaEventQuery; at 16 times this many, new pairs are dropped (and counted).
+  /// Per thread: completed event pairs are resolved with cudaEventQuery (their events reused by
+  /// later scopes) when 64 pairs, or this many if fewer, are pending, and again each time the
+  /// pending pairs reach twice what the last resolution left; at 16 times this many, new pairs
+  /// are dropped (and counted).
   std::size_t gpu_pending_limit = 1024;
 };
 
