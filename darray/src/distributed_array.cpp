@@ -3,6 +3,7 @@
 #include "poolscope/darray/distributed_array.hpp"
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -341,11 +342,22 @@ constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
 // D3's fused op more than the copy is worth overlapping (docs/darray.md "Reshard").
 constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
 
+// Called by execute_reshard with the new state once the parts already in place are in it and
+// every link's first copy is enqueued (see there); may enqueue work on the parts it finds.
+using in_place_ready = std::function<void(const array_state&)>;
+
 // Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
 // for before is first checked as `check` says.
+// `in_place` (optional; replica sources moved piece by piece only) is called once: right before
+// the first remote piece copied on a queue that already has a copy of this reshard enqueued (the
+// plan's order puts the local pieces and then every link's first piece before it), or at the
+// end. So compute on the data already in place (a fused op's) is enqueued while the first copies
+// run, instead of after the host has issued every piece; the later pieces queue behind those
+// copies anyway, which take far longer than their issue.
 std::shared_ptr<array_state> execute_reshard(const array_state& src,
                                              const darray::index_map& dst_map,
-                                             const reshard_options& options, map_check check) {
+                                             const reshard_options& options, map_check check,
+                                             const in_place_ready& in_place = nullptr) {
   static const profiler::scope_site reshard_site{"darray.reshard", category::darray_transfer};
   static const profiler::scope_site piece_site{"darray.piece", category::darray_transfer};
   const profiler::scope op_scope{reshard_site};
@@ -406,8 +418,26 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     }
   }
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
+  // The queues with a copy of this reshard enqueued (device, transfer queue), until in_place
+  // is called.
+  std::vector<char> copying;
+  bool in_place_called = accumulate || !in_place;
+  const auto call_in_place = [&] {
+    if (!in_place_called) {
+      in_place_called = true;
+      in_place(*out);
+    }
+  };
   for (const piece& p : plan.pieces) {
     chunk& dst = out->chunks[p.dst_chunk];
+    if (!in_place_called && !p.local && !p.from_dst && !pulled(p)) {
+      const int qd = options.issue_on == copy_queue::source ? p.src_device : p.dst_device;
+      copying.resize(std::max(copying.size(), static_cast<std::size_t>(qd) + 1), 0);
+      if (copying[static_cast<std::size_t>(qd)] != 0) {
+        call_in_place();
+      }
+      copying[static_cast<std::size_t>(qd)] = 1;
+    }
     if (p.from_dst) {
       // The plan puts it after the piece it reads, so the parts it aliases are there.
       alias_received(out->chunks[p.src_chunk], p.region, dst);
@@ -467,6 +497,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       }
     }
   }
+  call_in_place();
   if (accumulate) {
     for (std::size_t j = 0; j < out->chunks.size(); ++j) {
       chunk& c = out->chunks[j];
@@ -743,71 +774,86 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   }
   const auto x = completed(a.state_);
   auto y = completed(b.state_);
-  if (!(y->map == x->map)) {
-    y = execute_reshard(*y, x->map, {}, map_check::none);
-  }
   const profiler::scope op_scope{site_of(op)};
   backend& be = *x->be;
   auto out = same_layout(*x);
-  out->info = y->info;
-  // The right operand's parts of a chunk, paired with the left's, in arrival order (local
-  // first, then pieces as they are sent).
+  const auto jobs = output_buffers(be, *x);
+  // The right operand's parts of each chunk paired with the left's, in arrival order (local
+  // first, then pieces as they are sent); parts_done[k]: how many of job k's right parts have
+  // their compute enqueued.
   struct pair_part {
     const chunk_part* a;
     const chunk_part* b;
     box region;
   };
-  const auto jobs = output_buffers(be, *x);
-  std::vector<std::vector<pair_part>> pairs_of(jobs.size());
-  for (std::size_t k = 0; k < jobs.size(); ++k) {
-    const std::size_t j = jobs[k].first;
-    for (const auto& pb : y->chunks[j].parts) {
-      for (const auto& pa : x->chunks[j].parts) {
-        auto r = intersect(pa.region, pb.region);
-        if (r && !r->empty()) {
-          pairs_of[k].push_back(pair_part{&pa, &pb, std::move(*r)});
+  std::vector<std::size_t> parts_done(jobs.size(), 0);
+  // Enqueues the compute of the right parts of `ys` not yet done; with `in_place_only`, only
+  // for chunks large enough to compute part by part (a small chunk's parts go in one task once
+  // all have arrived, below).
+  const auto issue = [&](const array_state& ys, bool in_place_only) {
+    std::vector<std::vector<pair_part>> pairs_of(jobs.size());
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      const std::size_t j = jobs[k].first;
+      if (in_place_only && x->chunks[j].region.size() < batch_parts_below) {
+        continue;
+      }
+      const auto& parts = ys.chunks[j].parts;
+      for (std::size_t i = parts_done[k]; i < parts.size(); ++i) {
+        for (const auto& pa : x->chunks[j].parts) {
+          auto r = intersect(pa.region, parts[i].region);
+          if (r && !r->empty()) {
+            pairs_of[k].push_back(pair_part{&pa, &parts[i], std::move(*r)});
+          }
         }
       }
+      parts_done[k] = parts.size();
     }
-  }
-  be.issue_each(jobs.size(), [&](std::size_t k) {
-    const auto& [j, o] = jobs[k];
-    const std::vector<pair_part>& pairs = pairs_of[k];
-    const chunk& c = x->chunks[j];
-    const auto done = [&](const pair_part& p, const event& e) {
-      p.a->storage->add_use(e);
-      p.b->storage->add_use(e);
-      o->add_use(e);
-      out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
-    };
-    if (pairs.size() > 1 && c.region.size() < batch_parts_below) {
-      // A small chunk: all its parts in one task once all their inputs are there (a launch
-      // costs more than computing a small part early would gain).
-      std::vector<backend::binary_part> parts;
-      parts.reserve(pairs.size());
+    be.issue_each(jobs.size(), [&](std::size_t k) {
+      const auto& [j, o] = jobs[k];
+      const std::vector<pair_part>& pairs = pairs_of[k];
+      const chunk& c = x->chunks[j];
+      const auto done = [&](const pair_part& p, const event& e) {
+        p.a->storage->add_use(e);
+        p.b->storage->add_use(e);
+        o->add_use(e);
+        out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
+      };
+      if (pairs.size() > 1 && c.region.size() < batch_parts_below) {
+        // A small chunk: all its parts in one task once all their inputs are there (a launch
+        // costs more than computing a small part early would gain).
+        std::vector<backend::binary_part> parts;
+        parts.reserve(pairs.size());
+        for (const pair_part& p : pairs) {
+          be.wait(c.device, queue_kind::compute, p.a->ready);
+          be.wait(c.device, queue_kind::compute, p.b->ready);
+          parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                           view_of(*p.b, p.region)});
+        }
+        be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
+        const event e = be.record(c.device, queue_kind::compute);
+        for (const pair_part& p : pairs) {
+          done(p, e);
+        }
+        return;
+      }
+      // Each part computed as soon as it and the left operand's data are there.
       for (const pair_part& p : pairs) {
         be.wait(c.device, queue_kind::compute, p.a->ready);
         be.wait(c.device, queue_kind::compute, p.b->ready);
-        parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
-                         view_of(*p.b, p.region)});
+        be.binary(c.device, queue_kind::compute, x->type, op,
+                  view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                  view_of(*p.b, p.region));
+        done(p, be.record(c.device, queue_kind::compute));
       }
-      be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
-      const event e = be.record(c.device, queue_kind::compute);
-      for (const pair_part& p : pairs) {
-        done(p, e);
-      }
-      return;
-    }
-    // Each part computed as soon as it and the left operand's data are there.
-    for (const pair_part& p : pairs) {
-      be.wait(c.device, queue_kind::compute, p.a->ready);
-      be.wait(c.device, queue_kind::compute, p.b->ready);
-      be.binary(c.device, queue_kind::compute, x->type, op,
-                view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
-                view_of(*p.b, p.region));
-      done(p, be.record(c.device, queue_kind::compute));
-    }
-  });
+    });
+  };
+  if (!(y->map == x->map)) {
+    // The parts already in place are computed while the first pieces move (execute_reshard).
+    y = execute_reshard(*y, x->map, {}, map_check::none,
+                        [&](const array_state& ys) { issue(ys, /*in_place_only=*/true); });
+  }
+  out->info = y->info;
+  issue(*y, /*in_place_only=*/false);
   return array_handle(std::move(out));
 }
 

@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -21,6 +22,7 @@
 
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/timeline.hpp"
 #include "test_support.hpp"
 
@@ -893,6 +895,56 @@ TEST(darray_array, fused_ops_on_overlapping_destination_chunks) {
   // Device 0 lacks [lo:n], device 1 [0:lo].
   EXPECT_EQ(be->stats().bytes_peer - before.bytes_peer,
             static_cast<std::uint64_t>((n - lo) + lo) * sizeof(i64));
+}
+
+// A fused op enqueues compute on the data already in place once every link's first copy is
+// enqueued, not after the host has issued every piece. Two host devices; x's map puts [n/4, n/2)
+// and [n/2, n) in two chunks on device 1, y holds [0, 3n/4) on device 0 and the rest on device 1,
+// so device 0's transfer queue sends two pieces, each into its own landing buffer on device 1.
+// A hook on the calling thread notes the backend's enqueued compute tasks at each allocation: the
+// three output chunks and the first landing buffer come before any compute; the second landing
+// buffer after the one early task, the add of [3n/4, n) already in place in chunk 2 (chunk 0,
+// of n/4 elements, is small: its parts go in one task at the end).
+TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_move) {
+  struct ops_at_malloc final : hooks::hook {
+    const backend* be = nullptr;
+    std::vector<std::uint64_t> ops;
+    void on_event(const hooks::event& e) noexcept override {
+      if (e.kind == hooks::event_kind::pool_malloc && e.phase != hooks::event_phase::pre &&
+          e.ptr != nullptr) {
+        ops.push_back(be->stats().ops);
+      }
+    }
+  };
+  auto be = make_host_backend(2);
+  const i64 n = i64{1} << 21;
+  const shape_t shape{n};
+  index_map x_map;
+  x_map.add(0, box{{slice{0, n / 4}}})
+      .add(1, box{{slice{n / 4, n / 2}}})
+      .add(1, box{{slice{n / 2, n}}});
+  const auto y_map = index_map::split(shape, 0, {{0, 0, n * 3 / 4}, {1, n * 3 / 4, n}});
+  const auto hx = iota_values(n, 3);
+  const auto hy = iota_values(n, -7);
+  const auto x = distributed_array<i64>::from_host(be, hx, shape, x_map);
+  const auto y = distributed_array<i64>::from_host(be, hy, shape, y_map);
+  be->synchronize();
+  ops_at_malloc h;
+  h.be = be.get();
+  const std::uint64_t before = be->stats().ops;
+  std::optional<distributed_array<i64>> sum;
+  {
+    const hooks::scoped_hook installed{h, hooks::scope::thread};
+    sum.emplace(x + y);
+  }
+  const std::vector<i64> z = sum->to_host();
+  const std::vector<std::uint64_t> want{before, before, before, before, before + 1};
+  EXPECT_EQ(h.ops, want);
+  for (i64 i = 0; i < n; ++i) {
+    ASSERT_EQ(z[static_cast<std::size_t>(i)],
+              hx[static_cast<std::size_t>(i)] + hy[static_cast<std::size_t>(i)])
+        << i;
+  }
 }
 
 // matmul's row requests: two row blocks of `a` on device 0 need the same rows of `b` (held by
