@@ -342,18 +342,20 @@ constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
 // D3's fused op more than the copy is worth overlapping (docs/darray.md "Reshard").
 constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
 
-// Called by execute_reshard with the new state once the parts already in place are in it and
-// every link's first copy is enqueued (see there); may enqueue work on the parts it finds.
-using in_place_ready = std::function<void(const array_state&)>;
+// Called by execute_reshard with the new state and, per destination chunk, how many of its
+// first parts are in place (taken from the source on the device, no copy); may enqueue work on
+// those parts.
+using in_place_ready = std::function<void(const array_state&, const std::vector<std::size_t>&)>;
 
 // Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
 // for before is first checked as `check` says.
-// `in_place` (optional; replica sources moved piece by piece only) is called once: right before
-// the first remote piece copied on a queue that already has a copy of this reshard enqueued (the
-// plan's order puts the local pieces and then every link's first piece before it), or at the
-// end. So compute on the data already in place (a fused op's) is enqueued while the first copies
-// run, instead of after the host has issued every piece; the later pieces queue behind those
-// copies anyway, which take far longer than their issue.
+// `in_place` (optional; replica sources moved piece by piece only) is called once, as soon as
+// every queue that copies a piece (not a pulled one) has its first copy enqueued, or at the end:
+// so compute on the data already in place (a fused op's) is enqueued while the first copies
+// run, instead of after the host has issued every piece (the later pieces queue behind those
+// copies anyway, which take far longer than their issue), and, with every piece issued, still
+// before the compute on what the pieces bring. The plan puts local pieces first, so their parts
+// are each chunk's first.
 std::shared_ptr<array_state> execute_reshard(const array_state& src,
                                              const darray::index_map& dst_map,
                                              const reshard_options& options, map_check check,
@@ -418,30 +420,50 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     }
   }
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
-  // The queues with a copy of this reshard enqueued (device, transfer queue), until in_place
-  // is called.
+  // For in_place: per device, whether its issuing queue copies a piece (1) and has one enqueued
+  // (2); the queues still waiting for their first copy; each chunk's parts in place.
   std::vector<char> copying;
+  std::size_t queues_waiting = 0;
+  std::vector<std::size_t> local_parts;
   bool in_place_called = accumulate || !in_place;
+  const auto issuing_device = [&](const piece& p) {
+    return static_cast<std::size_t>(options.issue_on == copy_queue::source ? p.src_device
+                                                                           : p.dst_device);
+  };
+  const auto copied = [&](const piece& p) { return !p.local && !p.from_dst && !pulled(p); };
+  if (!in_place_called) {
+    for (const piece& p : plan.pieces) {
+      if (copied(p)) {
+        const std::size_t qd = issuing_device(p);
+        copying.resize(std::max(copying.size(), qd + 1), 0);
+        if (copying[qd] == 0) {
+          copying[qd] = 1;
+          ++queues_waiting;
+        }
+      }
+    }
+  }
+  const auto note_local_parts = [&] {
+    if (local_parts.empty()) {
+      local_parts.reserve(out->chunks.size());
+      for (const chunk& c : out->chunks) {
+        local_parts.push_back(c.parts.size());
+      }
+    }
+  };
   const auto call_in_place = [&] {
     if (!in_place_called) {
       in_place_called = true;
-      in_place(*out);
+      note_local_parts();
+      in_place(*out, local_parts);
     }
   };
-  for (const piece& p : plan.pieces) {
+  const auto execute_piece = [&](const piece& p) {
     chunk& dst = out->chunks[p.dst_chunk];
-    if (!in_place_called && !p.local && !p.from_dst && !pulled(p)) {
-      const int qd = options.issue_on == copy_queue::source ? p.src_device : p.dst_device;
-      copying.resize(std::max(copying.size(), static_cast<std::size_t>(qd) + 1), 0);
-      if (copying[static_cast<std::size_t>(qd)] != 0) {
-        call_in_place();
-      }
-      copying[static_cast<std::size_t>(qd)] = 1;
-    }
     if (p.from_dst) {
       // The plan puts it after the piece it reads, so the parts it aliases are there.
       alias_received(out->chunks[p.src_chunk], p.region, dst);
-      continue;
+      return;
     }
     const chunk& from = src.chunks[p.src_chunk];
     for (const chunk_part& q : from.parts) {
@@ -495,6 +517,21 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         used[p.dst_chunk].push_back(std::move(staging));
         ++out->info.transfers;
       }
+    }
+  };
+  for (const piece& p : plan.pieces) {
+    if (!in_place_called) {
+      if (!p.local || p.from_dst) {
+        note_local_parts();  // the local pieces are done
+      }
+      if (copied(p) && copying[issuing_device(p)] == 1) {
+        copying[issuing_device(p)] = 2;
+        --queues_waiting;
+      }
+    }
+    execute_piece(p);
+    if (queues_waiting == 0) {
+      call_in_place();
     }
   }
   call_in_place();
@@ -787,18 +824,19 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
     box region;
   };
   std::vector<std::size_t> parts_done(jobs.size(), 0);
-  // Enqueues the compute of the right parts of `ys` not yet done; with `in_place_only`, only
-  // for chunks large enough to compute part by part (a small chunk's parts go in one task once
-  // all have arrived, below).
-  const auto issue = [&](const array_state& ys, bool in_place_only) {
+  // Enqueues the compute of the right parts of `ys` not yet done; with `in_place` (each chunk's
+  // count of leading parts in place), only those, and only for chunks large enough to compute
+  // part by part (a small chunk's parts go in one task once all have arrived, below).
+  const auto issue = [&](const array_state& ys, const std::vector<std::size_t>* in_place) {
     std::vector<std::vector<pair_part>> pairs_of(jobs.size());
     for (std::size_t k = 0; k < jobs.size(); ++k) {
       const std::size_t j = jobs[k].first;
-      if (in_place_only && x->chunks[j].region.size() < batch_parts_below) {
+      if (in_place != nullptr && x->chunks[j].region.size() < batch_parts_below) {
         continue;
       }
       const auto& parts = ys.chunks[j].parts;
-      for (std::size_t i = parts_done[k]; i < parts.size(); ++i) {
+      const std::size_t end = in_place != nullptr ? (*in_place)[j] : parts.size();
+      for (std::size_t i = parts_done[k]; i < end; ++i) {
         for (const auto& pa : x->chunks[j].parts) {
           auto r = intersect(pa.region, parts[i].region);
           if (r && !r->empty()) {
@@ -806,7 +844,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
           }
         }
       }
-      parts_done[k] = parts.size();
+      parts_done[k] = end;
     }
     be.issue_each(jobs.size(), [&](std::size_t k) {
       const auto& [j, o] = jobs[k];
@@ -850,10 +888,12 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   if (!(y->map == x->map)) {
     // The parts already in place are computed while the first pieces move (execute_reshard).
     y = execute_reshard(*y, x->map, {}, map_check::none,
-                        [&](const array_state& ys) { issue(ys, /*in_place_only=*/true); });
+                        [&](const array_state& ys, const std::vector<std::size_t>& in_place) {
+                          issue(ys, &in_place);
+                        });
   }
   out->info = y->info;
-  issue(*y, /*in_place_only=*/false);
+  issue(*y, nullptr);
   return array_handle(std::move(out));
 }
 

@@ -898,13 +898,15 @@ TEST(darray_array, fused_ops_on_overlapping_destination_chunks) {
 }
 
 // A fused op enqueues compute on the data already in place once every link's first copy is
-// enqueued, not after the host has issued every piece. Two host devices; x's map puts [n/4, n/2)
-// and [n/2, n) in two chunks on device 1, y holds [0, 3n/4) on device 0 and the rest on device 1,
-// so device 0's transfer queue sends two pieces, each into its own landing buffer on device 1.
-// A hook on the calling thread notes the backend's enqueued compute tasks at each allocation: the
-// three output chunks and the first landing buffer come before any compute; the second landing
-// buffer after the one early task, the add of [3n/4, n) already in place in chunk 2 (chunk 0,
-// of n/4 elements, is small: its parts go in one task at the end).
+// enqueued, not after the host has issued every piece, and only that compute: what the first
+// pieces bring is computed after the rest is issued. Two host devices; x's map puts [0, n/4) on
+// device 0 and [n/4, n/2), [n/2, n) in two chunks on device 1; y holds [0, 3n/4) on device 0 and
+// the rest on device 1, so device 0's transfer queue sends two pieces, each into its own landing
+// buffer on device 1. A hook on the calling thread notes the backend's enqueued compute tasks at
+// each allocation: the three output chunks and the first landing buffer come before any compute,
+// the second landing buffer after the two adds of what is in place ([0, n/4) on device 0,
+// [3n/4, n) on device 1; every chunk has 2^20 elements or more, so each part is its own task),
+// and not the add of the first piece.
 TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_move) {
   struct ops_at_malloc final : hooks::hook {
     const backend* be = nullptr;
@@ -917,7 +919,7 @@ TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_mov
     }
   };
   auto be = make_host_backend(2);
-  const i64 n = i64{1} << 21;
+  const i64 n = i64{1} << 22;
   const shape_t shape{n};
   index_map x_map;
   x_map.add(0, box{{slice{0, n / 4}}})
@@ -938,8 +940,9 @@ TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_mov
     sum.emplace(x + y);
   }
   const std::vector<i64> z = sum->to_host();
-  const std::vector<std::uint64_t> want{before, before, before, before, before + 1};
+  const std::vector<std::uint64_t> want{before, before, before, before, before + 2};
   EXPECT_EQ(h.ops, want);
+  EXPECT_EQ(be->stats().ops - before, 4U);  // a task per part: two in place, two received
   for (i64 i = 0; i < n; ++i) {
     ASSERT_EQ(z[static_cast<std::size_t>(i)],
               hx[static_cast<std::size_t>(i)] + hy[static_cast<std::size_t>(i)])
