@@ -50,9 +50,8 @@ struct bfc_allocator::state {
   std::array<std::size_t, 2> wholly_free{};
   std::array<std::size_t, 2> wholly_free_bytes{};
   std::array<std::size_t, 2> pool_reserved{};  // free chunks that cover their whole segment
-  std::size_t free_chunks = 0;
-  std::size_t free_bytes = 0;
-  std::size_t reserved = 0;  // sum of segment sizes
+  std::size_t reserved = 0;                    // sum of segment sizes
+  std::size_t live_bytes = 0;  // sum of live chunk sizes (those in thread caches included)
   /// Where carve and free_chunk write a neighbour's link or flag when the chunk has no such
   /// neighbour (it is at its segment's edge): a store through a selected pointer (cmov) instead
   /// of a branch on the null test, a coin toss on DESIGN.md §4 A2 (large requests get segments
@@ -69,21 +68,20 @@ struct bfc_allocator::state {
   /// neither arm loads.)
   [[nodiscard]] bfc_chunk* or_nobody(bfc_chunk* c) noexcept { return c != nullptr ? c : &nobody; }
 
-  /// A free chunk into / out of the index and the counts. The _part forms are for a chunk with
-  /// a neighbour in its segment, which therefore does not cover it: the wholly-free counts stay
-  /// as they are. (A split's remainder borders the chunk carved from it, a merged neighbour the
-  /// chunk freed: two of the four index changes of a typical alloc+free pair skip the
+  /// Free chunks and their bytes, for stats: every chunk node in use is a chunk, and the live
+  /// ones are in the live table, so neither needs a counter of its own that the four index
+  /// changes of a typical alloc+free pair would update (carve and free_chunk keep live_bytes,
+  /// two updates per pair instead of eight).
+  [[nodiscard]] std::size_t free_chunks() const noexcept { return nodes.in_use() - live.size(); }
+  [[nodiscard]] std::size_t free_bytes() const noexcept { return reserved - live_bytes; }
+
+  /// A free chunk into / out of the index and the wholly-free counts. The _part forms are for a
+  /// chunk with a neighbour in its segment, which therefore does not cover it: the wholly-free
+  /// counts stay as they are. (A split's remainder borders the chunk carved from it, a merged
+  /// neighbour the chunk freed: two of the four index changes of a typical alloc+free pair skip the
   /// whole-segment test and its two counter updates.)
-  void add_free_part(bfc_chunk* c) noexcept {
-    index[index_of(c->pool)].insert(c);
-    ++free_chunks;
-    free_bytes += c->size;
-  }
-  void remove_free_part(bfc_chunk* c) noexcept {
-    index[index_of(c->pool)].remove(c);
-    --free_chunks;
-    free_bytes -= c->size;
-  }
+  void add_free_part(bfc_chunk* c) noexcept { index[index_of(c->pool)].insert(c); }
+  void remove_free_part(bfc_chunk* c) noexcept { index[index_of(c->pool)].remove(c); }
   void add_free(bfc_chunk* c) noexcept {
     add_free_part(c);
     // Counted without a branch: whether a chunk covers its segment is a coin toss on random
@@ -236,6 +234,7 @@ bfc_allocator::~bfc_allocator() {
   c->is_free = false;
   c->held = held;
   c->requested = bytes;
+  st.live_bytes += rounded;
   st.live.insert(c);
   if (counts_under_lock()) {
     // A thread cache counts the blocks it records; no branch on that (a coin toss on A2).
@@ -248,6 +247,7 @@ bfc_allocator::~bfc_allocator() {
                                                              bfc_chunk* c) noexcept {
   c->is_free = true;
   c->requested = 0;
+  st.live_bytes -= c->size;
   bfc_chunk* prev = c->prev;
   if (c->prev_free) {
     st.remove_free_part(prev);  // it borders c
@@ -520,8 +520,8 @@ void bfc_allocator::release_detached(bfc_segment* list) noexcept {
 void bfc_allocator::do_cache_stats(allocator_stats& s) const {
   const state& st = *state_;
   std::lock_guard lock(st.mutex);
-  s.cached_blocks = st.free_chunks;
-  s.cached_bytes = st.free_bytes;
+  s.cached_blocks = st.free_chunks();
+  s.cached_bytes = st.free_bytes();
   s.largest_free_block = std::max(st.index[0].largest(), st.index[1].largest());
 }
 
@@ -680,9 +680,9 @@ std::string bfc_allocator::check_invariants() const {
              std::to_string(pool_reserved);
     }
   }
-  if (free_chunks != st.free_chunks || free_bytes != st.free_bytes) {
-    return "free counters (" + std::to_string(st.free_chunks) + " chunks, " +
-           std::to_string(st.free_bytes) + " B) differ from the segments (" +
+  if (free_chunks != st.free_chunks() || free_bytes != st.free_bytes()) {
+    return "free counters (" + std::to_string(st.free_chunks()) + " chunks, " +
+           std::to_string(st.free_bytes()) + " B) differ from the segments (" +
            std::to_string(free_chunks) + ", " + std::to_string(free_bytes) + ")";
   }
   if (reserved != st.reserved) {
