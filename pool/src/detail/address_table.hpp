@@ -24,7 +24,8 @@ namespace poolscope::pool::detail {
 /// except reserve_one (std::bad_alloc), which callers run before they change anything.
 template <typename Slot, std::size_t FirstCapacity, typename Alloc = std::allocator<Slot>>
 class address_table {
-  static_assert(std::has_single_bit(FirstCapacity), "FirstCapacity must be a power of two");
+  static_assert(std::has_single_bit(FirstCapacity) && FirstCapacity >= 8,
+                "FirstCapacity must be a power of two of at least 8 (the load factor is 1/8)");
 
  public:
   address_table() = default;
@@ -33,7 +34,7 @@ class address_table {
   /// Makes sure one insert will not allocate. May throw std::bad_alloc. (The check is forced
   /// inline: bfc calls it on every allocation, and GCC otherwise called it through the PLT.)
   [[gnu::always_inline]] void reserve_one() {
-    if ((size_ + 1) * 8 > slots_.size()) [[unlikely]] {
+    if (size_ >= grow_at_) [[unlikely]] {
       grow();
     }
   }
@@ -103,6 +104,7 @@ class address_table {
     slots_.clear();
     slots_.shrink_to_fit();
     size_ = 0;
+    grow_at_ = 0;
   }
 
  private:
@@ -115,6 +117,7 @@ class address_table {
     old.swap(slots_);
     mask_ = capacity - 1;
     shift_ = 64 - static_cast<unsigned>(std::countr_zero(capacity));
+    grow_at_ = capacity / 8;
     size_ = 0;
     for (const Slot& s : old) {
       if (s.key != 0) {
@@ -127,6 +130,7 @@ class address_table {
   std::size_t mask_ = 0;
   unsigned shift_ = 64;
   std::size_t size_ = 0;
+  std::size_t grow_at_ = 0;  // the size at which an insert would pass the load factor: grow
 };
 
 }  // namespace poolscope::pool::detail
