@@ -846,44 +846,61 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
       }
       parts_done[k] = end;
     }
-    be.issue_each(jobs.size(), [&](std::size_t k) {
-      const auto& [j, o] = jobs[k];
-      const std::vector<pair_part>& pairs = pairs_of[k];
-      const chunk& c = x->chunks[j];
-      const auto done = [&](const pair_part& p, const event& e) {
-        p.a->storage->add_use(e);
-        p.b->storage->add_use(e);
-        o->add_use(e);
-        out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
-      };
-      if (pairs.size() > 1 && c.region.size() < batch_parts_below) {
-        // A small chunk: all its parts in one task once all their inputs are there (a launch
-        // costs more than computing a small part early would gain).
-        std::vector<backend::binary_part> parts;
-        parts.reserve(pairs.size());
-        for (const pair_part& p : pairs) {
+    // A small chunk: all its parts in one task once all their inputs are there (a launch costs
+    // more than computing a small part early would gain).
+    const auto batched = [&](std::size_t k) {
+      return pairs_of[k].size() > 1 && x->chunks[jobs[k].first].region.size() < batch_parts_below;
+    };
+    // Round r enqueues the r-th part of every chunk (a batched chunk's task in round 0): each
+    // device's first parts, those in place, go before any device's parts that wait for a copy.
+    std::size_t rounds = 1;
+    for (std::size_t k = 0; k < jobs.size(); ++k) {
+      if (!batched(k)) {
+        rounds = std::max(rounds, pairs_of[k].size());
+      }
+    }
+    for (std::size_t round = 0; round < rounds; ++round) {
+      be.issue_each(jobs.size(), [&](std::size_t k) {
+        const auto& [j, o] = jobs[k];
+        const std::vector<pair_part>& pairs = pairs_of[k];
+        const chunk& c = x->chunks[j];
+        const auto done = [&](const pair_part& p, const event& e) {
+          p.a->storage->add_use(e);
+          p.b->storage->add_use(e);
+          o->add_use(e);
+          out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
+        };
+        if (batched(k)) {
+          if (round != 0) {
+            return;
+          }
+          std::vector<backend::binary_part> parts;
+          parts.reserve(pairs.size());
+          for (const pair_part& p : pairs) {
+            be.wait(c.device, queue_kind::compute, p.a->ready);
+            be.wait(c.device, queue_kind::compute, p.b->ready);
+            parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                             view_of(*p.b, p.region)});
+          }
+          be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
+          const event e = be.record(c.device, queue_kind::compute);
+          for (const pair_part& p : pairs) {
+            done(p, e);
+          }
+          return;
+        }
+        // Each part computed as soon as it and the left operand's data are there.
+        if (round < pairs.size()) {
+          const pair_part& p = pairs[round];
           be.wait(c.device, queue_kind::compute, p.a->ready);
           be.wait(c.device, queue_kind::compute, p.b->ready);
-          parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
-                           view_of(*p.b, p.region)});
+          be.binary(c.device, queue_kind::compute, x->type, op,
+                    view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                    view_of(*p.b, p.region));
+          done(p, be.record(c.device, queue_kind::compute));
         }
-        be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
-        const event e = be.record(c.device, queue_kind::compute);
-        for (const pair_part& p : pairs) {
-          done(p, e);
-        }
-        return;
-      }
-      // Each part computed as soon as it and the left operand's data are there.
-      for (const pair_part& p : pairs) {
-        be.wait(c.device, queue_kind::compute, p.a->ready);
-        be.wait(c.device, queue_kind::compute, p.b->ready);
-        be.binary(c.device, queue_kind::compute, x->type, op,
-                  view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
-                  view_of(*p.b, p.region));
-        done(p, be.record(c.device, queue_kind::compute));
-      }
-    });
+      });
+    }
   };
   if (!(y->map == x->map)) {
     // The parts already in place are computed while the first pieces move (execute_reshard).
