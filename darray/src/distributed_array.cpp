@@ -520,17 +520,18 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     }
   };
   for (const piece& p : plan.pieces) {
+    bool last_first_copy = false;  // the last queue to start copying starts with this piece
     if (!in_place_called) {
       if (!p.local || p.from_dst) {
         note_local_parts();  // the local pieces are done
       }
       if (copied(p) && copying[issuing_device(p)] == 1) {
         copying[issuing_device(p)] = 2;
-        --queues_waiting;
+        last_first_copy = --queues_waiting == 0;
       }
     }
     execute_piece(p);
-    if (queues_waiting == 0) {
+    if (last_first_copy) {
       call_in_place();
     }
   }
