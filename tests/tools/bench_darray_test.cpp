@@ -109,6 +109,8 @@ TEST_F(bench_darray_cli, d1_times_eta_bytes_and_baselines) {
   EXPECT_GT(add, 0.0);
   EXPECT_GT(reshard, 0.0);
   EXPECT_GT(fused, 0.0);
+  EXPECT_GT(fig(w, "t_fused_inside_ms"), 0.0);  // A + C, the reshard inside the op
+  EXPECT_GE(fig(w, "t_fused_inside_median_ms"), fig(w, "t_fused_inside_ms"));
   expect_near_rel(fig(w, "eta"), (reshard + add - fused) / std::min(reshard, add), "eta");
   // A split at n/2, C at 0.7 n: device 1 needs [n/2, 0.7 n) from device 0.
   const double moved = static_cast<double>((7 * n / 10 - n / 2) * 4);
@@ -122,8 +124,9 @@ TEST_F(bench_darray_cli, d1_times_eta_bytes_and_baselines) {
   expect_baseline(w, "peer_bidirectional", 2 * moved);
   EXPECT_FALSE(w.at("baselines").contains("nccl")) << "no NCCL baseline without a GPU";
   // The backend's own counts over the workload: every darray reshard and fused run (a warm-up
-  // and the timed runs of each) moved exactly `moved` between the devices, so bytes_peer is a
-  // whole number (>= 2) of them; pieces under backend::yield_min_bytes: nothing yields.
+  // and the timed runs of each, both forms) moved exactly `moved` between the devices, so
+  // bytes_peer is a whole number (>= 2) of them; pieces under backend::yield_min_bytes: nothing
+  // yields.
   const json& be = w.at("backend");
   const auto peer_bytes = be.at("bytes_peer").get<std::uint64_t>();
   const auto moved_bytes = static_cast<std::uint64_t>(moved);
