@@ -767,18 +767,36 @@ std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
   backend& be = *s.be;
   auto out = same_layout(s);
   const auto jobs = output_buffers(be, s);
-  be.issue_each(jobs.size(), [&](std::size_t k) {
-    const auto& [j, o] = jobs[k];
-    const chunk& c = s.chunks[j];
-    for (const auto& q : c.parts) {
-      be.wait(c.device, queue_kind::compute, q.ready);
-      enqueue(c.device, view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
-      const event e = be.record(c.device, queue_kind::compute);
-      q.storage->add_use(e);
-      o->add_use(e);
-      out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
+  // Round r enqueues the r-th part of every large chunk, as binary ops do: every device's parts
+  // in place (a chunk's first, when it came from a reshard) before any that waits for a copy. A
+  // small chunk's parts all go in round 0 (one issue_each for a small op, however many parts).
+  const auto large = [&](const chunk& c) { return c.region.size() >= batch_parts_below; };
+  std::size_t rounds = 1;
+  for (const auto& job : jobs) {
+    const chunk& c = s.chunks[job.first];
+    if (large(c)) {
+      rounds = std::max(rounds, c.parts.size());
     }
-  });
+  }
+  for (std::size_t round = 0; round < rounds; ++round) {
+    be.issue_each(jobs.size(), [&](std::size_t k) {
+      const auto& [j, o] = jobs[k];
+      const chunk& c = s.chunks[j];
+      const bool whole = !large(c);
+      if (whole ? round != 0 : round >= c.parts.size()) {
+        return;
+      }
+      for (std::size_t i = whole ? 0 : round; i < (whole ? c.parts.size() : round + 1); ++i) {
+        const chunk_part& q = c.parts[i];
+        be.wait(c.device, queue_kind::compute, q.ready);
+        enqueue(c.device, view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
+        const event e = be.record(c.device, queue_kind::compute);
+        q.storage->add_use(e);
+        o->add_use(e);
+        out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
+      }
+    });
+  }
   return out;
 }
 
