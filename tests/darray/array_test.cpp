@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +16,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -947,6 +949,58 @@ TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_mov
     ASSERT_EQ(z[static_cast<std::size_t>(i)],
               hx[static_cast<std::size_t>(i)] + hy[static_cast<std::size_t>(i)])
         << i;
+  }
+}
+
+// An element-wise op enqueues the first part of every large chunk before the second of any: a
+// chunk whose data is all in place is not queued behind another chunk's wait for a copy on the
+// same device. Two host devices; x's map has chunk 1 = [n/4, n/2) and chunk 2 = [n/2, n) on
+// device 1; y is c resharded into x's map while device 0's transfer queue is held, so chunk 1's
+// part [n/4, 3n/8) (from device 0) cannot land. Device 1's compute queue then holds chunk 1's
+// in-place part, chunk 2's, and only then the wait for the copy: chunk 2's result completes
+// while the copy is still held (in chunk order, it would wait behind that wait). For a binary
+// op (x + y) and a unary one (-y), each on a backend of its own.
+TEST(darray_array, chunks_in_place_are_not_queued_behind_another_chunks_copy) {
+  const i64 n = i64{1} << 22;
+  const shape_t shape{n};
+  index_map x_map;
+  x_map.add(0, box{{slice{0, n / 4}}})
+      .add(1, box{{slice{n / 4, n / 2}}})
+      .add(1, box{{slice{n / 2, n}}});
+  const auto c_map = index_map::split(shape, 0, {{0, 0, n * 3 / 8}, {1, n * 3 / 8, n}});
+  const auto hx = iota_values(n, 5);
+  const auto hc = iota_values(n, -9);
+  for (const bool unary : {false, true}) {
+    SCOPED_TRACE(unary ? "-y" : "x + y");
+    auto be = make_host_backend(2);
+    const auto x = distributed_array<i64>::from_host(be, hx, shape, x_map);
+    const auto c = distributed_array<i64>::from_host(be, hc, shape, c_map);
+    be->synchronize();
+    auto held = std::make_shared<test_support::gate>();
+    struct opens_at_exit {
+      test_support::gate& g;
+      ~opens_at_exit() { g.open(); }  // a failed assertion must not leave the queue held
+    } release{*held};
+    be->wait(0, queue_kind::transfer, event(held));
+    const auto y = c.reshard(x_map);
+    const auto z = unary ? -y : x + y;
+    ASSERT_EQ(z.chunks().size(), 3U);
+    ASSERT_EQ(z.chunks()[2].parts.size(), 1U);
+    const event whole_chunk = z.chunks()[2].parts[0].ready;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!whole_chunk.ready() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const bool done_while_held = whole_chunk.ready();
+    const bool copy_still_held = !y.chunks()[1].parts.back().ready.ready();
+    held->open();
+    EXPECT_TRUE(done_while_held) << "chunk 2's op waited behind chunk 1's copy";
+    EXPECT_TRUE(copy_still_held);
+    const auto got = z.to_host();
+    for (i64 i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ASSERT_EQ(got[k], unary ? -hc[k] : hx[k] + hc[k]) << i;
+    }
   }
 }
 
