@@ -180,7 +180,10 @@ class bfc_node_pool {
     bfc_chunk* nodes;
     std::size_t count;
   };
-  void grow() {
+  // Out of line and cold: bfc reserves a node on every allocation, and this path (a vector's
+  // growth, the arena) inlined there cost its hot path 4 instructions per pair on DESIGN.md §4
+  // A2 (callgrind).
+  [[gnu::noinline, gnu::cold]] void grow() {
     const std::size_t n = slabs_.empty() ? 64 : std::min<std::size_t>(capacity_, 4096);
     slabs_.reserve(slabs_.size() + 1);
     bfc_chunk* nodes = arena_.allocate(n);

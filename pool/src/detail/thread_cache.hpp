@@ -323,8 +323,12 @@ struct thread_cache_registry {
 
 namespace poolscope::pool {
 
-// Inline: called after every allocation the strategy serves to a thread with a cache.
-inline void allocator::tc_raise_peaks(const detail::thread_cache& c) noexcept {
+// Inline: called after every allocation the strategy serves to a thread with a cache. Forced:
+// GCC otherwise kept it out of line: a call through the PLT (the library's symbols may be
+// interposed) and a spill of the block around it, on most allocations of DESIGN.md §4 A2
+// (9 instructions per pair, callgrind).
+[[gnu::always_inline]] inline void allocator::tc_raise_peaks(
+    const detail::thread_cache& c) noexcept {
   // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
   // never misses a high, and it is exact when no other thread holds cached blocks. Compared
   // signed (peaks stay far below 2^63): a sum below zero, from counters another thread changed
