@@ -899,6 +899,16 @@ TEST(darray_array, fused_ops_on_overlapping_destination_chunks) {
             static_cast<std::uint64_t>((n - lo) + lo) * sizeof(i64));
 }
 
+// [0, n/4) on device 0; [n/4, n/2) and [n/2, n) as two chunks on device 1 (the issue-order
+// tests below).
+index_map quarter_then_two_chunks(i64 n) {
+  index_map m;
+  m.add(0, box{{slice{0, n / 4}}})
+      .add(1, box{{slice{n / 4, n / 2}}})
+      .add(1, box{{slice{n / 2, n}}});
+  return m;
+}
+
 // A fused op enqueues compute on the data already in place once every link's first copy is
 // enqueued, not after the host has issued every piece, and only that compute: what the first
 // pieces bring is computed after the rest is issued. Two host devices; x's map puts [0, n/4) on
@@ -923,10 +933,7 @@ TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_mov
   auto be = make_host_backend(2);
   const i64 n = i64{1} << 22;
   const shape_t shape{n};
-  index_map x_map;
-  x_map.add(0, box{{slice{0, n / 4}}})
-      .add(1, box{{slice{n / 4, n / 2}}})
-      .add(1, box{{slice{n / 2, n}}});
+  const index_map x_map = quarter_then_two_chunks(n);
   const auto y_map = index_map::split(shape, 0, {{0, 0, n * 3 / 4}, {1, n * 3 / 4, n}});
   const auto hx = iota_values(n, 3);
   const auto hy = iota_values(n, -7);
@@ -963,10 +970,7 @@ TEST(darray_array, fused_op_computes_what_is_in_place_while_the_first_pieces_mov
 TEST(darray_array, chunks_in_place_are_not_queued_behind_another_chunks_copy) {
   const i64 n = i64{1} << 22;
   const shape_t shape{n};
-  index_map x_map;
-  x_map.add(0, box{{slice{0, n / 4}}})
-      .add(1, box{{slice{n / 4, n / 2}}})
-      .add(1, box{{slice{n / 2, n}}});
+  const index_map x_map = quarter_then_two_chunks(n);
   const auto c_map = index_map::split(shape, 0, {{0, 0, n * 3 / 8}, {1, n * 3 / 8, n}});
   const auto hx = iota_values(n, 5);
   const auto hc = iota_values(n, -9);
