@@ -762,41 +762,54 @@ std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> output_buffers(back
   return outputs;
 }
 
+// Enqueues the element-wise work of `jobs` chunks (one per job) in rounds: round r enqueues the
+// r-th part of every large chunk, so every device's first parts (those in place, when the parts
+// came from a reshard) go before any device's parts that wait for a copy; a small chunk (`whole`)
+// has all its parts done in round 0, so a small op is one pass over the devices however many
+// parts it has. parts(k): job k's part count; work(k, first, last): enqueue its parts [first,
+// last) (all of them for a whole chunk).
+template <typename Parts, typename Whole, typename Work>
+void issue_in_rounds(backend& be, std::size_t jobs, Parts parts, Whole whole, Work work) {
+  std::size_t rounds = 1;
+  for (std::size_t k = 0; k < jobs; ++k) {
+    if (!whole(k)) {
+      rounds = std::max(rounds, parts(k));
+    }
+  }
+  for (std::size_t round = 0; round < rounds; ++round) {
+    be.issue_each(jobs, [&](std::size_t k) {
+      if (whole(k)) {
+        if (round == 0) {
+          work(k, std::size_t{0}, parts(k));
+        }
+      } else if (round < parts(k)) {
+        work(k, round, round + 1);
+      }
+    });
+  }
+}
+
 template <typename Enqueue>
 std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
   backend& be = *s.be;
   auto out = same_layout(s);
   const auto jobs = output_buffers(be, s);
-  // Round r enqueues the r-th part of every large chunk, as binary ops do: every device's parts
-  // in place (a chunk's first, when it came from a reshard) before any that waits for a copy. A
-  // small chunk's parts all go in round 0 (one issue_each for a small op, however many parts).
-  const auto large = [&](const chunk& c) { return c.region.size() >= batch_parts_below; };
-  std::size_t rounds = 1;
-  for (const auto& job : jobs) {
-    const chunk& c = s.chunks[job.first];
-    if (large(c)) {
-      rounds = std::max(rounds, c.parts.size());
-    }
-  }
-  for (std::size_t round = 0; round < rounds; ++round) {
-    be.issue_each(jobs.size(), [&](std::size_t k) {
-      const auto& [j, o] = jobs[k];
-      const chunk& c = s.chunks[j];
-      const bool whole = !large(c);
-      if (whole ? round != 0 : round >= c.parts.size()) {
-        return;
-      }
-      for (std::size_t i = whole ? 0 : round; i < (whole ? c.parts.size() : round + 1); ++i) {
-        const chunk_part& q = c.parts[i];
-        be.wait(c.device, queue_kind::compute, q.ready);
-        enqueue(c.device, view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
-        const event e = be.record(c.device, queue_kind::compute);
-        q.storage->add_use(e);
-        o->add_use(e);
-        out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
-      }
-    });
-  }
+  issue_in_rounds(
+      be, jobs.size(), [&](std::size_t k) { return s.chunks[jobs[k].first].parts.size(); },
+      [&](std::size_t k) { return s.chunks[jobs[k].first].region.size() < batch_parts_below; },
+      [&](std::size_t k, std::size_t first, std::size_t last) {
+        const auto& [j, o] = jobs[k];
+        const chunk& c = s.chunks[j];
+        for (std::size_t i = first; i < last; ++i) {
+          const chunk_part& q = c.parts[i];
+          be.wait(c.device, queue_kind::compute, q.ready);
+          enqueue(c.device, view::of_box(o->data(), c.region, q.region), view_of(q, q.region));
+          const event e = be.record(c.device, queue_kind::compute);
+          q.storage->add_use(e);
+          o->add_use(e);
+          out->chunks[j].parts.push_back(chunk_part{q.region, o, c.region, e});
+        }
+      });
   return out;
 }
 
@@ -865,61 +878,50 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
       }
       parts_done[k] = end;
     }
-    // A small chunk: all its parts in one task once all their inputs are there (a launch costs
-    // more than computing a small part early would gain).
-    const auto batched = [&](std::size_t k) {
-      return pairs_of[k].size() > 1 && x->chunks[jobs[k].first].region.size() < batch_parts_below;
-    };
-    // Round r enqueues the r-th part of every chunk (a batched chunk's task in round 0): each
-    // device's first parts, those in place, go before any device's parts that wait for a copy.
-    std::size_t rounds = 1;
-    for (std::size_t k = 0; k < jobs.size(); ++k) {
-      if (!batched(k)) {
-        rounds = std::max(rounds, pairs_of[k].size());
-      }
-    }
-    for (std::size_t round = 0; round < rounds; ++round) {
-      be.issue_each(jobs.size(), [&](std::size_t k) {
-        const auto& [j, o] = jobs[k];
-        const std::vector<pair_part>& pairs = pairs_of[k];
-        const chunk& c = x->chunks[j];
-        const auto done = [&](const pair_part& p, const event& e) {
-          p.a->storage->add_use(e);
-          p.b->storage->add_use(e);
-          o->add_use(e);
-          out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
-        };
-        if (batched(k)) {
-          if (round != 0) {
+    issue_in_rounds(
+        be, jobs.size(), [&](std::size_t k) { return pairs_of[k].size(); },
+        [&](std::size_t k) { return x->chunks[jobs[k].first].region.size() < batch_parts_below; },
+        [&](std::size_t k, std::size_t first, std::size_t last) {
+          const auto& [j, o] = jobs[k];
+          const std::vector<pair_part>& pairs = pairs_of[k];
+          const chunk& c = x->chunks[j];
+          const auto done = [&](const pair_part& p, const event& e) {
+            p.a->storage->add_use(e);
+            p.b->storage->add_use(e);
+            o->add_use(e);
+            out->chunks[j].parts.push_back(chunk_part{p.region, o, c.region, e});
+          };
+          if (last - first > 1) {
+            // A small chunk: all its parts in one task once all their inputs are there (a launch
+            // costs more than computing a small part early would gain).
+            std::vector<backend::binary_part> parts;
+            parts.reserve(last - first);
+            for (std::size_t i = first; i < last; ++i) {
+              const pair_part& p = pairs[i];
+              be.wait(c.device, queue_kind::compute, p.a->ready);
+              be.wait(c.device, queue_kind::compute, p.b->ready);
+              parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                               view_of(*p.b, p.region)});
+            }
+            be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
+            const event e = be.record(c.device, queue_kind::compute);
+            for (std::size_t i = first; i < last; ++i) {
+              done(pairs[i], e);
+            }
             return;
           }
-          std::vector<backend::binary_part> parts;
-          parts.reserve(pairs.size());
-          for (const pair_part& p : pairs) {
+          // One part (of a large chunk: each computed as soon as it and the left operand's data
+          // are there).
+          for (std::size_t i = first; i < last; ++i) {
+            const pair_part& p = pairs[i];
             be.wait(c.device, queue_kind::compute, p.a->ready);
             be.wait(c.device, queue_kind::compute, p.b->ready);
-            parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
-                             view_of(*p.b, p.region)});
+            be.binary(c.device, queue_kind::compute, x->type, op,
+                      view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
+                      view_of(*p.b, p.region));
+            done(p, be.record(c.device, queue_kind::compute));
           }
-          be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
-          const event e = be.record(c.device, queue_kind::compute);
-          for (const pair_part& p : pairs) {
-            done(p, e);
-          }
-          return;
-        }
-        // Each part computed as soon as it and the left operand's data are there.
-        if (round < pairs.size()) {
-          const pair_part& p = pairs[round];
-          be.wait(c.device, queue_kind::compute, p.a->ready);
-          be.wait(c.device, queue_kind::compute, p.b->ready);
-          be.binary(c.device, queue_kind::compute, x->type, op,
-                    view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
-                    view_of(*p.b, p.region));
-          done(p, be.record(c.device, queue_kind::compute));
-        }
-      });
-    }
+        });
   };
   if (!(y->map == x->map)) {
     // The parts already in place are computed while the first pieces move (execute_reshard).
