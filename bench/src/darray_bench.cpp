@@ -8,7 +8,9 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <utility>
@@ -17,6 +19,8 @@
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/scope.hpp"
+#include "poolscope/profiler/timeline.hpp"
 
 namespace poolscope::bench {
 
@@ -52,12 +56,22 @@ baseline_seconds summarize(std::vector<double> s) {
 }
 
 // Wall time of `op` (which returns once its work is complete): one untimed warm-up, then `runs`.
-baseline_seconds time_op(int runs, const std::function<void()>& op) {
-  op();
+// Each run (the warm-up too) is a profiler scope named `scope` when one is given: a host slice of
+// that name in the trace of `--trace` (nothing is recorded without a timeline or profiler).
+baseline_seconds time_op(int runs, const std::function<void()>& op, std::string_view scope = {}) {
+  const auto one = [&] {
+    if (scope.empty()) {
+      op();
+    } else {
+      const profiler::scope s{scope};
+      op();
+    }
+  };
+  one();
   std::vector<double> s;
   for (int i = 0; i < std::max(runs, 1); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
-    op();
+    one();
     const auto t1 = std::chrono::steady_clock::now();
     s.push_back(std::chrono::duration<double>(t1 - t0).count());
   }
@@ -235,6 +249,39 @@ darray_baseline make_baseline(std::string method, std::int64_t bytes, const base
   return b;
 }
 
+// `--trace`: a timeline attached to the backend for the runs (CUPTI's device activity on GPUs),
+// detached and written when this goes, however the runs end. Nothing without a path.
+class bench_trace {
+ public:
+  bench_trace(std::shared_ptr<darray::backend> be, const std::string& path) : be_(std::move(be)) {
+    if (path.empty()) {
+      return;
+    }
+    profiler::timeline_options to;
+    to.trace_path = path;
+    to.cupti = be_->is_gpu();
+    to.cupti_settings = profiler::with_activity_kinds("kernels,copies,memsets,markers");
+    tl_.emplace(std::move(to));
+    tl_->start();
+    be_->set_timeline(&*tl_);
+  }
+  bench_trace(const bench_trace&) = delete;
+  bench_trace& operator=(const bench_trace&) = delete;
+  ~bench_trace() { finish(); }
+
+  /// Detaches the timeline and writes the trace (idempotent; never throws).
+  void finish() noexcept {
+    if (tl_ && tl_->running()) {
+      be_->set_timeline(nullptr);
+      tl_->stop();
+    }
+  }
+
+ private:
+  std::shared_ptr<darray::backend> be_;
+  std::optional<profiler::timeline> tl_;
+};
+
 // Runs a workload's body, turning a failure into the workload's error (the run goes on).
 class bench_run {
  public:
@@ -256,6 +303,7 @@ class bench_run {
     darray_workload_result w;
     w.name = name;
     say(name + " ...");
+    const profiler::scope workload_scope{"bench." + name};
     try {
       if (name == "D1") {
         d1(w);
@@ -341,18 +389,24 @@ class bench_run {
   void d1(darray_workload_result& w) {
     w.what = "1-D float32 A + C.reshard(A.index_map()), A at n/2, C at 0.7 n (2 devices)";
     const auto [a_map, c_map, a, b, c] = seed_arrays(n_);
-    const auto t_add = time_op(o_.repeat, [&] { (a + b).wait(); });
+    const auto t_add = time_op(
+        o_.repeat, [&] { (a + b).wait(); }, "bench.D1.add");
     std::shared_ptr<const darray::reshard_plan> plan;
-    const auto t_reshard = time_op(o_.repeat, [&] {
-      const auto moved = c.reshard(a.index_map(), reshard_options());
-      moved.wait();
-      plan = moved.handle().last_reshard().plan;
-    });
-    const auto t_fused =
-        time_op(o_.repeat, [&] { (a + c.reshard(a.index_map(), reshard_options())).wait(); });
+    const auto t_reshard = time_op(
+        o_.repeat,
+        [&] {
+          const auto moved = c.reshard(a.index_map(), reshard_options());
+          moved.wait();
+          plan = moved.handle().last_reshard().plan;
+        },
+        "bench.D1.reshard");
+    const auto t_fused = time_op(
+        o_.repeat, [&] { (a + c.reshard(a.index_map(), reshard_options())).wait(); },
+        "bench.D1.fused");
     // The same with the reshard inside the op (maps differ; default reshard options): the adds
     // of the parts in place are enqueued once every link's first copy is (docs/darray.md).
-    const auto t_inside = time_op(o_.repeat, [&] { (a + c).wait(); });
+    const auto t_inside = time_op(
+        o_.repeat, [&] { (a + c).wait(); }, "bench.D1.fused_inside");
 
     // What must move, from the maps alone: each device's A range minus its C range.
     const auto ar = ranges_of(a_map, 0, devs_);
@@ -410,13 +464,16 @@ class bench_run {
     x.wait();
     z.wait();
     std::shared_ptr<const darray::reshard_plan> plan;
-    const auto t_reshard = time_op(o_.repeat, [&] {
-      const auto moved = x.reshard(cols, reshard_options());
-      moved.wait();
-      plan = moved.handle().last_reshard().plan;
-    });
-    const auto t_fused =
-        time_op(o_.repeat, [&] { (x.reshard(cols, reshard_options()) + z).wait(); });
+    const auto t_reshard = time_op(
+        o_.repeat,
+        [&] {
+          const auto moved = x.reshard(cols, reshard_options());
+          moved.wait();
+          plan = moved.handle().last_reshard().plan;
+        },
+        "bench.D2.reshard");
+    const auto t_fused = time_op(
+        o_.repeat, [&] { (x.reshard(cols, reshard_options()) + z).wait(); }, "bench.D2.fused");
 
     // Device d keeps the rows-block d x cols-block d square; the rest of its column block moves.
     const auto rr = ranges_of(rows, 0, devs_);
@@ -557,7 +614,8 @@ class bench_run {
     const auto b = farray::full(be_, 2.0f, shape, one);
     a.wait();
     b.wait();
-    const auto t_add = time_op(o_.repeat, [&] { (a + b).wait(); });
+    const auto t_add = time_op(
+        o_.repeat, [&] { (a + b).wait(); }, "bench.D4.add");
     const auto bytes = static_cast<std::size_t>(n_ * f32_bytes);
     const darray_baseline copy = gpu_ ? make_baseline("cudaMemcpyAsync d2d", n_ * f32_bytes,
                                                       detail::time_d2d_copy(0, bytes, o_.repeat))
@@ -597,7 +655,8 @@ class bench_run {
     x1.wait();
     y1.wait();
     const auto replica = darray::array_mode::replica;
-    const auto t = time_op(o_.repeat, [&] { darray::matmul(x, y).change_mode(replica).wait(); });
+    const auto t = time_op(
+        o_.repeat, [&] { darray::matmul(x, y).change_mode(replica).wait(); }, "bench.D5.matmul");
     const auto t1 = time_op(o_.repeat, [&] { darray::matmul(x1, y1).change_mode(replica).wait(); });
     const double flop =
         2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(m);
@@ -778,6 +837,7 @@ std::string darray_bench_report::to_json() const {
   j["split_mib"] = split_mib;
   j["repeat"] = repeat;
   j["n"] = n;
+  j["trace"] = trace_path;
   j["timing"] =
       "wall clock from the first enqueue to the end of wait(); one untimed warm-up, then repeat "
       "runs (D3: max(100, 20 * repeat)); *_ms figures are the best run, *_median_ms the median; "
@@ -870,6 +930,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     throw invalid_argument("poolscope bench darray: n " + std::to_string(rep.n) + " is below the " +
                            std::to_string(rep.devices) + " devices");
   }
+  rep.trace_path = o.trace_path;
+  bench_trace trace(be, o.trace_path);
   for (const auto& name : all) {
     if (o.only.empty() || std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {
       const darray::backend_stats before = be->stats();
@@ -880,6 +942,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
       }
     }
   }
+
+  trace.finish();
 
   const bool at_scale = rep.gpu && rep.devices == 2 && rep.n == (std::int64_t{1} << 29);
   const std::string raw = rep.gpu ? "raw cudaMemcpyPeerAsync" : "memcpy";
@@ -898,6 +962,11 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     << (rep.yield_to_copies ? ", compute yielding to copies out" : ", compute at full occupancy")
     << ", pieces split above " << rep.split_mib << " MiB, best of " << rep.repeat
     << " after a warm-up\n";
+  if (!rep.trace_path.empty()) {
+    t << "traced to " << rep.trace_path
+      << " (times include the tracing's cost; each run: poolscope trace summary " << rep.trace_path
+      << " --range bench.D1.fused --each)\n";
+  }
   t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
                 : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread per "
                   "link); targets apply to GPUs and are not checked\n");

@@ -8,10 +8,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "poolscope/profiler/trace_check.hpp"
 #include "subprocess.hpp"
 
 #if defined(POOLSCOPE_CLI_PATH)
@@ -214,6 +218,58 @@ TEST(bench_darray_cli_options, only_runs_the_named_workloads) {
   EXPECT_EQ(j.at("transport"), "peer");
   EXPECT_EQ(j.at("allocator"), "best_fit");
   EXPECT_EQ(j.at("workloads").at("D1").at("figures").at("bytes_moved").get<double>(), 800 * 4.0);
+  EXPECT_EQ(j.at("trace"), "") << "not traced without --trace";
+}
+
+TEST(bench_darray_cli_options, trace_has_a_slice_per_run_with_the_ops_inside) {
+  const std::string trace = temp_path("poolscope-bench-trace") + ".json";
+  process_result r;
+  const json j = run_bench(
+      {"--devices", "host:2", "--n", "4000", "--repeat", "2", "--only", "D1,D4", "--trace", trace},
+      r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j.at("trace"), trace);
+  EXPECT_NE(r.out.find("traced to " + trace), std::string::npos) << r.out;
+  const auto check = poolscope::profiler::check_trace(trace);
+  EXPECT_TRUE(check.ok()) << check.to_text();
+
+  const json t = json::parse(poolscope::testing::read_file(trace));
+  std::remove(trace.c_str());
+  std::map<std::string, std::vector<std::pair<double, double>>> slices;  // name -> [begin, end]
+  for (const json& e : t.at("traceEvents")) {
+    if (e.value("ph", "") == "X") {
+      const double ts = e.at("ts").get<double>();
+      slices[e.at("name").get<std::string>()].emplace_back(ts, ts + e.at("dur").get<double>());
+    }
+  }
+  // One slice per workload run; one per run of each timed figure, the warm-up included.
+  EXPECT_EQ(slices["bench.D1"].size(), 1u);
+  EXPECT_EQ(slices["bench.D4"].size(), 1u);
+  EXPECT_EQ(slices.count("bench.D2"), 0u) << "D2 did not run";
+  for (const char* figure : {"bench.D1.add", "bench.D1.reshard", "bench.D1.fused",
+                             "bench.D1.fused_inside", "bench.D4.add"}) {
+    EXPECT_EQ(slices[figure].size(), 3u) << figure;
+  }
+  ASSERT_EQ(slices["bench.D1"].size(), 1u);
+  const auto [d1_begin, d1_end] = slices["bench.D1"].front();
+  for (const auto& [b, e] : slices["bench.D1.fused"]) {
+    EXPECT_GE(b, d1_begin);
+    EXPECT_LE(e, d1_end);
+    // Each fused run holds its pieces' copies and its adds (the host backend's task slices).
+    const auto inside = [&](std::string_view prefix) {
+      std::ptrdiff_t count = 0;
+      for (const auto& [name, spans] : slices) {
+        if (name.starts_with(prefix)) {
+          count += std::count_if(spans.begin(), spans.end(),
+                                 [&](const auto& s) { return s.first >= b && s.second <= e; });
+        }
+      }
+      return count;
+    };
+    EXPECT_GE(inside("darray.copy 0->1"), 1) << "a copy of C's part from device 0 to 1";
+    EXPECT_GE(inside("darray.add"), 2) << "an add per device";
+  }
 }
 
 TEST(bench_darray_cli_options, one_device_moves_nothing_and_has_no_eta) {

@@ -85,6 +85,9 @@ void register_bench(CLI::App& app) {
       ->delimiter(',')
       ->check(CLI::IsMember(bench::darray_workload_names()));
   darray_cmd->add_option("--json", d->json_path, "also write the results as JSON to this file");
+  darray_cmd->add_option("--trace", d->options.trace_path,
+                         "write a Chrome trace of the runs (.gz compresses; on GPUs with CUPTI's "
+                         "kernels, copies, memsets and markers); times then include its cost");
   darray_cmd->callback([d] {
     const auto rep = bench::run_darray_bench(d->options, &std::cerr);
     rep.print_table(std::cout);

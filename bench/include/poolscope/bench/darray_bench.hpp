@@ -62,6 +62,12 @@ struct darray_bench_options {
   /// Reshard pieces above this many MiB are split (reshard_options::split_bytes; 0: never).
   std::int64_t split_mib = 64;
   std::vector<std::string> only;  ///< subset of darray_workload_names() (empty: all)
+  /// Write a Chrome trace of the runs here (".gz" compresses): the darray ops' host slices, the
+  /// pools' events and, on GPUs, what ran on the devices (CUPTI kernels, copies, memsets and
+  /// NVTX markers); each workload is a slice "bench.D1" ..., each run of a timed figure one
+  /// "bench.D1.fused" ... (warm-up included). Empty: no trace. The times then include the
+  /// tracing's cost.
+  std::string trace_path;
 };
 
 /// One baseline: what was timed, on how many bytes, and how fast.
@@ -113,7 +119,8 @@ struct darray_bench_report {
   bool yield_to_copies = true;    ///< darray_bench_options::yield_to_copies
   std::int64_t split_mib = 64;    ///< reshard pieces above this are split (0: never)
   int repeat = 0;
-  std::int64_t n = 0;  ///< D1 elements
+  std::int64_t n = 0;      ///< D1 elements
+  std::string trace_path;  ///< darray_bench_options::trace_path (empty: not traced)
   std::vector<darray_workload_result> workloads;
   std::vector<darray_bench_row> rows;
   std::string summary;  ///< one line
