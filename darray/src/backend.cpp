@@ -1039,9 +1039,17 @@ std::shared_ptr<backend> make_backend(std::string_view spec, const backend_optio
     int n = 0;
     const auto* end = digits.data() + digits.size();
     const auto r = std::from_chars(digits.data(), end, n);
-    if (r.ec != std::errc{} || r.ptr != end || n < 1 || n > 64) {
-      throw invalid_argument("darray backend \"" + std::string(spec) +
-                             "\": the device count must be 1..64");
+    if (r.ec != std::errc{} || r.ptr != end) {
+      throw invalid_argument("darray backend \"" + std::string(spec) + "\": the device count '" +
+                             std::string(digits) +
+                             "' is not a whole number (host:N: N host devices; cuda:N: the first "
+                             "N GPUs)");
+    }
+    if (n < 1 || n > 64) {
+      throw invalid_argument("darray backend \"" + std::string(spec) + "\": the device count " +
+                             std::to_string(n) +
+                             " is outside 1..64 (host:N: N host devices; cuda:N: the first N "
+                             "GPUs)");
     }
     return n;
   };

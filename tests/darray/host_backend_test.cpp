@@ -30,9 +30,30 @@ std::vector<double> download(backend& be, int d, const view& v) {
 }
 
 TEST(darray_backend, specs_and_arguments_are_checked) {
-  EXPECT_THROW((void)make_backend("host:0"), invalid_argument);
-  EXPECT_THROW((void)make_backend("host:x"), invalid_argument);
-  EXPECT_THROW((void)make_backend("tpu:2"), invalid_argument);
+  // Each message names the spec and says what is wrong with it.
+  const auto message_of = [](const char* spec) {
+    try {
+      (void)make_backend(spec);
+    } catch (const invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message_of("host:0").find("\"host:0\": the device count 0 is outside 1..64"),
+            std::string::npos)
+      << message_of("host:0");
+  EXPECT_NE(message_of("host:x").find("\"host:x\": the device count 'x' is not a whole number"),
+            std::string::npos)
+      << message_of("host:x");
+  EXPECT_NE(message_of("cuda:0").find("\"cuda:0\": the device count 0 is outside 1..64"),
+            std::string::npos)
+      << message_of("cuda:0");
+  EXPECT_NE(message_of("host:65").find("count 65 is outside"), std::string::npos)
+      << message_of("host:65");
+  EXPECT_NE(message_of("host:2x").find("'2x' is not a whole number"), std::string::npos)
+      << message_of("host:2x");
+  EXPECT_NE(message_of("tpu:2").find("expected host:N, cuda, cuda:N or auto"), std::string::npos)
+      << message_of("tpu:2");
   auto be = make_backend("host:2");
   EXPECT_EQ(be->name(), "host:2");
   EXPECT_EQ(be->device_count(), 2);
