@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace poolscope::bench {
@@ -55,8 +56,27 @@ struct sample_summary {
 [[nodiscard]] std::size_t batch_size_for(double op_ns, double target_ns = 2000.0,
                                          std::size_t max_batch = 1024);
 
+/// The clock_ns() value `budget_s` seconds after `now`: saturates at the clock's end for a budget
+/// too long to represent (1e300 s: run until the operation count says stop), and is `now` for a
+/// budget that is not a positive number. (Converting an out-of-range double to an integer is
+/// undefined: a budget above ~1.8e10 s used to end the run at once.)
+[[nodiscard]] inline std::uint64_t deadline_after(std::uint64_t now, double budget_s) noexcept {
+  constexpr std::uint64_t end = std::numeric_limits<std::uint64_t>::max();
+  const double ns = budget_s * 1e9;
+  if (!(ns > 0)) {  // NaN too
+    return now;
+  }
+  // 2^64 as a double: anything at or above it cannot be converted.
+  if (ns >= 18446744073709551616.0) {
+    return end;
+  }
+  const auto add = static_cast<std::uint64_t>(ns);
+  return add > end - now ? end : now + add;
+}
+
 /// How long time_in_batches runs: until `max_ops` operations or `budget_s` seconds, whichever
-/// comes first, but at least `min_batches` batches (if max_ops allows).
+/// comes first, but at least `min_batches` batches (if max_ops allows). A budget too long for the
+/// clock (1e300) leaves max_ops alone to end the run.
 struct batch_limits {
   std::size_t max_ops = 100000;
   double budget_s = 1.0;
@@ -98,7 +118,7 @@ batch_timing time_in_batches(Op&& op, const batch_limits& limits, double overhea
   }
   out.untimed = i;
   out.batch = batch_size_for(est, target_ns, max_batch);
-  const std::uint64_t deadline = clock_ns() + static_cast<std::uint64_t>(limits.budget_s * 1e9);
+  const std::uint64_t deadline = deadline_after(clock_ns(), limits.budget_s);
   std::size_t batches = 0;
   while (out.ops + out.batch <= limits.max_ops) {
     const std::uint64_t t0 = clock_ns();
