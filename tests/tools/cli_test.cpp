@@ -70,6 +70,11 @@ TEST(cli_pools, host_json_matches_the_trace) {
   EXPECT_EQ(j["resource"], "host");
   EXPECT_EQ(j["integrity_ok"], true);
   EXPECT_EQ(last_line(r.out), j["summary"].get<std::string>()) << "summary line last";
+  // The command calls itself by its name (it was once `poolscope demo`).
+  EXPECT_EQ(j["command"], "pools");
+  EXPECT_EQ(j["summary"].get<std::string>().rfind("pools [host]: ", 0), 0U) << j["summary"];
+  EXPECT_NE(r.err.find("[pools] "), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("[demo]"), std::string::npos) << r.err;
 
   // The same trace, regenerated from the library's generator; counted and peaked here.
   const auto plan = poolscope::bench::make_demo_plan(false, steps);

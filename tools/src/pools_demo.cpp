@@ -173,14 +173,14 @@ demo_report run_demo(const demo_options& o, std::ostream* progress) {
   const double overhead = bench::timer_overhead_ns();
   for (const auto& strategy : o.allocators.empty() ? known : o.allocators) {
     if (progress != nullptr) {
-      *progress << "[demo] " << strategy << " on " << res->name() << ": " << tr.ops.size()
+      *progress << "[pools] " << strategy << " on " << res->name() << ": " << tr.ops.size()
                 << " operations" << std::endl;
     }
     rep.results.push_back(replay(strategy, *res, tr, overhead));
   }
 
   std::ostringstream s;
-  s << "demo [" << res->name() << "]: " << rep.results.size() << " strategies x " << rep.trace_ops
+  s << "pools [" << res->name() << "]: " << rep.results.size() << " strategies x " << rep.trace_ops
     << " ops (" << o.steps << " sequence steps + " << plan.mix_pairs << "-pair mix), integrity "
     << (rep.integrity_ok() ? "ok" : "FAILED");
   const demo_result* leanest = nullptr;
@@ -278,7 +278,7 @@ std::string demo_report::to_json() const {
                           {"error", r.error.empty() ? json(nullptr) : json(r.error)},
                           {"stats", json::parse(st.to_json())}});
   }
-  json doc = {{"command", "demo"},
+  json doc = {{"command", "pools"},
               {"resource", resource},
               {"device", device},
               {"steps", steps},
