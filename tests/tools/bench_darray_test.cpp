@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -161,6 +162,25 @@ TEST_F(bench_darray_cli, d2_full_swap_moves_half_the_array) {
   expect_near_rel(fig(w, "ratio_peer"),
                   w.at("baselines").at("peer").at("best_ms").get<double>() / fig(w, "t_fused_ms"),
                   "ratio_peer");
+}
+
+// D2's side for tiny n: the largest power of two with side^2 <= n/2 (at least 1), raised to the
+// device count; --help says so.
+TEST(bench_darray_cli_options, d2_side_for_tiny_n_is_what_help_says) {
+  process_result h;
+  h = poolscope::testing::run_process({POOLSCOPE_CLI_PATH, "bench", "darray", "--help"});
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("raised to the device count"), std::string::npos) << h.out;
+  for (const auto& [elements, devices, side] :
+       {std::tuple{7, 3, 3}, std::tuple{4, 4, 4}, std::tuple{64, 2, 4}, std::tuple{4000, 2, 32}}) {
+    SCOPED_TRACE("n " + std::to_string(elements) + " on host:" + std::to_string(devices));
+    process_result r;
+    const json j = run_bench({"--devices", "host:" + std::to_string(devices), "--n",
+                              std::to_string(elements), "--repeat", "1", "--only", "D2"},
+                             r);
+    ASSERT_TRUE(j.is_object()) << r.out << r.err;
+    EXPECT_EQ(fig(j.at("workloads").at("D2"), "side"), static_cast<double>(side));
+  }
 }
 
 TEST_F(bench_darray_cli, d3_small_ops) {

@@ -44,8 +44,9 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   darray_cmd
       ->add_option("--n", d->options.n,
-                   "D1 elements; D2 uses the largest power-of-two side <= sqrt(n/2) (default "
-                   "2^29 on GPUs, 2^20 on host devices)")
+                   "D1 and D4 elements; D2's array is side x side, side the largest power of two "
+                   "with side^2 <= n/2 (at least 1), raised to the device count if below it "
+                   "(default 2^29 on GPUs, 2^20 on host devices)")
       ->check(poolscope::bench::positive_number());
   darray_cmd
       ->add_option("--matmul-n", d->options.matmul_n,
