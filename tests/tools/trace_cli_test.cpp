@@ -154,10 +154,13 @@ TEST(trace_cli, summary_of_a_range_counts_only_its_slices) {
   {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":45.000,"dur":10.000})JSON");
   const process_result r = run_cli({"trace", "summary", path, "--range", "phase", "--json", "-"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("range 'phase': 2 slice(s), 0.020 ms in all"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("overlap ratio 1.000"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("window 20.000 us in 2 ranges"), std::string::npos) << r.out;
-  const json j = json::parse(r.out.substr(r.out.find("\n{") + 1));
+  // With --json -, stdout holds the JSON alone and the text goes to stderr.
+  EXPECT_NE(r.err.find("range 'phase': 2 slice(s), sum of slices 0.020 ms, union 0.020 ms"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("overlap ratio 1.000"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("window 20.000 us in 2 ranges"), std::string::npos) << r.err;
+  const json j = json::parse(r.out);
   ASSERT_EQ(j["devices"].size(), 1U);
   const json& d = j["devices"][0];
   EXPECT_EQ(d["window_ns"], 20000);
@@ -184,6 +187,32 @@ TEST(trace_cli, summary_of_a_range_counts_only_its_slices) {
   EXPECT_NE(bad.err.find("no slice named 'nope'"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("phase"), std::string::npos) << bad.err;
   EXPECT_NE(bad.err.find("step"), std::string::npos) << bad.err;
+  std::remove(path.c_str());
+}
+
+// --range over slices that overlap: [10,30) and [20,40) us of "op" sum to 40 us, but their union
+// (the window every device's figures count) is 30 us; the text gives both, the JSON too.
+TEST(trace_cli, summary_of_overlapping_ranges_gives_their_sum_and_their_union) {
+  require_trace_command();
+  const std::string path = write_trace(valid_events + R"JSON(,
+  {"ph":"X","name":"op","cat":"user","pid":1,"tid":1,"ts":10.000,"dur":20.000},
+  {"ph":"X","name":"op","cat":"user","pid":1,"tid":2,"ts":20.000,"dur":20.000})JSON");
+  const std::string json_path = temp_path("poolscope-summary") + ".json";
+  const process_result r =
+      run_cli({"trace", "summary", path, "--range", "op", "--json", json_path});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("range 'op': 2 slice(s), sum of slices 0.040 ms, union 0.030 ms"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("window 30.000 us"), std::string::npos) << r.out;
+  const json j = json::parse(poolscope::testing::read_file(json_path));
+  EXPECT_EQ(j["devices"][0]["window_ns"], 30000);
+  ASSERT_EQ(j["ranges"].size(), 1U);
+  EXPECT_EQ(j["ranges"][0]["name"], "op");
+  EXPECT_EQ(j["ranges"][0]["slices"], 2);
+  EXPECT_EQ(j["ranges"][0]["sum_ns"], 40000);
+  EXPECT_EQ(j["ranges"][0]["union_ns"], 30000);
+  std::remove(json_path.c_str());
   std::remove(path.c_str());
 }
 

@@ -2,11 +2,11 @@
 // poolscope_bench_alloc program). `poolscope bench darray`: the distributed-array benchmark D1-D5
 // (bench/darray_bench.hpp). Exit code 3 if a row or workload failed.
 #include <cstdint>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 
+#include "cli_files.hpp"
 #include "commands.hpp"
 #include "poolscope/bench/alloc_bench_cli.hpp"
 #include "poolscope/bench/cli_checks.hpp"
@@ -85,19 +85,20 @@ void register_bench(CLI::App& app) {
   darray_cmd->add_option("--only", d->options.only, "comma-separated workloads: D1,D2,D3,D4,D5")
       ->delimiter(',')
       ->check(CLI::IsMember(bench::darray_workload_names()));
-  darray_cmd->add_option("--json", d->json_path, "also write the results as JSON to this file");
+  darray_cmd->add_option("--json", d->json_path,
+                         "also write the results as JSON to this file ('-': stdout, the table "
+                         "then goes to stderr)");
   darray_cmd->add_option("--trace", d->options.trace_path,
                          "write a Chrome trace of the runs (.gz compresses; on GPUs with CUPTI's "
                          "kernels, copies, memsets and markers); times then include its cost");
   darray_cmd->callback([d] {
+    check_distinct_files("poolscope bench darray", {{"--json", d->json_path, true},
+                                                    {"--trace", d->options.trace_path, true}});
     const auto rep = bench::run_darray_bench(d->options, &std::cerr);
-    rep.print_table(std::cout);
+    // With the JSON on stdout, stdout holds nothing else.
+    rep.print_table(d->json_path == "-" ? std::cerr : std::cout);
     if (!d->json_path.empty()) {
-      std::ofstream f(d->json_path);
-      f << rep.to_json() << '\n';
-      if (!f) {
-        throw runtime_error("poolscope bench darray: cannot write " + d->json_path);
-      }
+      write_output("poolscope bench darray", "--json", d->json_path, rep.to_json() + "\n");
     }
     if (rep.any_error()) {
       throw CLI::RuntimeError(3);

@@ -1,9 +1,9 @@
 // `poolscope pools`: every allocator strategy on one trace, with integrity checks and a pool
 // report (see demo.hpp). Exit code 2 on an integrity failure, 1 if a strategy failed otherwise.
-#include <fstream>
 #include <iostream>
 #include <memory>
 
+#include "cli_files.hpp"
 #include "commands.hpp"
 #include "pools_demo.hpp"
 #include "poolscope/bench/cli_checks.hpp"
@@ -38,16 +38,15 @@ void register_pools(CLI::App& app) {
                   "comma-separated strategies (default: all registered)")
       ->delimiter(',')
       ->check(CLI::IsMember(pool::allocator_names()));
-  sub->add_option("--json", cmd->json_path, "also write the report as JSON to this file");
+  sub->add_option("--json", cmd->json_path,
+                  "also write the report as JSON to this file ('-': stdout, the text then goes "
+                  "to stderr)");
   sub->callback([cmd] {
     const demo_report rep = run_demo(cmd->options, &std::cerr);
-    rep.print(std::cout);
+    // With the JSON on stdout, stdout holds nothing else.
+    rep.print(cmd->json_path == "-" ? std::cerr : std::cout);
     if (!cmd->json_path.empty()) {
-      std::ofstream f(cmd->json_path);
-      f << rep.to_json() << '\n';
-      if (!f) {
-        throw runtime_error("poolscope pools: cannot write " + cmd->json_path);
-      }
+      write_output("poolscope pools", "--json", cmd->json_path, rep.to_json() + "\n");
     }
     if (!rep.integrity_ok()) {
       throw CLI::RuntimeError(2);

@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "byte_size.hpp"
+#include "cli_files.hpp"
 #include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
@@ -140,6 +141,10 @@ void print_log_notes(std::ostream& out, const std::vector<profiler::replay_resul
 }
 
 void run_replay(const replay_command& cmd) {
+  check_distinct_files("poolscope replay",
+                       {{"LOG", cmd.file, false}, {"--json", cmd.json_path, true}});
+  // With the JSON on stdout, stdout holds nothing else: the table goes to stderr.
+  std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
   const std::size_t capacity = cmd.capacity.empty() ? std::numeric_limits<std::size_t>::max()
                                                     : parse_byte_size(cmd.capacity);
   const profiler::event_log log = profiler::read_event_log(cmd.file);
@@ -161,15 +166,15 @@ void run_replay(const replay_command& cmd) {
     results.push_back(replay_one(cmd, log, s, capacity));
   }
 
-  std::cout << "replay of " << cmd.file << " (" << profiler::to_string(log.format) << ", "
-            << log.records.size() << " records) on " << cmd.resource;
+  text << "replay of " << cmd.file << " (" << profiler::to_string(log.format) << ", "
+       << log.records.size() << " records) on " << cmd.resource;
   if (!cmd.capacity.empty()) {
-    std::cout << ", capacity " << format_bytes(capacity);
+    text << ", capacity " << format_bytes(capacity);
   }
-  std::cout << "\n";
-  print_table(std::cout, results);
+  text << "\n";
+  print_table(text, results);
   if (!results.empty()) {
-    print_log_notes(std::cout, results);
+    print_log_notes(text, results);
   }
 
   const auto best =
@@ -182,17 +187,17 @@ void run_replay(const replay_command& cmd) {
   for (const auto& r : results) {
     failed += r.failed_allocations;
   }
-  std::cout << "summary: " << results.size() << " allocators, "
-            << (results.empty() ? 0 : results.front().mallocs) << " mallocs replayed, " << failed
-            << " failed allocations in all";
+  text << "summary: " << results.size() << " allocators, "
+       << (results.empty() ? 0 : results.front().mallocs) << " mallocs replayed, " << failed
+       << " failed allocations in all";
   if (best != results.end()) {
     char ratio[32];
     std::snprintf(ratio, sizeof ratio, "%.3f", best->ratio);
-    std::cout << "; lowest peak reserved: " << best->allocator << " ("
-              << format_bytes(best->peak_reserved) << ", ratio " << ratio << ")";
+    text << "; lowest peak reserved: " << best->allocator << " ("
+         << format_bytes(best->peak_reserved) << ", ratio " << ratio << ")";
   }
-  std::cout << "\n";
-  std::cout.flush();
+  text << "\n";
+  text.flush();
 
   if (!cmd.json_path.empty()) {
     nlohmann::ordered_json j;
@@ -206,17 +211,7 @@ void run_replay(const replay_command& cmd) {
     for (const auto& r : results) {
       arr.push_back(nlohmann::ordered_json::parse(r.to_json()));
     }
-    const std::string text = j.dump(2) + "\n";
-    if (cmd.json_path == "-") {
-      std::cout << text;
-    } else {
-      std::ofstream f(cmd.json_path, std::ios::out | std::ios::trunc);
-      f << text;
-      f.close();
-      if (!f) {
-        throw runtime_error("poolscope replay: cannot write '" + cmd.json_path + "'");
-      }
-    }
+    write_output("poolscope replay", "--json", cmd.json_path, j.dump(2) + "\n");
   }
 }
 
@@ -252,7 +247,9 @@ void register_replay(CLI::App& app) {
   sub->add_option("--only-allocator", cmd->only_allocator,
                   "replay only the records of this recorded allocator (nested pools log each "
                   "request twice)");
-  sub->add_option("--json", cmd->json_path, "also write the results as JSON ('-': stdout)");
+  sub->add_option("--json", cmd->json_path,
+                  "also write the results as JSON to this file ('-': stdout, the table then goes "
+                  "to stderr)");
   sub->add_flag("!--no-progress", cmd->progress, "no progress bar on stderr");
   sub->callback([cmd] { run_replay(*cmd); });
 }

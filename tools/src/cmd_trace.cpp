@@ -17,6 +17,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_files.hpp"
 #include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/overlap.hpp"
@@ -48,10 +49,19 @@ void run_check(const trace_command& cmd) {
   }
 }
 
-// The slices named by --range, each name's count printed; a name with none is an error that
-// lists the names the trace has.
-std::vector<profiler::interval> range_windows(const trace_command& cmd) {
-  std::vector<profiler::interval> windows;
+// What --range found for one name: its slices, the sum of their lengths (a slice that overlaps
+// another counts in full) and the length of their union (overlapping time once: what the
+// summary's window is made of).
+struct range_found {
+  std::string name;
+  std::vector<profiler::interval> slices;
+  std::uint64_t sum_ns = 0;
+  std::uint64_t union_ns = 0;
+};
+
+// The slices named by --range; a name with none is an error that lists the names the trace has.
+std::vector<range_found> find_ranges(const trace_command& cmd) {
+  std::vector<range_found> out;
   for (const std::string& name : cmd.ranges) {
     profiler::trace_ranges r = profiler::find_trace_ranges(cmd.file, name);
     if (r.found.empty()) {
@@ -64,38 +74,55 @@ std::vector<profiler::interval> range_windows(const trace_command& cmd) {
                              (known.empty() ? std::string("; it has no host slices")
                                             : "; its host slices include: " + known));
     }
-    std::uint64_t ns = 0;
-    for (const profiler::interval& w : r.found) {
-      ns += static_cast<std::uint64_t>(w.end_ns - w.begin_ns);
+    range_found f{name, std::move(r.found), 0, 0};
+    for (const profiler::interval& w : f.slices) {
+      f.sum_ns += static_cast<std::uint64_t>(w.end_ns - w.begin_ns);
     }
-    std::printf("range '%s': %zu slice(s), %.3f ms in all\n", name.c_str(), r.found.size(),
-                static_cast<double>(ns) / 1e6);
-    windows.insert(windows.end(), r.found.begin(), r.found.end());
+    f.union_ns = profiler::total_length(profiler::merge_intervals(f.slices));
+    out.push_back(std::move(f));
   }
-  return windows;
+  return out;
 }
 
 void run_summary(const trace_command& cmd) {
-  const profiler::trace_summary s =
-      cmd.ranges.empty() ? profiler::summarize_trace(cmd.file)
-                         : profiler::summarize_trace(cmd.file, range_windows(cmd), cmd.each);
-  std::fflush(stdout);
-  std::cout << s.to_text(cmd.top);
+  check_distinct_files("poolscope trace summary",
+                       {{"FILE", cmd.file, false}, {"--json", cmd.json_path, true}});
+  // With the JSON on stdout, stdout holds nothing else: the text goes to stderr.
+  std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
+  const std::vector<range_found> ranges = find_ranges(cmd);
+  std::vector<profiler::interval> windows;
+  for (const range_found& f : ranges) {
+    // Slices of one name may overlap (nested scopes, ops on several threads): their sum then
+    // exceeds their union, and the union is what the per-device window counts.
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "range '%s': %zu slice(s), sum of slices %.3f ms, union %.3f ms (overlapping "
+                  "slices counted once)\n",
+                  f.name.c_str(), f.slices.size(), static_cast<double>(f.sum_ns) / 1e6,
+                  static_cast<double>(f.union_ns) / 1e6);
+    text << line;
+    windows.insert(windows.end(), f.slices.begin(), f.slices.end());
+  }
+  const profiler::trace_summary s = cmd.ranges.empty()
+                                        ? profiler::summarize_trace(cmd.file)
+                                        : profiler::summarize_trace(cmd.file, windows, cmd.each);
+  text << s.to_text(cmd.top);
+  text.flush();
   if (!cmd.json_path.empty()) {
-    const std::string text =
-        s.to_json(cmd.top).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    if (cmd.json_path == "-") {
-      std::cout << text;
-    } else {
-      std::ofstream out(cmd.json_path, std::ios::out | std::ios::trunc);
-      out << text;
-      out.close();
-      if (!out) {
-        throw runtime_error("cannot write '" + cmd.json_path + "'");
+    nlohmann::json j = s.to_json(cmd.top);
+    if (!ranges.empty()) {
+      // Per --range name (the summary's "windows" are the union of them all).
+      nlohmann::json& rj = j["ranges"] = nlohmann::json::array();
+      for (const range_found& f : ranges) {
+        rj.push_back({{"name", f.name},
+                      {"slices", f.slices.size()},
+                      {"sum_ns", f.sum_ns},
+                      {"union_ns", f.union_ns}});
       }
     }
+    write_output("poolscope trace summary", "--json", cmd.json_path,
+                 j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
-  std::cout.flush();
 }
 
 }  // namespace
@@ -127,7 +154,8 @@ void register_trace(CLI::App& app) {
   summary->add_option("--top", summary_cmd->top,
                       "kernels and copies listed per device, and CUDA API calls");
   summary->add_option("--json", summary_cmd->json_path,
-                      "also write the summary as JSON to this file ('-': stdout)");
+                      "also write the summary as JSON to this file ('-': stdout, the text then "
+                      "goes to stderr)");
   auto* range = summary->add_option(
       "--range", summary_cmd->ranges,
       "count only the time inside every slice of this name (a scope such as demo.fused, an NVTX "

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli_files.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/fork_join.hpp"
@@ -159,6 +160,9 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     throw invalid_argument("poolscope demo: transport '" + o.transport +
                            "' (expected auto, peer or nccl)");
   }
+  // Checked before anything is written: an output must not overwrite the other.
+  check_distinct_files("poolscope demo",
+                       {{"--trace", o.trace_path, true}, {"--report", o.report_path, true}});
   // Checked before any device is touched: a bad list is the caller's error, not CUPTI's.
   const profiler::cupti_options cupti_settings = profiler::with_activity_kinds(o.cupti_kinds);
   if (o.repeat < 0) {

@@ -1,0 +1,177 @@
+// The poolscope command's output files, run as a subprocess: an output path that is an input or
+// another output is refused before any work (paths compared after normalising them, links
+// followed), and `--json -` leaves only JSON on stdout, the text going to stderr.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "subprocess.hpp"
+
+#ifdef POOLSCOPE_CLI_PATH
+
+namespace {
+
+using nlohmann::json;
+using poolscope::testing::process_result;
+using poolscope::testing::read_file;
+using poolscope::testing::run_process;
+using poolscope::testing::temp_path;
+
+process_result run_cli(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string write_file(const std::string& stem, const std::string& text) {
+  const std::string path = temp_path(stem);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A trace with one device, a kernel and a copy, and two "phase" host slices.
+const std::string trace_text = R"JSON({"traceEvents":[
+  {"ph":"M","name":"process_name","pid":1,"tid":0,"args":{"name":"host"}},
+  {"ph":"M","name":"thread_name","pid":1,"tid":1,"args":{"name":"main"}},
+  {"ph":"M","name":"process_name","pid":100,"tid":0,"args":{"name":"GPU 0"}},
+  {"ph":"M","name":"thread_name","pid":100,"tid":7,"args":{"name":"stream 7"}},
+  {"ph":"X","name":"step","cat":"user","pid":1,"tid":1,"ts":0.000,"dur":100.000},
+  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":10.000,"dur":20.000},
+  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":50.000,"dur":10.000},
+  {"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":10.000,"dur":20.000,
+   "args":{"device":0}},
+  {"ph":"X","name":"Memcpy HtoD","cat":"memcpy","pid":100,"tid":7,"ts":40.000,"dur":10.000,
+   "args":{"device":0,"bytes":4000}}],"displayTimeUnit":"ns"})JSON";
+
+// A poolscope event log (docs/event_log.md): two blocks allocated and freed.
+std::string event_log_text() {
+  const auto rec = [](int seq, const char* action, const char* ptr, int size, const char* phase) {
+    return R"({"seq":)" + std::to_string(seq) + R"(,"time_ns":)" + std::to_string(1000 + seq) +
+           R"(,"thread":7,"device":-1,"stream":"0x0","allocator":"rec/host","allocator_id":1,)" +
+           R"("action":")" + action + R"(","phase":")" + phase + R"(","ptr":")" + ptr +
+           R"(","size":)" + std::to_string(size) + R"(,"rounded":)" + std::to_string(size) + "}\n";
+  };
+  return std::string(R"({"format":"poolscope.events","version":1,"pid":1})") + "\n" +
+         rec(1, "malloc", "0x1000", 1000, "post") + rec(2, "malloc", "0x2000", 3000, "post") +
+         rec(3, "free", "0x1000", 1000, "pre") + rec(4, "free", "0x2000", 3000, "pre");
+}
+
+// ---- 1. one path, two roles ----
+
+TEST(cli_args, demo_refuses_one_file_for_trace_and_report_before_running) {
+  const std::string path = temp_path("poolscope-same") + ".json";
+  const process_result r = run_cli({"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1",
+                                    "--trace", path, "--report", path});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "--report '" + path + "' is the same file as --trace")) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;  // refused before the demo ran
+  EXPECT_FALSE(std::filesystem::exists(path)) << "nothing written";
+}
+
+TEST(cli_args, demo_compares_paths_after_normalising_them) {
+  const std::string path = temp_path("poolscope-same") + ".json";
+  const std::filesystem::path p(path);
+  // The same file through "dir/./name" and "dir/../dir/name".
+  const std::string a = (p.parent_path() / "." / p.filename()).string();
+  const std::string b =
+      (p.parent_path() / ".." / p.parent_path().filename() / p.filename()).string();
+  const process_result r = run_cli(
+      {"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1", "--trace", a, "--report", b});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "is the same file as --trace")) << r.err;
+  // The default report (report.json in the current directory) is an output too.
+  const process_result d = run_cli(
+      {"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1", "--trace", "report.json"});
+  EXPECT_EQ(d.exit_code, 1) << d.out << d.err;
+  EXPECT_TRUE(contains(d.err, "--report 'report.json' is the same file as --trace 'report.json'"))
+      << d.err;
+}
+
+TEST(cli_args, trace_summary_refuses_to_overwrite_its_input) {
+  const std::string path = write_file("poolscope-trace", trace_text);
+  const process_result r = run_cli({"trace", "summary", path, "--json", path});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "--json '" + path + "' is the input FILE")) << r.err;
+  EXPECT_EQ(read_file(path), trace_text) << "the input is untouched";
+  // A symbolic link to the input is the input.
+  const std::string link = temp_path("poolscope-link");
+  std::remove(link.c_str());
+  ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
+  const process_result l = run_cli({"trace", "summary", path, "--json", link});
+  EXPECT_EQ(l.exit_code, 1) << l.out << l.err;
+  EXPECT_EQ(read_file(path), trace_text);
+  std::remove(link.c_str());
+  std::remove(path.c_str());
+}
+
+TEST(cli_args, replay_refuses_to_overwrite_its_log) {
+  const std::string log = write_file("poolscope-log", event_log_text());
+  const process_result r = run_cli({"replay", log, "--json", log});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "--json '" + log + "' is the input LOG")) << r.err;
+  EXPECT_EQ(read_file(log), event_log_text()) << "the log is untouched";
+  // A hard link to the log is the log.
+  const std::string hard = temp_path("poolscope-hard");
+  std::remove(hard.c_str());
+  ASSERT_EQ(::link(log.c_str(), hard.c_str()), 0);
+  const process_result h = run_cli({"replay", log, "--json", hard});
+  EXPECT_EQ(h.exit_code, 1) << h.out << h.err;
+  EXPECT_EQ(read_file(log), event_log_text());
+  std::remove(hard.c_str());
+  std::remove(log.c_str());
+}
+
+TEST(cli_args, bench_darray_refuses_one_file_for_json_and_trace) {
+  const std::string path = temp_path("poolscope-same") + ".json";
+  const process_result r =
+      run_cli({"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
+               "D4", "--json", path, "--trace", path});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "--trace '" + path + "' is the same file as --json")) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // Not a regular file: /dev/null may take every output.
+  const process_result null =
+      run_cli({"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
+               "D4", "--json", "/dev/null", "--trace", "/dev/null"});
+  EXPECT_EQ(null.exit_code, 0) << null.out << null.err;
+}
+
+// ---- 2. --json - : stdout holds the JSON alone, the text goes to stderr ----
+
+TEST(cli_args, json_to_stdout_is_pure_json) {
+  const std::string trace = write_file("poolscope-trace", trace_text);
+  const std::string log = write_file("poolscope-log", event_log_text());
+  const std::vector<std::vector<std::string>> commands{
+      {"trace", "summary", trace, "--json", "-"},
+      {"trace", "summary", trace, "--range", "phase", "--json", "-"},
+      {"replay", log, "--allocators", "naive,bfc", "--json", "-"},
+      {"pools", "--resource", "host", "--steps", "1", "--allocators", "bfc", "--json", "-"},
+      {"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only", "D4",
+       "--json", "-"}};
+  for (const auto& args : commands) {
+    SCOPED_TRACE(args[0] + " " + args[1]);
+    const process_result r = run_cli(args);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const json j = json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << "stdout is not one JSON document:\n" << r.out;
+    EXPECT_TRUE(j.is_object());
+    EXPECT_FALSE(r.err.empty()) << "the text goes to stderr";
+  }
+  std::remove(trace.c_str());
+  std::remove(log.c_str());
+}
+
+}  // namespace
+
+#endif  // POOLSCOPE_CLI_PATH

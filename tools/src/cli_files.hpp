@@ -1,0 +1,115 @@
+// The file arguments of the CLI's commands: a command whose output would overwrite one of its
+// inputs or another of its outputs is refused before it does any work, and an output named "-"
+// goes to stdout.
+//
+//   check_distinct_files("poolscope replay", {{"LOG", cmd.file, false},
+//                                             {"--json", cmd.json_path, true}});
+//   write_output("poolscope replay", "--json", cmd.json_path, j.dump(2) + "\n");
+//
+// Header-only: cmd_replay.cpp is also compiled into the tools' tests. Thread safety: reentrant.
+// Cost: a few stat calls per path.
+#pragma once
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "poolscope/error.hpp"
+
+namespace poolscope::tools {
+
+/// One file argument of a command: the option or positional that names it ("--json", "LOG"),
+/// its path, and whether the command writes it. An empty path or "-" (stdout) is no file.
+struct file_argument {
+  std::string option;
+  std::string path;
+  bool output = false;
+};
+
+namespace detail {
+
+/// `path` made absolute and normalised, with the symbolic links of its existing part resolved.
+inline std::filesystem::path comparable_path(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(path, ec);
+  if (ec) {
+    p = path;
+  }
+  std::filesystem::path canonical = std::filesystem::weakly_canonical(p, ec);
+  return ec ? p.lexically_normal() : canonical;
+}
+
+/// Whether two paths name one file whose data one of them would destroy: the same normalised
+/// path, or one existing file reached by two names (a hard link). Only regular files (or paths
+/// not yet there) count: /dev/null may take every output.
+inline bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(a, ec);
+  if (!ec && std::filesystem::exists(st) && !std::filesystem::is_regular_file(st)) {
+    return false;
+  }
+  if (comparable_path(a) == comparable_path(b)) {
+    return true;
+  }
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
+inline bool is_file(const file_argument& f) {
+  return !f.path.empty() && f.path != "-";
+}
+
+}  // namespace detail
+
+/// Throws poolscope::invalid_argument, naming both arguments and the path, if an output of
+/// `command` is the same file as one of its inputs (it would be destroyed) or as another output
+/// (one would overwrite the other).
+inline void check_distinct_files(std::string_view command,
+                                 const std::vector<file_argument>& files) {
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const file_argument& out = files[i];
+    if (!out.output || !detail::is_file(out)) {
+      continue;
+    }
+    for (std::size_t j = 0; j < files.size(); ++j) {
+      const file_argument& other = files[j];
+      // Each pair of outputs once; an output against every input.
+      if (j == i || !detail::is_file(other) || (other.output && j > i)) {
+        continue;
+      }
+      if (!detail::same_file(out.path, other.path)) {
+        continue;
+      }
+      const std::string head = std::string(command) + ": " + out.option + " '" + out.path + "'";
+      if (other.output) {
+        throw invalid_argument(head + " is the same file as " + other.option + " '" + other.path +
+                               "': one output would overwrite the other; give each its own path");
+      }
+      throw invalid_argument(head + " is the input " + other.option + " '" + other.path +
+                             "': writing it would destroy the input; choose another path");
+    }
+  }
+}
+
+/// Writes `text` to the file `path`, or to stdout for "-". Throws poolscope::runtime_error naming
+/// the command, the option and the path if the file cannot be written.
+inline void write_output(std::string_view command, std::string_view option, const std::string& path,
+                         const std::string& text) {
+  if (path == "-") {
+    std::cout << text;
+    std::cout.flush();
+    return;
+  }
+  std::ofstream f(path, std::ios::out | std::ios::trunc | std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) {
+    throw runtime_error(std::string(command) + ": cannot write " + std::string(option) + " '" +
+                        path + "'");
+  }
+}
+
+}  // namespace poolscope::tools
