@@ -1,6 +1,7 @@
 // `poolscope bench alloc`: the allocator benchmark (bench/, the same code and options as the
 // poolscope_bench_alloc program). `poolscope bench darray`: the distributed-array benchmark D1-D5
 // (bench/darray_bench.hpp). Exit code 3 if a row or workload failed.
+#include <algorithm>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -8,12 +9,58 @@
 
 #include "cli_files.hpp"
 #include "commands.hpp"
+#include "devices_option.hpp"
+#include "host_memory.hpp"
 #include "poolscope/bench/alloc_bench_cli.hpp"
 #include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/bench/darray_bench.hpp"
+#include "poolscope/bench/memory_access.hpp"
 #include "poolscope/error.hpp"
 
 namespace poolscope::tools {
+
+namespace {
+
+// On host devices the arrays are host memory: refuses an --n or --matmul-n whose workloads
+// clearly cannot fit, before anything runs (a workload that failed to allocate would otherwise
+// fail alone, after filling the memory, and the run go on to the next). A lower bound of the
+// largest workload's arrays at once: D1 A, B, C and A + B (16n bytes); D2 its side x side X, Z and
+// the reshard (12 side^2); D4 A, B and the memcpy baseline's source and destination (16n); D5 X,
+// Y, their one-device copies (16 m^2) and the product as a replica on every device (4 m^2 each).
+// GPUs hold their arrays in device memory: not checked here.
+void check_darray_bench_memory(const bench::darray_bench_options& o) {
+  const bool host =
+      o.devices.starts_with("host:") || (o.devices == "auto" && bench::gpu_count() == 0);
+  if (!host) {
+    return;
+  }
+  const std::int64_t devs = o.devices == "auto" ? 2 : std::stoll(o.devices.substr(5));
+  const std::int64_t n = o.n > 0 ? o.n : std::int64_t{1} << 20;
+  const std::int64_t m = o.matmul_n > 0 ? o.matmul_n : 256;
+  const auto runs = [&o](const char* w) {
+    return o.only.empty() || std::find(o.only.begin(), o.only.end(), w) != o.only.end();
+  };
+  // D2's side, as darray_bench.cpp picks it.
+  std::int64_t side = 1;
+  while ((2 * side) * (2 * side) <= n / 2) {
+    side *= 2;
+  }
+  side = std::max(side, devs);
+  const double nd = static_cast<double>(n);
+  const double sd = static_cast<double>(side);
+  const double md = static_cast<double>(m);
+  double vectors = 0;
+  vectors = runs("D1") || runs("D4") ? 16.0 * nd : 0.0;
+  vectors = std::max(vectors, runs("D2") ? 12.0 * sd * sd : 0.0);
+  const double matmul = runs("D5") ? (16.0 + 4.0 * static_cast<double>(devs)) * md * md : 0.0;
+  const std::string what =
+      vectors >= matmul
+          ? "--n " + std::to_string(n) + " (on " + std::to_string(devs) + " host devices)"
+          : "--matmul-n " + std::to_string(m) + " (on " + std::to_string(devs) + " host devices)";
+  check_host_memory("poolscope bench darray", what, std::max(vectors, matmul));
+}
+
+}  // namespace
 
 void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "run benchmarks");
@@ -24,6 +71,8 @@ void register_bench(CLI::App& app) {
       "allocator benchmark: workloads A1-A5 and hook costs on every strategy, with the "
       "raw resource as baseline");
   cmd->add_options(*alloc);
+  // The seed is unsigned: a negative one would wrap silently.
+  alloc->get_option("--seed")->check(poolscope::bench::non_negative_number());
   alloc->callback([cmd] {
     const int rc = cmd->run(std::cout, std::cerr);
     if (rc != 0) {
@@ -40,7 +89,11 @@ void register_bench(CLI::App& app) {
       "darray",
       "distributed-array benchmark: D1-D5 (reshard, fused ops, overhead, bandwidth, matmul) "
       "beside raw peer-copy / NCCL / d2d baselines (memcpy on host devices)");
-  darray_cmd->add_option("--devices", d->options.devices, "backend: auto, cuda, cuda:N, host:N")
+  darray_cmd
+      ->add_option("--devices", d->options.devices,
+                   "backend: auto, cuda (every GPU), cuda:N (the first N GPUs), host:N (N host "
+                   "devices)")
+      ->check(devices_spec())
       ->capture_default_str();
   darray_cmd
       ->add_option("--n", d->options.n,
@@ -94,6 +147,7 @@ void register_bench(CLI::App& app) {
   darray_cmd->callback([d] {
     check_distinct_files("poolscope bench darray", {{"--json", d->json_path, true},
                                                     {"--trace", d->options.trace_path, true}});
+    check_darray_bench_memory(d->options);
     const auto rep = bench::run_darray_bench(d->options, &std::cerr);
     // With the JSON on stdout, stdout holds nothing else.
     rep.print_table(d->json_path == "-" ? std::cerr : std::cout);

@@ -5,6 +5,8 @@
 
 #include "commands.hpp"
 #include "darray_demo.hpp"
+#include "devices_option.hpp"
+#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/pool/factory.hpp"
 
 namespace poolscope::tools {
@@ -16,7 +18,10 @@ void register_demo(CLI::App& app) {
       "the seed example at scale on every GPU (host:2 without one): A + B, A + "
       "C.reshard(A.index_map()), reductions and a block matmul, checked against the host, with a "
       "Chrome trace and a JSON report");
-  sub->add_option("--devices", o->devices, "auto, cuda, cuda:N or host:N")->capture_default_str();
+  sub->add_option("--devices", o->devices,
+                  "auto, cuda (every GPU), cuda:N (the first N GPUs) or host:N (N host devices)")
+      ->check(devices_spec())
+      ->capture_default_str();
   sub->add_option("--n", o->n, "elements of the 1-D arrays (default 2^26 on GPUs, 2^20 on host)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 34));
   sub->add_option("--matmul-n", o->matmul_n, "size of the square matmul (default 2048 / 192)")
@@ -29,12 +34,15 @@ void register_demo(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--trace", o->trace_path, "Chrome trace to write (.gz compresses)")
       ->capture_default_str();
-  sub->add_option("--report", o->report_path, "JSON report to write")->capture_default_str();
+  sub->add_option("--report", o->report_path, "JSON report to write (not the --trace file)")
+      ->capture_default_str();
   sub->add_option("--repeat", o->repeat,
                   "timed rounds of A + B, the reshard and the fused op, taking turns; the best "
                   "of each is kept (default 3 on GPUs, 20 on host devices)")
       ->check(CLI::Range(1, 1000));
-  sub->add_option("--seed", o->seed, "seed of the data")->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed of the data")
+      ->check(poolscope::bench::non_negative_number())
+      ->capture_default_str();
   sub->add_option("--kernel-graphs", o->kernel_graphs,
                   "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
       ->capture_default_str();

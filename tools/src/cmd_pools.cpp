@@ -33,7 +33,8 @@ void register_pools(CLI::App& app) {
   sub->add_option("--steps", cmd->options.steps,
                   "sequence-batch steps (the random mix adds 100 pairs per step)")
       ->check(CLI::Range(1, 100000));
-  sub->add_option("--seed", cmd->options.seed, "seed of the workload");
+  sub->add_option("--seed", cmd->options.seed, "seed of the workload")
+      ->check(poolscope::bench::non_negative_number());
   sub->add_option("--allocators", cmd->options.allocators,
                   "comma-separated strategies (default: all registered)")
       ->delimiter(',')

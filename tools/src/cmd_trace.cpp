@@ -151,8 +151,10 @@ void register_trace(CLI::App& app) {
       "time, top kernels and copies; then the CUDA API calls that took the most host time; "
       "with --range, only while the slices of that name ran");
   summary->add_option("file", summary_cmd->file, "the trace (.json or .json.gz)")->required();
-  summary->add_option("--top", summary_cmd->top,
-                      "kernels and copies listed per device, and CUDA API calls");
+  summary
+      ->add_option("--top", summary_cmd->top,
+                   "kernels and copies listed per device, and CUDA API calls")
+      ->check(poolscope::bench::non_negative_number());
   summary->add_option("--json", summary_cmd->json_path,
                       "also write the summary as JSON to this file ('-': stdout, the text then "
                       "goes to stderr)");

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli_files.hpp"
+#include "host_memory.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/fork_join.hpp"
@@ -138,6 +139,24 @@ demo_check compare(const std::string& what, const std::vector<float>& got,
   return c;
 }
 
+// Refuses sizes whose host memory clearly cannot be had, before anything is allocated. A lower
+// bound of what the demo holds at once: the 1-D part keeps A, B, C on the host (3 x 4n bytes),
+// the double reference (8n) and one result brought back (4n); the matmul, while those live, X
+// and Y (8 m^2), its double reference (8 m^2) and the product brought back (4 m^2). On host
+// devices the arrays are host memory too: A, B, C, A + B and the fused result (20n); X, Y (8 m^2)
+// and the product as a replica on every device (4 m^2 each).
+void check_demo_memory(std::int64_t n, std::int64_t m, int devices, bool gpu) {
+  const double nd = static_cast<double>(n);
+  const double m2 = static_cast<double>(m) * static_cast<double>(m);
+  const double vectors = (24.0 + (gpu ? 0.0 : 20.0)) * nd;
+  const double matmul = (20.0 + (gpu ? 0.0 : 8.0 + 4.0 * devices)) * m2;
+  const std::string what =
+      vectors >= matmul
+          ? "--n " + std::to_string(n) + " (with --matmul-n " + std::to_string(m) + ")"
+          : "--matmul-n " + std::to_string(m) + " (with --n " + std::to_string(n) + ")";
+  check_host_memory("poolscope demo", what, vectors + matmul);
+}
+
 }  // namespace
 
 darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* progress) {
@@ -181,6 +200,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     throw invalid_argument("poolscope demo: n " + std::to_string(n) + " is below the " +
                            std::to_string(devs) + " devices");
   }
+  check_demo_memory(n, mm, devs, gpu);
   say("backend " + be->name() + ", n = " + std::to_string(n));
 
   darray_demo_result res;

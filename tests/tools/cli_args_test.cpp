@@ -1,0 +1,163 @@
+// The poolscope command's checks of its arguments, run as a subprocess: sizes whose host memory
+// cannot be had are refused at once, naming the option, and running out of host memory names the
+// command; negative values of unsigned options are refused; unknown commands and bad --devices
+// specs are named with what is wrong. Every refusal exits nonzero with a message naming the
+// option and the value.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "subprocess.hpp"
+
+#ifdef POOLSCOPE_CLI_PATH
+
+namespace {
+
+using poolscope::testing::process_result;
+using poolscope::testing::run_process;
+using poolscope::testing::temp_path;
+
+process_result run_cli(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string write_file(const std::string& stem, const std::string& text) {
+  const std::string path = temp_path(stem);
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A trace with one device, a kernel and a copy, and two "phase" host slices.
+const std::string trace_text = R"JSON({"traceEvents":[
+  {"ph":"M","name":"process_name","pid":1,"tid":0,"args":{"name":"host"}},
+  {"ph":"M","name":"thread_name","pid":1,"tid":1,"args":{"name":"main"}},
+  {"ph":"M","name":"process_name","pid":100,"tid":0,"args":{"name":"GPU 0"}},
+  {"ph":"M","name":"thread_name","pid":100,"tid":7,"args":{"name":"stream 7"}},
+  {"ph":"X","name":"step","cat":"user","pid":1,"tid":1,"ts":0.000,"dur":100.000},
+  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":10.000,"dur":20.000},
+  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":50.000,"dur":10.000},
+  {"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":10.000,"dur":20.000,
+   "args":{"device":0}},
+  {"ph":"X","name":"Memcpy HtoD","cat":"memcpy","pid":100,"tid":7,"ts":40.000,"dur":10.000,
+   "args":{"device":0,"bytes":4000}}],"displayTimeUnit":"ns"})JSON";
+
+// ---- 3. sizes that cannot fit in host memory ----
+
+TEST(cli_args, demo_refuses_sizes_that_cannot_fit_in_host_memory) {
+  // 2^34 floats: 3 x 64 GiB of input vectors alone, more on host devices.
+  const process_result r =
+      run_cli({"demo", "--devices", "host:2", "--n", "17179869184", "--repeat", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "poolscope demo: --n 17179869184")) << r.err;
+  EXPECT_TRUE(contains(r.err, "of host memory, but")) << r.err;
+  EXPECT_TRUE(contains(r.err, "is available")) << r.err;
+  EXPECT_FALSE(contains(r.err, "bad_alloc")) << r.err;
+  // A 65536^2 matmul on 64 host devices: the product is replicated on each (over 1 TiB).
+  const process_result m =
+      run_cli({"demo", "--devices", "host:64", "--matmul-n", "65536", "--repeat", "1"});
+  EXPECT_EQ(m.exit_code, 1) << m.out << m.err;
+  EXPECT_TRUE(contains(m.err, "poolscope demo: --matmul-n 65536")) << m.err;
+}
+
+TEST(cli_args, bench_darray_refuses_sizes_that_cannot_fit_on_host_devices) {
+  const process_result r = run_cli({"bench", "darray", "--devices", "host:2", "--n", "17179869184",
+                                    "--repeat", "1", "--only", "D1"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "poolscope bench darray: --n 17179869184")) << r.err;
+  EXPECT_TRUE(contains(r.err, "of host memory")) << r.err;
+  const process_result m = run_cli({"bench", "darray", "--devices", "host:64", "--matmul-n",
+                                    "1000000", "--repeat", "1", "--only", "D5"});
+  EXPECT_EQ(m.exit_code, 1) << m.out << m.err;
+  EXPECT_TRUE(contains(m.err, "poolscope bench darray: --matmul-n 1000000")) << m.err;
+}
+
+TEST(cli_args, running_out_of_host_memory_names_the_command) {
+  // Under a 1 GiB address-space limit the demo's 3 x 256 MiB vectors and its arrays cannot all
+  // be had, though the machine has the memory: std::bad_alloc, reported with the command's name.
+  const std::string cmd = "ulimit -v 1048576 && exec " + std::string(POOLSCOPE_CLI_PATH) +
+                          " demo --devices host:2 --n 67108864 --repeat 1 --trace /dev/null "
+                          "--report /dev/null";
+  const process_result r = run_process({"/bin/sh", "-c", cmd}, {{"POOLSCOPE_LOG", "warn"}});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.signal, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "poolscope demo: out of host memory")) << r.err;
+}
+
+// ---- 5. negative values of unsigned options ----
+
+TEST(cli_args, negative_values_of_unsigned_options_are_refused) {
+  const std::string trace = write_file("poolscope-trace", trace_text);
+  const std::vector<std::vector<std::string>> commands{
+      {"pools", "--resource", "host", "--steps", "1", "--seed", "-5"},
+      {"demo", "--devices", "host:2", "--n", "4096", "--seed", "-1"},
+      {"trace", "summary", trace, "--top", "-1"},
+      {"trace", "check", trace, "--max-issues", "-1"},
+      {"bench", "alloc", "--quick", "--seed", "-1"},
+      {"pools", "--steps", "-1"}};
+  for (const auto& args : commands) {
+    const std::string option = args[args.size() - 2];
+    const std::string value = args.back();
+    SCOPED_TRACE(args[0] + " " + option + " " + value);
+    const process_result r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, option)) << r.err;
+    EXPECT_TRUE(contains(r.err, value)) << r.err;
+    EXPECT_FALSE(contains(r.out, "18446744073709551")) << r.out;
+  }
+  std::remove(trace.c_str());
+}
+
+// ---- 17-19. unknown commands, bad --devices ----
+
+TEST(cli_args, an_unknown_command_is_named) {
+  const process_result r = run_cli({"foo"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(contains(r.err, "poolscope: unknown command 'foo'")) << r.err;
+  EXPECT_TRUE(contains(r.err, "demo, pools, bench, replay, report, trace")) << r.err;
+  const process_result b = run_cli({"bench", "speed"});
+  EXPECT_NE(b.exit_code, 0);
+  EXPECT_TRUE(contains(b.err, "poolscope bench: unknown command 'speed'")) << b.err;
+  // A command's own arguments are its own: `replay LOG` is not an unknown command.
+  const process_result l = run_cli({"replay", "/nonexistent-poolscope-dir/log.jsonl"});
+  EXPECT_NE(l.exit_code, 0);
+  EXPECT_FALSE(contains(l.err, "unknown command")) << l.err;
+}
+
+TEST(cli_args, a_bad_devices_spec_says_what_is_wrong) {
+  for (const char* cmd : {"demo", "bench darray"}) {
+    SCOPED_TRACE(cmd);
+    std::vector<std::string> head{cmd};
+    if (std::string(cmd) == "bench darray") {
+      head = {"bench", "darray"};
+    }
+    auto with = [&head](const std::string& spec) {
+      std::vector<std::string> args = head;
+      args.insert(args.end(), {"--devices", spec});
+      return run_cli(args);
+    };
+    const process_result abc = with("host:abc");
+    EXPECT_NE(abc.exit_code, 0);
+    EXPECT_TRUE(contains(abc.err, "--devices")) << abc.err;
+    EXPECT_TRUE(contains(abc.err, "a whole number from 1 to 64, not 'abc'")) << abc.err;
+    const process_result zero = with("cuda:0");
+    EXPECT_NE(zero.exit_code, 0);
+    EXPECT_TRUE(contains(zero.err, "how many GPUs to use (the first N")) << zero.err;
+    EXPECT_TRUE(contains(zero.err, "not '0'")) << zero.err;
+    const process_result gpu = with("gpu");
+    EXPECT_NE(gpu.exit_code, 0);
+    EXPECT_TRUE(contains(gpu.err, "expected auto, cuda, cuda:N")) << gpu.err;
+  }
+}
+
+}  // namespace
+
+#endif  // POOLSCOPE_CLI_PATH
