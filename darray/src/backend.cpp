@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "poolscope/error.hpp"
@@ -1034,25 +1035,41 @@ void backend::collect_deferred(bool all) noexcept {
   }
 }
 
+namespace {
+constexpr std::string_view spec_forms = " (host:N: N host devices; cuda:N: the first N GPUs)";
+
+// N of "host:N" / "cuda:N", or what is wrong with it.
+std::variant<int, std::string> spec_count(std::string_view digits) {
+  int n = 0;
+  const auto* end = digits.data() + digits.size();
+  const auto r = std::from_chars(digits.data(), end, n);
+  if (digits.empty() || r.ec == std::errc::invalid_argument || r.ptr != end) {
+    return "the device count '" + std::string(digits) + "' is not a whole number" +
+           std::string(spec_forms);
+  }
+  if (r.ec != std::errc{} || n < 1 || n > 64) {
+    return "the device count " + std::string(digits) + " is outside 1..64" +
+           std::string(spec_forms);
+  }
+  return n;
+}
+}  // namespace
+
+std::string backend_spec_error(std::string_view spec) {
+  if (spec == "auto" || spec == "cuda") {
+    return {};
+  }
+  if (spec.starts_with("cuda:") || spec.starts_with("host:")) {
+    const auto n = spec_count(spec.substr(5));
+    return std::holds_alternative<int>(n) ? std::string() : std::get<std::string>(n);
+  }
+  return "expected host:N, cuda, cuda:N or auto";
+}
+
 std::shared_ptr<backend> make_backend(std::string_view spec, const backend_options& options) {
-  auto parse_count = [&](std::string_view digits) {
-    int n = 0;
-    const auto* end = digits.data() + digits.size();
-    const auto r = std::from_chars(digits.data(), end, n);
-    if (r.ec != std::errc{} || r.ptr != end) {
-      throw invalid_argument("darray backend \"" + std::string(spec) + "\": the device count '" +
-                             std::string(digits) +
-                             "' is not a whole number (host:N: N host devices; cuda:N: the first "
-                             "N GPUs)");
-    }
-    if (n < 1 || n > 64) {
-      throw invalid_argument("darray backend \"" + std::string(spec) + "\": the device count " +
-                             std::to_string(n) +
-                             " is outside 1..64 (host:N: N host devices; cuda:N: the first N "
-                             "GPUs)");
-    }
-    return n;
-  };
+  if (const std::string error = backend_spec_error(spec); !error.empty()) {
+    throw invalid_argument("darray backend \"" + std::string(spec) + "\": " + error);
+  }
   if (spec == "auto") {
     try {
       return make_cuda_backend(-1, options);
@@ -1063,14 +1080,8 @@ std::shared_ptr<backend> make_backend(std::string_view spec, const backend_optio
   if (spec == "cuda") {
     return make_cuda_backend(-1, options);
   }
-  if (spec.starts_with("cuda:")) {
-    return make_cuda_backend(parse_count(spec.substr(5)), options);
-  }
-  if (spec.starts_with("host:")) {
-    return make_host_backend(parse_count(spec.substr(5)), options);
-  }
-  throw invalid_argument("darray backend \"" + std::string(spec) +
-                         "\": expected host:N, cuda, cuda:N or auto");
+  const int n = std::get<int>(spec_count(spec.substr(5)));
+  return spec.starts_with("cuda:") ? make_cuda_backend(n, options) : make_host_backend(n, options);
 }
 
 }  // namespace poolscope::darray

@@ -147,14 +147,15 @@ TEST(cli_args, a_bad_devices_spec_says_what_is_wrong) {
     const process_result abc = with("host:abc");
     EXPECT_NE(abc.exit_code, 0);
     EXPECT_TRUE(contains(abc.err, "--devices")) << abc.err;
-    EXPECT_TRUE(contains(abc.err, "a whole number from 1 to 64, not 'abc'")) << abc.err;
+    EXPECT_TRUE(contains(abc.err, "'host:abc': the device count 'abc' is not a whole number"))
+        << abc.err;
     const process_result zero = with("cuda:0");
     EXPECT_NE(zero.exit_code, 0);
-    EXPECT_TRUE(contains(zero.err, "how many GPUs to use (the first N")) << zero.err;
-    EXPECT_TRUE(contains(zero.err, "not '0'")) << zero.err;
+    EXPECT_TRUE(contains(zero.err, "'cuda:0': the device count 0 is outside 1..64")) << zero.err;
+    EXPECT_TRUE(contains(zero.err, "cuda:N: the first N GPUs")) << zero.err;
     const process_result gpu = with("gpu");
     EXPECT_NE(gpu.exit_code, 0);
-    EXPECT_TRUE(contains(gpu.err, "expected auto, cuda, cuda:N")) << gpu.err;
+    EXPECT_TRUE(contains(gpu.err, "'gpu': expected host:N, cuda, cuda:N or auto")) << gpu.err;
   }
 }
 

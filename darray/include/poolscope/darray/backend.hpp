@@ -582,9 +582,13 @@ class backend : public std::enable_shared_from_this<backend> {
   std::unique_ptr<detail::fork_join> issuers_;  // null: issue_each is a loop
 };
 
+/// What is wrong with a backend spec for make_backend ("" when it is well formed): e.g. "the device
+/// count 0 is outside 1..64 (host:N: N host devices; cuda:N: the first N GPUs)". Checks the form
+/// only (whether the GPUs exist is make_backend's to find out). Thread safety: reentrant.
+[[nodiscard]] std::string backend_spec_error(std::string_view spec);
 /// A backend by spec: "host:N" (N fake devices, 1..64), "cuda" (every GPU), "cuda:N" (the first
-/// N GPUs), "auto" (cuda with a GPU, else host:2). Throws invalid_argument naming a bad spec,
-/// device_unavailable for "cuda" without a GPU.
+/// N GPUs), "auto" (cuda with a GPU, else host:2). Throws invalid_argument naming a bad spec and
+/// what is wrong with it (backend_spec_error), device_unavailable for "cuda" without a GPU.
 [[nodiscard]] std::shared_ptr<backend> make_backend(std::string_view spec,
                                                     const backend_options& options = {});
 /// A host backend of `devices` fake devices.
