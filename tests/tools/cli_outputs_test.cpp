@@ -158,7 +158,9 @@ TEST(cli_args, json_to_stdout_is_pure_json) {
       {"replay", log, "--allocators", "naive,bfc", "--json", "-"},
       {"pools", "--resource", "host", "--steps", "1", "--allocators", "bfc", "--json", "-"},
       {"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only", "D4",
-       "--json", "-"}};
+       "--json", "-"},
+      {"bench", "alloc", "--resource", "host", "--quick", "--workloads", "A1", "--allocators",
+       "bfc", "--json", "-"}};
   for (const auto& args : commands) {
     SCOPED_TRACE(args[0] + " " + args[1]);
     const process_result r = run_cli(args);

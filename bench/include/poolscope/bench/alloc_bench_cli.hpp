@@ -59,14 +59,24 @@ class alloc_bench_command {
     app.add_flag("--compare-thread-cache", options_.compare_thread_cache,
                  "also run each allocator that has a per-thread cache without it (rows '<name> "
                  "-tc') and with its lock unbiased (rows '<name> -bias')");
-    app.add_option("--json", json_path_, "also write the results as JSON to this file");
+    app.add_option("--json", json_path_,
+                   "also write the results as JSON to this file ('-': stdout, the table then "
+                   "going to stderr)");
   }
 
   /// Runs the benchmark: table and summary line to `out`, progress to `progress`, JSON to the
-  /// --json file. Returns 0, or 3 if a row failed. Throws on bad names or a missing device.
+  /// --json file. With --json - the JSON goes to `out` and the table to `progress`, so `out`
+  /// holds one JSON document. Returns 0, or 3 if a row failed. Throws on bad names or a missing
+  /// device.
   int run(std::ostream& out, std::ostream& progress) {
     options_.baselines = !no_baselines_;
     const alloc_bench_report rep = run_alloc_bench(options_, &progress);
+    if (json_path_ == "-") {
+      rep.print_table(progress);
+      out << rep.to_json() << '\n';
+      out.flush();
+      return rep.any_error() ? 3 : 0;
+    }
     rep.print_table(out);
     if (!json_path_.empty()) {
       std::ofstream f(json_path_);
