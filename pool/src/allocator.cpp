@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "detail/allocator_inline.hpp"
 #include "detail/round_up.hpp"
 #include "detail/thread_cache.hpp"
 #include "poolscope/error.hpp"
@@ -92,34 +93,21 @@ void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_vi
                                                               std::size_t lim,
                                                               detail::thread_cache* cache,
                                                               bool record) {
-  // The strategy, called here (one call less per request); a refusal goes to the retry.
-  block b =
-      record ? do_allocate_held(stream, bytes, alignment) : do_allocate(stream, bytes, alignment);
+  if (!record) {
+    // The strategy, called here (one call less per request); a refusal goes to the retry.
+    return settle(stream, bytes, alignment, lim, cache, do_allocate(stream, bytes, alignment));
+  }
+  block b = do_allocate_held(stream, bytes, alignment);
   if (b.ptr == nullptr) [[unlikely]] {
-    b = allocate_after_refusal(stream, bytes, alignment, lim, record);
+    b = allocate_after_refusal(stream, bytes, alignment, lim, true);
   }
-  if (record) {
-    tc_record(cache, stream, b, bytes);
-  } else if (counts_under_lock_) {
-    // The strategy counted it (account_alloc_locked) and, without caches, raised the peaks.
-    if (cache != nullptr) {
-      tc_raise_peaks(*cache);
-    } else if (tc_ != nullptr) [[unlikely]] {  // no cache for this thread (no host memory)
-      raise_peak(peak_in_use_, shared_in_use());
-      raise_peak(peak_requested_, shared_requested());
-    }
-  } else {
-    const std::size_t used = in_use_.fetch_add(b.rounded, std::memory_order_relaxed) + b.rounded;
-    const std::size_t req = requested_in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-    allocations_.fetch_add(1, std::memory_order_relaxed);
-    if (cache != nullptr) {
-      tc_raise_peaks(*cache);  // the shared counters count this thread's cached blocks too
-    } else {
-      raise_peak(peak_in_use_, used);
-      raise_peak(peak_requested_, req);
-    }
-  }
+  tc_record(cache, stream, b, bytes);
   return b;
+}
+
+void* allocator::do_serve(stream_view stream, std::size_t bytes, std::size_t alignment,
+                          detail::thread_cache* cache) {
+  return finish_serve(stream, bytes, alignment, cache, do_allocate(stream, bytes, alignment));
 }
 
 // A request with thread caches that serve did not settle inline: the cache first (a hit takes
@@ -162,8 +150,8 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   // The usual request in one predicted branch: valid arguments (alignment a power of two up to
   // max_alignment, 0 < bytes <= max_request_bytes), no hook, no limit. Each term is zero exactly
   // then (the divisions are shifts); anything else takes allocate_checked, which checks them one
-  // by one in the contract's order. (One branch, and a small frame: with deallocate's like it,
-  // about 19 instructions less per pair on DESIGN.md §4 A2, callgrind, of about 750.)
+  // by one in the contract's order. (One branch: with deallocate's like it, about 19
+  // instructions less per pair on DESIGN.md §4 A2, callgrind, of about 750.)
   const std::size_t unusual = (alignment & (alignment - 1)) | ((alignment - 1) / max_alignment) |
                               ((bytes - 1) / max_request_bytes) |
                               ~limit_.load(std::memory_order_relaxed) |
@@ -171,7 +159,34 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   if (unusual != 0) [[unlikely]] {
     return allocate_checked(stream, bytes, alignment);
   }
-  const block b = serve(stream, bytes, alignment, SIZE_MAX);
+  // As serve, but a request that no thread cache takes ends in the strategy's do_serve, which
+  // finishes it there: a tail call, so that this function needs no frame of its own then.
+  detail::thread_cache* cache = nullptr;
+  if (tc_ != nullptr) {
+    bool resting = false;
+    if (detail::t_last.allocator_id == id_) {
+      cache = detail::t_last.cache;  // never null where the id matches (thread_cache.hpp)
+      resting = cache->skip_resting();
+    }
+    if (!resting) {
+      return allocate_cached(stream, bytes, alignment, cache);
+    }
+  }
+  return do_serve(stream, bytes, alignment, cache);
+}
+
+// allocate's request when this thread's cache (if any) is not resting: the cache first, as
+// serve_cached, then the strategy (do_serve, for a block the cache does not record).
+void* allocator::allocate_cached(stream_view stream, std::size_t bytes, std::size_t alignment,
+                                 detail::thread_cache* cache) {
+  bool record = false;
+  block b = tc_take(stream, bytes, cache, record);
+  if (b.ptr == nullptr) {
+    if (!record) {
+      return do_serve(stream, bytes, alignment, cache);
+    }
+    b = serve_strategy(stream, bytes, alignment, SIZE_MAX, cache, true);
+  }
   if (hooks::active()) [[unlikely]] {  // installed meanwhile
     emit(hooks::event_kind::pool_malloc, hooks::event_phase::post, stream, b.ptr, bytes, b.rounded);
   }
@@ -239,32 +254,9 @@ block allocator::allocate_after_refusal(stream_view stream, std::size_t bytes,
   return b;
 }
 
-// The end of a free whose outcome is known: the report of an invalid free, the count (unless
-// `counted`: in a thread cache's shard, or by the strategy's account_free), the post event.
-[[gnu::always_inline]] inline void allocator::finish_free(stream_view stream, void* ptr,
-                                                          std::size_t bytes,
-                                                          const free_outcome& out, bool counted,
-                                                          bool hooked) noexcept {
-  if (out.error != hooks::free_error::none) [[unlikely]] {
-    report_invalid_free(stream, ptr, bytes, out);
-    if (out.rounded == 0) {
-      return;  // ignored: nothing was freed
-    }
-  }
-  // The strategy has lowered in_use_ already (account_free), before the block became reusable.
-  if (!counted) {
-    deallocations_.fetch_add(1, std::memory_order_relaxed);
-  }
-  if (hooked || hooks::active()) [[unlikely]] {
-    emit(hooks::event_kind::pool_free, hooks::event_phase::post, stream, ptr, out.requested,
-         out.rounded);
-  }
-}
-
-// A free of `ptr` (not null) past its pre event: the thread cache or the strategy, then
-// finish_free. Inlined into deallocate and deallocate_checked. (The two ways end apart: the
-// strategy's outcome, returned in memory, is then read where it lies, not copied into the one
-// the thread cache fills.)
+// A free of `ptr` (not null) past its pre event: the thread cache (take_back_cached), or the
+// strategy's do_take_back, which finishes the free itself. Both tail calls: deallocate needs no
+// frame of its own. Inlined into deallocate and deallocate_checked.
 [[gnu::always_inline]] inline void allocator::take_back(stream_view stream, void* ptr,
                                                         std::size_t bytes, std::size_t alignment,
                                                         bool hooked) noexcept {
@@ -273,30 +265,32 @@ block allocator::allocate_after_refusal(stream_view stream, std::size_t bytes,
   if (tc_ != nullptr) {
     // t_last's cache is never null where its allocator id matches (thread_cache.hpp): one test.
     const bool last = detail::t_last.allocator_id == id_;
-    detail::thread_cache* c = last ? detail::t_last.cache : nullptr;
-    if (!last || c->may_hold(ptr)) {
-      free_outcome cached;
-      bool counted = false;
-      if (tc_give(c, stream, ptr, bytes, cached, counted)) {
-        finish_free(stream, ptr, bytes, cached, counted, hooked);
-        return;
-      }
+    if (!last || detail::t_last.cache->may_hold(ptr)) {
+      take_back_cached(stream, ptr, bytes, alignment, hooked);
+      return;
     }
   }
-  free_outcome out = do_deallocate(stream, ptr, bytes, alignment);
-  if (out.held) [[unlikely]] {
-    // Another thread's cache recorded it (or an exited thread's, now an orphan); the strategy
-    // counted nothing. (Finished here, apart: the usual finish then takes counts_under_lock_
-    // as it is, with no test of `held` folded in, 7 instructions less per pair on DESIGN.md §4
-    // A2, callgrind.)
-    if (!tc_give_remote(stream, ptr, bytes, out)) {
-      // Held, yet no record: another free of it is taking it back right now.
-      out = {hooks::free_error::double_free, 0, 0};
-    }
-    finish_free(stream, ptr, bytes, out, false, hooked);
+  do_take_back(stream, ptr, bytes, alignment, hooked);
+}
+
+// take_back's free of a block this thread's cache may hold (or of any block, when the thread's
+// last-used cache is another allocator's): the cache, then finish_free, or do_take_back.
+void allocator::take_back_cached(stream_view stream, void* ptr, std::size_t bytes,
+                                 std::size_t alignment, bool hooked) noexcept {
+  // As take_back found it; null: tc_give looks this thread's cache up.
+  detail::thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
+  free_outcome cached;
+  bool counted = false;
+  if (tc_give(c, stream, ptr, bytes, cached, counted)) {
+    finish_free(stream, ptr, bytes, cached, counted, hooked);
     return;
   }
-  finish_free(stream, ptr, bytes, out, counts_under_lock_, hooked);
+  do_take_back(stream, ptr, bytes, alignment, hooked);
+}
+
+void allocator::do_take_back(stream_view stream, void* ptr, std::size_t bytes,
+                             std::size_t alignment, bool hooked) noexcept {
+  finish_take_back(stream, ptr, bytes, do_deallocate(stream, ptr, bytes, alignment), hooked);
 }
 
 void allocator::deallocate(stream_view stream, void* ptr, std::size_t bytes,

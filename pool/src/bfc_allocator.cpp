@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "detail/allocator_inline.hpp"
 #include "detail/bfc_structures.hpp"
 #include "detail/biased_lock.hpp"
 #include "detail/round_up.hpp"
@@ -287,6 +288,11 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   return allocate_chunk(stream, bytes, false);
 }
 
+void* bfc_allocator::do_serve(stream_view stream, std::size_t bytes, std::size_t /*alignment*/,
+                              detail::thread_cache* cache) {
+  return serve_chunk(stream, bytes, cache);  // (a virtual function has no clones)
+}
+
 block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
                                       std::size_t /*alignment*/) {
   return allocate_chunk(stream, bytes, true);
@@ -321,10 +327,10 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
 }
 
 // The usual request: one try under the mutex, inline. Everything else (flushing the thread
-// caches, a merge, a new segment) is allocate_missed's, out of line: this function then keeps
-// no loop state and saves fewer registers on entry.
-POOLSCOPE_HOT_CLONES
-block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool held) {
+// caches, a merge, a new segment) is allocate_missed's, out of line: the functions it is
+// inlined into then keep no loop state and save fewer registers on entry.
+[[gnu::always_inline]] inline block bfc_allocator::take_chunk(stream_view stream, std::size_t bytes,
+                                                              bool held) {
   const std::size_t rounded = round_up(bytes, round_bytes);
   const bool large = rounded > options_.small_request_max;
   state& st = *state_;
@@ -336,6 +342,19 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool 
     }
   }
   return allocate_missed(stream, bytes, held);
+}
+
+POOLSCOPE_HOT_CLONES
+block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool held) {
+  return take_chunk(stream, bytes, held);
+}
+
+// allocate's usual request whole: the chunk and the base class's end of it (counters, peaks,
+// the post event) in one function. (The alignment holds for every chunk; see do_allocate.)
+POOLSCOPE_HOT_CLONES
+void* bfc_allocator::serve_chunk(stream_view stream, std::size_t bytes,
+                                 detail::thread_cache* cache) {
+  return finish_serve(stream, bytes, max_alignment, cache, take_chunk(stream, bytes, false));
 }
 
 // No free chunk fit on the first try (or a merge comes first). Before the pool grows, blocks
@@ -439,14 +458,11 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   return {p, rounded};
 }
 
-free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
-                                          std::size_t /*alignment*/) noexcept {
-  return deallocate_chunk(stream, ptr, bytes);  // (a virtual function has no clones)
-}
-
-POOLSCOPE_HOT_CLONES
-free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
-                                             std::size_t bytes) noexcept {
+// A free under the mutex: the chunk back into the index, merged with its free neighbours.
+// Inlined into deallocate_chunk and take_back_chunk.
+[[gnu::always_inline]] inline free_outcome bfc_allocator::return_chunk(stream_view stream,
+                                                                       void* ptr,
+                                                                       std::size_t bytes) noexcept {
   state& st = *state_;
   std::lock_guard lock(st.mutex);
   bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
@@ -463,6 +479,30 @@ free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
   // Chunks are exactly the request rounded to 512, so any size with the same rounding is right.
   const bool size_ok = bytes <= rounded && bytes + round_bytes > rounded;
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
+}
+
+free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                                          std::size_t /*alignment*/) noexcept {
+  return deallocate_chunk(stream, ptr, bytes);  // (a virtual function has no clones)
+}
+
+void bfc_allocator::do_take_back(stream_view stream, void* ptr, std::size_t bytes,
+                                 std::size_t /*alignment*/, bool hooked) noexcept {
+  take_back_chunk(stream, ptr, bytes, hooked);
+}
+
+POOLSCOPE_HOT_CLONES
+free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
+                                             std::size_t bytes) noexcept {
+  return return_chunk(stream, ptr, bytes);
+}
+
+// A free that no thread cache took, whole: the chunk back to the pool and the base class's end
+// of the free (an invalid free's report, a held block's way back, the post event).
+POOLSCOPE_HOT_CLONES
+void bfc_allocator::take_back_chunk(stream_view stream, void* ptr, std::size_t bytes,
+                                    bool hooked) noexcept {
+  finish_take_back(stream, ptr, bytes, return_chunk(stream, ptr, bytes), hooked);
 }
 
 void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {

@@ -241,6 +241,19 @@ class allocator {
                   std::size_t rest_bytes) const noexcept;
   void emit_merge(stream_view stream, void* result, std::size_t result_bytes, void* absorbed,
                   std::size_t absorbed_bytes) const noexcept;
+  /// The end of do_serve, for a strategy that overrides it: `b` is what its allocation gave
+  /// (do_allocate's block; {nullptr, 0} if upstream refused it, which retries once after
+  /// release_cached). Counts the block, raises the peaks, emits the pool_malloc post event if a
+  /// hook is installed by now, and returns the block. Inline (detail/allocator_inline.hpp).
+  void* finish_serve(stream_view stream, std::size_t bytes, std::size_t alignment,
+                     detail::thread_cache* cache, block b);
+  /// The end of do_take_back, for a strategy that overrides it: `out` is what its do_deallocate
+  /// said of the free. Takes a block held by a thread cache back through the registry, reports an
+  /// invalid free, counts the free (unless the strategy did, count_under_lock) and emits the
+  /// pool_free post event (if `hooked` or a hook is installed by now). Inline
+  /// (detail/allocator_inline.hpp).
+  void finish_take_back(stream_view stream, void* ptr, std::size_t bytes, const free_outcome& out,
+                        bool hooked) noexcept;
   /// Strategies whose cache is split by stream report the bytes cached for other streams.
   [[nodiscard]] virtual std::size_t do_cached_bytes_other_streams(stream_view) const { return 0; }
 
@@ -294,6 +307,17 @@ class allocator {
   virtual void do_cache_stats(allocator_stats& s) const = 0;
   /// Return wholly free upstream blocks; return the bytes released.
   virtual std::size_t do_release_cached() = 0;
+  /// The usual request, past allocate's checks (valid arguments, no limit, no hook installed when
+  /// it began), that no thread cache serves or records (`cache`: this thread's cache, resting,
+  /// or null): the block, counted and reported. Default: finish_serve(do_allocate(...)). A
+  /// strategy may override it to run its allocation and finish_serve in one function of its own
+  /// (bfc: one call, and one frame of saved registers, less per request).
+  virtual void* do_serve(stream_view stream, std::size_t bytes, std::size_t alignment,
+                         detail::thread_cache* cache);
+  /// A free of `ptr` (not null, past its pre event if `hooked`) that no thread cache took.
+  /// Default: finish_take_back(do_deallocate(...)); a strategy may override it as do_serve.
+  virtual void do_take_back(stream_view stream, void* ptr, std::size_t bytes, std::size_t alignment,
+                            bool hooked) noexcept;
   /// Thread-cache support: as do_allocate, for a block a thread cache will record. The strategy
   /// marks it held: until do_reclaim or do_unhold, a do_deallocate of it changes nothing and
   /// answers `held` (the cache that recorded it frees it; a free from another thread finds it
@@ -322,20 +346,26 @@ class allocator {
             hooks::free_error error = hooks::free_error::none) const noexcept;
   // allocate and deallocate: the usual request inline, the rest (bad arguments, zero bytes,
   // nullptr, a hook, a limit) out of line; serve and take_back are the part both paths share
-  // (serve_cached and serve_strategy its parts).
+  // (serve_cached, serve_strategy and settle its parts).
   [[gnu::noinline]] void* allocate_checked(stream_view stream, std::size_t bytes,
                                            std::size_t alignment);
+  [[gnu::noinline]] void* allocate_cached(stream_view stream, std::size_t bytes,
+                                          std::size_t alignment, detail::thread_cache* cache);
   block serve(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim);
   block serve_cached(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim,
                      detail::thread_cache* cache);
   block serve_strategy(stream_view stream, std::size_t bytes, std::size_t alignment,
                        std::size_t lim, detail::thread_cache* cache, bool record);
+  block settle(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim,
+               detail::thread_cache* cache, block b);  // inline, detail/allocator_inline.hpp
   [[gnu::noinline]] void deallocate_checked(stream_view stream, void* ptr, std::size_t bytes,
                                             std::size_t alignment) noexcept;
   void take_back(stream_view stream, void* ptr, std::size_t bytes, std::size_t alignment,
                  bool hooked) noexcept;
+  [[gnu::noinline]] void take_back_cached(stream_view stream, void* ptr, std::size_t bytes,
+                                          std::size_t alignment, bool hooked) noexcept;
   void finish_free(stream_view stream, void* ptr, std::size_t bytes, const free_outcome& out,
-                   bool counted, bool hooked) noexcept;
+                   bool counted, bool hooked) noexcept;  // inline, detail/allocator_inline.hpp
   [[gnu::noinline]] block allocate_after_refusal(stream_view stream, std::size_t bytes,
                                                  std::size_t alignment, std::size_t lim, bool held);
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);

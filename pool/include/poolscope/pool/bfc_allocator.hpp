@@ -183,8 +183,12 @@ class bfc_allocator final : public allocator {
 
   block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) override;
   block do_allocate_held(stream_view stream, std::size_t bytes, std::size_t alignment) override;
+  void* do_serve(stream_view stream, std::size_t bytes, std::size_t alignment,
+                 detail::thread_cache* cache) override;
   free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                              std::size_t alignment) noexcept override;
+  void do_take_back(stream_view stream, void* ptr, std::size_t bytes, std::size_t alignment,
+                    bool hooked) noexcept override;
   void do_cache_stats(allocator_stats& s) const override;
   std::size_t do_release_cached() override;
   void do_reclaim(stream_view stream, void* ptr) noexcept override;
@@ -195,11 +199,18 @@ class bfc_allocator final : public allocator {
   // The helpers below marked "locked" require the caller to hold the mutex. Those that take the
   // state take it from the caller, which read state_ before locking (read after the lock's
   // acquire, it would be loaded again).
+  // The hot paths: take_chunk and return_chunk, inlined into the functions the virtuals call
+  // (allocate_chunk, serve_chunk; deallocate_chunk, take_back_chunk), each compiled once per
+  // instruction set (POOLSCOPE_HOT_CLONES, detail/bfc_structures.hpp).
+  block take_chunk(stream_view stream, std::size_t bytes, bool held);
   block allocate_chunk(stream_view stream, std::size_t bytes, bool held);
+  void* serve_chunk(stream_view stream, std::size_t bytes, detail::thread_cache* cache);
   [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes, bool held);
   detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
                                 std::size_t bytes, bool large, bool held) noexcept;  // locked
+  free_outcome return_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
+  void take_back_chunk(stream_view stream, void* ptr, std::size_t bytes, bool hooked) noexcept;
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
                          bool held, detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
