@@ -280,9 +280,9 @@ void allocator::take_back_cached(stream_view stream, void* ptr, std::size_t byte
   // As take_back found it; null: tc_give looks this thread's cache up.
   detail::thread_cache* c = detail::t_last.allocator_id == id_ ? detail::t_last.cache : nullptr;
   free_outcome cached;
-  bool counted = false;
-  if (tc_give(c, stream, ptr, bytes, cached, counted)) {
-    finish_free(stream, ptr, bytes, cached, counted, hooked);
+  if (tc_give(c, stream, ptr, bytes, cached)) {
+    // Counted in the cache's shard (or a double free, which frees nothing and counts nothing).
+    finish_free(stream, ptr, bytes, cached, /*counted=*/true, hooked);
     return;
   }
   do_take_back(stream, ptr, bytes, alignment, hooked);

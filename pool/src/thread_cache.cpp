@@ -276,7 +276,7 @@ std::int64_t allocator::tc_own_in_use_delta() const noexcept {
 }
 
 bool allocator::tc_give(thread_cache* c, stream_view stream, void* ptr, std::size_t bytes,
-                        free_outcome& out, bool& counted) noexcept {
+                        free_outcome& out) noexcept {
   // `c`: the thread's last-used cache if it is this allocator's and its address filter counts
   // `ptr` (the caller checked), else null: looked up here. may_hold: a block this thread never
   // recorded (most, on random sizes) skips the lock.
@@ -306,7 +306,6 @@ bool allocator::tc_give(thread_cache* c, stream_view stream, void* ptr, std::siz
       out = {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rec.rounded,
              rec.requested};
       detail::shard_add(c->deallocations, 1);
-      counted = true;
       bool cached = false;
       if (rec.rounded <= tc_max_block_ && rec.stream == stream.value() && c->resting == 0) {
         // The common case inline: the size's bin has room within the bounds (nothing evicted).

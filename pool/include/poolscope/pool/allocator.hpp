@@ -378,8 +378,10 @@ class allocator {
                               bool& record);
   void tc_record(detail::thread_cache* c, stream_view stream, const block& b,
                  std::size_t bytes) noexcept;
+  /// Frees `ptr` through this thread's cache if it recorded the block: true, and `out` says what
+  /// happened (a valid free is counted in the cache's shard); false if not this thread's.
   [[nodiscard]] bool tc_give(detail::thread_cache* c, stream_view stream, void* ptr,
-                             std::size_t bytes, free_outcome& out, bool& counted) noexcept;
+                             std::size_t bytes, free_outcome& out) noexcept;
   [[nodiscard]] bool tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
                                     free_outcome& out) noexcept;
   void tc_raise_peaks(const detail::thread_cache& c) noexcept;  // inline, detail/thread_cache.hpp
