@@ -319,7 +319,7 @@ void allocator::deallocate_checked(stream_view stream, void* ptr, std::size_t by
 }
 
 void allocator::report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
-                                    const free_outcome& outcome) noexcept {
+                                    free_outcome outcome) noexcept {
   invalid_frees_.fetch_add(1, std::memory_order_relaxed);
   if (hooks::active()) {
     emit(hooks::event_kind::invalid_free, hooks::event_phase::instant, stream, ptr, bytes,
