@@ -476,8 +476,9 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   const std::size_t requested = c->requested;
   account_free(rounded, requested);  // under the lock: nobody can take the chunk yet
   free_chunk(st, stream, c);
-  // Chunks are exactly the request rounded to 512, so any size with the same rounding is right.
-  const bool size_ok = bytes <= rounded && bytes + round_bytes > rounded;
+  // Chunks are exactly the request rounded to 512, so any size with the same rounding is right:
+  // bytes <= rounded < bytes + 512, one comparison (a larger `bytes` wraps the difference).
+  const bool size_ok = rounded - bytes < round_bytes;
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
 }
 
@@ -524,7 +525,7 @@ void bfc_allocator::do_unhold(void* ptr) noexcept {
 
 bool bfc_allocator::do_size_matches(std::size_t given, std::size_t /*requested*/,
                                     std::size_t rounded) const noexcept {
-  return given <= rounded && given + round_bytes > rounded;  // as do_deallocate checks
+  return rounded - given < round_bytes;  // as do_deallocate checks
 }
 
 void bfc_allocator::detach_wholly_free(bool large, bfc_segment*& chain,

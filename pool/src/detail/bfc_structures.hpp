@@ -239,12 +239,19 @@ class bfc_free_index {
   /// sub_count units the shift is 0 and the class is the unit count; above, the shift keeps the
   /// top sub_bits + 1 bits of the count, whose leading 1 (worth sub_count) steps the octave.
   [[nodiscard]] static unsigned class_of(std::size_t size) noexcept {
+    return std::min(class_below_top(size), static_cast<unsigned>(class_count - 1));
+  }
+  /// Largest size best_fit takes (2^63 - 1): its class, and the next one, exist without the
+  /// clamp of class_of.
+  static constexpr std::size_t max_fit_size = SIZE_MAX >> 1;
+  /// class_of without its clamp: for size <= max_fit_size, below class_count - 1 (at most the
+  /// class of 2^63 - 512, 1599 of 1632).
+  [[nodiscard]] static constexpr unsigned class_below_top(std::size_t size) noexcept {
     const std::size_t units = size >> bfc_granularity_shift;
     const auto width = static_cast<unsigned>(std::bit_width(units));
     const unsigned above = width - (sub_bits + 1);  // wraps when width <= sub_bits + 1
     const unsigned shift = above & (0U - static_cast<unsigned>(width > sub_bits + 1));
-    const auto cls = static_cast<unsigned>((shift << sub_bits) + (units >> shift));
-    return std::min(cls, static_cast<unsigned>(class_count - 1));
+    return static_cast<unsigned>((shift << sub_bits) + (units >> shift));
   }
 
   /// Adds free chunk `c` to its class list.
@@ -290,8 +297,9 @@ class bfc_free_index {
   }
 
   /// The smallest free chunk of at least `size` bytes (ties: the most recently freed), or null.
+  /// Requires size <= max_fit_size (bfc's requests are at most max_request_bytes).
   [[nodiscard]] bfc_chunk* best_fit(std::size_t size) const noexcept {
-    const unsigned cls = class_of(size);
+    const unsigned cls = class_below_top(size);
     const class_list* s = &lists_[cls];
     if (s->largest >= size) {
       const bfc_free_link* c = s->free_next;  // the walk ends at the last chunk at the latest
@@ -346,11 +354,8 @@ class bfc_free_index {
     return l == &lists_[cls] ? nullptr : chunk(l);
   }
 
-  /// The first non-empty class >= `from`, or -1.
+  /// The first non-empty class >= `from` (< class_count), or -1.
   [[nodiscard]] int next_class(unsigned from) const noexcept {
-    if (from >= class_count) {
-      return -1;
-    }
     unsigned w = from >> 6;
     std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (from & 63));
     if (bits == 0) {
@@ -374,6 +379,10 @@ class bfc_free_index {
   std::array<std::uint64_t, word_count> words_{};
   std::uint64_t summary_ = 0;
 };
+
+static_assert(bfc_free_index::class_below_top(bfc_free_index::max_fit_size) + 1 <
+                  bfc_free_index::class_count,
+              "best_fit's class and the next one need no clamp");
 
 /// Live chunks by address (an address_table of {address, chunk}).
 class bfc_ptr_map {
