@@ -222,12 +222,13 @@ class allocator {
   /// peaks too (nobody else writes them then); with them allocate() raises them.
   void account_alloc_locked(std::size_t rounded, std::size_t requested,
                             std::uint64_t blocks) noexcept {
-    plain_add(locked_.in_use, rounded);
-    plain_add(locked_.requested, requested);
+    const std::size_t locked_used = plain_add(locked_.in_use, rounded);
+    const std::size_t locked_req = plain_add(locked_.requested, requested);
     plain_add(locked_.allocations, blocks);
     if (tc_ == nullptr) {
-      const std::size_t used = shared_in_use();
-      const std::size_t req = shared_requested();
+      // shared_in_use() and shared_requested(), with the locked counters as just written.
+      const std::size_t used = in_use_.load(std::memory_order_relaxed) + locked_used;
+      const std::size_t req = requested_in_use_.load(std::memory_order_relaxed) + locked_req;
       if (used > peak_in_use_.load(std::memory_order_relaxed)) {
         peak_in_use_.store(used, std::memory_order_relaxed);
       }
