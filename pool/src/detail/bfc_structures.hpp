@@ -20,7 +20,8 @@
 #include "metadata_arena.hpp"
 #include "poolscope/cpu_relax.hpp"
 
-// bfc's two hot functions (allocate_chunk, deallocate_chunk, with the index and table code
+// bfc's hot functions (serve_chunk and take_back_chunk, allocate's and deallocate's usual way,
+// and allocate_chunk and deallocate_chunk, the do_* virtuals', with the index and table code
 // inlined into them) are compiled twice on x86-64: for x86-64-v3 (Haswell, Zen and later: BMI,
 // BMI2, LZCNT) and for the baseline, the loader picking one for the CPU (GNU ifunc). The size
 // classes and bitmaps shift by variable amounts, which the baseline does with `shl %cl` (three
