@@ -6,49 +6,21 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "subprocess.hpp"
+#include "cli_support.hpp"
 
 #ifdef POOLSCOPE_CLI_PATH
 
 namespace {
 
+using poolscope::testing::contains;
 using poolscope::testing::process_result;
+using poolscope::testing::run_cli;
 using poolscope::testing::run_process;
-using poolscope::testing::temp_path;
-
-process_result run_cli(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string write_file(const std::string& stem, const std::string& text) {
-  const std::string path = temp_path(stem);
-  std::ofstream(path) << text;
-  return path;
-}
-
-// A trace with one device, a kernel and a copy, and two "phase" host slices.
-const std::string trace_text = R"JSON({"traceEvents":[
-  {"ph":"M","name":"process_name","pid":1,"tid":0,"args":{"name":"host"}},
-  {"ph":"M","name":"thread_name","pid":1,"tid":1,"args":{"name":"main"}},
-  {"ph":"M","name":"process_name","pid":100,"tid":0,"args":{"name":"GPU 0"}},
-  {"ph":"M","name":"thread_name","pid":100,"tid":7,"args":{"name":"stream 7"}},
-  {"ph":"X","name":"step","cat":"user","pid":1,"tid":1,"ts":0.000,"dur":100.000},
-  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":10.000,"dur":20.000},
-  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":50.000,"dur":10.000},
-  {"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":10.000,"dur":20.000,
-   "args":{"device":0}},
-  {"ph":"X","name":"Memcpy HtoD","cat":"memcpy","pid":100,"tid":7,"ts":40.000,"dur":10.000,
-   "args":{"device":0,"bytes":4000}}],"displayTimeUnit":"ns"})JSON";
+using poolscope::testing::small_trace_text;
+using poolscope::testing::write_file;
 
 // ---- 3. sizes that cannot fit in host memory ----
 
@@ -95,7 +67,7 @@ TEST(cli_args, running_out_of_host_memory_names_the_command) {
 // ---- 5. negative values of unsigned options ----
 
 TEST(cli_args, negative_values_of_unsigned_options_are_refused) {
-  const std::string trace = write_file("poolscope-trace", trace_text);
+  const std::string trace = write_file("poolscope-trace", small_trace_text);
   const std::vector<std::vector<std::string>> commands{
       {"pools", "--resource", "host", "--steps", "1", "--seed", "-5"},
       {"demo", "--devices", "host:2", "--n", "4096", "--seed", "-1"},

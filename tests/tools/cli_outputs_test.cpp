@@ -11,47 +11,21 @@
 #include <string>
 #include <vector>
 
-#include "subprocess.hpp"
+#include "cli_support.hpp"
 
 #ifdef POOLSCOPE_CLI_PATH
 
 namespace {
 
 using nlohmann::json;
+using poolscope::testing::contains;
 using poolscope::testing::process_result;
 using poolscope::testing::read_file;
+using poolscope::testing::run_cli;
 using poolscope::testing::run_process;
+using poolscope::testing::small_trace_text;
 using poolscope::testing::temp_path;
-
-process_result run_cli(const std::vector<std::string>& args) {
-  std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run_process(argv, {{"POOLSCOPE_LOG", "warn"}});
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-std::string write_file(const std::string& stem, const std::string& text) {
-  const std::string path = temp_path(stem);
-  std::ofstream(path) << text;
-  return path;
-}
-
-// A trace with one device, a kernel and a copy, and two "phase" host slices.
-const std::string trace_text = R"JSON({"traceEvents":[
-  {"ph":"M","name":"process_name","pid":1,"tid":0,"args":{"name":"host"}},
-  {"ph":"M","name":"thread_name","pid":1,"tid":1,"args":{"name":"main"}},
-  {"ph":"M","name":"process_name","pid":100,"tid":0,"args":{"name":"GPU 0"}},
-  {"ph":"M","name":"thread_name","pid":100,"tid":7,"args":{"name":"stream 7"}},
-  {"ph":"X","name":"step","cat":"user","pid":1,"tid":1,"ts":0.000,"dur":100.000},
-  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":10.000,"dur":20.000},
-  {"ph":"X","name":"phase","cat":"user","pid":1,"tid":1,"ts":50.000,"dur":10.000},
-  {"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":10.000,"dur":20.000,
-   "args":{"device":0}},
-  {"ph":"X","name":"Memcpy HtoD","cat":"memcpy","pid":100,"tid":7,"ts":40.000,"dur":10.000,
-   "args":{"device":0,"bytes":4000}}],"displayTimeUnit":"ns"})JSON";
+using poolscope::testing::write_file;
 
 // A poolscope event log (docs/event_log.md): two blocks allocated and freed.
 std::string event_log_text() {
@@ -98,18 +72,18 @@ TEST(cli_args, demo_compares_paths_after_normalising_them) {
 }
 
 TEST(cli_args, trace_summary_refuses_to_overwrite_its_input) {
-  const std::string path = write_file("poolscope-trace", trace_text);
+  const std::string path = write_file("poolscope-trace", small_trace_text);
   const process_result r = run_cli({"trace", "summary", path, "--json", path});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "--json '" + path + "' is the input FILE")) << r.err;
-  EXPECT_EQ(read_file(path), trace_text) << "the input is untouched";
+  EXPECT_EQ(read_file(path), small_trace_text) << "the input is untouched";
   // A symbolic link to the input is the input.
   const std::string link = temp_path("poolscope-link");
   std::remove(link.c_str());
   ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
   const process_result l = run_cli({"trace", "summary", path, "--json", link});
   EXPECT_EQ(l.exit_code, 1) << l.out << l.err;
-  EXPECT_EQ(read_file(path), trace_text);
+  EXPECT_EQ(read_file(path), small_trace_text);
   std::remove(link.c_str());
   std::remove(path.c_str());
 }
@@ -150,7 +124,7 @@ TEST(cli_args, bench_darray_refuses_one_file_for_json_and_trace) {
 // ---- 2. --json - : stdout holds the JSON alone, the text goes to stderr ----
 
 TEST(cli_args, json_to_stdout_is_pure_json) {
-  const std::string trace = write_file("poolscope-trace", trace_text);
+  const std::string trace = write_file("poolscope-trace", small_trace_text);
   const std::string log = write_file("poolscope-log", event_log_text());
   const std::vector<std::vector<std::string>> commands{
       {"trace", "summary", trace, "--json", "-"},
