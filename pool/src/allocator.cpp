@@ -130,18 +130,23 @@ void* allocator::do_serve(stream_view stream, std::size_t bytes, std::size_t ali
 // random sizes, most of the time), is skipped here before anything else, so that such a request
 // costs the cache a thread-local load, a test and a count (and no local whose address escapes
 // to tc_take: those cost stores and loads on every request).
+[[gnu::always_inline]] inline bool allocator::cache_first(detail::thread_cache*& cache) noexcept {
+  cache = nullptr;
+  if (tc_ == nullptr) {
+    return false;
+  }
+  if (detail::t_last.allocator_id != id_) {
+    return true;  // tc_take looks this thread's cache up
+  }
+  cache = detail::t_last.cache;  // never null where the id matches (thread_cache.hpp)
+  return !cache->skip_resting();
+}
+
 [[gnu::always_inline]] inline block allocator::serve(stream_view stream, std::size_t bytes,
                                                      std::size_t alignment, std::size_t lim) {
   detail::thread_cache* cache = nullptr;
-  if (tc_ != nullptr) {
-    bool resting = false;
-    if (detail::t_last.allocator_id == id_) {
-      cache = detail::t_last.cache;  // never null where the id matches (thread_cache.hpp)
-      resting = cache->skip_resting();
-    }
-    if (!resting) {
-      return serve_cached(stream, bytes, alignment, lim, cache);
-    }
+  if (cache_first(cache)) {
+    return serve_cached(stream, bytes, alignment, lim, cache);
   }
   return serve_strategy(stream, bytes, alignment, lim, cache, false);
 }
@@ -162,15 +167,8 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   // As serve, but a request that no thread cache takes ends in the strategy's do_serve, which
   // finishes it there: a tail call, so that this function needs no frame of its own then.
   detail::thread_cache* cache = nullptr;
-  if (tc_ != nullptr) {
-    bool resting = false;
-    if (detail::t_last.allocator_id == id_) {
-      cache = detail::t_last.cache;  // never null where the id matches (thread_cache.hpp)
-      resting = cache->skip_resting();
-    }
-    if (!resting) {
-      return allocate_cached(stream, bytes, alignment, cache);
-    }
+  if (cache_first(cache)) {
+    return allocate_cached(stream, bytes, alignment, cache);
   }
   return do_serve(stream, bytes, alignment, cache);
 }

@@ -353,6 +353,9 @@ class allocator {
   [[gnu::noinline]] void* allocate_cached(stream_view stream, std::size_t bytes,
                                           std::size_t alignment, detail::thread_cache* cache);
   block serve(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim);
+  // Whether a request asks this thread's cache first; `cache` is set to the thread's last-used
+  // cache if it is this allocator's (else null). Inline (allocator.cpp).
+  bool cache_first(detail::thread_cache*& cache) noexcept;
   block serve_cached(stream_view stream, std::size_t bytes, std::size_t alignment, std::size_t lim,
                      detail::thread_cache* cache);
   block serve_strategy(stream_view stream, std::size_t bytes, std::size_t alignment,
