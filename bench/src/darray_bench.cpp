@@ -451,11 +451,7 @@ class bench_run {
 
   void d2(darray_workload_result& w) {
     w.what = "2-D float32 full swap rows -> columns, fused with an add: X.reshard(cols) + Z";
-    std::int64_t side = 1;
-    while ((2 * side) * (2 * side) <= n_ / 2) {
-      side *= 2;
-    }
-    side = std::max<std::int64_t>(side, devs_);
+    const std::int64_t side = d2_side(n_, devs_);
     const shape_t shape{side, side};
     const index_map rows = index_map::blocks(shape, 0, devs_);
     const index_map cols = index_map::blocks(shape, 1, devs_);

@@ -10,7 +10,6 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "poolscope/error.hpp"
@@ -1036,52 +1035,58 @@ void backend::collect_deferred(bool all) noexcept {
 }
 
 namespace {
-constexpr std::string_view spec_forms = " (host:N: N host devices; cuda:N: the first N GPUs)";
+// A backend spec read once: the device count of "host:N" / "cuda:N" (-1 for "cuda": every GPU; 0
+// for "auto"), or what is wrong with the spec.
+struct parsed_spec {
+  int devices = 0;
+  std::string error;
+};
 
-// N of "host:N" / "cuda:N", or what is wrong with it.
-std::variant<int, std::string> spec_count(std::string_view digits) {
+parsed_spec parse_spec(std::string_view spec) {
+  if (spec == "auto") {
+    return {0, {}};
+  }
+  if (spec == "cuda") {
+    return {-1, {}};
+  }
+  if (!spec.starts_with("cuda:") && !spec.starts_with("host:")) {
+    return {0, "expected host:N, cuda, cuda:N or auto"};
+  }
+  constexpr std::string_view forms = " (host:N: N host devices; cuda:N: the first N GPUs)";
+  const std::string_view digits = spec.substr(5);
   int n = 0;
   const auto* end = digits.data() + digits.size();
   const auto r = std::from_chars(digits.data(), end, n);
   if (digits.empty() || r.ec == std::errc::invalid_argument || r.ptr != end) {
-    return "the device count '" + std::string(digits) + "' is not a whole number" +
-           std::string(spec_forms);
+    return {0, "the device count '" + std::string(digits) + "' is not a whole number" +
+                   std::string(forms)};
   }
   if (r.ec != std::errc{} || n < 1 || n > 64) {
-    return "the device count " + std::string(digits) + " is outside 1..64" +
-           std::string(spec_forms);
+    return {0,
+            "the device count " + std::string(digits) + " is outside 1..64" + std::string(forms)};
   }
-  return n;
+  return {n, {}};
 }
 }  // namespace
 
 std::string backend_spec_error(std::string_view spec) {
-  if (spec == "auto" || spec == "cuda") {
-    return {};
-  }
-  if (spec.starts_with("cuda:") || spec.starts_with("host:")) {
-    const auto n = spec_count(spec.substr(5));
-    return std::holds_alternative<int>(n) ? std::string() : std::get<std::string>(n);
-  }
-  return "expected host:N, cuda, cuda:N or auto";
+  return parse_spec(spec).error;
 }
 
 std::shared_ptr<backend> make_backend(std::string_view spec, const backend_options& options) {
-  if (const std::string error = backend_spec_error(spec); !error.empty()) {
-    throw invalid_argument("darray backend \"" + std::string(spec) + "\": " + error);
+  const parsed_spec p = parse_spec(spec);
+  if (!p.error.empty()) {
+    throw invalid_argument("darray backend \"" + std::string(spec) + "\": " + p.error);
   }
-  if (spec == "auto") {
+  if (p.devices == 0) {  // auto
     try {
       return make_cuda_backend(-1, options);
     } catch (const device_unavailable&) {
       return make_host_backend(2, options);
     }
   }
-  if (spec == "cuda") {
-    return make_cuda_backend(-1, options);
-  }
-  const int n = std::get<int>(spec_count(spec.substr(5)));
-  return spec.starts_with("cuda:") ? make_cuda_backend(n, options) : make_host_backend(n, options);
+  return spec.starts_with("host:") ? make_host_backend(p.devices, options)
+                                   : make_cuda_backend(p.devices, options);
 }
 
 }  // namespace poolscope::darray

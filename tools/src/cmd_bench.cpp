@@ -40,18 +40,12 @@ void check_darray_bench_memory(const bench::darray_bench_options& o) {
   const auto runs = [&o](const char* w) {
     return o.only.empty() || std::find(o.only.begin(), o.only.end(), w) != o.only.end();
   };
-  // D2's side, as darray_bench.cpp picks it.
-  std::int64_t side = 1;
-  while ((2 * side) * (2 * side) <= n / 2) {
-    side *= 2;
-  }
-  side = std::max(side, devs);
+  const std::int64_t side = bench::d2_side(n, devs);
   const double nd = static_cast<double>(n);
   const double sd = static_cast<double>(side);
   const double md = static_cast<double>(m);
-  double vectors = 0;
-  vectors = runs("D1") || runs("D4") ? 16.0 * nd : 0.0;
-  vectors = std::max(vectors, runs("D2") ? 12.0 * sd * sd : 0.0);
+  const double vectors =
+      std::max(runs("D1") || runs("D4") ? 16.0 * nd : 0.0, runs("D2") ? 12.0 * sd * sd : 0.0);
   const double matmul = runs("D5") ? (16.0 + 4.0 * static_cast<double>(devs)) * md * md : 0.0;
   const std::string what =
       vectors >= matmul

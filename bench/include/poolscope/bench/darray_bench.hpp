@@ -148,6 +148,16 @@ struct darray_bench_report {
   return (reshard_ms + add_ms - fused_ms) / lo;
 }
 
+/// D2's side for D1's `n` elements on `devices` devices: the largest power of two whose square
+/// is at most n / 2 (at least 1), raised to `devices` if below it (a block per device).
+[[nodiscard]] inline std::int64_t d2_side(std::int64_t n, std::int64_t devices) noexcept {
+  std::int64_t side = 1;
+  while ((2 * side) * (2 * side) <= n / 2) {
+    side *= 2;
+  }
+  return side < devices ? devices : side;
+}
+
 /// "D1", "D2", "D3", "D4", "D5".
 [[nodiscard]] std::vector<std::string> darray_workload_names();
 
