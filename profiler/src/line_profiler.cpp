@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -300,7 +301,7 @@ struct line_profiler::state {
   std::uint64_t unmatched_frees = 0;
   std::uint64_t truncated = 0;
 
-  state() { clear(); }
+  explicit state(std::span<const void* const> wrappers) : own(wrappers) { clear(); }
 
   void clear() {
     nodes.clear();
@@ -369,7 +370,22 @@ line_profiler::line_profiler(const line_profiler_options& options) : options_(op
                            std::string(to_string(options_.unwinder)) +
                            "' is not available in this build");
   }
-  state_ = std::make_unique<state>();
+  if (options_.skip_modules_of.size() > detail::own_code_ranges::max_extra) {
+    throw invalid_argument("poolscope: line_profiler skip_modules_of holds " +
+                           std::to_string(options_.skip_modules_of.size()) +
+                           " addresses; at most " +
+                           std::to_string(detail::own_code_ranges::max_extra));
+  }
+  state_ = std::make_unique<state>(options_.skip_modules_of);
+  if (const std::size_t i = state_->own.first_extra_not_found();
+      i < options_.skip_modules_of.size()) {
+    char where[32];
+    std::snprintf(where, sizeof where, "%p", options_.skip_modules_of[i]);
+    throw invalid_argument("poolscope: line_profiler skip_modules_of[" + std::to_string(i) + "] (" +
+                           where +
+                           ") is in no shared object (the main executable's frames cannot be "
+                           "told from the application's by address: use skip_frames)");
+  }
   state_->backend = backend_of(options_.unwinder);
   detail::warm_up(state_->backend);
 }

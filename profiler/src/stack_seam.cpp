@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
@@ -196,9 +197,12 @@ __attribute__((noinline)) std::size_t capture_stack(unwind_backend b, std::uintp
 
 namespace {
 
+constexpr std::size_t builtin_probes = 3;
+
 struct range_search {
-  std::uintptr_t probes[3];
-  own_code_ranges* self;
+  std::uintptr_t probes[builtin_probes + own_code_ranges::max_extra];
+  std::size_t probe_count;
+  bool found[builtin_probes + own_code_ranges::max_extra];
   std::uintptr_t* lo;
   std::uintptr_t* hi;
   std::size_t* count;
@@ -212,15 +216,18 @@ int collect_ranges(dl_phdr_info* info, std::size_t /*size*/, void* data) noexcep
     return 0;
   }
   bool ours = false;
-  for (int i = 0; i < info->dlpi_phnum && !ours; ++i) {
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
     const auto& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0) {
       continue;
     }
     const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
     const std::uintptr_t hi = lo + ph.p_memsz;
-    for (std::uintptr_t p : s->probes) {
-      ours = ours || (p >= lo && p < hi);
+    for (std::size_t p = 0; p < s->probe_count; ++p) {
+      if (s->probes[p] >= lo && s->probes[p] < hi) {
+        s->found[p] = true;
+        ours = true;
+      }
     }
   }
   if (!ours) {
@@ -231,28 +238,45 @@ int collect_ranges(dl_phdr_info* info, std::size_t /*size*/, void* data) noexcep
     if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0 || *s->count == s->capacity) {
       continue;
     }
-    s->lo[*s->count] = info->dlpi_addr + ph.p_vaddr;
-    s->hi[*s->count] = info->dlpi_addr + ph.p_vaddr + ph.p_memsz;
-    ++*s->count;
+    const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
+    const std::uintptr_t hi = lo + ph.p_memsz;
+    bool known = false;  // two probes in one object: its ranges once
+    for (std::size_t r = 0; r < *s->count; ++r) {
+      known = known || (s->lo[r] == lo && s->hi[r] == hi);
+    }
+    if (!known) {
+      s->lo[*s->count] = lo;
+      s->hi[*s->count] = hi;
+      ++*s->count;
+    }
   }
   return 0;
 }
 
 }  // namespace
 
-own_code_ranges::own_code_ranges() noexcept {
+own_code_ranges::own_code_ranges(std::span<const void* const> extra) noexcept {
   range_search s{};
   s.probes[0] = reinterpret_cast<std::uintptr_t>(&capture_stack);
   s.probes[1] = reinterpret_cast<std::uintptr_t>(&hooks::detail::deliver);
   using make_allocator_fn = std::unique_ptr<pool::allocator> (*)(std::string_view, pool::resource&);
   s.probes[2] =
       reinterpret_cast<std::uintptr_t>(static_cast<make_allocator_fn>(&pool::make_allocator));
-  s.self = this;
+  const std::size_t extras = std::min(extra.size(), max_extra);
+  for (std::size_t i = 0; i < extras; ++i) {
+    s.probes[builtin_probes + i] = reinterpret_cast<std::uintptr_t>(extra[i]);
+  }
+  s.probe_count = builtin_probes + extras;
   s.lo = lo_;
   s.hi = hi_;
   s.count = &count_;
   s.capacity = max_ranges;
   dl_iterate_phdr(&collect_ranges, &s);
+  for (std::size_t i = 0; i < extras && extra_missing_ == max_extra; ++i) {
+    if (!s.found[builtin_probes + i]) {
+      extra_missing_ = i;
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -443,6 +444,32 @@ TEST(line_profiler, rejects_bad_options) {
   if (!unwinder_available(stack_unwinder::libunwind)) {
     EXPECT_THROW(line_profiler({.unwinder = stack_unwinder::libunwind}), invalid_argument);
   }
+}
+
+// The message of the invalid_argument `make` throws ("" if it throws none).
+template <class F>
+std::string refusal(F make) {
+  try {
+    make();
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  return {};
+}
+
+TEST(line_profiler, skip_modules_of_takes_only_shared_objects_and_at_most_eight) {
+  const void* in_libc = reinterpret_cast<const void*>(&::strlen);
+  EXPECT_NO_THROW(line_profiler({.skip_modules_of = {in_libc}}));
+  // This test's executable: its frames are the application's, an address range cannot tell.
+  const std::string main_exe =
+      refusal([] { line_profiler({.skip_modules_of = {reinterpret_cast<const void*>(&site_a)}}); });
+  EXPECT_NE(main_exe.find("skip_modules_of[0]"), std::string::npos) << main_exe;
+  EXPECT_NE(main_exe.find("skip_frames"), std::string::npos) << main_exe;
+  const std::string null = refusal([&] { line_profiler({.skip_modules_of = {in_libc, nullptr}}); });
+  EXPECT_NE(null.find("skip_modules_of[1]"), std::string::npos) << null;
+  const std::string nine =
+      refusal([&] { line_profiler({.skip_modules_of = std::vector<const void*>(9, in_libc)}); });
+  EXPECT_NE(nine.find("holds 9 addresses; at most 8"), std::string::npos) << nine;
 }
 
 TEST(line_profiler, report_names_the_known_call_sites) {

@@ -161,7 +161,11 @@ void install_env_profilers() noexcept {
   if (want_profile) {
     try {
       e->profile_path = profile;
-      e->line_profiler = std::make_unique<poolscope::profiler::line_profiler>();
+      // Stacks start at the caller of poolscope_malloc / poolscope_free: this library's frames
+      // are poolscope's own, like those of the libraries it links.
+      poolscope::profiler::line_profiler_options options;
+      options.skip_modules_of.push_back(reinterpret_cast<const void*>(&install_env_profilers));
+      e->line_profiler = std::make_unique<poolscope::profiler::line_profiler>(options);
       poolscope::hooks::install(*e->line_profiler);
     } catch (const std::exception& ex) {
       e->line_profiler.reset();

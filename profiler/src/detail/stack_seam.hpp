@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 namespace poolscope::profiler::detail {
@@ -57,12 +58,17 @@ std::size_t capture_stack(unwind_backend b, std::uintptr_t* out, std::size_t cap
 std::size_t walk_cached_dwarf(std::uintptr_t* out, std::size_t capacity) noexcept;
 
 /// Address ranges (executable segments) of the shared objects holding poolscope's hooks, pool
-/// and profiler code. Used to drop poolscope's own frames from the top of a stack.
+/// and profiler code, and of those holding the `extra` code addresses (a library wrapping
+/// poolscope's allocators, such as the C ABI plug-in). Used to drop poolscope's own frames from
+/// the top of a stack.
 class own_code_ranges {
  public:
+  /// Most extra addresses accepted; more are ignored (the line profiler refuses them first).
+  static constexpr std::size_t max_extra = 8;
+
   /// Finds the ranges. Objects linked into the main executable (static builds) are not
   /// included: there, address ranges cannot tell poolscope from the application.
-  own_code_ranges() noexcept;
+  explicit own_code_ranges(std::span<const void* const> extra = {}) noexcept;
   /// True if `address` lies in one of poolscope's shared objects.
   [[nodiscard]] bool contains(std::uintptr_t address) const noexcept {
     for (std::size_t i = 0; i < count_; ++i) {
@@ -74,12 +80,16 @@ class own_code_ranges {
   }
   /// Number of ranges found (0 in static builds).
   [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  /// The index of the first extra address found in no shared object (the main executable's
+  /// code, or no code at all), or max_extra if every one was found.
+  [[nodiscard]] std::size_t first_extra_not_found() const noexcept { return extra_missing_; }
 
  private:
-  static constexpr std::size_t max_ranges = 16;
+  static constexpr std::size_t max_ranges = 24;
   std::uintptr_t lo_[max_ranges] = {};
   std::uintptr_t hi_[max_ranges] = {};
   std::size_t count_ = 0;
+  std::size_t extra_missing_ = max_extra;
 };
 
 /// What is known about one return address. Empty strings / zero line mean "unknown".

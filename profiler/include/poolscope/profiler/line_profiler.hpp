@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/line_profile.hpp"
@@ -83,6 +84,12 @@ struct line_profiler_options {
   /// Further frames dropped from the top after poolscope's, e.g. the application's own
   /// allocation wrapper.
   std::size_t skip_frames = 0;
+  /// Code addresses (any function of each) whose shared objects count as poolscope's own for
+  /// skip_poolscope_frames: a library that wraps poolscope's allocators, such as the C ABI
+  /// plug-in, so that each stack starts at the wrapper's caller. At most 8, each in a shared
+  /// object other than the main executable (whose frames an address range cannot tell from
+  /// the application's: use skip_frames there).
+  std::vector<const void*> skip_modules_of{};
   /// Only events of this allocator id (hooks::event::allocator_id); 0 = every allocator.
   std::uint32_t only_allocator = 0;
 };
