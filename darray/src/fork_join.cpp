@@ -1,5 +1,7 @@
 #include "poolscope/darray/fork_join.hpp"
 
+#include <pthread.h>
+
 #include "poolscope/cpu_relax.hpp"
 
 namespace poolscope::darray::detail {
@@ -8,7 +10,11 @@ fork_join::fork_join(std::size_t helpers, std::chrono::microseconds spin) : spin
   threads_.reserve(helpers);
   try {
     for (std::size_t i = 0; i < helpers; ++i) {
-      threads_.emplace_back([this] { helper_loop(); });
+      threads_.emplace_back([this] {
+        // The name traces, top and gdb show (at most 15 characters); failure is harmless.
+        (void)pthread_setname_np(pthread_self(), "darray issuer");
+        helper_loop();
+      });
     }
   } catch (...) {
     stop_.store(true);

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -20,7 +21,10 @@
 #include <tuple>
 #include <vector>
 
+#include <pthread.h>
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
@@ -826,6 +830,62 @@ TEST(darray_array, a_pulled_piece_is_traced_as_a_transfer_on_the_receiver) {
   }
   EXPECT_EQ(copies, 1);
   EXPECT_EQ(y.to_host(), iota_values(n));
+}
+
+// In a trace of host devices each queue's thread is named for its device and kind, so that
+// Perfetto's thread tracks say which is which (they were "poolscope (tid N)" alike).
+TEST(darray_array, host_queue_threads_are_named_for_their_device_and_kind) {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("poolscope_thread_names_" + std::to_string(::getpid()) + ".json");
+  auto be = make_host_backend(2);
+  const i64 n = i64{1} << 20;  // large enough that the reshard's pieces use the transfer queues
+  const shape_t shape{n};
+  const auto a_map = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
+  const auto c_map = index_map::split(shape, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}});
+  const auto a = distributed_array<i64>::from_host(be, iota_values(n), shape, a_map);
+  const auto c = distributed_array<i64>::from_host(be, iota_values(n, 5), shape, c_map);
+  profiler::timeline_options options;
+  options.trace_path = path.string();
+  options.cupti = false;
+  {
+    profiler::timeline tl{options};
+    tl.start();
+    be->set_timeline(&tl);
+    (a + c.reshard(a_map)).wait();
+    be->synchronize();
+    be->set_timeline(nullptr);
+    tl.stop();
+  }
+  std::ifstream in(path);
+  ASSERT_TRUE(in.good()) << path;
+  const auto trace = nlohmann::json::parse(in);
+  in.close();
+  std::filesystem::remove(path);
+  std::map<std::int64_t, std::string> names;  // tid -> thread_name
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
+      names[e["tid"].get<std::int64_t>()] = e["args"].value("name", "");
+    }
+  }
+  std::set<std::string> queue_threads;  // the names of the threads darray's slices ran on
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "X" && e.value("cat", "").starts_with("darray.")) {
+      const std::string name = names[e["tid"].get<std::int64_t>()];
+      queue_threads.insert(name.substr(0, name.find(" (tid ")));
+    }
+  }
+  const std::set<std::string> want{"dev0 compute", "dev1 compute", "dev0 transfer"};
+  for (const std::string& w : want) {
+    EXPECT_EQ(queue_threads.count(w), 1U) << w;
+  }
+  // Besides the queues, only this thread, which issued the ops, has darray slices.
+  char self[16] = "";
+  ASSERT_EQ(pthread_getname_np(pthread_self(), self, sizeof self), 0);
+  for (const std::string& t : queue_threads) {
+    EXPECT_TRUE(t == "dev0 compute" || t == "dev1 compute" || t == "dev0 transfer" ||
+                t == "dev1 transfer" || t == self)
+        << "a darray slice on thread '" << t << "'";
+  }
 }
 
 // The second chunk's share of the overlap reads the first chunk's received storage (no copy).
