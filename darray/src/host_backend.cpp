@@ -25,6 +25,7 @@
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/log.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_resource.hpp"
 #include "poolscope/profiler/timeline.hpp"
 
 #include "integer_pow.hpp"
@@ -633,7 +634,14 @@ class host_backend final : public backend {
     const std::string res = options.resource.empty() ? "host" : options.resource;
     for (int d = 0; d < devices; ++d) {
       auto dev = std::make_unique<fake_device>();
-      dev->resource = pool::make_resource(res, d);
+      // Plain host memory named for its device ("host:0"), so that the allocators' names in
+      // traces and reports ("bfc/host:0") say whose pool each is.
+      if (res == "host") {
+        dev->resource =
+            std::make_unique<pool::host_resource>(std::numeric_limits<std::size_t>::max(), d);
+      } else {
+        dev->resource = pool::make_resource(res, d);
+      }
       dev->allocator = pool::make_allocator(options.allocator, *dev->resource);
       auto tl = [this] { return attached_timeline(); };
       dev->compute = std::make_unique<work_queue>(d, queue_kind::compute, tl);

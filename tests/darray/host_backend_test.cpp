@@ -203,6 +203,18 @@ TEST(darray_backend, identities_and_names) {
   EXPECT_EQ(size_of(dtype::i64), 8U);
 }
 
+// Each host device's pool is named for its device, so traces and reports tell them apart;
+// with another resource the name is that resource's.
+TEST(darray_backend, host_devices_pools_are_named_for_their_device) {
+  backend_options options;
+  options.allocator = "best_fit";
+  auto be = make_backend("host:3", options);
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_EQ(be->allocator(d).name(), "best_fit/host:" + std::to_string(d));
+    EXPECT_EQ(be->allocator(d).device(), -1) << "host memory all the same";
+  }
+}
+
 using test_support::gate;
 
 // backend_stats_fields names every figure once: each entry reads its own member (set to a

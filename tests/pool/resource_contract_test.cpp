@@ -86,6 +86,12 @@ TEST(host_resource_capacity, counts_and_bounds_the_bytes_asked_for) {
   EXPECT_EQ(capped.allocated_bytes(), 0U);
 }
 
+TEST(host_resource_name, is_host_or_host_colon_key) {
+  EXPECT_EQ(host_resource{}.name(), "host");
+  EXPECT_EQ((host_resource{1 << 20, 3}.name()), "host:3");
+  EXPECT_EQ((host_resource{1 << 20, 3}.device()), -1);
+}
+
 TEST(host_resource_ownership, destroying_it_leaves_live_blocks_usable) {
   constexpr std::size_t bytes = std::size_t{1} << 20;  // page-backed (>= 64 KiB)
   void* p = nullptr;

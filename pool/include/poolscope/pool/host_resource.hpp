@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <string>
 
 #include "poolscope/pool/resource.hpp"
 
@@ -29,9 +30,12 @@ namespace poolscope::pool {
 class host_resource final : public resource {
  public:
   /// `capacity`: the most bytes live at once, counted as requested (see Accounting above);
-  /// try_allocate returns nullptr beyond it.
-  explicit host_resource(std::size_t capacity = std::numeric_limits<std::size_t>::max()) noexcept
-      : capacity_(capacity) {}
+  /// try_allocate returns nullptr beyond it. `key` >= 0 names the resource "host:<key>" (one of
+  /// darray's fake host devices), so that its allocator's name tells it from the others'; the
+  /// memory is host memory all the same (device() is -1). Otherwise the name is "host".
+  explicit host_resource(std::size_t capacity = std::numeric_limits<std::size_t>::max(),
+                         int key = -1) noexcept
+      : capacity_(capacity), key_(key) {}
 
   /// Bytes currently allocated from this resource: the requested sizes of the live blocks.
   [[nodiscard]] std::size_t allocated_bytes() const noexcept {
@@ -44,9 +48,12 @@ class host_resource final : public resource {
   void do_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept override;
   [[nodiscard]] int do_device() const noexcept override { return -1; }
   [[nodiscard]] memory_kind do_kind() const noexcept override { return memory_kind::host; }
-  [[nodiscard]] std::string do_name() const override { return "host"; }
+  [[nodiscard]] std::string do_name() const override {
+    return key_ < 0 ? std::string("host") : "host:" + std::to_string(key_);
+  }
 
   std::size_t capacity_;
+  int key_;
   std::atomic<std::size_t> allocated_{0};
 };
 
