@@ -8,6 +8,7 @@
 #include <chrono>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -331,12 +332,56 @@ struct floor_state {
 };
 
 struct async_floor::state : floor_state {
-  using floor_state::floor_state;
+  /// One copy of a round: its buffers, the source GPU's stream and the event its receiver waits.
+  struct copy {
+    device_link link;
+    device_memory src;
+    device_memory dst;
+    device_stream stream;
+    device_event done;
+  };
+  std::vector<copy> copies;
+
+  state(int devices, std::size_t bytes, const std::vector<device_link>& links)
+      : floor_state(devices, bytes) {
+    copies.reserve(links.size());
+    for (const device_link& l : links) {
+      if (l.src < 0 || l.src >= devices || l.dst < 0 || l.dst >= devices) {
+        throw invalid_argument("async_floor: a copy from GPU " + std::to_string(l.src) +
+                               " to GPU " + std::to_string(l.dst) + " is outside GPUs 0.." +
+                               std::to_string(devices - 1));
+      }
+      enable_peer_access(l.src, l.dst);
+      enable_peer_access(l.dst, l.src);
+      copies.push_back({l, device_memory(l.src, l.bytes), device_memory(l.dst, l.bytes),
+                        device_stream(l.src), device_event(l.src)});
+    }
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  /// The copies, each followed by its event on the source GPU's stream.
+  void issue_copies() {
+    for (const copy& c : copies) {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(c.link.src));
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyPeerAsync(c.dst.get(), c.link.dst, c.src.get(),
+                                                     c.link.src, c.link.bytes, c.stream.get()));
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(c.done.get(), c.stream.get()));
+    }
+  }
+  /// GPU d's stream waits for the copies it receives.
+  void wait_for_copies(int d) {
+    for (const copy& c : copies) {
+      if (c.link.dst == d) {
+        POOLSCOPE_BENCH_CUDA_CHECK(
+            cudaStreamWaitEvent(streams[static_cast<std::size_t>(d)].get(), c.done.get(), 0));
+      }
+    }
+  }
 };
 
-async_floor::async_floor(int devices, std::size_t bytes) : bytes_(bytes) {
+async_floor::async_floor(int devices, std::size_t bytes, const std::vector<device_link>& copies)
+    : bytes_(bytes) {
   const current_device_guard guard;
-  state_ = std::make_unique<state>(devices, bytes);
+  state_ = std::make_unique<state>(devices, bytes, copies);
 }
 
 async_floor::~async_floor() {
@@ -352,8 +397,10 @@ void async_floor::issue(int length) {
   const current_device_guard guard;
   const int devices = static_cast<int>(state_->events.size());
   for (int k = 0; k < std::max(length, 1); ++k) {
+    state_->issue_copies();
     for (int d = 0; d < devices; ++d) {
       POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      state_->wait_for_copies(d);
       state_->issue(d, bytes_);
     }
   }

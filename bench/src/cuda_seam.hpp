@@ -53,11 +53,15 @@ struct baseline_seconds {
 /// that a benchmark can interleave its rounds with the op's own (both then see the same host
 /// state): per GPU, cudaSetDevice, one asynchronous call (cudaMemsetAsync of `bytes`, standing in
 /// for a kernel launch) and one cudaEventRecord; then cudaEventSynchronize on each GPU's event.
+/// With `copies`, each round first issues them (cudaMemcpyPeerAsync on a stream of the source
+/// GPU, then an event there) and each receiving GPU's stream waits for its copies' events
+/// (cudaStreamWaitEvent) before its call: the floor of an op whose operand must move first.
 /// Buffers, streams and events are made by the constructor and freed by the destructor. Calls
 /// leave the current device as they found it. Not thread-safe: one thread drives an object.
 class async_floor {
  public:
-  async_floor(int devices, std::size_t bytes);
+  /// Throws invalid_argument for a copy naming a GPU outside 0..devices-1.
+  async_floor(int devices, std::size_t bytes, const std::vector<device_link>& copies = {});
   ~async_floor();
   async_floor(const async_floor&) = delete;
   async_floor& operator=(const async_floor&) = delete;

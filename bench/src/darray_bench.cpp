@@ -523,17 +523,23 @@ class bench_run {
     const auto fused_step = [&](const farray& x) {
       return x + c.reshard(a.index_map(), reshard_options());
     };
-    // One untimed round of each, then the op, the fused op and the floor in interleaved blocks.
+    // One untimed round of each, then the op, the fused op and the floors in interleaved blocks.
     add().wait();
     fused().wait();
+    // The fused op's floor: the same calls after the reshard's copies, each receiver waiting.
+    std::unique_ptr<detail::async_floor> fused_floor_calls;
+    if (gpu_) {
+      fused_floor_calls = std::make_unique<detail::async_floor>(devs_, per_device, links_of(*plan));
+    }
     split_samples add_samples;
     split_samples fused_samples;
     std::vector<double> floor_samples;
     std::vector<double> floor_chain_samples;
-    const auto time_floor = [&](std::vector<double>& out, int length) {
+    std::vector<double> fused_floor_samples;
+    const auto time_floor = [](detail::async_floor& calls, std::vector<double>& out, int length) {
       const auto t0 = std::chrono::steady_clock::now();
-      floor_calls->issue(length);
-      floor_calls->wait();
+      calls.issue(length);
+      calls.wait();
       const auto t1 = std::chrono::steady_clock::now();
       out.push_back(std::chrono::duration<double>(t1 - t0).count() / length);
     };
@@ -542,7 +548,12 @@ class bench_run {
     if (floor_calls) {
       floor_calls->issue();
       floor_calls->wait();
-      singles.emplace_back([&] { time_floor(floor_samples, 1); });
+      singles.emplace_back([&] { time_floor(*floor_calls, floor_samples, 1); });
+    }
+    if (fused_floor_calls) {
+      fused_floor_calls->issue();
+      fused_floor_calls->wait();
+      singles.emplace_back([&] { time_floor(*fused_floor_calls, fused_floor_samples, 1); });
     }
     interleave(runs, 10, singles);
     chain_samples add_chain(a, chain, add_step);
@@ -550,7 +561,7 @@ class bench_run {
     std::vector<std::function<void()>> chained{[&] { add_chain.take(); },
                                                [&] { fused_chain.take(); }};
     if (floor_calls) {
-      chained.emplace_back([&] { time_floor(floor_chain_samples, chain); });
+      chained.emplace_back([&] { time_floor(*floor_calls, floor_chain_samples, chain); });
     }
     interleave(chains, 1, chained);
     const split_seconds t_add = add_samples.summary();
@@ -594,7 +605,11 @@ class bench_run {
       w.baselines["floor"] = make_baseline("memset + event per GPU", 0, summarize(floor_samples));
       w.baselines["floor_chained"] =
           make_baseline("the same calls chained, one wait", 0, summarize(floor_chain_samples));
-      floor_calls.reset();  // its streams and buffers go before the threaded floor's are made
+      w.baselines["floor_fused"] =
+          make_baseline("the same after the reshard's copies", 0, summarize(fused_floor_samples));
+      // Their streams and buffers go before the threaded floor's are made.
+      floor_calls.reset();
+      fused_floor_calls.reset();
       // Apart, not interleaved: its spinning threads would take the cores the ops issue from.
       w.baselines["floor_threaded"] =
           make_baseline("the same, a thread per GPU", 0,
@@ -773,6 +788,11 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         p != nullptr ? fmt("%.1f us ", p->median_ms * 1e3) + raw : "",
         p != nullptr && fused > 0 ? format_ratio(p->median_ms * 1e3 / fused) : "", "<= 20 us",
         fused <= 20.0);
+    if (const auto* fused_floor = find_baseline(w, "floor_fused")) {
+      row("  floor with the copies (median)", "",
+          fmt("%.1f us ", fused_floor->median_ms * 1e3) + fused_floor->method,
+          fused > 0 ? format_ratio(fused_floor->median_ms * 1e3 / fused) : "");
+    }
     row("  of which issuing / waiting (medians)",
         fmt("%.1f / ", figure(w, "t_add_enqueue_us")) + fmt("%.1f us", figure(w, "t_add_wait_us")),
         fmt("%.1f / ", figure(w, "t_fused_enqueue_us")) +
