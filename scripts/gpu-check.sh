@@ -132,6 +132,25 @@ done
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   step "PyTorch plug-in workload" "$out/plugin.log" env POOLSCOPE_ALLOCATOR=bfc \
     python3 "$root/scripts/torch_plugin_check.py" "$build/lib/libpoolscope_alloc.so"
+  # Its line profile (POOLSCOPE_PROFILE): rendered, and every stack must start at the plug-in's
+  # caller (PyTorch), never inside libpoolscope_alloc.so.
+  rm -f /tmp/torch_profile.json
+  step "PyTorch plug-in line profile" "$out/plugin.log" bash -c "
+    POOLSCOPE_ALLOCATOR=bfc POOLSCOPE_PROFILE=/tmp/torch_profile.json \
+      python3 '$root/scripts/torch_plugin_check.py' '$build/lib/libpoolscope_alloc.so' >/dev/null &&
+    '$build/bin/poolscope' report /tmp/torch_profile.json | head -40 &&
+    python3 - /tmp/torch_profile.json <<'PY'
+import json, sys
+todo, leaves = [json.load(open(sys.argv[1]))['root']], []
+while todo:
+    n = todo.pop()
+    if n['self']['count'] > 0:
+        leaves.append(n)
+    todo += n.get('children', [])
+inside = [n['label'] for n in leaves if 'poolscope_alloc' in n['module'] or n['function'].startswith('poolscope_')]
+print(f'{len(leaves)} call sites; inside the plug-in: {inside}')
+sys.exit(1 if inside or not leaves else 0)
+PY"
 fi
 if python3 -c "import cupy" 2>/dev/null && [ -f "$root/scripts/cupy_plugin_check.py" ]; then
   step "CuPy plug-in workload" "$out/plugin.log" \
