@@ -22,7 +22,8 @@ void register_demo(CLI::App& app) {
                   "auto, cuda (every GPU), cuda:N (the first N GPUs) or host:N (N host devices)")
       ->check(devices_spec())
       ->capture_default_str();
-  sub->add_option("--n", o->n, "elements of the 1-D arrays (default 2^26 on GPUs, 2^20 on host)")
+  sub->add_option("--n", o->n,
+                  "elements of the 1-D arrays (default 2^26 on GPUs, 2^22 on host devices)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 34));
   sub->add_option("--matmul-n", o->matmul_n, "size of the square matmul (default 2048 / 192)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));

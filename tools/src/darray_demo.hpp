@@ -69,8 +69,11 @@ struct darray_demo_result {
   std::int64_t bytes_moved = 0;  ///< remote bytes of C.reshard(A.index_map())
   std::int64_t bytes_local = 0;  ///< bytes already in place
   std::vector<double> overlap;   ///< per device: overlap ratio from the trace (NaN: unknown)
-  nlohmann::json report;         ///< what was written to report_path
-  std::string text;              ///< the printed summary (last line sums it up)
+  /// per device: the median overlap ratio over the timed fused runs (NaN: unknown, or no run
+  /// moved data there)
+  std::vector<double> overlap_median;
+  nlohmann::json report;  ///< what was written to report_path
+  std::string text;       ///< the printed summary (last line sums it up)
   [[nodiscard]] bool ok() const;
 };
 
