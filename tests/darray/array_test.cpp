@@ -760,6 +760,27 @@ TEST(darray_array, overlapping_destination_chunks_receive_each_element_once) {
   }
 }
 
+// The seed example's maps of n elements on two devices: A split at n/2, C at 0.7 n (device 1
+// receives [n/2, 0.7 n) from device 0).
+struct seed_maps {
+  shape_t shape;
+  index_map a;
+  index_map c;
+};
+seed_maps seed_example_maps(i64 n) {
+  const shape_t shape{n};
+  return {shape, index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}}),
+          index_map::split(shape, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}})};
+}
+
+// A timeline writing a trace to `path`, without CUPTI (host devices).
+profiler::timeline_options host_trace_to(const std::filesystem::path& path) {
+  profiler::timeline_options options;
+  options.trace_path = path.string();
+  options.cupti = false;
+  return options;
+}
+
 // A remote piece of at most 64 KiB is copied on the receiver's compute queue (no event between
 // queues for the op that reads it to wait on); a larger one on the sender's transfer queue.
 TEST(darray_array, small_pieces_are_pulled_on_the_receivers_compute_queue) {
@@ -767,10 +788,8 @@ TEST(darray_array, small_pieces_are_pulled_on_the_receivers_compute_queue) {
   // D3's seed shapes: device 1 receives [n/2, 0.7 n) from device 0, 0.2 n elements of 8 bytes.
   for (const i64 n : {i64{4096}, i64{40960}, i64{65536}}) {
     SCOPED_TRACE("n = " + std::to_string(n));
-    const shape_t shape{n};
     const i64 cut = n * 7 / 10;
-    const auto a_map = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
-    const auto c_map = index_map::split(shape, 0, {{0, 0, cut}, {1, cut, n}});
+    const auto [shape, a_map, c_map] = seed_example_maps(n);
     const auto h = iota_values(n, 7);
     const auto c = distributed_array<i64>::from_host(be, h, shape, c_map);
     const auto y = c.reshard(a_map);
@@ -805,14 +824,9 @@ TEST(darray_array, a_pulled_piece_is_traced_as_a_transfer_on_the_receiver) {
                     ("poolscope_pull_trace_" + std::to_string(::getpid()) + ".json");
   auto be = make_host_backend(2);
   const i64 n = 4096;
-  const shape_t shape{n};
-  const auto a_map = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
-  const auto c_map = index_map::split(shape, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}});
+  const auto [shape, a_map, c_map] = seed_example_maps(n);
   const auto c = distributed_array<i64>::from_host(be, iota_values(n), shape, c_map);
-  profiler::timeline_options options;
-  options.trace_path = path.string();
-  options.cupti = false;
-  profiler::timeline tl{options};
+  profiler::timeline tl{host_trace_to(path)};
   tl.start();
   be->set_timeline(&tl);
   const auto y = c.reshard(a_map);
@@ -839,16 +853,11 @@ TEST(darray_array, host_queue_threads_are_named_for_their_device_and_kind) {
                     ("poolscope_thread_names_" + std::to_string(::getpid()) + ".json");
   auto be = make_host_backend(2);
   const i64 n = i64{1} << 20;  // large enough that the reshard's pieces use the transfer queues
-  const shape_t shape{n};
-  const auto a_map = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
-  const auto c_map = index_map::split(shape, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}});
+  const auto [shape, a_map, c_map] = seed_example_maps(n);
   const auto a = distributed_array<i64>::from_host(be, iota_values(n), shape, a_map);
   const auto c = distributed_array<i64>::from_host(be, iota_values(n, 5), shape, c_map);
-  profiler::timeline_options options;
-  options.trace_path = path.string();
-  options.cupti = false;
   {
-    profiler::timeline tl{options};
+    profiler::timeline tl{host_trace_to(path)};
     tl.start();
     be->set_timeline(&tl);
     (a + c.reshard(a_map)).wait();
