@@ -236,24 +236,21 @@ class bfc_free_index {
   bfc_free_index(const bfc_free_index&) = delete;
   bfc_free_index& operator=(const bfc_free_index&) = delete;
 
-  /// Class of a chunk of `size` bytes (size >= bfc_granularity). Without branches: below
-  /// sub_count units the shift is 0 and the class is the unit count; above, the shift keeps the
-  /// top sub_bits + 1 bits of the count, whose leading 1 (worth sub_count) steps the octave.
-  [[nodiscard]] static unsigned class_of(std::size_t size) noexcept {
-    return std::min(class_below_top(size), static_cast<unsigned>(class_count - 1));
-  }
-  /// Largest size best_fit takes (2^63 - 1): its class, and the next one, exist without the
-  /// clamp of class_of.
-  static constexpr std::size_t max_fit_size = SIZE_MAX >> 1;
-  /// class_of without its clamp: for size <= max_fit_size, below class_count - 1 (at most the
-  /// class of 2^63 - 512, 1599 of 1632).
-  [[nodiscard]] static constexpr unsigned class_below_top(std::size_t size) noexcept {
+  /// Class of a chunk of `size` bytes (size >= bfc_granularity). Without branches or a clamp:
+  /// or-ing sub_count into the unit count leaves counts from sub_count up as they are and lifts
+  /// smaller ones into sub_count's octave, so the shift, which keeps the top sub_bits + 1 bits of
+  /// the count, is 0 below 2 * sub_count (the class is the count itself) and steps one octave
+  /// per power of two above (the count's leading 1, worth sub_count, steps the class too). Every
+  /// size has a class: SIZE_MAX's is the last (static_assert below the class).
+  [[nodiscard]] static constexpr unsigned class_of(std::size_t size) noexcept {
     const std::size_t units = size >> bfc_granularity_shift;
-    const auto width = static_cast<unsigned>(std::bit_width(units));
-    const unsigned above = width - (sub_bits + 1);  // wraps when width <= sub_bits + 1
-    const unsigned shift = above & (0U - static_cast<unsigned>(width > sub_bits + 1));
-    return static_cast<unsigned>((shift << sub_bits) + (units >> shift));
+    const unsigned shift =
+        static_cast<unsigned>(std::bit_width(units | sub_count)) - (sub_bits + 1);
+    return (shift << sub_bits) + static_cast<unsigned>(units >> shift);
   }
+  /// Largest size best_fit takes (2^63 - 1): the class after its own, where its search of the
+  /// larger classes starts, exists (static_assert below the class).
+  static constexpr std::size_t max_fit_size = SIZE_MAX >> 1;
 
   /// Adds free chunk `c` to its class list.
   void insert(bfc_chunk* c) noexcept {
@@ -300,7 +297,7 @@ class bfc_free_index {
   /// The smallest free chunk of at least `size` bytes (ties: the most recently freed), or null.
   /// Requires size <= max_fit_size (bfc's requests are at most max_request_bytes).
   [[nodiscard]] bfc_chunk* best_fit(std::size_t size) const noexcept {
-    const unsigned cls = class_below_top(size);
+    const unsigned cls = class_of(size);
     const class_list* s = &lists_[cls];
     if (s->largest >= size) {
       const bfc_free_link* c = s->free_next;  // the walk ends at the last chunk at the latest
@@ -381,9 +378,11 @@ class bfc_free_index {
   std::uint64_t summary_ = 0;
 };
 
-static_assert(bfc_free_index::class_below_top(bfc_free_index::max_fit_size) + 1 <
+static_assert(bfc_free_index::class_of(SIZE_MAX) == bfc_free_index::class_count - 1,
+              "every size has a class");
+static_assert(bfc_free_index::class_of(bfc_free_index::max_fit_size) + 1 <
                   bfc_free_index::class_count,
-              "best_fit's class and the next one need no clamp");
+              "best_fit's class and the next one exist");
 
 /// Live chunks by address (an address_table of {address, chunk}).
 class bfc_ptr_map {
