@@ -237,6 +237,12 @@ bfc_allocator::~bfc_allocator() {
   c->requested = bytes;
   st.live_bytes += rounded;
   st.live.insert(c);
+}
+
+// Counts a chunk carve handed out, under the mutex (serve_chunk's counts its own).
+[[gnu::always_inline]] inline void bfc_allocator::count_locked(std::size_t rounded,
+                                                               std::size_t bytes,
+                                                               bool held) noexcept {
   if (counts_under_lock()) {
     // A thread cache counts the blocks it records; no branch on that (a coin toss on A2).
     const std::size_t own = held ? 0 : 1;
@@ -338,6 +344,7 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
     if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) [[likely]] {
+      count_locked(rounded, bytes, held);
       return {c->addr, rounded};
     }
   }
@@ -350,11 +357,31 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool 
 }
 
 // allocate's usual request whole: the chunk and the base class's end of it (counters, peaks,
-// the post event) in one function. (The alignment holds for every chunk; see do_allocate.)
+// the post event) in one function. (The alignment holds for every chunk; see do_allocate.) As
+// take_chunk, but the chunk is counted, and the peaks raised, under the mutex
+// (account_served_locked): after it, a found chunk needs only finish_served.
 POOLSCOPE_HOT_CLONES
 void* bfc_allocator::serve_chunk(stream_view stream, std::size_t bytes,
                                  detail::thread_cache* cache) {
-  return finish_serve(stream, bytes, max_alignment, cache, take_chunk(stream, bytes, false));
+  if (!counts_under_lock()) [[unlikely]] {
+    return finish_serve(stream, bytes, max_alignment, cache, allocate_chunk(stream, bytes, false));
+  }
+  const std::size_t rounded = round_up(bytes, round_bytes);
+  const bool large = rounded > options_.small_request_max;
+  state& st = *state_;
+  void* p = nullptr;
+  {
+    std::lock_guard lock(st.mutex);
+    st.reserve_for_carve();
+    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, false)) [[likely]] {
+      account_served_locked(rounded, bytes, cache);
+      p = c->addr;
+    }
+  }
+  if (p != nullptr) [[likely]] {
+    return finish_served(stream, bytes, {p, rounded});
+  }
+  return finish_serve(stream, bytes, max_alignment, cache, allocate_missed(stream, bytes, false));
 }
 
 // No free chunk fit on the first try (or a merge comes first). Before the pool grows, blocks
@@ -375,6 +402,7 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes, bool
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
     if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) {
+      count_locked(rounded, bytes, held);
       return {c->addr, rounded};
     }
     if (large && options_.consolidate && st.wholly_free[1] != 0) {
@@ -455,6 +483,7 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   st.link(seg);
   st.add_free(c);
   carve(st, stream, c, rounded, bytes, held);
+  count_locked(rounded, bytes, held);
   return {p, rounded};
 }
 

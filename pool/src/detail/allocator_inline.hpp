@@ -45,10 +45,36 @@ namespace poolscope::pool {
                                                             std::size_t alignment,
                                                             detail::thread_cache* cache, block b) {
   b = settle(stream, bytes, alignment, SIZE_MAX, cache, b);  // allocate's checks: no limit
-  if (hooks::active()) [[unlikely]] {                        // installed meanwhile
+  return finish_served(stream, bytes, b);
+}
+
+[[gnu::always_inline]] inline void* allocator::finish_served(stream_view stream, std::size_t bytes,
+                                                             block b) {
+  if (hooks::active()) [[unlikely]] {  // installed meanwhile
     emit(hooks::event_kind::pool_malloc, hooks::event_phase::post, stream, b.ptr, bytes, b.rounded);
   }
   return b.ptr;
+}
+
+[[gnu::always_inline]] inline void allocator::account_served_locked(
+    std::size_t rounded, std::size_t requested, const detail::thread_cache* cache) noexcept {
+  const std::size_t locked_used = plain_add(locked_.in_use, rounded);
+  const std::size_t locked_req = plain_add(locked_.requested, requested);
+  plain_add(locked_.allocations, std::uint64_t{1});
+  // What tc_raise_peaks (or, without a cache, settle) would raise them to after the lock, from
+  // the same counters: shared_in_use() and shared_requested() with the locked ones as just
+  // written, plus this thread's shard. (Here they cost no second load of the locked counters
+  // and no second test of counts_under_lock_ and of the cache after the lock.)
+  std::int64_t own_used = 0;
+  std::int64_t own_req = 0;
+  if (cache != nullptr) {
+    own_used = cache->d_in_use.load(std::memory_order_relaxed);
+    own_req = cache->d_requested.load(std::memory_order_relaxed);
+  }
+  raise_peaks(
+      static_cast<std::int64_t>(in_use_.load(std::memory_order_relaxed) + locked_used) + own_used,
+      static_cast<std::int64_t>(requested_in_use_.load(std::memory_order_relaxed) + locked_req) +
+          own_req);
 }
 
 // The end of a free whose outcome is known: the report of an invalid free, the count (unless

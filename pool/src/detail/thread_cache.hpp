@@ -323,6 +323,17 @@ struct thread_cache_registry {
 
 namespace poolscope::pool {
 
+[[gnu::always_inline]] inline void allocator::raise_peaks(std::int64_t used,
+                                                          std::int64_t requested) noexcept {
+  if (used > static_cast<std::int64_t>(peak_in_use_.load(std::memory_order_relaxed))) [[unlikely]] {
+    detail::raise_peak(peak_in_use_, static_cast<std::size_t>(used));
+  }
+  if (requested > static_cast<std::int64_t>(peak_requested_.load(std::memory_order_relaxed)))
+      [[unlikely]] {
+    detail::raise_peak(peak_requested_, static_cast<std::size_t>(requested));
+  }
+}
+
 // Inline: called after every allocation the strategy serves to a thread with a cache. Forced:
 // GCC otherwise kept it out of line: a call through the PLT (the library's symbols may be
 // interposed) and a spill of the block around it, on most allocations of DESIGN.md §4 A2
@@ -336,15 +347,7 @@ namespace poolscope::pool {
   const auto bound = [](std::size_t shared, const std::atomic<std::int64_t>& delta) {
     return static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
   };
-  const std::int64_t used = bound(shared_in_use(), c.d_in_use);
-  if (used > static_cast<std::int64_t>(peak_in_use_.load(std::memory_order_relaxed))) [[unlikely]] {
-    detail::raise_peak(peak_in_use_, static_cast<std::size_t>(used));
-  }
-  const std::int64_t req = bound(shared_requested(), c.d_requested);
-  if (req > static_cast<std::int64_t>(peak_requested_.load(std::memory_order_relaxed)))
-      [[unlikely]] {
-    detail::raise_peak(peak_requested_, static_cast<std::size_t>(req));
-  }
+  raise_peaks(bound(shared_in_use(), c.d_in_use), bound(shared_requested(), c.d_requested));
 }
 
 }  // namespace poolscope::pool

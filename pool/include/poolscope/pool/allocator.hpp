@@ -237,6 +237,13 @@ class allocator {
       }
     }
   }
+  /// As account_alloc_locked for a block that do_serve hands out (never one a thread cache
+  /// records), which raises the peaks too, here under the lock, from the counters just written
+  /// and `cache`'s shard (do_serve's cache: this thread's, or null without one), as allocate()
+  /// would after it: finish_served then only reports the block. Only when counts_under_lock().
+  /// Inline (detail/allocator_inline.hpp).
+  void account_served_locked(std::size_t rounded, std::size_t requested,
+                             const detail::thread_cache* cache) noexcept;
   /// Split/merge events for strategies that carve chunks.
   void emit_split(stream_view stream, void* taken, std::size_t taken_bytes, void* rest,
                   std::size_t rest_bytes) const noexcept;
@@ -248,6 +255,10 @@ class allocator {
   /// hook is installed by now, and returns the block. Inline (detail/allocator_inline.hpp).
   void* finish_serve(stream_view stream, std::size_t bytes, std::size_t alignment,
                      detail::thread_cache* cache, block b);
+  /// finish_serve for a block (not null) counted with account_served_locked: emits the
+  /// pool_malloc post event if a hook is installed by now, and returns the block. Inline
+  /// (detail/allocator_inline.hpp).
+  void* finish_served(stream_view stream, std::size_t bytes, block b);
   /// The end of do_take_back, for a strategy that overrides it: `out` is what its do_deallocate
   /// said of the free. Takes a block held by a thread cache back through the registry, reports an
   /// invalid free, counts the free (unless the strategy did, count_under_lock) and emits the
@@ -391,6 +402,9 @@ class allocator {
   [[nodiscard]] bool tc_give_remote(stream_view stream, void* ptr, std::size_t bytes,
                                     free_outcome& out) noexcept;
   void tc_raise_peaks(const detail::thread_cache& c) noexcept;  // inline, detail/thread_cache.hpp
+  // Raises the peaks to `used` and `requested`, upper bounds of the totals (compared signed; see
+  // tc_raise_peaks). Inline, detail/thread_cache.hpp.
+  void raise_peaks(std::int64_t used, std::int64_t requested) noexcept;
   void tc_fold_locked(detail::thread_cache& c) noexcept;
   /// Sums of the thread caches' counter shards (under the registry mutex).
   struct shard_sums {

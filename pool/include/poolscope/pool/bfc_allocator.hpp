@@ -52,7 +52,8 @@
 // short: a bitmap search, a few pointer updates and a hash-table operation. Upstream calls and
 // segment releases run outside it; split/merge hooks run inside it, so a hook must be short and
 // must not call back into the same allocator. The counters of the blocks it serves are written
-// under that mutex too (allocator::count_under_lock), with plain loads and stores.
+// under that mutex too (allocator::count_under_lock), with plain loads and stores, and the
+// usual request raises the peaks there (allocator::account_served_locked).
 // Threads that miss their cache contend on the one lock and on the cache lines it guards. Chunks
 // held in a thread cache stay carved (live in segments(); counted as cached in stats()).
 // Stream semantics: not stream-aware. A block freed on one stream may be handed out for another
@@ -216,6 +217,7 @@ class bfc_allocator final : public allocator {
                          std::size_t reserved_now);
   void carve(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
              std::size_t bytes, bool held) noexcept;                              // locked
+  void count_locked(std::size_t rounded, std::size_t bytes, bool held) noexcept;  // locked
   void free_chunk(state& st, stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
   void detach_wholly_free(bool large, detail::bfc_segment*& chain,
                           std::size_t& bytes) noexcept;  // locked
