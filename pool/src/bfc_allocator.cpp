@@ -488,10 +488,10 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
 }
 
 // A free under the mutex: the chunk back into the index, merged with its free neighbours.
-// Inlined into deallocate_chunk and take_back_chunk.
-[[gnu::always_inline]] inline free_outcome bfc_allocator::return_chunk(stream_view stream,
-                                                                       void* ptr,
-                                                                       std::size_t bytes) noexcept {
+// Inlined into deallocate_chunk and take_back_chunk. `locked_counts`: the caller found
+// counts_under_lock() true, so the free is counted without testing it again.
+[[gnu::always_inline]] inline free_outcome bfc_allocator::return_chunk(
+    stream_view stream, void* ptr, std::size_t bytes, bool locked_counts) noexcept {
   state& st = *state_;
   std::lock_guard lock(st.mutex);
   bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
@@ -503,7 +503,12 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   }
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
-  account_free(rounded, requested);  // under the lock: nobody can take the chunk yet
+  // Under the lock: nobody can take the chunk yet.
+  if (locked_counts) {
+    account_free_locked(rounded, requested);
+  } else {
+    account_free(rounded, requested);
+  }
   free_chunk(st, stream, c);
   // Chunks are exactly the request rounded to 512, so any size with the same rounding is right:
   // bytes <= rounded < bytes + 512, one comparison (a larger `bytes` wraps the difference).
@@ -524,15 +529,20 @@ void bfc_allocator::do_take_back(stream_view stream, void* ptr, std::size_t byte
 POOLSCOPE_HOT_CLONES
 free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
                                              std::size_t bytes) noexcept {
-  return return_chunk(stream, ptr, bytes);
+  return return_chunk(stream, ptr, bytes, false);
 }
 
 // A free that no thread cache took, whole: the chunk back to the pool and the base class's end
-// of the free (an invalid free's report, a held block's way back, the post event).
+// of the free (an invalid free's report, a held block's way back, the post event). The usual
+// pool counts its frees under the mutex: tested once here, not again in the lock and after it.
 POOLSCOPE_HOT_CLONES
 void bfc_allocator::take_back_chunk(stream_view stream, void* ptr, std::size_t bytes,
                                     bool hooked) noexcept {
-  finish_take_back(stream, ptr, bytes, return_chunk(stream, ptr, bytes), hooked);
+  if (!counts_under_lock()) [[unlikely]] {
+    finish_take_back(stream, ptr, bytes, deallocate_chunk(stream, ptr, bytes), hooked);
+    return;
+  }
+  finish_counted_take_back(stream, ptr, bytes, return_chunk(stream, ptr, bytes, true), hooked);
 }
 
 void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {

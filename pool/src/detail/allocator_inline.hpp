@@ -99,15 +99,18 @@ namespace poolscope::pool {
   }
 }
 
-[[gnu::always_inline]] inline void allocator::finish_take_back(stream_view stream, void* ptr,
-                                                               std::size_t bytes,
-                                                               const free_outcome& out,
-                                                               bool hooked) noexcept {
+// finish_take_back and finish_counted_take_back: `counted` says whether the strategy counted a
+// free it took back (count_under_lock).
+[[gnu::always_inline]] inline void allocator::finish_take_back_of(stream_view stream, void* ptr,
+                                                                  std::size_t bytes,
+                                                                  const free_outcome& out,
+                                                                  bool counted,
+                                                                  bool hooked) noexcept {
   if (out.held) [[unlikely]] {
     // Another thread's cache recorded it (or an exited thread's, now an orphan); the strategy
-    // counted nothing. (Finished here, apart: the usual finish then takes counts_under_lock_
-    // as it is, with no test of `held` folded in, 7 instructions less per pair on DESIGN.md §4
-    // A2, callgrind.)
+    // counted nothing. (Finished here, apart: the usual finish then takes `counted` as it is,
+    // with no test of `held` folded in, 7 instructions less per pair on DESIGN.md §4 A2,
+    // callgrind.)
     free_outcome remote = out;
     if (!tc_give_remote(stream, ptr, bytes, remote)) {
       // Held, yet no record: another free of it is taking it back right now.
@@ -116,7 +119,21 @@ namespace poolscope::pool {
     finish_free(stream, ptr, bytes, remote, false, hooked);
     return;
   }
-  finish_free(stream, ptr, bytes, out, counts_under_lock_, hooked);
+  finish_free(stream, ptr, bytes, out, counted, hooked);
+}
+
+[[gnu::always_inline]] inline void allocator::finish_take_back(stream_view stream, void* ptr,
+                                                               std::size_t bytes,
+                                                               const free_outcome& out,
+                                                               bool hooked) noexcept {
+  finish_take_back_of(stream, ptr, bytes, out, counts_under_lock_, hooked);
+}
+
+[[gnu::always_inline]] inline void allocator::finish_counted_take_back(stream_view stream,
+                                                                       void* ptr, std::size_t bytes,
+                                                                       const free_outcome& out,
+                                                                       bool hooked) noexcept {
+  finish_take_back_of(stream, ptr, bytes, out, true, hooked);
 }
 
 }  // namespace poolscope::pool

@@ -190,12 +190,16 @@ class allocator {
   /// under its lock (count_under_lock), plain loads and stores, and the free is counted here.
   void account_free(std::size_t rounded, std::size_t requested) noexcept {
     if (counts_under_lock_) {
-      plain_add(locked_.in_use, 0 - rounded);  // wraps: a subtraction
-      plain_add(locked_.requested, 0 - requested);
-      plain_add(locked_.deallocations, std::uint64_t{1});
+      account_free_locked(rounded, requested);
     } else {
       account_free_shared(rounded, requested);
     }
+  }
+  /// account_free where the caller knows counts_under_lock() holds.
+  void account_free_locked(std::size_t rounded, std::size_t requested) noexcept {
+    plain_add(locked_.in_use, 0 - rounded);  // wraps: a subtraction
+    plain_add(locked_.requested, 0 - requested);
+    plain_add(locked_.deallocations, std::uint64_t{1});
   }
   /// account_free on the shared atomics only: for a path that holds no strategy lock (a thread
   /// cache's remote free), whose writes must not touch the counters under that lock.
@@ -266,6 +270,10 @@ class allocator {
   /// (detail/allocator_inline.hpp).
   void finish_take_back(stream_view stream, void* ptr, std::size_t bytes, const free_outcome& out,
                         bool hooked) noexcept;
+  /// finish_take_back where the caller knows counts_under_lock() holds (its do_deallocate
+  /// counted the free with account_free_locked). Inline (detail/allocator_inline.hpp).
+  void finish_counted_take_back(stream_view stream, void* ptr, std::size_t bytes,
+                                const free_outcome& out, bool hooked) noexcept;
   /// Strategies whose cache is split by stream report the bytes cached for other streams.
   [[nodiscard]] virtual std::size_t do_cached_bytes_other_streams(stream_view) const { return 0; }
 
@@ -381,6 +389,9 @@ class allocator {
                                           std::size_t alignment, bool hooked) noexcept;
   void finish_free(stream_view stream, void* ptr, std::size_t bytes, const free_outcome& out,
                    bool counted, bool hooked) noexcept;  // inline, detail/allocator_inline.hpp
+  void finish_take_back_of(stream_view stream, void* ptr, std::size_t bytes,
+                           const free_outcome& out, bool counted,
+                           bool hooked) noexcept;  // inline, detail/allocator_inline.hpp
   [[gnu::noinline]] block allocate_after_refusal(stream_view stream, std::size_t bytes,
                                                  std::size_t alignment, std::size_t lim, bool held);
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);

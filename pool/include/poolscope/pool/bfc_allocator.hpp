@@ -209,7 +209,8 @@ class bfc_allocator final : public allocator {
   [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes, bool held);
   detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
                                 std::size_t bytes, bool large, bool held) noexcept;  // locked
-  free_outcome return_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
+  free_outcome return_chunk(stream_view stream, void* ptr, std::size_t bytes,
+                            bool locked_counts) noexcept;
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   void take_back_chunk(stream_view stream, void* ptr, std::size_t bytes, bool hooked) noexcept;
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
