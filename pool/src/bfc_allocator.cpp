@@ -487,22 +487,14 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   return {p, rounded};
 }
 
-// A free under the mutex: the chunk back into the index, merged with its free neighbours.
-// Inlined into deallocate_chunk and take_back_chunk. `locked_counts`: the caller found
-// counts_under_lock() true, so the free is counted without testing it again.
-[[gnu::always_inline]] inline free_outcome bfc_allocator::return_chunk(
-    stream_view stream, void* ptr, std::size_t bytes, bool locked_counts) noexcept {
-  state& st = *state_;
-  std::lock_guard lock(st.mutex);
-  bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
-  if (c == nullptr) [[unlikely]] {
-    return {st.classify(ptr), 0, 0};
-  }
-  if (c->held) [[unlikely]] {
-    return {hooks::free_error::none, 0, 0, true};  // a thread cache's: it frees it
-  }
-  const std::size_t rounded = c->size;
-  const std::size_t requested = c->requested;
+// A free's part under the mutex, for a block that is a live chunk `c` (not held) of `rounded`
+// bytes for `requested`: the free counted (`locked_counts`: the caller found counts_under_lock()
+// true, so without testing it again) and the chunk back into the index, merged with its free
+// neighbours. Inlined into deallocate_chunk and take_back_chunk.
+[[gnu::always_inline]] inline void bfc_allocator::return_live(state& st, stream_view stream,
+                                                              bfc_chunk* c, std::size_t rounded,
+                                                              std::size_t requested,
+                                                              bool locked_counts) noexcept {
   // Under the lock: nobody can take the chunk yet.
   if (locked_counts) {
     account_free_locked(rounded, requested);
@@ -510,10 +502,42 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
     account_free(rounded, requested);
   }
   free_chunk(st, stream, c);
-  // Chunks are exactly the request rounded to 512, so any size with the same rounding is right:
-  // bytes <= rounded < bytes + 512, one comparison (a larger `bytes` wraps the difference).
+}
+
+// What a free of `bytes` says of a chunk of `rounded` bytes for `requested` it returned. Chunks
+// are exactly the request rounded to 512, so any size with the same rounding is right:
+// bytes <= rounded < bytes + 512, one comparison (a larger `bytes` wraps the difference).
+[[gnu::always_inline]] inline free_outcome bfc_allocator::returned(std::size_t rounded,
+                                                                   std::size_t requested,
+                                                                   std::size_t bytes) noexcept {
   const bool size_ok = rounded - bytes < round_bytes;
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
+}
+
+// The outcome of a free, under the mutex, whose block the live table did not give as a live
+// chunk of the pool's own: `c` null (an invalid free) or held by a thread cache (it frees it).
+[[gnu::always_inline]] inline free_outcome bfc_allocator::unusual_free(
+    const state& st, const void* ptr, const bfc_chunk* c) noexcept {
+  if (c == nullptr) {
+    return {st.classify(ptr), 0, 0};
+  }
+  return {hooks::free_error::none, 0, 0, true};
+}
+
+// A free under the mutex. Inlined into deallocate_chunk.
+[[gnu::always_inline]] inline free_outcome bfc_allocator::return_chunk(stream_view stream,
+                                                                       void* ptr,
+                                                                       std::size_t bytes) noexcept {
+  state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
+  if (c == nullptr || c->held) [[unlikely]] {
+    return unusual_free(st, ptr, c);
+  }
+  const std::size_t rounded = c->size;
+  const std::size_t requested = c->requested;
+  return_live(st, stream, c, rounded, requested, false);
+  return returned(rounded, requested, bytes);
 }
 
 free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
@@ -529,7 +553,7 @@ void bfc_allocator::do_take_back(stream_view stream, void* ptr, std::size_t byte
 POOLSCOPE_HOT_CLONES
 free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
                                              std::size_t bytes) noexcept {
-  return return_chunk(stream, ptr, bytes, false);
+  return return_chunk(stream, ptr, bytes);
 }
 
 // A free that no thread cache took, whole: the chunk back to the pool and the base class's end
@@ -542,7 +566,23 @@ void bfc_allocator::take_back_chunk(stream_view stream, void* ptr, std::size_t b
     finish_take_back(stream, ptr, bytes, deallocate_chunk(stream, ptr, bytes), hooked);
     return;
   }
-  finish_counted_take_back(stream, ptr, bytes, return_chunk(stream, ptr, bytes, true), hooked);
+  // The mutex taken and left by hand (all between is noexcept): an unknown or held block leaves
+  // it on a path of its own, so the usual free's finish tests neither case again (6
+  // instructions per pair less on DESIGN.md §4 A2 than one unlock for both, callgrind).
+  state& st = *state_;
+  st.mutex.lock();
+  bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
+  if (c == nullptr || c->held) [[unlikely]] {
+    const free_outcome out = unusual_free(st, ptr, c);
+    st.mutex.unlock();
+    finish_counted_take_back(stream, ptr, bytes, out, hooked);
+    return;
+  }
+  const std::size_t rounded = c->size;
+  const std::size_t requested = c->requested;
+  return_live(st, stream, c, rounded, requested, true);
+  st.mutex.unlock();
+  finish_counted_take_back(stream, ptr, bytes, returned(rounded, requested, bytes), hooked);
 }
 
 void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {

@@ -200,17 +200,23 @@ class bfc_allocator final : public allocator {
   // The helpers below marked "locked" require the caller to hold the mutex. Those that take the
   // state take it from the caller, which read state_ before locking (read after the lock's
   // acquire, it would be loaded again).
-  // The hot paths: take_chunk and return_chunk, inlined into the functions the virtuals call
-  // (allocate_chunk, serve_chunk; deallocate_chunk, take_back_chunk), each compiled once per
-  // instruction set (POOLSCOPE_HOT_CLONES, detail/bfc_structures.hpp).
+  // The hot paths: take_chunk and return_chunk (and their parts fit_locked, return_live),
+  // inlined into the functions the virtuals call (allocate_chunk, serve_chunk; deallocate_chunk,
+  // take_back_chunk), each compiled once per instruction set (POOLSCOPE_HOT_CLONES,
+  // detail/bfc_structures.hpp).
   block take_chunk(stream_view stream, std::size_t bytes, bool held);
   block allocate_chunk(stream_view stream, std::size_t bytes, bool held);
   void* serve_chunk(stream_view stream, std::size_t bytes, detail::thread_cache* cache);
   [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes, bool held);
   detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
                                 std::size_t bytes, bool large, bool held) noexcept;  // locked
-  free_outcome return_chunk(stream_view stream, void* ptr, std::size_t bytes,
-                            bool locked_counts) noexcept;
+  free_outcome return_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
+  void return_live(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
+                   std::size_t requested, bool locked_counts) noexcept;  // locked
+  static free_outcome returned(std::size_t rounded, std::size_t requested,
+                               std::size_t bytes) noexcept;
+  static free_outcome unusual_free(const state& st, const void* ptr,
+                                   const detail::bfc_chunk* c) noexcept;  // locked
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   void take_back_chunk(stream_view stream, void* ptr, std::size_t bytes, bool hooked) noexcept;
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
