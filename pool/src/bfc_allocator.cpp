@@ -315,10 +315,11 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
   // between the steps of a training loop): merge them into one before serving (see the header).
   // A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so merges cost
   // at most three upstream calls per segment ever acquired on a miss. (The rare condition
-  // first: whether the request is large is a coin toss on mixed sizes.)
-  const bool merge_first = st.wholly_free[1] >= 2 &&
-                           st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1] && large &&
-                           options_.consolidate;
+  // first: whether the request is large is a coin toss on mixed sizes, and two wholly free
+  // large segments are the rule on DESIGN.md §4 A2, where requests above 10 MiB get segments
+  // of their own, but half the large pool wholly free is not.)
+  const bool merge_first = st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1] &&
+                           st.wholly_free[1] >= 2 && large && options_.consolidate;
   if (merge_first) [[unlikely]] {
     return nullptr;
   }

@@ -224,7 +224,7 @@ class bfc_free_index {
   /// Classes for every unit count below 2^55 (sizes below 2^64).
   static constexpr std::size_t class_count = (55 - sub_bits + 1) * sub_count;
   static constexpr std::size_t word_count = (class_count + 63) / 64;
-  static_assert(word_count <= 64, "the summary word covers at most 64 bitmap words");
+  static_assert(word_count < 64, "the summary word covers the bitmap words, and one more bit");
 
   bfc_free_index() noexcept {
     for (class_list& s : lists_) {
@@ -306,8 +306,8 @@ class bfc_free_index {
       }
       return chunk(c);
     }
-    const int next = next_class(cls + 1);
-    return next < 0 ? nullptr : head(static_cast<std::size_t>(next));
+    const int next = next_class(cls + 1);  // marked, so its first link is a chunk
+    return next < 0 ? nullptr : chunk(lists_[static_cast<std::size_t>(next)].free_next);
   }
 
   /// Size of the largest free chunk (0 if none).
@@ -357,7 +357,8 @@ class bfc_free_index {
     unsigned w = from >> 6;
     std::uint64_t bits = words_[w] & (~std::uint64_t{0} << (from & 63));
     if (bits == 0) {
-      const std::uint64_t above = w + 1 < 64 ? summary_ & (~std::uint64_t{0} << (w + 1)) : 0;
+      // w + 1 <= word_count < 64: a valid shift.
+      const std::uint64_t above = summary_ & (~std::uint64_t{0} << (w + 1));
       if (above == 0) {
         return -1;
       }
