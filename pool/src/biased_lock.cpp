@@ -55,7 +55,8 @@ bool register_fence() noexcept {
 }  // namespace
 
 // initial-exec (as declared), like the thread caches' t_last: 8 bytes of the static TLS block.
-constinit thread_local thread_presence* t_presence = nullptr;
+constinit thread_presence no_presence{&no_presence, nullptr};
+constinit thread_local thread_presence* t_presence = &no_presence;
 
 namespace {
 
@@ -84,9 +85,9 @@ struct presence_holder {
   ~presence_holder() {
     t_presence_released = true;
     thread_presence* const mine = t_presence;
-    t_presence = nullptr;
+    t_presence = &no_presence;
     presence_pool* const pool = presences();
-    if (mine != nullptr && pool != nullptr) {
+    if (mine != &no_presence && pool != nullptr) {
       std::lock_guard lock(pool->mutex);  // publishes `inside == false` to the next thread
       mine->next_free = pool->free;
       pool->free = mine;
@@ -98,7 +99,7 @@ thread_local presence_holder t_holder;
 }  // namespace
 
 thread_presence* claim_thread_presence() noexcept {
-  if (t_presence != nullptr) {
+  if (t_presence != &no_presence) {
     return t_presence;
   }
   if (t_presence_released) {
@@ -118,7 +119,9 @@ thread_presence* claim_thread_presence() noexcept {
   if (mine == nullptr) {
     mine = new (std::nothrow) thread_presence;  // NOLINT: never freed (see presence_pool)
   }
-  t_presence = mine;
+  if (mine != nullptr) {
+    t_presence = mine;
+  }
   return mine;
 }
 

@@ -247,8 +247,14 @@ struct alignas(64) thread_presence {
   thread_presence* next_free = nullptr;  // on the free list, between threads
 };
 
-/// The calling thread's record, or null before claim_thread_presence() (or after the thread's
-/// exit began). Trivially initialised: read inline without a TLS guard (biased_lock.cpp).
+/// The record of every thread that has none of its own: never written, and marked inside (a
+/// mutex of its own), so that biased_mutex::lock's test of the mark sends such a thread to its
+/// slow path with no separate test of the record (biased_lock.cpp).
+extern constinit thread_presence no_presence;
+
+/// The calling thread's record, or &no_presence before claim_thread_presence() (or after the
+/// thread's exit began). Trivially initialised: read inline without a TLS guard
+/// (biased_lock.cpp).
 [[gnu::tls_model("initial-exec")]] extern thread_local constinit thread_presence* t_presence;
 
 /// Makes (or reuses) the calling thread's record and sets t_presence; returns it, or null when
@@ -289,7 +295,8 @@ class biased_mutex {
     // Not when the thread is already inside another biased_mutex through its bias: its one mark
     // is taken (it enters this one through the inner lock, and keeps its bias if it owns it).
     // A thread that is not the owner marks itself for nothing, and nobody waits on its mark.
-    if (me != nullptr && me->inside.load(std::memory_order_relaxed) == nullptr) [[likely]] {
+    // A thread with no record of its own finds no_presence marked: the slow path claims one.
+    if (me->inside.load(std::memory_order_relaxed) == nullptr) [[likely]] {
       // Release, as every store of the mark: a revoker that reads any of them (this one, if the
       // thread entered another mutex since) then sees what the thread did in this one before.
       me->inside.store(this, std::memory_order_release);
@@ -314,8 +321,7 @@ class biased_mutex {
 
   /// Whether the calling thread owns the bias now (a snapshot, for tests and reports).
   [[nodiscard]] bool biased_to_caller() const noexcept {
-    const thread_presence* const me = t_presence;
-    return me != nullptr && owner_.load(std::memory_order_relaxed) == me;
+    return owner_.load(std::memory_order_relaxed) == t_presence;  // never &no_presence
   }
   /// Whether some thread owns the bias now (a snapshot).
   [[nodiscard]] bool biased() const noexcept {
@@ -328,8 +334,9 @@ class biased_mutex {
 
  private:
   [[gnu::noinline]] void lock_slow(thread_presence* me) noexcept {
-    if (me == nullptr && can_bias_) {
-      me = claim_thread_presence();  // before the inner lock: it may allocate
+    if (me == &no_presence) {
+      // Before the inner lock: it may allocate. (Null: none, the thread takes no bias.)
+      me = can_bias_ ? claim_thread_presence() : nullptr;
     }
     inner_.lock();
     thread_presence* const owner = owner_.load(std::memory_order_relaxed);
