@@ -259,13 +259,15 @@ class bfc_free_index {
     class_list* const s = &lists_[cls];
     // Before the first chunk >= c (ties: in front). A new largest goes straight before the
     // sentinel (an empty list's largest is 0).
-    // (Selected with masks: whether a chunk is its class's largest is a coin toss on random
-    // sizes, and the compiler turns these selections into branches otherwise.)
-    const std::uintptr_t largest = 0U - static_cast<std::uintptr_t>(c->size > s->largest);
-    s->largest = std::max(s->largest, c->size);
-    bfc_free_link* at = reinterpret_cast<bfc_free_link*>(
-        (reinterpret_cast<std::uintptr_t>(static_cast<bfc_free_link*>(s)) & largest) |
-        (reinterpret_cast<std::uintptr_t>(s->free_next) & ~largest));
+    // (Selected without a branch: whether a chunk is its class's largest is a coin toss on
+    // random sizes, 34 % of DESIGN.md §4 A2's frees insert one that is not. The list's first
+    // link is loaded either way, so that GCC selects with conditional moves: a selection
+    // between `s` and a load made only when needed became a branch. Masks did the same in 10
+    // instructions more per A2 pair, callgrind.)
+    bfc_free_link* const first = s->free_next;
+    const bool largest = c->size > s->largest;
+    s->largest = largest ? c->size : s->largest;
+    bfc_free_link* at = largest ? static_cast<bfc_free_link*>(s) : first;
     while (at->size < c->size) {
       at = at->free_next;
     }
