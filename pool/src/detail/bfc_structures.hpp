@@ -284,12 +284,15 @@ class bfc_free_index {
     const unsigned cls = c->size_class;
     class_list* const s = &lists_[cls];
     bfc_free_link* const before = c->free_prev;
-    before->free_next = c->free_next;
-    c->free_next->free_prev = before;
+    bfc_free_link* const after = c->free_next;
     // Without its largest chunk, a class's largest is the one before it (the sentinel: none, 0).
-    const std::size_t below = before->size & (0U - static_cast<std::size_t>(before != s));
-    const std::size_t kept = 0U - static_cast<std::size_t>(c->free_next != s);
-    s->largest = (s->largest & kept) | (below & ~kept);
+    // (Both sizes loaded either way, so that GCC selects with conditional moves, as in insert.)
+    const std::size_t before_size = before->size;
+    const std::size_t largest = s->largest;
+    before->free_next = after;
+    after->free_prev = before;
+    const std::size_t below = before != s ? before_size : 0;
+    s->largest = after != s ? largest : below;
     const auto emptied = static_cast<std::uint64_t>(s->free_next == s);
     std::uint64_t& word = words_[cls >> 6];
     word &= ~(emptied << (cls & 63));
