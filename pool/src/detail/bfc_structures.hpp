@@ -243,10 +243,12 @@ class bfc_free_index {
   /// per power of two above (the count's leading 1, worth sub_count, steps the class too). Every
   /// size has a class: SIZE_MAX's is the last (static_assert below the class).
   [[nodiscard]] static constexpr unsigned class_of(std::size_t size) noexcept {
-    const std::size_t units = size >> bfc_granularity_shift;
+    // On the size itself rather than its unit count (one shift less): sub_count units are
+    // sub_count << bfc_granularity_shift bytes.
     const unsigned shift =
-        static_cast<unsigned>(std::bit_width(units | sub_count)) - (sub_bits + 1);
-    return (shift << sub_bits) + static_cast<unsigned>(units >> shift);
+        static_cast<unsigned>(std::bit_width(size | (sub_count << bfc_granularity_shift))) -
+        (sub_bits + 1 + bfc_granularity_shift);
+    return (shift << sub_bits) + static_cast<unsigned>(size >> (shift + bfc_granularity_shift));
   }
   /// Largest size best_fit takes (2^63 - 1): the class after its own, where its search of the
   /// larger classes starts, exists (static_assert below the class).
