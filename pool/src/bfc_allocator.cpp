@@ -214,13 +214,18 @@ bfc_allocator::~bfc_allocator() {
   // c's neighbours are live (free chunks never touch): the one below now borders a live chunk.
   st.or_nobody(c->prev)->next_free = false;
   if (c->size > rounded) {
-    bfc_chunk* rest = st.nodes.take();  // flags false: c below it is live, the one above too
+    // Every field set here or by add_free_part (its links and class), none twice.
+    bfc_chunk* rest = st.nodes.take_unset();
     rest->addr = c->addr + rounded;
     rest->size = c->size - rounded;
-    rest->pool = c->pool;
-    rest->is_free = true;
+    rest->requested = 0;
     rest->prev = c;
     rest->next = c->next;
+    rest->pool = c->pool;
+    rest->is_free = true;
+    rest->held = false;
+    rest->prev_free = false;             // c, below it, is live
+    rest->next_free = false;             // and so is the chunk above (free chunks never touch)
     st.or_nobody(c->next)->prev = rest;  // (its prev_free stays true: rest is free)
     c->next = rest;
     c->next_free = true;

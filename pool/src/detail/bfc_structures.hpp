@@ -105,7 +105,8 @@ struct bfc_free_link {
 };
 
 /// One chunk of a segment: a range of bytes either handed out (live) or free.
-/// 64 bytes, one cache line.
+/// 64 bytes, one cache line. (bfc's split sets every field of the node it takes with
+/// bfc_node_pool::take_unset: a field added here must be set there too.)
 struct alignas(64) bfc_chunk : bfc_free_link {
   char* addr = nullptr;
   std::size_t requested = 0;     ///< live: bytes the caller asked for; free: 0
@@ -161,10 +162,16 @@ class bfc_node_pool {
   }
   /// A node reset to its defaults. Precondition: a node is available (reserve).
   [[nodiscard]] bfc_chunk* take() noexcept {
+    bfc_chunk* c = take_unset();
+    *c = bfc_chunk{};
+    return c;
+  }
+  /// A node with whatever its last use left in it, for a caller that sets every field.
+  /// Precondition: a node is available (reserve).
+  [[nodiscard]] bfc_chunk* take_unset() noexcept {
     bfc_chunk* c = free_;
     free_ = static_cast<bfc_chunk*>(c->free_next);
     --free_count_;
-    *c = bfc_chunk{};
     return c;
   }
   /// Returns a node to the pool.
