@@ -491,7 +491,9 @@ class work_queue {
     std::function<void()> run;
     std::string name;  // empty: bookkeeping (events), not traced
     std::string_view category;
-    int device = -1;  // the device the slice is attributed to (-1: the queue's)
+    int device = -1;      // the device the slice is attributed to (-1: the queue's)
+    int src_device = -1;  // a copy between devices: its two ends (host_slice's)
+    int dst_device = -1;
   };
 
   work_queue(int device, queue_kind kind, std::function<profiler::timeline*()> timeline)
@@ -585,7 +587,9 @@ class work_queue {
                           .thread = 0,
                           .begin_ns = begin,
                           .end_ns = hooks::now_ns(),
-                          .device = t.device >= 0 ? t.device : device_});
+                          .device = t.device >= 0 ? t.device : device_,
+                          .src_device = t.src_device,
+                          .dst_device = t.dst_device});
     }
   }
 
@@ -689,11 +693,12 @@ class host_backend final : public backend {
   // A traced task: its slice's category is the queue's ("darray.transfer" / "darray.compute")
   // unless `category` says otherwise.
   void push(int d, queue_kind q, std::string name, std::function<void()> fn, int slice_device = -1,
-            std::string_view category = {}) {
+            std::string_view category = {}, int src_device = -1, int dst_device = -1) {
     if (category.empty()) {
       category = q == queue_kind::transfer ? std::string_view("darray.transfer") : "darray.compute";
     }
-    queue(d, q).push({std::move(fn), std::move(name), category, slice_device});
+    queue(d, q).push(
+        {std::move(fn), std::move(name), category, slice_device, src_device, dst_device});
   }
 
   std::string do_name() const override { return "host:" + std::to_string(devices_.size()); }
@@ -768,11 +773,12 @@ class host_backend final : public backend {
                                   std::to_string(dst_device) + " " + format_mib(bytes)
                             : "darray.copy local " + format_mib(bytes);
     // A copy between devices is traced on the receiving device, whichever queue ran it: that is
-    // where it overlaps (or not) with the compute waiting for it. A copy is a transfer on either
-    // queue (small pieces run on the receiver's compute queue), as the CUDA backend's ranges say.
+    // where it overlaps (or not) with the compute waiting for it; its two ends make it transfer
+    // time on the sender too, as CUPTI's peer copies are. A copy is a transfer on either queue
+    // (small pieces run on the receiver's compute queue), as the CUDA backend's ranges say.
     push(
         queue_device, q, std::move(name), [t, dst, src] { dispatch<copy_fn>(t, dst, src); },
-        peer ? dst_device : -1, "darray.transfer");
+        peer ? dst_device : -1, "darray.transfer", peer ? src_device : -1, peer ? dst_device : -1);
   }
 
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override {

@@ -952,9 +952,18 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
     sum.total_ns += end - s.begin_ns;
     sum.max_ns = std::max(sum.max_ns, end - s.begin_ns);
     // Slices naming no device (scopes among them) stay out, as in `poolscope trace summary`.
+    const bool peer = s.src_device >= 0 && s.dst_device >= 0;
     if (s.device >= 0 && (s.category == "darray.transfer" || s.category == "darray.compute")) {
-      m.overlap.add(s.device, *classify_category(s.category), static_cast<std::int64_t>(s.begin_ns),
+      const activity_class klass = *classify_category(s.category);
+      m.overlap.add(s.device, klass, static_cast<std::int64_t>(s.begin_ns),
                     static_cast<std::int64_t>(end));
+      // A copy between devices is time on both (as summarize_trace counts it).
+      for (const int other : {s.src_device, s.dst_device}) {
+        if (peer && other != s.device) {
+          m.overlap.add(other, klass, static_cast<std::int64_t>(s.begin_ns),
+                        static_cast<std::int64_t>(end));
+        }
+      }
     }
     if (!m.make_room(lock, false)) {
       ++m.stats.events_dropped;
@@ -970,9 +979,10 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
       ev.tid = static_cast<std::int64_t>(tid);
       ev.ts_ns = s.begin_ns;
       ev.dur_ns = end - s.begin_ns;
-      const trace_arg args[] = {{"device", s.device}};
+      const trace_arg args[] = {
+          {"device", s.device}, {"src_device", s.src_device}, {"dst_device", s.dst_device}};
       if (s.device >= 0) {
-        ev.args = args;
+        ev.args = std::span<const trace_arg>(args, peer ? 3 : 1);
       }
       m.put(ev);
     });

@@ -29,6 +29,7 @@
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
+#include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/timeline.hpp"
 #include "test_support.hpp"
 
@@ -847,8 +848,9 @@ TEST(darray_array, a_pulled_piece_is_traced_as_a_transfer_on_the_receiver) {
 }
 
 // In a trace of host devices each queue's thread is named for its device and kind, so that
-// Perfetto's thread tracks say which is which (they were "poolscope (tid N)" alike).
-TEST(darray_array, host_queue_threads_are_named_for_their_device_and_kind) {
+// Perfetto's thread tracks say which is which (they were "poolscope (tid N)" alike), and a copy
+// between devices counts on both, as on GPUs.
+TEST(darray_array, host_traces_name_queue_threads_and_both_ends_of_a_copy) {
   const auto path = std::filesystem::temp_directory_path() /
                     ("poolscope_thread_names_" + std::to_string(::getpid()) + ".json");
   auto be = make_host_backend(2);
@@ -869,6 +871,7 @@ TEST(darray_array, host_queue_threads_are_named_for_their_device_and_kind) {
   ASSERT_TRUE(in.good()) << path;
   const auto trace = nlohmann::json::parse(in);
   in.close();
+  const profiler::trace_summary summary = profiler::summarize_trace(path.string());
   std::filesystem::remove(path);
   std::map<std::int64_t, std::string> names;  // tid -> thread_name
   for (const auto& e : trace["traceEvents"]) {
@@ -895,6 +898,22 @@ TEST(darray_array, host_queue_threads_are_named_for_their_device_and_kind) {
                 t == "dev1 transfer" || t == self)
         << "a darray slice on thread '" << t << "'";
   }
+  // The copy between the devices names both ends: transfer time on the receiver (its device)
+  // and on the sender, as a CUPTI peer copy is. Nothing else moves, so both devices' transfer
+  // time is that copy's.
+  int copies = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") == "X" && e.value("name", "").starts_with("darray.copy 0->1")) {
+      ++copies;
+      EXPECT_EQ(e["args"].value("device", -9), 1) << e.dump();
+      EXPECT_EQ(e["args"].value("src_device", -9), 0) << e.dump();
+      EXPECT_EQ(e["args"].value("dst_device", -9), 1) << e.dump();
+    }
+  }
+  EXPECT_EQ(copies, 1);
+  ASSERT_EQ(summary.devices.size(), 2U);
+  EXPECT_GT(summary.devices[0].transfer_ns, 0U);
+  EXPECT_EQ(summary.devices[0].transfer_ns, summary.devices[1].transfer_ns);
 }
 
 // The second chunk's share of the overlap reads the first chunk's received storage (no copy).

@@ -503,7 +503,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     if (cores < workers) {
       t << "  (host devices: " << cores << " CPU cores run " << workers
         << " worker threads, so the copies can only take time from\n"
-           "   the adds and eta says little here; on GPUs copy engines move the data beside the "
+           "   the adds and eta says little here, and the copy overlaps the add of whichever "
+           "device\n   the OS runs beside it; on GPUs copy engines move the data beside the "
            "kernels)\n";
     }
   }

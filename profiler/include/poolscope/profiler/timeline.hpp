@@ -97,6 +97,11 @@ struct host_slice {
   /// The device the work belongs to (-1: none). darray slices with a device count in that
   /// device's overlap analysis ("darray.transfer" as transfer, "darray.compute" as compute).
   int device = -1;
+  /// A copy between two devices (both >= 0, one of them `device`): written as args src_device
+  /// and dst_device, and counted on both devices in the overlap analysis, as CUPTI's peer
+  /// copies are.
+  int src_device = -1;
+  int dst_device = -1;
 };
 
 /// Settings of a timeline.
