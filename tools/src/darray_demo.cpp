@@ -198,7 +198,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   const std::int64_t n = o.n > 0 ? o.n : (gpu ? std::int64_t{1} << 26 : std::int64_t{1} << 22);
   const std::int64_t mm = o.matmul_n > 0 ? o.matmul_n : (gpu ? 2048 : 192);
   // Host devices share a few CPU cores with the demo's own thread, so their times scatter more:
-  // more rounds (each takes well under a millisecond at the host's default size).
+  // more rounds (each takes a few milliseconds at the host's default size).
   const int rounds = o.repeat > 0 ? o.repeat : (gpu ? 3 : 20);
   if (n < devs) {
     throw invalid_argument("poolscope demo: n " + std::to_string(n) + " is below the " +
