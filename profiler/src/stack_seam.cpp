@@ -238,17 +238,10 @@ int collect_ranges(dl_phdr_info* info, std::size_t /*size*/, void* data) noexcep
     if (ph.p_type != PT_LOAD || (ph.p_flags & PF_X) == 0 || *s->count == s->capacity) {
       continue;
     }
-    const std::uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
-    const std::uintptr_t hi = lo + ph.p_memsz;
-    bool known = false;  // two probes in one object: its ranges once
-    for (std::size_t r = 0; r < *s->count; ++r) {
-      known = known || (s->lo[r] == lo && s->hi[r] == hi);
-    }
-    if (!known) {
-      s->lo[*s->count] = lo;
-      s->hi[*s->count] = hi;
-      ++*s->count;
-    }
+    // Each object is visited once, so its ranges are added once however many probes it holds.
+    s->lo[*s->count] = info->dlpi_addr + ph.p_vaddr;
+    s->hi[*s->count] = info->dlpi_addr + ph.p_vaddr + ph.p_memsz;
+    ++*s->count;
   }
   return 0;
 }

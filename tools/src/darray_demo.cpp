@@ -16,6 +16,7 @@
 #include "cli_files.hpp"
 #include "host_memory.hpp"
 #include "poolscope/bench/darray_bench.hpp"
+#include "poolscope/bench/timing.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/fork_join.hpp"
 #include "poolscope/error.hpp"
@@ -386,41 +387,41 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       !gpu || (to.cupti && cupti_settings.kernels && cupti_settings.copies);
   res.overlap.assign(static_cast<std::size_t>(devs),
                      device_activity ? 0.0 : std::numeric_limits<double>::quiet_NaN());
-  const auto origin = static_cast<std::int64_t>(tl.origin_ns());
-  const auto fused_window = profiler::summarize_trace(
-      o.trace_path, profiler::interval{static_cast<std::int64_t>(fused_begin) - origin,
-                                       static_cast<std::int64_t>(fused_end) - origin});
-  for (const auto& ov : fused_window.devices) {
-    if (device_activity && ov.device >= 0 && ov.device < devs) {
-      res.overlap[static_cast<std::size_t>(ov.device)] = ov.overlap_ratio;
-    }
-  }
-  // The median over every timed run: the best run alone may be one where the copies and the
-  // adds did not meet (host devices share the CPU cores: the fastest run can be the one whose
-  // copy ran before the adds started).
+  // The best run's and the median over every timed run, from one reading of the trace: the
+  // best run alone may be one where the copies and the adds did not meet (host devices share the
+  // CPU cores: the fastest run can be the one whose copy ran before the adds started).
   res.overlap_median.assign(static_cast<std::size_t>(devs),
                             std::numeric_limits<double>::quiet_NaN());
   if (device_activity && !fused_runs.empty()) {
+    const auto origin = static_cast<std::int64_t>(tl.origin_ns());
+    const auto window_of = [origin](std::uint64_t begin, std::uint64_t end) {
+      return profiler::interval{static_cast<std::int64_t>(begin) - origin,
+                                static_cast<std::int64_t>(end) - origin};
+    };
     std::vector<profiler::interval> windows;
     for (const auto& [begin, end] : fused_runs) {
-      windows.push_back(
-          {static_cast<std::int64_t>(begin) - origin, static_cast<std::int64_t>(end) - origin});
+      windows.push_back(window_of(begin, end));
     }
+    const profiler::interval best = window_of(fused_begin, fused_end);
     const auto runs = profiler::summarize_trace(o.trace_path, windows, /*each=*/true);
     std::vector<std::vector<double>> per_device(static_cast<std::size_t>(devs));
     for (const auto& w : runs.each) {
       for (const auto& ov : w.devices) {
-        if (ov.device >= 0 && ov.device < devs && ov.transfer_ns > 0) {
-          per_device[static_cast<std::size_t>(ov.device)].push_back(ov.overlap_ratio);
+        if (ov.device < 0 || ov.device >= devs) {
+          continue;
+        }
+        const auto d = static_cast<std::size_t>(ov.device);
+        if (w.window == best) {
+          res.overlap[d] = ov.overlap_ratio;
+        }
+        if (ov.transfer_ns > 0) {
+          per_device[d].push_back(ov.overlap_ratio);
         }
       }
     }
     for (std::size_t d = 0; d < per_device.size(); ++d) {
-      auto& v = per_device[d];
-      if (!v.empty()) {
-        std::sort(v.begin(), v.end());
-        const std::size_t h = v.size() / 2;
-        res.overlap_median[d] = v.size() % 2 == 1 ? v[h] : (v[h - 1] + v[h]) / 2;
+      if (!per_device[d].empty()) {
+        res.overlap_median[d] = bench::summarize(std::move(per_device[d])).median;
       }
     }
   }
