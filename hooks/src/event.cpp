@@ -67,9 +67,16 @@ std::uint64_t now_ns() noexcept {
          static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
+namespace {
+// Initial-exec and constant-initialized: read on every event without a TLS call or a guard.
+[[gnu::tls_model("initial-exec")]] thread_local constinit std::uint64_t t_tid = 0;
+}  // namespace
+
 std::uint64_t current_thread_id() noexcept {
-  thread_local const auto tid = static_cast<std::uint64_t>(::syscall(SYS_gettid));
-  return tid;
+  if (t_tid == 0) [[unlikely]] {
+    t_tid = static_cast<std::uint64_t>(::syscall(SYS_gettid));
+  }
+  return t_tid;
 }
 
 }  // namespace poolscope::hooks

@@ -129,6 +129,16 @@ jsonl_hook::~jsonl_hook() {
   flush();
 }
 
+event_filter jsonl_hook::interests() const noexcept {
+  event_filter f;
+  for (int k = 0; k < event_kind_count; ++k) {
+    if (kinds_.contains(static_cast<event_kind>(k))) {
+      f.add(static_cast<event_kind>(k));
+    }
+  }
+  return f;
+}
+
 void jsonl_hook::on_event(const event& e) noexcept {
   if (!kinds_.contains(e.kind) || failed_.load(std::memory_order_relaxed)) {
     return;

@@ -1,6 +1,7 @@
 // The process's one hook registry (STYLE rule 7: defined here, never as a header inline variable).
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -14,13 +15,41 @@ namespace poolscope::hooks {
 namespace detail {
 
 std::atomic<std::uint32_t> g_installed{0};
+std::atomic<std::uint32_t> g_wanted[event_filter::bit_count] = {};
+
+/// One installation: the hook and its interests as read then.
+struct installed {
+  hook* h;
+  std::uint32_t bits;
+};
+
+namespace {
+
+/// Counts one installation of `bits` in (+1) or out (-1) of g_wanted and g_installed.
+void count_installation(std::uint32_t bits, bool in) noexcept {
+  for (std::uint32_t rest = bits; rest != 0; rest &= rest - 1) {
+    auto& w = g_wanted[std::countr_zero(rest)];
+    if (in) {
+      w.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      w.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
+  if (in) {
+    g_installed.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    g_installed.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace
 
 /// One thread's hooks. Its thread delivers from it; any thread may remove from it (a scoped_hook
 /// destroyed elsewhere), hence the mutex, which delivery holds while calling the hooks so that a
 /// removal returns only once the hook is no longer running.
 struct thread_registry {
   std::mutex mutex;
-  std::vector<hook*> stack;  // most recent last; guarded by mutex
+  std::vector<installed> stack;  // most recent last; guarded by mutex
   // stack.size(), written under mutex. Read without the lock by the owning thread only, which
   // alone adds entries: a zero it reads cannot be stale, so delivery skips the lock when empty.
   std::atomic<std::uint32_t> count{0};
@@ -38,7 +67,7 @@ std::atomic<std::uint64_t> g_dropped{0};
 
 struct process_hooks {
   std::shared_mutex mutex;
-  std::vector<hook*> stack;  // most recent last
+  std::vector<installed> stack;  // most recent last
 };
 
 process_hooks& process_registry() {
@@ -59,30 +88,38 @@ struct thread_hooks {
   ~thread_hooks();
 };
 thread_local thread_hooks t_hooks;
-thread_local bool t_in_hook = false;     // set while delivering, to drop nested events
-thread_local bool t_hooks_gone = false;  // t_hooks destroyed (events from later exit code)
+// What delivery reads on every event, as initial-exec TLS (no __tls_get_addr call, no guard):
+// set while delivering, to drop nested events; t_hooks destroyed (events from later exit code);
+// t_hooks.registry's raw pointer.
+[[gnu::tls_model("initial-exec")]] thread_local constinit bool t_in_hook = false;
+[[gnu::tls_model("initial-exec")]] thread_local constinit bool t_hooks_gone = false;
+[[gnu::tls_model("initial-exec")]] thread_local constinit thread_registry* t_registry = nullptr;
 
 thread_hooks::~thread_hooks() {
   if (registry) {
     std::lock_guard lock(registry->mutex);
-    if (!registry->stack.empty()) {
-      g_installed.fetch_sub(static_cast<std::uint32_t>(registry->stack.size()),
-                            std::memory_order_relaxed);
-      registry->stack.clear();
-      registry->update_count();
+    for (const installed& i : registry->stack) {
+      count_installation(i.bits, false);
     }
+    registry->stack.clear();
+    registry->update_count();
     registry->exited = true;
   }
   t_hooks_gone = true;
+  t_registry = nullptr;
 }
 
-/// Removes the most recent `h` from `stack`; false if it is not there.
-bool remove_last(std::vector<hook*>& stack, const hook& h) noexcept {
-  auto it = std::find(stack.rbegin(), stack.rend(), &h);
+/// Removes the most recent installation of `h` from `stack` and counts it out; false if it is
+/// not there.
+bool remove_last(std::vector<installed>& stack, const hook& h) noexcept {
+  auto it =
+      std::find_if(stack.rbegin(), stack.rend(), [&](const installed& i) { return i.h == &h; });
   if (it == stack.rend()) {
     return false;
   }
+  const std::uint32_t bits = it->bits;
   stack.erase(std::next(it).base());
+  count_installation(bits, false);
   return true;
 }
 
@@ -93,14 +130,16 @@ std::shared_ptr<thread_registry> install_on_this_thread(hook& h) {
   }
   if (!t_hooks.registry) {
     t_hooks.registry = std::make_shared<thread_registry>();
+    t_registry = t_hooks.registry.get();
   }
   thread_registry& r = *t_hooks.registry;
+  const std::uint32_t bits = h.interests().bits();
   {
     std::lock_guard lock(r.mutex);
-    r.stack.push_back(&h);
+    r.stack.push_back({&h, bits});
     r.update_count();
   }
-  g_installed.fetch_add(1, std::memory_order_relaxed);
+  count_installation(bits, true);
   return t_hooks.registry;
 }
 
@@ -112,13 +151,15 @@ bool uninstall_from(thread_registry& r, hook& h) noexcept {
     return false;  // not there, or the thread has exited and taken its hooks off already
   }
   r.update_count();
-  g_installed.fetch_sub(1, std::memory_order_relaxed);
   return true;
 }
 
 }  // namespace
 
 void deliver(event& e) noexcept {
+  if (!wants(e.kind, e.phase)) {
+    return;  // no hook asks for it (an emitter that did not test wants() first)
+  }
   if (t_in_hook) {
     g_dropped.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -127,12 +168,14 @@ void deliver(event& e) noexcept {
   e.seq = g_seq.fetch_add(1, std::memory_order_relaxed);
   e.time_ns = now_ns();
   e.thread = current_thread_id();
-  if (!t_hooks_gone) {
-    thread_registry* r = t_hooks.registry.get();
-    if (r != nullptr && r->count.load(std::memory_order_relaxed) != 0) {
-      std::lock_guard lock(r->mutex);
-      for (auto it = r->stack.rbegin(); it != r->stack.rend(); ++it) {
-        (*it)->on_event(e);
+  const std::uint32_t bit = std::uint32_t{1} << event_filter::bit_of(e.kind, e.phase);
+  // t_registry is null once this thread's hooks are gone (exit), or before it installed any.
+  thread_registry* r = t_registry;
+  if (r != nullptr && r->count.load(std::memory_order_relaxed) != 0) {
+    std::lock_guard lock(r->mutex);
+    for (auto it = r->stack.rbegin(); it != r->stack.rend(); ++it) {
+      if ((it->bits & bit) != 0) {
+        it->h->on_event(e);
       }
     }
   }
@@ -140,7 +183,9 @@ void deliver(event& e) noexcept {
   {
     std::shared_lock lock(reg.mutex);
     for (auto it = reg.stack.rbegin(); it != reg.stack.rend(); ++it) {
-      (*it)->on_event(e);
+      if ((it->bits & bit) != 0) {
+        it->h->on_event(e);
+      }
     }
   }
   t_in_hook = false;
@@ -157,11 +202,12 @@ void install(hook& h, scope where) {
     return;
   }
   auto& reg = detail::process_registry();
+  const std::uint32_t bits = h.interests().bits();
   {
     std::unique_lock lock(reg.mutex);
-    reg.stack.push_back(&h);
+    reg.stack.push_back({&h, bits});
   }
-  detail::g_installed.fetch_add(1, std::memory_order_relaxed);
+  detail::count_installation(bits, true);
 }
 
 bool uninstall(hook& h, scope where) noexcept {
@@ -174,11 +220,7 @@ bool uninstall(hook& h, scope where) noexcept {
   }
   auto& reg = detail::process_registry();
   std::unique_lock lock(reg.mutex);  // waits for in-flight deliveries: h is unused after return
-  if (!detail::remove_last(reg.stack, h)) {
-    return false;
-  }
-  detail::g_installed.fetch_sub(1, std::memory_order_relaxed);
-  return true;
+  return detail::remove_last(reg.stack, h);
 }
 
 scoped_hook::scoped_hook(hook& h, scope where) : hook_(&h), where_(where) {

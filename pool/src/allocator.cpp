@@ -66,8 +66,10 @@ void allocator::set_limit(std::size_t bytes) noexcept {
 void allocator::emit(hooks::event_kind kind, hooks::event_phase phase, stream_view stream,
                      void* ptr, std::size_t requested, std::size_t rounded,
                      hooks::free_error error) const noexcept {
-  if (reporter_ != nullptr) {
-    return;  // an adopted inner strategy: the composite reports this operation itself
+  if (reporter_ != nullptr || !hooks::wants(kind, phase)) {
+    // An adopted inner strategy (the composite reports this operation itself), or an event
+    // that no installed hook asks for: not built.
+    return;
   }
   hooks::event e;
   e.kind = kind;
@@ -489,7 +491,7 @@ void allocator::upstream_deallocate(stream_view stream, void* ptr, std::size_t b
 
 void allocator::emit_split(stream_view stream, void* taken, std::size_t taken_bytes, void* rest,
                            std::size_t rest_bytes) const noexcept {
-  if (!hooks::active()) {
+  if (!hooks::wants(hooks::event_kind::split, hooks::event_phase::instant)) {
     return;
   }
   const allocator& who = reporter_ != nullptr ? *reporter_ : *this;
@@ -511,7 +513,7 @@ void allocator::emit_split(stream_view stream, void* taken, std::size_t taken_by
 
 void allocator::emit_merge(stream_view stream, void* result, std::size_t result_bytes,
                            void* absorbed, std::size_t absorbed_bytes) const noexcept {
-  if (!hooks::active()) {
+  if (!hooks::wants(hooks::event_kind::merge, hooks::event_phase::instant)) {
     return;
   }
   const allocator& who = reporter_ != nullptr ? *reporter_ : *this;

@@ -358,6 +358,11 @@ thread_local thread_state t_state;
 
 class memory_attribution_hook final : public hooks::hook {
  public:
+  [[nodiscard]] hooks::event_filter interests() const noexcept override {
+    return hooks::event_filter{}
+        .add(hooks::event_kind::pool_malloc, hooks::event_phase::post)
+        .add(hooks::event_kind::device_alloc, hooks::event_phase::post);
+  }
   void on_event(const hooks::event& e) noexcept override {
     if (e.phase != hooks::event_phase::post ||
         (e.kind != hooks::event_kind::pool_malloc && e.kind != hooks::event_kind::device_alloc)) {

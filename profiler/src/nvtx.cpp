@@ -70,6 +70,16 @@ void nvtx_mark(std::string_view message, category c, std::uint64_t payload) noex
 
 // ---- nvtx_marker_hook ------------------------------------------------------------------------
 
+hooks::event_filter nvtx_marker_hook::interests() const noexcept {
+  hooks::event_filter f = hooks::event_filter::all();
+  if (!with_pre_events_) {
+    for (int k = 0; k < hooks::event_kind_count; ++k) {
+      f.remove(static_cast<hooks::event_kind>(k), hooks::event_phase::pre);
+    }
+  }
+  return f;
+}
+
 void nvtx_marker_hook::on_event(const hooks::event& e) noexcept {
   if (e.phase == hooks::event_phase::pre && !with_pre_events_) {
     return;
@@ -110,6 +120,16 @@ nvtx_memory_hook::~nvtx_memory_hook() {
   while (!heaps_.empty()) {
     drop_heap(heaps_.begin());
   }
+}
+
+hooks::event_filter nvtx_memory_hook::interests() const noexcept {
+  using hooks::event_kind;
+  using hooks::event_phase;
+  return hooks::event_filter{}
+      .add(event_kind::device_alloc, event_phase::post)
+      .add(event_kind::pool_malloc, event_phase::post)
+      .add(event_kind::device_free, event_phase::pre)
+      .add(event_kind::pool_free, event_phase::pre);
 }
 
 void nvtx_memory_hook::on_event(const hooks::event& e) noexcept {

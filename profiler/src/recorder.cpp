@@ -178,21 +178,25 @@ void escape_name(const char* name, char* out, std::size_t cap) noexcept {
   out[n] = '\0';
 }
 
+// What a recorder writes: every event with all_phases; otherwise allocations and releases
+// when done (post), frees before the memory is reusable (pre), every phase of the other kinds.
+hooks::event_filter recorded(bool all_phases) noexcept {
+  using hooks::event_kind;
+  using hooks::event_phase;
+  hooks::event_filter f = hooks::event_filter::all();
+  if (!all_phases) {
+    for (event_kind k : {event_kind::pool_malloc, event_kind::device_alloc, event_kind::release}) {
+      f.remove(k, event_phase::pre).remove(k, event_phase::instant);
+    }
+    for (event_kind k : {event_kind::pool_free, event_kind::device_free}) {
+      f.remove(k, event_phase::post).remove(k, event_phase::instant);
+    }
+  }
+  return f;
+}
+
 bool wanted(const hooks::event& e, bool all_phases) noexcept {
-  if (all_phases) {
-    return true;
-  }
-  switch (e.kind) {
-    case hooks::event_kind::pool_malloc:
-    case hooks::event_kind::device_alloc:
-    case hooks::event_kind::release:
-      return e.phase == hooks::event_phase::post;
-    case hooks::event_kind::pool_free:
-    case hooks::event_kind::device_free:
-      return e.phase == hooks::event_phase::pre;
-    default:
-      return true;
-  }
+  return recorded(all_phases).contains(e.kind, e.phase);
 }
 
 std::size_t format_line(const hooks::event& e, char* out, std::size_t cap) noexcept {
@@ -326,6 +330,10 @@ bool recorder::write_buffer_locked() noexcept {
     v.state.store(0, std::memory_order_seq_cst);
   }
   return true;
+}
+
+hooks::event_filter recorder::interests() const noexcept {
+  return recorded(options_.all_phases);
 }
 
 void recorder::on_event(const hooks::event& e) noexcept {

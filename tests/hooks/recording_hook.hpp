@@ -19,10 +19,15 @@ struct recorded_event {
   std::string allocator_name;
 };
 
-/// Records events; `only_allocator` != 0 keeps only that allocator's events.
+/// Records events; `only_allocator` != 0 keeps only that allocator's events; `interests` is what
+/// it asks the registry for (every event by default).
 class recording_hook final : public hooks::hook {
  public:
-  explicit recording_hook(std::uint32_t only_allocator = 0) : only_(only_allocator) {}
+  explicit recording_hook(std::uint32_t only_allocator = 0,
+                          hooks::event_filter interests = hooks::event_filter::all())
+      : only_(only_allocator), interests_(interests) {}
+
+  [[nodiscard]] hooks::event_filter interests() const noexcept override { return interests_; }
 
   void on_event(const hooks::event& e) noexcept override {
     if (only_ != 0 && e.allocator_id != only_) {
@@ -67,6 +72,7 @@ class recording_hook final : public hooks::hook {
 
  private:
   std::uint32_t only_;
+  hooks::event_filter interests_;
   mutable std::mutex mutex_;
   std::vector<recorded_event> events_;
   bool dropped_ = false;

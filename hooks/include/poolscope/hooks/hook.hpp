@@ -20,9 +20,15 @@
 // change allocator behaviour. Hooks run synchronously on the allocating thread, often while the
 // allocator holds its lock: keep them short.
 //
+// Interests: a hook says which (kind, phase) pairs it wants (hook::interests(), read once at
+// installation; every pair by default). It receives only those, and an event that no installed
+// hook wants is not built at all: allocators test hooks::wants(kind, phase) before building one,
+// so a profiler that needs two of a pair's four events costs nothing for the other two.
+//
 // Cost: with no hook installed, emission is one relaxed atomic load and a predicted branch
-// (hooks::active()); the event is built only on the slow path, out of line. Delivery to thread
-// hooks takes that thread's own (uncontended) mutex; a thread without thread hooks skips it.
+// (hooks::active()); the event is built only on the slow path, out of line, and only if some
+// installed hook wants it (one more relaxed load). Delivery to thread hooks takes that thread's
+// own (uncontended) mutex; a thread without thread hooks skips it.
 //
 // Thread safety: install/uninstall and delivery are thread-safe; a process-wide hook may be
 // called from several threads at once and must be thread-safe itself. A hook must outlive its
@@ -37,6 +43,53 @@
 
 namespace poolscope::hooks {
 
+/// A set of (event_kind, event_phase) pairs: the events a hook asks for. Plain value.
+class event_filter {
+ public:
+  /// The empty set.
+  constexpr event_filter() noexcept = default;
+  /// Every kind in every phase.
+  [[nodiscard]] static constexpr event_filter all() noexcept {
+    return event_filter((std::uint32_t{1} << bit_count) - 1);
+  }
+  /// Adds `k` in phase `p`.
+  constexpr event_filter& add(event_kind k, event_phase p) noexcept {
+    bits_ |= std::uint32_t{1} << bit_of(k, p);
+    return *this;
+  }
+  /// Adds `k` in every phase.
+  constexpr event_filter& add(event_kind k) noexcept {
+    for (int p = 0; p < phase_count; ++p) {
+      add(k, static_cast<event_phase>(p));
+    }
+    return *this;
+  }
+  /// Removes `k` in phase `p`.
+  constexpr event_filter& remove(event_kind k, event_phase p) noexcept {
+    bits_ &= ~(std::uint32_t{1} << bit_of(k, p));
+    return *this;
+  }
+  [[nodiscard]] constexpr bool contains(event_kind k, event_phase p) const noexcept {
+    return (bits_ & (std::uint32_t{1} << bit_of(k, p))) != 0;
+  }
+  [[nodiscard]] constexpr bool empty() const noexcept { return bits_ == 0; }
+  /// One bit per pair, bit_of(kind, phase).
+  [[nodiscard]] constexpr std::uint32_t bits() const noexcept { return bits_; }
+  friend constexpr bool operator==(event_filter, event_filter) noexcept = default;
+
+  static constexpr int phase_count = 3;
+  static constexpr int bit_count = event_kind_count * phase_count;
+  /// The bit of (k, p): kind-major.
+  [[nodiscard]] static constexpr int bit_of(event_kind k, event_phase p) noexcept {
+    return static_cast<int>(k) * phase_count + static_cast<int>(p);
+  }
+
+ private:
+  explicit constexpr event_filter(std::uint32_t bits) noexcept : bits_(bits) {}
+  std::uint32_t bits_ = 0;
+};
+static_assert(event_filter::bit_count <= 32, "one bit per (kind, phase) in 32 bits");
+
 /// Base of every hook.
 class hook {
  public:
@@ -45,8 +98,11 @@ class hook {
   hook& operator=(const hook&) = delete;
   virtual ~hook() = default;
 
-  /// Called for each event while installed. Must not throw.
+  /// Called for each event it asks for (interests()) while installed. Must not throw.
   virtual void on_event(const event& e) noexcept = 0;
+  /// The events this hook wants; read once when it is installed (a hook installed twice is read
+  /// twice), so it must not change while the hook is installed. Default: every event.
+  [[nodiscard]] virtual event_filter interests() const noexcept { return event_filter::all(); }
 };
 
 /// Where a hook is installed.
@@ -55,6 +111,8 @@ enum class scope : std::uint8_t { process, thread };
 namespace detail {
 /// Number of installations (process-wide plus every thread's). Defined once, in the library.
 extern std::atomic<std::uint32_t> g_installed;
+/// Per (kind, phase) bit (event_filter::bit_of): installations whose interests hold it.
+extern std::atomic<std::uint32_t> g_wanted[event_filter::bit_count];
 /// Slow path: fills seq/time/thread and delivers to the installed hooks.
 void deliver(event& e) noexcept;
 /// One thread's hook stack. Owned jointly by its thread and by the scoped_hooks installed there,
@@ -67,8 +125,14 @@ struct thread_registry;
   return detail::g_installed.load(std::memory_order_relaxed) != 0;
 }
 
-/// Delivers `e` to the installed hooks, filling seq, time_ns and thread. Call only when
-/// active() is true (emit() does that check). Never throws.
+/// True if an installed hook (of any thread) wants events of kind `k` in phase `p`: test it
+/// before building an event. One relaxed load.
+[[nodiscard]] inline bool wants(event_kind k, event_phase p) noexcept {
+  return detail::g_wanted[event_filter::bit_of(k, p)].load(std::memory_order_relaxed) != 0;
+}
+
+/// Delivers `e` to the installed hooks that want it, filling seq, time_ns and thread (an event
+/// no hook wants is dropped unnumbered). Call only when active() is true. Never throws.
 inline void dispatch(event& e) noexcept {
   detail::deliver(e);
 }

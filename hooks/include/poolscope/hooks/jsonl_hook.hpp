@@ -93,6 +93,8 @@ class jsonl_hook final : public hook {
 
   /// Writes `e` as one line if its kind is in the filter. Never throws.
   void on_event(const event& e) noexcept override;
+  /// The filter's kinds, every phase.
+  [[nodiscard]] event_filter interests() const noexcept override;
   /// Writes buffered lines to the file, or flushes the stream. Never throws; a failure disables
   /// the hook.
   void flush() noexcept;

@@ -110,6 +110,8 @@ class line_profiler final : public hooks::hook {
 
   /// Records pool_malloc/device_alloc post and pool_free/device_free pre events. Never throws.
   void on_event(const hooks::event& e) noexcept override;
+  /// Those four (kind, phase) pairs: allocators build no other event for it.
+  [[nodiscard]] hooks::event_filter interests() const noexcept override;
 
   /// A symbolized snapshot of everything recorded so far. Thread-safe; the lock is held only
   /// while the tree is copied, symbolization runs outside it.

@@ -57,6 +57,8 @@ class nvtx_marker_hook final : public hooks::hook {
       : with_pre_events_(with_pre_events) {}
   /// Emits the mark for `e`.
   void on_event(const hooks::event& e) noexcept override;
+  /// Every event, or all but the pre events (the default).
+  [[nodiscard]] hooks::event_filter interests() const noexcept override;
   /// Marks emitted so far.
   [[nodiscard]] std::uint64_t marks() const noexcept {
     return marks_.load(std::memory_order_relaxed);
@@ -108,6 +110,8 @@ class nvtx_memory_hook final : public hooks::hook {
 
   /// Registers or unregisters the heap or region `e` is about (see the class comment).
   void on_event(const hooks::event& e) noexcept override;
+  /// The four (kind, phase) pairs above: allocators build no other event for it.
+  [[nodiscard]] hooks::event_filter interests() const noexcept override;
   /// A snapshot of the counters.
   [[nodiscard]] counts snapshot() const;
   /// Heaps and regions registered now.

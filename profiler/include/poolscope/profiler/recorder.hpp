@@ -72,6 +72,8 @@ class recorder final : public hooks::hook {
 
   /// Writes `e` as one line (see the file comment for which events). Never throws.
   void on_event(const hooks::event& e) noexcept override;
+  /// The events it writes (every one with all_phases): allocators build no other for it.
+  [[nodiscard]] hooks::event_filter interests() const noexcept override;
   /// Writes the buffered lines to the file. Returns false if the recorder is disabled.
   bool flush() noexcept;
   /// Flushes, and from then on writes each line to the file as it is recorded (a write(2) per
