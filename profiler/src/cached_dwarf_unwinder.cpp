@@ -545,39 +545,45 @@ __attribute__((noinline, no_sanitize_address)) std::size_t walk_cached_dwarf(
       : "=r"(rip), "=r"(rsp), "=r"(rbp));
   const std::uintptr_t lo = ts->stack.lo;
   const std::uintptr_t hi = ts->stack.hi;
+  // Every read lies in [lo, hi). rsp starts there, 8-aligned (anything else, such as an alternate
+  // signal stack, gets no walk), and each step moves it up to a CFA that is 8-aligned, above it
+  // and at most hi: one unsigned comparison checks a step, and the return address at CFA - 8 is
+  // then at or above the old rsp, inside the stack.
+  if (capacity == 0 || rsp < lo || rsp >= hi || rsp % 8 != 0) {
+    return 0;
+  }
   std::size_t n = 0;
-  bool first = true;
-  // The first step leaves this function; its return address (into capture_stack) is dropped.
-  for (std::size_t steps = 0; n < capacity && steps < capacity + 2; ++steps) {
-    const packed_rule rule = ts->cache.lookup(first ? rip : rip - 1);
-    if ((rule & rule_valid) == 0) {
-      break;
+  bool keep = false;  // the first step leaves this function: its return address is dropped
+  packed_rule rule = ts->cache.lookup(rip);
+  while (true) {
+    if ((rule & (rule_valid | rule_last)) != rule_valid) {
+      break;  // no rule for this pc, or the outermost frame
     }
     const std::uintptr_t base = (rule & rule_cfa_rbp) != 0 ? rbp : rsp;
     const std::uintptr_t cfa = base + static_cast<std::uintptr_t>(cfa_offset(rule));
-    if (cfa <= rsp || cfa < lo + 16 || cfa > hi || cfa % 8 != 0) {
+    if (cfa - rsp - 1 >= hi - rsp || cfa % 8 != 0) {
       break;  // the CFA must lie in this thread's stack, above the current frame
-    }
-    if ((rule & rule_last) != 0) {
-      break;
     }
     const std::uintptr_t ra = *reinterpret_cast<const std::uintptr_t*>(cfa - 8);
     if ((rule & rule_rbp_saved) != 0) {
       const std::uintptr_t at = cfa + static_cast<std::uintptr_t>(rbp_offset(rule));
-      if (at < lo || at + 8 > hi) {
-        break;
+      if (at - lo > hi - lo - 8) {
+        break;  // the saved rbp must lie in the stack too
       }
       rbp = *reinterpret_cast<const std::uintptr_t*>(at);
     }
     if (ra == 0) {
       break;
     }
-    if (!first) {
+    if (keep) {
       out[n++] = ra;
+      if (n == capacity) {
+        break;
+      }
     }
-    first = false;
+    keep = true;
     rsp = cfa;
-    rip = ra;
+    rule = ts->cache.lookup(ra - 1);  // the call instruction, not the one after it
   }
   asm volatile("" ::: "memory");
   return n;
