@@ -406,13 +406,7 @@ void line_profiler::disable(const char* what) noexcept {
 }
 
 hooks::event_filter line_profiler::interests() const noexcept {
-  using hooks::event_kind;
-  using hooks::event_phase;
-  return hooks::event_filter{}
-      .add(event_kind::pool_malloc, event_phase::post)
-      .add(event_kind::device_alloc, event_phase::post)
-      .add(event_kind::pool_free, event_phase::pre)
-      .add(event_kind::device_free, event_phase::pre);
+  return hooks::event_filter::lifetimes();
 }
 
 void line_profiler::on_event(const hooks::event& e) noexcept {

@@ -123,13 +123,7 @@ nvtx_memory_hook::~nvtx_memory_hook() {
 }
 
 hooks::event_filter nvtx_memory_hook::interests() const noexcept {
-  using hooks::event_kind;
-  using hooks::event_phase;
-  return hooks::event_filter{}
-      .add(event_kind::device_alloc, event_phase::post)
-      .add(event_kind::pool_malloc, event_phase::post)
-      .add(event_kind::device_free, event_phase::pre)
-      .add(event_kind::pool_free, event_phase::pre);
+  return hooks::event_filter::lifetimes();
 }
 
 void nvtx_memory_hook::on_event(const hooks::event& e) noexcept {

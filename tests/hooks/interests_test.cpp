@@ -78,6 +78,11 @@ TEST(event_filter, sets_and_tests_each_pair_alone) {
       EXPECT_FALSE(event_filter::all().remove(kind, p).contains(kind, p));
     }
   }
+  // lifetimes(): allocations when done, frees before the memory is reusable, blocks and segments.
+  EXPECT_EQ(event_filter::lifetimes(), alloc_post_free_pre()
+                                           .add(event_kind::device_alloc, event_phase::post)
+                                           .add(event_kind::device_free, event_phase::pre));
+  EXPECT_EQ(std::popcount(event_filter::lifetimes().bits()), 4);
   // add(kind) is the kind in all three phases, and nothing else.
   const event_filter split = event_filter{}.add(event_kind::split);
   EXPECT_EQ(std::popcount(split.bits()), 3);

@@ -52,6 +52,15 @@ class event_filter {
   [[nodiscard]] static constexpr event_filter all() noexcept {
     return event_filter((std::uint32_t{1} << bit_count) - 1);
   }
+  /// The moments memory starts and stops being usable: pool_malloc and device_alloc post,
+  /// pool_free and device_free pre (what a consumer of block and segment lifetimes needs).
+  [[nodiscard]] static constexpr event_filter lifetimes() noexcept {
+    return event_filter{}
+        .add(event_kind::pool_malloc, event_phase::post)
+        .add(event_kind::device_alloc, event_phase::post)
+        .add(event_kind::pool_free, event_phase::pre)
+        .add(event_kind::device_free, event_phase::pre);
+  }
   /// Adds `k` in phase `p`.
   constexpr event_filter& add(event_kind k, event_phase p) noexcept {
     bits_ |= std::uint32_t{1} << bit_of(k, p);
