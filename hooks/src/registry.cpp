@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
+#include <thread>
 #include <vector>
 
 #include "poolscope/error.hpp"
@@ -65,9 +66,25 @@ namespace {
 std::atomic<std::uint64_t> g_seq{0};
 std::atomic<std::uint64_t> g_dropped{0};
 
+/// A thread's mark for reading the process-wide stack without a shared lock: delivery sets it
+/// while it reads the stack, and a writer (install, uninstall) waits until no slot is set. One
+/// cache line each, so readers on different threads write no common line. Never freed: a thread
+/// gives its slot back at exit, to the next thread that needs one.
+struct alignas(64) reader_slot {
+  std::atomic<std::uint32_t> active{0};
+  reader_slot* next_free = nullptr;  // guarded by process_hooks::slots_mutex
+};
+
+/// The process-wide stack. Readers (delivery) take a thread's slot (the Dekker handshake in
+/// deliver() and write_stack()), or, without one or beside a writer, `mutex` shared. Writers
+/// take `mutex` exclusively, raise `writing`, wait until no slot is set, then change the stack.
 struct process_hooks {
   std::shared_mutex mutex;
   std::vector<installed> stack;  // most recent last
+  std::atomic<std::uint32_t> writing{0};
+  std::mutex slots_mutex;
+  std::vector<reader_slot*> slots;    // every slot made; guarded by slots_mutex
+  reader_slot* free_slots = nullptr;  // guarded by slots_mutex
 };
 
 process_hooks& process_registry() {
@@ -81,6 +98,7 @@ process_hooks& process_registry() {
 /// stay true for good.
 struct thread_hooks {
   std::shared_ptr<thread_registry> registry;
+  reader_slot* slot = nullptr;  // this thread's reader slot, given back at exit
 
   thread_hooks() = default;
   thread_hooks(const thread_hooks&) = delete;
@@ -94,6 +112,10 @@ thread_local thread_hooks t_hooks;
 [[gnu::tls_model("initial-exec")]] thread_local constinit bool t_in_hook = false;
 [[gnu::tls_model("initial-exec")]] thread_local constinit bool t_hooks_gone = false;
 [[gnu::tls_model("initial-exec")]] thread_local constinit thread_registry* t_registry = nullptr;
+// This thread's reader slot (t_hooks.slot), and whether it was asked for already: a thread gets
+// one try (a thread whose slot is gone, at exit, or could not get one reads under the lock).
+[[gnu::tls_model("initial-exec")]] thread_local constinit reader_slot* t_slot = nullptr;
+[[gnu::tls_model("initial-exec")]] thread_local constinit bool t_slot_asked = false;
 
 thread_hooks::~thread_hooks() {
   if (registry) {
@@ -105,8 +127,65 @@ thread_hooks::~thread_hooks() {
     registry->update_count();
     registry->exited = true;
   }
+  if (slot != nullptr) {
+    auto& reg = process_registry();
+    std::lock_guard lock(reg.slots_mutex);
+    slot->next_free = reg.free_slots;
+    reg.free_slots = slot;
+  }
   t_hooks_gone = true;
   t_registry = nullptr;
+  t_slot = nullptr;
+}
+
+/// This thread's reader slot, made (or taken from the free list) at its first delivery; null
+/// if it could not be had (no memory, or the thread's hooks are gone at exit).
+reader_slot* this_thread_slot(process_hooks& reg) noexcept {
+  if (t_slot != nullptr || t_slot_asked) {
+    return t_slot;
+  }
+  t_slot_asked = true;
+  if (t_hooks_gone) {
+    return nullptr;
+  }
+  try {
+    std::lock_guard lock(reg.slots_mutex);
+    reader_slot* s = reg.free_slots;
+    if (s != nullptr) {
+      reg.free_slots = s->next_free;
+    } else {
+      reg.slots.reserve(reg.slots.size() + 1);  // first: if it throws, nothing is made
+      s = new reader_slot;
+      reg.slots.push_back(s);
+    }
+    t_hooks.slot = s;  // constructs t_hooks if need be: its destructor gives the slot back
+    t_slot = s;
+  } catch (...) {
+    return nullptr;
+  }
+  return t_slot;
+}
+
+/// Changes the process-wide stack with `change(stack)`, excluding every reader: those under the
+/// lock by holding it, those with a slot by raising `writing` and waiting until no slot is set.
+/// Called from outside hooks only (a hook's own slot would be set).
+template <typename Change>
+auto write_stack(process_hooks& reg, Change&& change) {
+  std::unique_lock lock(reg.mutex);
+  reg.writing.store(1, std::memory_order_seq_cst);
+  {
+    std::lock_guard slots(reg.slots_mutex);
+    for (reader_slot* s : reg.slots) {
+      while (s->active.load(std::memory_order_seq_cst) != 0) {
+        std::this_thread::yield();  // a delivery in progress there: it ends by itself
+      }
+    }
+  }
+  struct lower {
+    process_hooks& reg;
+    ~lower() { reg.writing.store(0, std::memory_order_release); }
+  } done{reg};
+  return change(reg.stack);
 }
 
 /// Removes the most recent installation of `h` from `stack` and counts it out; false if it is
@@ -180,13 +259,30 @@ void deliver(event& e) noexcept {
     }
   }
   auto& reg = process_registry();
-  {
-    std::shared_lock lock(reg.mutex);
+  auto deliver_all = [&] {
     for (auto it = reg.stack.rbegin(); it != reg.stack.rend(); ++it) {
       if ((it->bits & bit) != 0) {
         it->h->on_event(e);
       }
     }
+  };
+  // The usual way: this thread's slot set, then `writing` read, both seq_cst, against a writer's
+  // `writing` raised, then every slot read: one of the two sees the other's store (Dekker), so
+  // either this delivery steps aside to the lock or the writer waits for it. No line written
+  // here is written by another thread's delivery.
+  reader_slot* slot = this_thread_slot(reg);
+  bool done = false;
+  if (slot != nullptr) {
+    slot->active.store(1, std::memory_order_seq_cst);
+    if (reg.writing.load(std::memory_order_seq_cst) == 0) [[likely]] {
+      deliver_all();
+      done = true;
+    }
+    slot->active.store(0, std::memory_order_release);
+  }
+  if (!done) {
+    std::shared_lock lock(reg.mutex);
+    deliver_all();
   }
   t_in_hook = false;
 }
@@ -203,10 +299,9 @@ void install(hook& h, scope where) {
   }
   auto& reg = detail::process_registry();
   const std::uint32_t bits = h.interests().bits();
-  {
-    std::unique_lock lock(reg.mutex);
-    reg.stack.push_back({&h, bits});
-  }
+  detail::write_stack(reg, [&](std::vector<detail::installed>& stack) {
+    stack.push_back({&h, bits});
+  });
   detail::count_installation(bits, true);
 }
 
@@ -218,9 +313,10 @@ bool uninstall(hook& h, scope where) noexcept {
     return !detail::t_hooks_gone && detail::t_hooks.registry &&
            detail::uninstall_from(*detail::t_hooks.registry, h);
   }
-  auto& reg = detail::process_registry();
-  std::unique_lock lock(reg.mutex);  // waits for in-flight deliveries: h is unused after return
-  return detail::remove_last(reg.stack, h);
+  // Waits for deliveries in progress: h is unused once this returns.
+  return detail::write_stack(
+      detail::process_registry(),
+      [&](std::vector<detail::installed>& stack) { return detail::remove_last(stack, h); });
 }
 
 scoped_hook::scoped_hook(hook& h, scope where) : hook_(&h), where_(where) {

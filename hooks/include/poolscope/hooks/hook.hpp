@@ -28,7 +28,10 @@
 // Cost: with no hook installed, emission is one relaxed atomic load and a predicted branch
 // (hooks::active()); the event is built only on the slow path, out of line, and only if some
 // installed hook wants it (one more relaxed load). Delivery to thread hooks takes that thread's
-// own (uncontended) mutex; a thread without thread hooks skips it.
+// own (uncontended) mutex; a thread without thread hooks skips it. Process-wide hooks are read
+// under no shared lock: each thread marks a slot of its own (one store, one load), and install
+// and uninstall wait until no thread is marked, so threads delivering at once write no common
+// line but the process-wide sequence number.
 //
 // Thread safety: install/uninstall and delivery are thread-safe; a process-wide hook may be
 // called from several threads at once and must be thread-safe itself. A hook must outlive its
