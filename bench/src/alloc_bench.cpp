@@ -153,8 +153,11 @@ measured run_a2(Target& t, const run_sizes& z, double budget, double overhead, s
           std::to_string(z.a2_live) + " live, 512 B-64 MiB"};
 }
 
-template <typename Target>
-measured run_a3(Target& t, const run_sizes& z, double budget, double overhead, int threads) {
+/// Times `pair_of(k)(i)` (thread k's i-th pair) in batches of `limits` on `threads` threads
+/// started together; every thread's samples pooled, the largest batch kept.
+template <typename PairOf>
+measured time_on_threads(int threads, const batch_limits& limits, double overhead,
+                         PairOf&& pair_of) {
   std::mutex mutex;
   std::vector<double> samples;
   std::size_t ops = 0;
@@ -164,18 +167,13 @@ measured run_a3(Target& t, const run_sizes& z, double budget, double overhead, i
   std::vector<std::thread> pool;
   pool.reserve(static_cast<std::size_t>(threads));
   for (int k = 0; k < threads; ++k) {
-    pool.emplace_back([&] {
+    pool.emplace_back([&, k] {
       ready.fetch_add(1);
       while (ready.load() < threads) {
         std::this_thread::yield();  // start together so the threads contend
       }
       try {
-        auto bt = time_in_batches(
-            [&](std::size_t) {
-              void* p = t.alloc(64 * KiB);
-              t.free(p, 64 * KiB);
-            },
-            {z.a3_pairs, budget, 16, 16}, overhead);
+        auto bt = time_in_batches(pair_of(k), limits, overhead);
         std::lock_guard lock(mutex);
         samples.insert(samples.end(), bt.samples.begin(), bt.samples.end());
         ops += bt.ops;
@@ -194,8 +192,24 @@ measured run_a3(Target& t, const run_sizes& z, double budget, double overhead, i
   if (failure) {
     std::rethrow_exception(failure);
   }
-  return {std::move(samples), ops, batch, static_cast<std::size_t>(threads) * 64 * KiB,
-          "64 KiB, shared pool"};
+  measured m;
+  m.samples = std::move(samples);
+  m.ops = ops;
+  m.batch = batch;
+  return m;
+}
+
+template <typename Target>
+measured run_a3(Target& t, const run_sizes& z, double budget, double overhead, int threads) {
+  measured m = time_on_threads(threads, {z.a3_pairs, budget, 16, 16}, overhead, [&](int) {
+    return [&](std::size_t) {
+      void* p = t.alloc(64 * KiB);
+      t.free(p, 64 * KiB);
+    };
+  });
+  m.model_peak = static_cast<std::size_t>(threads) * 64 * KiB;
+  m.note = "64 KiB, shared pool";
+  return m;
 }
 
 template <typename Target>
@@ -421,6 +435,10 @@ std::string make_summary(const alloc_bench_report& rep, const std::vector<std::s
     sep();
     s << "hook check " << format_ns(rep.hooks->check_ns) << ", counting hook +"
       << format_ns(rep.hooks->per_event_ns) << "/event";
+    if (rep.hooks->threads > 1) {
+      s << " (+" << format_ns(rep.hooks->per_event_threads_ns) << " at " << rep.hooks->threads
+        << " threads)";
+    }
   }
   std::size_t failed = 0;
   for (const auto& r : rep.rows) {
@@ -434,7 +452,7 @@ std::string make_summary(const alloc_bench_report& rep, const std::vector<std::s
 }
 
 void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, double overhead,
-                    std::ostream* progress) {
+                    int threads, std::ostream* progress) {
   if (progress != nullptr) {
     *progress << "[bench] H: hook costs on best_fit/host" << std::endl;
   }
@@ -467,6 +485,38 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   if (hooks::active()) {
     with_row.note += " (other hooks were installed: the no-hook row is not hook-free)";
   }
+  std::vector<bench_row> threaded_rows;
+  if (threads > 1) {
+    // The same pairs on `threads` threads at once, each on a pool of its own: nothing is shared
+    // but what the hooks share, so the difference per event is what delivery costs when threads
+    // raise events together.
+    std::vector<std::unique_ptr<pool::allocator>> own;
+    for (int k = 0; k < threads; ++k) {
+      own.push_back(pool::make_allocator("best_fit", *host));
+    }
+    auto pairs_on = [&](int k) {
+      return [a = own[static_cast<std::size_t>(k)].get()](std::size_t) {
+        void* p = a->allocate({}, n);
+        a->deallocate({}, p, n);
+      };
+    };
+    const batch_limits limits{z.hook_pairs, budget, 16, 1000};
+    measured bare = time_on_threads(threads, limits, overhead, pairs_on);
+    bare.note = "256 B pairs, a pool per thread";
+    measured hooked;
+    {
+      hooks::scoped_hook on{counter};
+      hooked = time_on_threads(threads, limits, overhead, pairs_on);
+    }
+    hooked.note = "256 B pairs, a pool per thread";
+    auto bare_row = make_row("H", "best_fit, no hook", "hook", threads, std::move(bare));
+    auto hooked_row = make_row("H", "best_fit, counting hook", "hook", threads, std::move(hooked));
+    h.threads = threads;
+    h.per_event_threads_ns =
+        (hooked_row.ns.median - bare_row.ns.median) / static_cast<double>(h.events_per_pair);
+    threaded_rows.push_back(std::move(bare_row));
+    threaded_rows.push_back(std::move(hooked_row));
+  }
   std::uint64_t sink = 0;
   h.empty_loop_ns = best_loop_ns(empty_loop, z.loop_iterations, z.loop_repeats, sink);
   h.check_loop_ns = best_loop_ns(active_check_loop, z.loop_iterations, z.loop_repeats, sink);
@@ -484,6 +534,9 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   };
   rep.rows.push_back(std::move(none_row));
   rep.rows.push_back(std::move(with_row));
+  for (auto& r : threaded_rows) {
+    rep.rows.push_back(std::move(r));
+  }
   rep.rows.push_back(loop_row("empty loop", h.empty_loop_ns, "per iteration, best of repeats"));
   rep.rows.push_back(loop_row("active() check", h.check_ns,
                               "loop with check " + format_ns(h.check_loop_ns) + " - empty loop"));
@@ -576,7 +629,8 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
   for (const std::string& w : workloads) {
     if (w == "H") {
       try {
-        run_hook_bench(rep, z, budget, overhead, progress);
+        run_hook_bench(rep, z, budget, overhead, *std::max_element(threads.begin(), threads.end()),
+                       progress);
       } catch (const std::exception& e) {
         bench_row r;
         r.workload = "H";
@@ -761,6 +815,8 @@ std::string alloc_bench_report::to_json() const {
                     {"pair_no_hook_ns", hooks->pair_no_hook_ns},
                     {"pair_counting_ns", hooks->pair_counting_ns},
                     {"per_event_ns", hooks->per_event_ns},
+                    {"threads", hooks->threads},
+                    {"per_event_threads_ns", hooks->per_event_threads_ns},
                     {"events_per_pair", hooks->events_per_pair}};
   } else {
     doc["hooks"] = nullptr;

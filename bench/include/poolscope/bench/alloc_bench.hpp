@@ -84,6 +84,10 @@ struct hook_costs {
   double pair_counting_ns = 0.0;
   double per_event_ns = 0.0;  ///< (pair_counting - pair_no_hook) / events per pair
   std::size_t events_per_pair = 4;
+  /// The largest --threads count, and per_event_ns measured with that many threads at once, each
+  /// on a pool of its own (0 when threads is 1).
+  int threads = 1;
+  double per_event_threads_ns = 0.0;
 };
 
 /// Everything a run measured.
