@@ -17,17 +17,27 @@ namespace detail {
 
 std::atomic<std::uint32_t> g_installed{0};
 std::atomic<std::uint32_t> g_wanted[event_filter::bit_count] = {};
+std::atomic<std::uint32_t> g_sequenced{0};
 
-/// One installation: the hook and its interests as read then.
+/// One installation: the hook, and its interests and need of sequence numbers as read then.
 struct installed {
   hook* h;
   std::uint32_t bits;
+  bool sequenced;
 };
 
 namespace {
 
-/// Counts one installation of `bits` in (+1) or out (-1) of g_wanted and g_installed.
-void count_installation(std::uint32_t bits, bool in) noexcept {
+/// Counts one installation in (+1) or out (-1) of g_wanted, g_sequenced and g_installed.
+void count_installation(const installed& i, bool in) noexcept {
+  const std::uint32_t bits = i.bits;
+  if (i.sequenced) {
+    if (in) {
+      g_sequenced.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      g_sequenced.fetch_sub(1, std::memory_order_relaxed);
+    }
+  }
   for (std::uint32_t rest = bits; rest != 0; rest &= rest - 1) {
     auto& w = g_wanted[std::countr_zero(rest)];
     if (in) {
@@ -41,6 +51,11 @@ void count_installation(std::uint32_t bits, bool in) noexcept {
   } else {
     g_installed.fetch_sub(1, std::memory_order_relaxed);
   }
+}
+
+/// `h` as installed now: its interests and its need of sequence numbers, read once.
+installed installation_of(hook& h) noexcept {
+  return {&h, h.interests().bits(), h.wants_sequence()};
 }
 
 }  // namespace
@@ -63,7 +78,12 @@ struct thread_registry {
 
 namespace {
 
-std::atomic<std::uint64_t> g_seq{0};
+/// The process-wide sequence, from 1 (0 marks an event no hook asked a number for), alone on its
+/// cache line: every sequenced event writes it, and the flags every event reads must not share it.
+struct alignas(64) sequence_counter {
+  std::atomic<std::uint64_t> next{1};
+};
+sequence_counter g_seq;
 std::atomic<std::uint64_t> g_dropped{0};
 
 /// A thread's mark for reading the process-wide stack without a shared lock: delivery sets it
@@ -121,7 +141,7 @@ thread_hooks::~thread_hooks() {
   if (registry) {
     std::lock_guard lock(registry->mutex);
     for (const installed& i : registry->stack) {
-      count_installation(i.bits, false);
+      count_installation(i, false);
     }
     registry->stack.clear();
     registry->update_count();
@@ -196,9 +216,9 @@ bool remove_last(std::vector<installed>& stack, const hook& h) noexcept {
   if (it == stack.rend()) {
     return false;
   }
-  const std::uint32_t bits = it->bits;
+  const installed gone = *it;
   stack.erase(std::next(it).base());
-  count_installation(bits, false);
+  count_installation(gone, false);
   return true;
 }
 
@@ -212,13 +232,13 @@ std::shared_ptr<thread_registry> install_on_this_thread(hook& h) {
     t_registry = t_hooks.registry.get();
   }
   thread_registry& r = *t_hooks.registry;
-  const std::uint32_t bits = h.interests().bits();
+  const installed entry = installation_of(h);
   {
     std::lock_guard lock(r.mutex);
-    r.stack.push_back({&h, bits});
+    r.stack.push_back(entry);
     r.update_count();
   }
-  count_installation(bits, true);
+  count_installation(entry, true);
   return t_hooks.registry;
 }
 
@@ -244,7 +264,10 @@ void deliver(event& e) noexcept {
     return;
   }
   t_in_hook = true;
-  e.seq = g_seq.fetch_add(1, std::memory_order_relaxed);
+  // The one line every thread's events would write: only while some hook reads it.
+  e.seq = g_sequenced.load(std::memory_order_relaxed) != 0
+              ? g_seq.next.fetch_add(1, std::memory_order_relaxed)
+              : 0;
   e.time_ns = now_ns();
   e.thread = current_thread_id();
   const std::uint32_t bit = std::uint32_t{1} << event_filter::bit_of(e.kind, e.phase);
@@ -298,11 +321,9 @@ void install(hook& h, scope where) {
     return;
   }
   auto& reg = detail::process_registry();
-  const std::uint32_t bits = h.interests().bits();
-  detail::write_stack(reg, [&](std::vector<detail::installed>& stack) {
-    stack.push_back({&h, bits});
-  });
-  detail::count_installation(bits, true);
+  const detail::installed entry = detail::installation_of(h);
+  detail::write_stack(reg, [&](std::vector<detail::installed>& stack) { stack.push_back(entry); });
+  detail::count_installation(entry, true);
 }
 
 bool uninstall(hook& h, scope where) noexcept {

@@ -226,6 +226,50 @@ TEST(hooks_interests, jsonl_hook_asks_for_its_kinds_in_every_phase) {
   EXPECT_EQ(every.interests(), event_filter::all());
 }
 
+/// Keeps the seq of every event it receives; asks for sequence numbers or not.
+class seq_hook final : public ph::hook {
+ public:
+  explicit seq_hook(bool wants) : wants_(wants) {}
+  void on_event(const ph::event& e) noexcept override { seqs.push_back(e.seq); }
+  [[nodiscard]] bool wants_sequence() const noexcept override { return wants_; }
+  std::vector<std::uint64_t> seqs;  // single-threaded test only
+
+ private:
+  bool wants_;
+};
+
+TEST(hooks_interests, events_are_numbered_only_while_a_hook_wants_sequence_numbers) {
+  host_resource host;
+  best_fit_allocator a{host};
+  seq_hook plain{false};
+  {
+    ph::scoped_hook on{plain};
+    workload(a);
+  }
+  ASSERT_FALSE(plain.seqs.empty());
+  for (std::uint64_t s : plain.seqs) {
+    EXPECT_EQ(s, 0U);  // nobody asked: no process-wide counter was written
+  }
+  // With a hook that wants them beside it, both see the same strictly increasing numbers, from 1.
+  seq_hook numbered{true};
+  plain.seqs.clear();
+  {
+    ph::scoped_hook on_plain{plain};
+    ph::scoped_hook on_numbered{numbered};
+    workload(a);
+  }
+  ASSERT_EQ(plain.seqs, numbered.seqs);
+  ASSERT_FALSE(numbered.seqs.empty());
+  EXPECT_GE(numbered.seqs.front(), 1U);
+  for (std::size_t i = 1; i < numbered.seqs.size(); ++i) {
+    EXPECT_GT(numbered.seqs[i], numbered.seqs[i - 1]) << i;
+  }
+  // The counting hook alone asks for none.
+  ph::counting_hook counts;
+  EXPECT_FALSE(counts.wants_sequence());
+  EXPECT_TRUE(numbered.wants_sequence());
+}
+
 // Threads install and remove narrow hooks (process and thread scope) while all of them allocate
 // under a process-wide counting hook that takes everything: the counts come out exact and the
 // registry ends with nothing wanted.

@@ -7,7 +7,8 @@
 //     }
 //   };
 //
-// Ordering: `seq` is one process-wide sequence. Allocators emit a post event only after a
+// Ordering: `seq` is one process-wide sequence (0 on every event while no installed hook asks for
+// it: hook::wants_sequence). Allocators emit a post event only after a
 // successful allocation and a pre-free event before the block can be reused, so for any one
 // pointer the sequence order is the true order of what happened to it.
 // Clock: `time_ns` is CLOCK_MONOTONIC nanoseconds (hooks::now_ns()), the one clock every
@@ -50,7 +51,7 @@ enum class free_error : std::uint8_t {
 /// One event. Plain data, valid only for the duration of the hook call (copy what you keep;
 /// `allocator_name` lives as long as the allocator).
 struct event {
-  std::uint64_t seq = 0;      ///< process-wide sequence number
+  std::uint64_t seq = 0;      ///< process-wide sequence number (0: no hook asks for one)
   std::uint64_t time_ns = 0;  ///< monotonic clock, ns
   std::uint64_t thread = 0;   ///< OS thread id of the caller
   event_kind kind = event_kind::pool_malloc;

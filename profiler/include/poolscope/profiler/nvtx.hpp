@@ -112,6 +112,8 @@ class nvtx_memory_hook final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// The four (kind, phase) pairs above: allocators build no other event for it.
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
+  /// False: NVTX regions need no sequence numbers.
+  [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
   /// A snapshot of the counters.
   [[nodiscard]] counts snapshot() const;
   /// Heaps and regions registered now.
