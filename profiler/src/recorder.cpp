@@ -180,7 +180,7 @@ void escape_name(const char* name, char* out, std::size_t cap) noexcept {
 
 // What a recorder writes: every event with all_phases; otherwise allocations and releases
 // when done (post), frees before the memory is reusable (pre), every phase of the other kinds.
-hooks::event_filter recorded(bool all_phases) noexcept {
+constexpr hooks::event_filter recorded(bool all_phases) noexcept {
   using hooks::event_kind;
   using hooks::event_phase;
   hooks::event_filter f = hooks::event_filter::all();
@@ -195,8 +195,12 @@ hooks::event_filter recorded(bool all_phases) noexcept {
   return f;
 }
 
+// Both filters computed once, at compile time: on_event tests one of them per event.
+constexpr hooks::event_filter recorded_all = recorded(true);
+constexpr hooks::event_filter recorded_usual = recorded(false);
+
 bool wanted(const hooks::event& e, bool all_phases) noexcept {
-  return recorded(all_phases).contains(e.kind, e.phase);
+  return (all_phases ? recorded_all : recorded_usual).contains(e.kind, e.phase);
 }
 
 std::size_t format_line(const hooks::event& e, char* out, std::size_t cap) noexcept {
@@ -333,7 +337,7 @@ bool recorder::write_buffer_locked() noexcept {
 }
 
 hooks::event_filter recorder::interests() const noexcept {
-  return recorded(options_.all_phases);
+  return options_.all_phases ? recorded_all : recorded_usual;
 }
 
 void recorder::on_event(const hooks::event& e) noexcept {
