@@ -17,45 +17,37 @@ namespace detail {
 
 std::atomic<std::uint32_t> g_installed{0};
 std::atomic<std::uint32_t> g_wanted[event_filter::bit_count] = {};
-std::atomic<std::uint32_t> g_sequenced{0};
 
-/// One installation: the hook, and its interests and need of sequence numbers as read then.
+/// One installation: the hook, and its interests and needs of sequence numbers and timestamps as
+/// read then.
 struct installed {
   hook* h;
   std::uint32_t bits;
   bool sequenced;
+  bool timed;
 };
 
 namespace {
 
-/// Counts one installation in (+1) or out (-1) of g_wanted, g_sequenced and g_installed.
+/// Counts one installation in (+1) or out (-1) of g_wanted and g_installed.
 void count_installation(const installed& i, bool in) noexcept {
   const std::uint32_t bits = i.bits;
-  if (i.sequenced) {
+  const auto count = [in](std::atomic<std::uint32_t>& c) {
     if (in) {
-      g_sequenced.fetch_add(1, std::memory_order_relaxed);
+      c.fetch_add(1, std::memory_order_relaxed);
     } else {
-      g_sequenced.fetch_sub(1, std::memory_order_relaxed);
+      c.fetch_sub(1, std::memory_order_relaxed);
     }
-  }
+  };
   for (std::uint32_t rest = bits; rest != 0; rest &= rest - 1) {
-    auto& w = g_wanted[std::countr_zero(rest)];
-    if (in) {
-      w.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      w.fetch_sub(1, std::memory_order_relaxed);
-    }
+    count(g_wanted[std::countr_zero(rest)]);
   }
-  if (in) {
-    g_installed.fetch_add(1, std::memory_order_relaxed);
-  } else {
-    g_installed.fetch_sub(1, std::memory_order_relaxed);
-  }
+  count(g_installed);
 }
 
-/// `h` as installed now: its interests and its need of sequence numbers, read once.
+/// `h` as installed now: its interests and its needs of sequence numbers and timestamps, read once.
 installed installation_of(hook& h) noexcept {
-  return {&h, h.interests().bits(), h.wants_sequence()};
+  return {&h, h.interests().bits(), h.wants_sequence(), h.wants_time()};
 }
 
 }  // namespace
@@ -264,29 +256,38 @@ void deliver(event& e) noexcept {
     return;
   }
   t_in_hook = true;
-  // The one line every thread's events would write: only while some hook reads it.
-  e.seq = g_sequenced.load(std::memory_order_relaxed) != 0
-              ? g_seq.next.fetch_add(1, std::memory_order_relaxed)
-              : 0;
-  e.time_ns = now_ns();
+  // seq and time_ns are filled for the first receiver that reads them, so an event that only
+  // hooks wanting neither receive writes no process-wide counter (the one line every thread's
+  // events would write) and reads no clock. Deciding per receiver, not from counts read before
+  // the stacks, also gives a hook installed while the event is in flight its number and time.
+  e.seq = 0;
+  e.time_ns = 0;
   e.thread = current_thread_id();
   const std::uint32_t bit = std::uint32_t{1} << event_filter::bit_of(e.kind, e.phase);
+  const auto give = [&e, bit](const installed& i) {
+    if ((i.bits & bit) == 0) {
+      return;
+    }
+    if (i.sequenced && e.seq == 0) {
+      e.seq = g_seq.next.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (i.timed && e.time_ns == 0) {
+      e.time_ns = now_ns();
+    }
+    i.h->on_event(e);
+  };
   // t_registry is null once this thread's hooks are gone (exit), or before it installed any.
   thread_registry* r = t_registry;
   if (r != nullptr && r->count.load(std::memory_order_relaxed) != 0) {
     std::lock_guard lock(r->mutex);
     for (auto it = r->stack.rbegin(); it != r->stack.rend(); ++it) {
-      if ((it->bits & bit) != 0) {
-        it->h->on_event(e);
-      }
+      give(*it);
     }
   }
   auto& reg = process_registry();
   auto deliver_all = [&] {
     for (auto it = reg.stack.rbegin(); it != reg.stack.rend(); ++it) {
-      if ((it->bits & bit) != 0) {
-        it->h->on_event(e);
-      }
+      give(*it);
     }
   };
   // The usual way: this thread's slot set, then `writing` read, both seq_cst, against a writer's

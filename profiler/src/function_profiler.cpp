@@ -364,6 +364,7 @@ class memory_attribution_hook final : public hooks::hook {
         .add(hooks::event_kind::device_alloc, hooks::event_phase::post);
   }
   [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
+  [[nodiscard]] bool wants_time() const noexcept override { return false; }
   void on_event(const hooks::event& e) noexcept override {
     if (e.phase != hooks::event_phase::post ||
         (e.kind != hooks::event_kind::pool_malloc && e.kind != hooks::event_kind::device_alloc)) {

@@ -270,6 +270,65 @@ TEST(hooks_interests, events_are_numbered_only_while_a_hook_wants_sequence_numbe
   EXPECT_TRUE(numbered.wants_sequence());
 }
 
+/// Keeps the time_ns of every event it receives; asks for timestamps or not.
+class time_hook final : public ph::hook {
+ public:
+  explicit time_hook(bool wants) : wants_(wants) {}
+  void on_event(const ph::event& e) noexcept override { times.push_back(e.time_ns); }
+  [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
+  [[nodiscard]] bool wants_time() const noexcept override { return wants_; }
+  std::vector<std::uint64_t> times;  // single-threaded test only
+
+ private:
+  bool wants_;
+};
+
+TEST(hooks_interests, events_are_timed_only_while_a_hook_wants_timestamps) {
+  host_resource host;
+  best_fit_allocator a{host};
+  time_hook plain{false};
+  {
+    ph::scoped_hook on{plain};
+    workload(a);
+  }
+  ASSERT_FALSE(plain.times.empty());
+  for (std::uint64_t t : plain.times) {
+    EXPECT_EQ(t, 0U);  // nobody asked: no clock was read
+  }
+  // With a hook that wants them beside it (here on this thread only), both see the same
+  // monotonic times, taken between the clock readings around the workload.
+  time_hook clocked{true};
+  plain.times.clear();
+  const std::uint64_t before = ph::now_ns();
+  {
+    ph::scoped_hook on_plain{plain};
+    ph::scoped_hook on_clocked{clocked, ph::scope::thread};
+    workload(a);
+  }
+  const std::uint64_t after = ph::now_ns();
+  ASSERT_EQ(plain.times, clocked.times);
+  ASSERT_FALSE(clocked.times.empty());
+  EXPECT_GE(clocked.times.front(), before);
+  EXPECT_LE(clocked.times.back(), after);
+  for (std::size_t i = 1; i < clocked.times.size(); ++i) {
+    EXPECT_GE(clocked.times[i], clocked.times[i - 1]) << i;
+  }
+  // Once it is gone, the clock is not read again.
+  plain.times.clear();
+  {
+    ph::scoped_hook on{plain};
+    workload(a);
+  }
+  for (std::uint64_t t : plain.times) {
+    EXPECT_EQ(t, 0U);
+  }
+  // The built-ins that need no clock say so; a hook by default wants one.
+  ph::counting_hook counts;
+  EXPECT_FALSE(counts.wants_time());
+  std::ostringstream out;
+  EXPECT_TRUE(ph::jsonl_hook{out}.wants_time());
+}
+
 // Threads install and remove narrow hooks (process and thread scope) while all of them allocate
 // under a process-wide counting hook that takes everything: the counts come out exact and the
 // registry ends with nothing wanted.

@@ -39,6 +39,8 @@ class counting_hook final : public hook {
   void on_event(const event& e) noexcept override;
   /// False: counts need no order, so a counting hook alone leaves events unnumbered.
   [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
+  /// False: nor any time.
+  [[nodiscard]] bool wants_time() const noexcept override { return false; }
   [[nodiscard]] counts snapshot() const noexcept;
   void reset() noexcept;
 

@@ -112,6 +112,8 @@ class line_profiler final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// Those four (kind, phase) pairs: allocators build no other event for it.
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
+  /// False: the profile is of call stacks and bytes, not of time (it reads seq, for its peak).
+  [[nodiscard]] bool wants_time() const noexcept override { return false; }
 
   /// A symbolized snapshot of everything recorded so far. Thread-safe; the lock is held only
   /// while the tree is copied, symbolization runs outside it.

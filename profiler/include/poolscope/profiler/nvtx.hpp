@@ -59,6 +59,8 @@ class nvtx_marker_hook final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// Every event, or all but the pre events (the default).
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
+  /// False: NVTX times its marks itself.
+  [[nodiscard]] bool wants_time() const noexcept override { return false; }
   /// Marks emitted so far.
   [[nodiscard]] std::uint64_t marks() const noexcept {
     return marks_.load(std::memory_order_relaxed);
@@ -112,8 +114,9 @@ class nvtx_memory_hook final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// The four (kind, phase) pairs above: allocators build no other event for it.
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
-  /// False: NVTX regions need no sequence numbers.
+  /// False: NVTX regions need no sequence numbers, nor timestamps.
   [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
+  [[nodiscard]] bool wants_time() const noexcept override { return false; }
   /// A snapshot of the counters.
   [[nodiscard]] counts snapshot() const;
   /// Heaps and regions registered now.
