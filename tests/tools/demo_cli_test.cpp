@@ -100,6 +100,28 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   std::remove(report.c_str());
 }
 
+// The pools grow in the warm-up round only: each step's previous result is dropped before it
+// runs, so the timed fused runs reuse its buffers (on GPUs a pool growing inside the op blocks the
+// host in cudaMalloc before it enqueues anything). With 4 MiB chunks, a result kept alive while
+// its successor was computed made the first timed run grow every pool again.
+TEST(cli_darray_demo, the_pools_grow_in_the_warm_up_round_only) {
+  const std::string trace = temp_path("poolscope-demo-growth") + ".json";
+  const auto r =
+      run_process({POOLSCOPE_CLI_PATH, "demo", "--devices", "host:2", "--n", "2097152",
+                   "--matmul-n", "48", "--repeat", "2", "--trace", trace, "--report", "/dev/null"},
+                  {{"POOLSCOPE_LOG", "warn"}});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto fused_runs = poolscope::profiler::find_trace_ranges(trace, "demo.fused");
+  ASSERT_EQ(fused_runs.found.size(), 3U);  // the warm-up and two timed runs
+  const auto per_run = poolscope::profiler::summarize_trace(trace, fused_runs.found, true);
+  ASSERT_EQ(per_run.each.size(), 3U);
+  for (std::size_t i = 1; i < 3; ++i) {
+    EXPECT_EQ(per_run.each[i].upstream_allocs, 0U)
+        << "timed run " << i << ": " << per_run.each[i].upstream_bytes << " B";
+  }
+  std::remove(trace.c_str());
+}
+
 TEST(cli_darray_demo, one_device_moves_nothing_and_says_eta_is_not_applicable) {
   const std::string report = temp_path("poolscope-demo-report") + ".json";
   const auto r = run_process(

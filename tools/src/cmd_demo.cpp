@@ -23,7 +23,8 @@ void register_demo(CLI::App& app) {
       ->check(devices_spec())
       ->capture_default_str();
   sub->add_option("--n", o->n,
-                  "elements of the 1-D arrays (default 2^26 on GPUs, 2^22 on host devices)")
+                  "elements of the 1-D arrays (default 2^26 on 1-2 GPUs, times (GPUs/2)^2 on more; "
+                  "2^22 on host devices)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 34));
   sub->add_option("--matmul-n", o->matmul_n, "size of the square matmul (default 2048 / 192)")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 16));

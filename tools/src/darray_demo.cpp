@@ -195,8 +195,12 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   const bool gpu = be->is_gpu();
   // On host devices 2^22: each device's chunk (2^21 elements) is large enough that the fused op
   // adds each part as it lands (darray batches the parts of chunks below 2^20 elements into one
-  // task after the last piece), so the trace has an overlap to show.
-  const std::int64_t n = o.n > 0 ? o.n : (gpu ? std::int64_t{1} << 26 : std::int64_t{1} << 22);
+  // task after the last piece), so the trace has an overlap to show. On GPUs 2^26 on one or two,
+  // times (devices / 2)^2 on more: the fused op's copies must outlast the host's issuing to every
+  // device (on 4 x H100 at 2^26 each 27 MB copy had ended before its receiver's adds were
+  // enqueued, and no run overlapped anything; at 2^28 every device overlaps 0.6-0.7: perf.md).
+  const std::int64_t gpu_n = (std::int64_t{1} << 26) * std::max(1, devs * devs / 4);
+  const std::int64_t n = o.n > 0 ? o.n : (gpu ? gpu_n : std::int64_t{1} << 22);
   const std::int64_t mm = o.matmul_n > 0 ? o.matmul_n : (gpu ? 2048 : 192);
   // Host devices share a few CPU cores with the demo's own thread, so their times scatter more:
   // more rounds (each takes a few milliseconds at the host's default size).
@@ -246,7 +250,10 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     // The three steps take turns, one run each per round after a warm-up round, and each keeps
     // its best: a machine whose speed drifts (clocks, other tenants, a worker moved to a slower
     // core) then slows all three alike, and eta compares like with like. The trace's overlap is
-    // that of the best fused run.
+    // that of the best fused run. Each step's previous result is dropped before it runs, so its
+    // buffers go back to the pools and are reused: the pools grow in the warm-up round only (a
+    // result kept alive while its successor is computed made the first timed runs grow them too,
+    // which on GPUs blocks the host in cudaMalloc before it enqueues the op).
     farray sum_ab, fused;
     res.t_add_ms = res.t_reshard_ms = res.t_fused_ms = std::numeric_limits<double>::infinity();
     for (int round = -1; round < rounds; ++round) {
@@ -254,6 +261,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       double t = 0;
       {
         POOLSCOPE_SCOPE("demo.add");
+        sum_ab = farray{};
         t = time_ms([&] {
           sum_ab = a + b;
           sum_ab.wait();
@@ -272,6 +280,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       res.t_reshard_ms = timed ? std::min(res.t_reshard_ms, t) : res.t_reshard_ms;
       {
         POOLSCOPE_SCOPE("demo.fused");
+        fused = farray{};
         const std::uint64_t begin = hooks::now_ns();
         t = time_ms([&] {
           fused = a + c.reshard(a.index_map());

@@ -33,7 +33,8 @@ inline constexpr std::string_view default_demo_cupti_kinds = "kernels,copies,mem
 /// What the demo runs.
 struct darray_demo_options {
   std::string devices = "auto";  ///< backend spec: auto, cuda, cuda:N, host:N
-  std::int64_t n = 0;            ///< elements of A, B, C (0: 2^26 on GPUs, 2^20 on host devices)
+  std::int64_t n = 0;            ///< elements of A, B, C (0: 2^26 on 1-2 GPUs, times (GPUs / 2)^2
+                                 ///< on more; 2^22 on host devices)
   std::int64_t matmul_n = 0;     ///< matmul size (0: 2048 on GPUs, 192 on host devices)
   std::string allocator = "bfc";
   std::string transport = "auto";  ///< auto, peer, nccl
