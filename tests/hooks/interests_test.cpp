@@ -226,107 +226,84 @@ TEST(hooks_interests, jsonl_hook_asks_for_its_kinds_in_every_phase) {
   EXPECT_EQ(every.interests(), event_filter::all());
 }
 
-/// Keeps the seq of every event it receives; asks for sequence numbers or not.
-class seq_hook final : public ph::hook {
+/// Keeps the seq and time_ns of every event it receives; asks for sequence numbers and
+/// timestamps, or not.
+class fields_hook final : public ph::hook {
  public:
-  explicit seq_hook(bool wants) : wants_(wants) {}
-  void on_event(const ph::event& e) noexcept override { seqs.push_back(e.seq); }
-  [[nodiscard]] bool wants_sequence() const noexcept override { return wants_; }
-  std::vector<std::uint64_t> seqs;  // single-threaded test only
+  fields_hook(bool wants_sequence, bool wants_time)
+      : wants_sequence_(wants_sequence), wants_time_(wants_time) {}
+  void on_event(const ph::event& e) noexcept override {
+    seqs.push_back(e.seq);
+    times.push_back(e.time_ns);
+  }
+  [[nodiscard]] bool wants_sequence() const noexcept override { return wants_sequence_; }
+  [[nodiscard]] bool wants_time() const noexcept override { return wants_time_; }
+  std::vector<std::uint64_t> seqs;  // single-threaded tests only
+  std::vector<std::uint64_t> times;
 
  private:
-  bool wants_;
+  bool wants_sequence_;
+  bool wants_time_;
 };
 
-TEST(hooks_interests, events_are_numbered_only_while_a_hook_wants_sequence_numbers) {
+// seq and time_ns are given only while a hook that reads them is installed (process-wide or on
+// this thread): a hook that reads neither, alone, sees zeros; beside one that reads both, it sees
+// the same strictly increasing numbers, from 1, and monotonic times taken during the workload.
+TEST(hooks_interests, events_are_numbered_and_timed_only_while_a_hook_wants_it) {
   host_resource host;
   best_fit_allocator a{host};
-  seq_hook plain{false};
+  fields_hook plain{false, false};
+  const auto expect_all_zero = [&plain] {
+    ASSERT_FALSE(plain.seqs.empty());
+    for (std::size_t i = 0; i < plain.seqs.size(); ++i) {
+      EXPECT_EQ(plain.seqs[i], 0U) << i;   // no process-wide counter was written
+      EXPECT_EQ(plain.times[i], 0U) << i;  // no clock was read
+    }
+  };
   {
     ph::scoped_hook on{plain};
     workload(a);
   }
-  ASSERT_FALSE(plain.seqs.empty());
-  for (std::uint64_t s : plain.seqs) {
-    EXPECT_EQ(s, 0U);  // nobody asked: no process-wide counter was written
+  expect_all_zero();
+  for (const ph::scope where : {ph::scope::process, ph::scope::thread}) {
+    SCOPED_TRACE(where == ph::scope::process ? "process" : "thread");
+    fields_hook both{true, true};
+    plain.seqs.clear();
+    plain.times.clear();
+    const std::uint64_t before = ph::now_ns();
+    {
+      ph::scoped_hook on_plain{plain};
+      ph::scoped_hook on_both{both, where};
+      workload(a);
+    }
+    const std::uint64_t after = ph::now_ns();
+    ASSERT_EQ(plain.seqs, both.seqs);
+    ASSERT_EQ(plain.times, both.times);
+    ASSERT_FALSE(both.seqs.empty());
+    EXPECT_GE(both.seqs.front(), 1U);
+    EXPECT_GE(both.times.front(), before);
+    EXPECT_LE(both.times.back(), after);
+    for (std::size_t i = 1; i < both.seqs.size(); ++i) {
+      EXPECT_GT(both.seqs[i], both.seqs[i - 1]) << i;
+      EXPECT_GE(both.times[i], both.times[i - 1]) << i;
+    }
   }
-  // With a hook that wants them beside it, both see the same strictly increasing numbers, from 1.
-  seq_hook numbered{true};
+  // Once it is gone, neither is given again.
   plain.seqs.clear();
+  plain.times.clear();
   {
-    ph::scoped_hook on_plain{plain};
-    ph::scoped_hook on_numbered{numbered};
+    ph::scoped_hook on{plain};
     workload(a);
   }
-  ASSERT_EQ(plain.seqs, numbered.seqs);
-  ASSERT_FALSE(numbered.seqs.empty());
-  EXPECT_GE(numbered.seqs.front(), 1U);
-  for (std::size_t i = 1; i < numbered.seqs.size(); ++i) {
-    EXPECT_GT(numbered.seqs[i], numbered.seqs[i - 1]) << i;
-  }
-  // The counting hook alone asks for none.
+  expect_all_zero();
+  // The counting hook asks for neither; a hook by default asks for both.
   ph::counting_hook counts;
   EXPECT_FALSE(counts.wants_sequence());
-  EXPECT_TRUE(numbered.wants_sequence());
-}
-
-/// Keeps the time_ns of every event it receives; asks for timestamps or not.
-class time_hook final : public ph::hook {
- public:
-  explicit time_hook(bool wants) : wants_(wants) {}
-  void on_event(const ph::event& e) noexcept override { times.push_back(e.time_ns); }
-  [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
-  [[nodiscard]] bool wants_time() const noexcept override { return wants_; }
-  std::vector<std::uint64_t> times;  // single-threaded test only
-
- private:
-  bool wants_;
-};
-
-TEST(hooks_interests, events_are_timed_only_while_a_hook_wants_timestamps) {
-  host_resource host;
-  best_fit_allocator a{host};
-  time_hook plain{false};
-  {
-    ph::scoped_hook on{plain};
-    workload(a);
-  }
-  ASSERT_FALSE(plain.times.empty());
-  for (std::uint64_t t : plain.times) {
-    EXPECT_EQ(t, 0U);  // nobody asked: no clock was read
-  }
-  // With a hook that wants them beside it (here on this thread only), both see the same
-  // monotonic times, taken between the clock readings around the workload.
-  time_hook clocked{true};
-  plain.times.clear();
-  const std::uint64_t before = ph::now_ns();
-  {
-    ph::scoped_hook on_plain{plain};
-    ph::scoped_hook on_clocked{clocked, ph::scope::thread};
-    workload(a);
-  }
-  const std::uint64_t after = ph::now_ns();
-  ASSERT_EQ(plain.times, clocked.times);
-  ASSERT_FALSE(clocked.times.empty());
-  EXPECT_GE(clocked.times.front(), before);
-  EXPECT_LE(clocked.times.back(), after);
-  for (std::size_t i = 1; i < clocked.times.size(); ++i) {
-    EXPECT_GE(clocked.times[i], clocked.times[i - 1]) << i;
-  }
-  // Once it is gone, the clock is not read again.
-  plain.times.clear();
-  {
-    ph::scoped_hook on{plain};
-    workload(a);
-  }
-  for (std::uint64_t t : plain.times) {
-    EXPECT_EQ(t, 0U);
-  }
-  // The built-ins that need no clock say so; a hook by default wants one.
-  ph::counting_hook counts;
   EXPECT_FALSE(counts.wants_time());
   std::ostringstream out;
-  EXPECT_TRUE(ph::jsonl_hook{out}.wants_time());
+  ph::jsonl_hook every{out};
+  EXPECT_TRUE(every.wants_sequence());
+  EXPECT_TRUE(every.wants_time());
 }
 
 // Threads install and remove narrow hooks (process and thread scope) while all of them allocate
