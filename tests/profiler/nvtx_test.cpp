@@ -367,6 +367,9 @@ TEST_F(nvtx_injection, marker_hook_marks_each_allocator_event) {
   const auto got = only(recorded(), "DomainMarkEx");
   ASSERT_EQ(got.size(), reference.events.size());
   EXPECT_EQ(marks.marks(), reference.events.size());
+  // It reads neither seq nor time_ns, and says so: alone, it costs no counter and no clock.
+  EXPECT_FALSE(marks.wants_sequence());
+  EXPECT_FALSE(marks.wants_time());
   for (std::size_t i = 0; i < got.size(); ++i) {
     SCOPED_TRACE(i);
     const auto& e = reference.events[i];

@@ -59,7 +59,8 @@ class nvtx_marker_hook final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// Every event, or all but the pre events (the default).
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
-  /// False: NVTX times its marks itself.
+  /// False: a mark's text holds no sequence number, and NVTX times its marks itself.
+  [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
   [[nodiscard]] bool wants_time() const noexcept override { return false; }
   /// Marks emitted so far.
   [[nodiscard]] std::uint64_t marks() const noexcept {
