@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one script for a lent GPU machine: configure, build for sm_90, run every test (GPU tests
 # included), the GPU allocator tests under compute-sanitizer memcheck, the benchmarks and the
-# PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last.
+# PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last,
+# with any failed test by name.
 #   scripts/gpu-check.sh [--quick] [--darray | --pools]
 #     --quick: shorter benchmarks; --darray: build, then only the darray tests (and the function
 #     profiler's GPU timing, which the demo uses), demo and benchmark
@@ -23,6 +24,15 @@ for a in "$@"; do
 done
 # Never use NVLink multicast on the shared machines (KINDS.md).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+# A lent machine (the `run` tool sets OUT) sends back at most 8 files from $OUT, the first 8 by
+# name: the logs stay files of their own, the JSON results, reports and traces go into one archive.
+pack_results() {
+  [ -n "${OUT:-}" ] || return 0
+  (cd "$out" && results=$(ls -- *.json *.json.gz 2>/dev/null) && [ -n "$results" ] &&
+     tar -czf results.tar.gz $results && rm -f $results)
+  echo "under \$OUT: $(cd "$out" && ls | tr '\n' ' ')"
+}
 
 declare -a rows
 row() { rows+=("$(printf '%-34s %s' "$1" "$2")"); }
@@ -59,6 +69,12 @@ else
     ctest --test-dir "$build" --output-on-failure -j 4 --timeout 120
 fi
 grep -E "tests passed|tests failed|Skipped|SKIPPED" "$out/tests.log" | tail -5
+# The failed tests by name in the table too: it is printed last, where a truncated output or a
+# log that did not come back still shows it.
+while read -r failed; do
+  row "  failed test" "$failed"
+done < <(sed -n '/The following tests FAILED:/,$p' "$out/tests.log" | grep -E '^[[:space:]]+[0-9]+ - ' |
+         sed 's/^[[:space:]]*//' | head -10)
 
 # darray on every GPU: the CUDA backend tests under memcheck (small cases), the demo (trace and
 # report come back under $OUT), its CUPTI overhead (the demo's times without CUPTI beside them)
@@ -98,6 +114,7 @@ if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
   echo "---- bench darray ----"; tail -30 "$out/bench_darray.log" 2>/dev/null
   echo "---- summary ----"; printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
+  pack_results
   exit 0
 fi
 
@@ -161,3 +178,4 @@ echo
 echo "---- bench (tail) ----"; tail -30 "$out/bench.log"
 echo "---- summary ----"
 printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
+pack_results
