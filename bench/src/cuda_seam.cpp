@@ -477,4 +477,87 @@ baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int r
       [&] { st.wait_all(); });
 }
 
+namespace {
+
+// A captured graph and its executable, destroyed on scope exit.
+struct graph_pair {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  graph_pair() = default;
+  graph_pair(const graph_pair&) = delete;
+  graph_pair& operator=(const graph_pair&) = delete;
+  ~graph_pair() {
+    if (exec != nullptr) {
+      (void)cudaGraphExecDestroy(exec);
+    }
+    if (graph != nullptr) {
+      (void)cudaGraphDestroy(graph);
+    }
+  }
+};
+
+// Ends a capture still open on `stream` at scope exit (a call inside it threw), dropping what
+// was captured, so that the stream is usable again.
+class capture_guard {
+ public:
+  explicit capture_guard(cudaStream_t stream) : stream_(stream) {}
+  capture_guard(const capture_guard&) = delete;
+  capture_guard& operator=(const capture_guard&) = delete;
+  ~capture_guard() {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess &&
+        status != cudaStreamCaptureStatusNone) {
+      cudaGraph_t partial = nullptr;
+      (void)cudaStreamEndCapture(stream_, &partial);
+      if (partial != nullptr) {
+        (void)cudaGraphDestroy(partial);
+      }
+      (void)cudaGetLastError();  // the failed capture's error: reported by the call that threw
+    }
+  }
+
+ private:
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+baseline_seconds time_graph_floor(int devices, std::size_t bytes, int repeat) {
+  const current_device_guard guard;
+  floor_state st(devices, bytes);
+  std::vector<device_event> joins;  // joins[d - 1]: GPU d's end, for d >= 1
+  for (int d = 1; d < devices; ++d) {
+    joins.emplace_back(d);
+  }
+  const device_event fork(0);
+  const cudaStream_t first = st.streams[0].get();
+  graph_pair g;
+  {
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(0));
+    const capture_guard capture(first);
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamBeginCapture(first, cudaStreamCaptureModeThreadLocal));
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(fork.get(), first));
+    for (int d = 0; d < devices; ++d) {
+      const auto i = static_cast<std::size_t>(d);
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      if (d > 0) {  // GPU d's stream joins the capture by waiting for GPU 0's
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamWaitEvent(st.streams[i].get(), fork.get(), 0));
+      }
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(st.bufs[i].get(), 0, bytes, st.streams[i].get()));
+      if (d > 0) {
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(joins[i - 1].get(), st.streams[i].get()));
+      }
+    }
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(0));
+    for (const device_event& j : joins) {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamWaitEvent(first, j.get(), 0));
+    }
+    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamEndCapture(first, &g.graph));
+  }
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  return time_repeated(
+      repeat, [&] { POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(g.exec, first)); },
+      [&] { POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamSynchronize(first)); });
+}
+
 }  // namespace poolscope::bench::detail

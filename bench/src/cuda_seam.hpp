@@ -82,5 +82,12 @@ class async_floor {
 /// on `devices` GPUs however the host spreads its issuing.
 [[nodiscard]] baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes,
                                                          int repeat);
+/// async_floor's calls as one CUDA graph for all GPUs, captured once from GPU 0's stream: it
+/// forks to every other GPU's stream through an event, each GPU's cudaMemsetAsync of `bytes`,
+/// and joins back; each round is one cudaGraphLaunch and one cudaStreamSynchronize. What a small
+/// op would cost the host if it were launched as one multi-GPU graph rather than a launch and an
+/// event per GPU. Throws runtime_error if the driver cannot capture or instantiate it (the
+/// stream is left usable).
+[[nodiscard]] baseline_seconds time_graph_floor(int devices, std::size_t bytes, int repeat);
 
 }  // namespace poolscope::bench::detail

@@ -614,6 +614,18 @@ class bench_run {
       w.baselines["floor_threaded"] =
           make_baseline("the same, a thread per GPU", 0,
                         detail::time_async_floor_threaded(devs_, per_device, runs));
+      // Last, and apart: whether the driver takes it is part of what it tells (a failure is a
+      // row, not the workload's end).
+      try {
+        w.baselines["floor_graph"] =
+            make_baseline("the same as one graph for all GPUs", 0,
+                          detail::time_graph_floor(devs_, per_device, runs));
+      } catch (const std::exception& e) {
+        darray_baseline failed;
+        failed.method = std::string("one graph for all GPUs failed: ") + e.what();
+        failed.best_ms = failed.median_ms = -1.0;
+        w.baselines["floor_graph"] = failed;
+      }
     }
   }
 
@@ -782,6 +794,12 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
       row("  floor with parallel issue (median)", "",
           fmt("%.1f us ", threaded->median_ms * 1e3) + threaded->method,
           add > 0 ? format_ratio(threaded->median_ms * 1e3 / add) : "");
+    }
+    if (const auto* graph = find_baseline(w, "floor_graph")) {
+      row("  floor as one graph (median)", "",
+          graph->median_ms < 0 ? graph->method
+                               : fmt("%.1f us ", graph->median_ms * 1e3) + graph->method,
+          graph->median_ms > 0 && add > 0 ? format_ratio(graph->median_ms * 1e3 / add) : "");
     }
     const auto* p = find_baseline(w, "peer");
     row("A + C.reshard(A.index_map()) (median)", fmt("%.1f us", fused),
