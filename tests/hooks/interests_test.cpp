@@ -306,6 +306,52 @@ TEST(hooks_interests, events_are_numbered_and_timed_only_while_a_hook_wants_it) 
   EXPECT_TRUE(every.wants_time());
 }
 
+// A hook that reads seq and time_ns, installed and removed over and over while other threads
+// raise events that another hook (reading neither) already receives: every event it gets carries
+// both, even one that was in flight when it was installed.
+TEST(hooks_interests_concurrency, a_hook_installed_while_events_fly_gets_seq_and_time) {
+  host_resource host;
+  best_fit_allocator a{host};
+  ph::counting_hook
+      counts;  // reads neither: events flow unnumbered and untimed without the checker
+  struct checker final : ph::hook {
+    std::atomic<std::uint64_t> events{0};
+    std::atomic<std::uint64_t> without_seq{0};
+    std::atomic<std::uint64_t> without_time{0};
+    void on_event(const ph::event& e) noexcept override {
+      events.fetch_add(1, std::memory_order_relaxed);
+      without_seq.fetch_add(e.seq == 0 ? 1 : 0, std::memory_order_relaxed);
+      without_time.fetch_add(e.time_ns == 0 ? 1 : 0, std::memory_order_relaxed);
+    }
+  } check;
+  ph::scoped_hook on{counts};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> raisers;
+  for (int t = 0; t < 2; ++t) {
+    raisers.emplace_back([&] {
+      while (!stop.load(std::memory_order_relaxed)) {
+        workload(a);
+      }
+    });
+  }
+  while (counts.snapshot().total_calls() < 1000) {  // the raisers are running
+    std::this_thread::yield();
+  }
+  // Rounds until the checker has seen events from many of them (bounded: a stuck raiser fails the
+  // count below rather than hanging).
+  for (int round = 0; round < 100000 && check.events.load() < 20000; ++round) {
+    ph::scoped_hook checking{check};
+    std::this_thread::yield();
+  }
+  stop.store(true, std::memory_order_relaxed);
+  for (auto& th : raisers) {
+    th.join();
+  }
+  EXPECT_GT(check.events.load(), 0U);
+  EXPECT_EQ(check.without_seq.load(), 0U);
+  EXPECT_EQ(check.without_time.load(), 0U);
+}
+
 // Threads install and remove narrow hooks (process and thread scope) while all of them allocate
 // under a process-wide counting hook that takes everything: the counts come out exact and the
 // registry ends with nothing wanted.
