@@ -7,17 +7,24 @@
 //   event/line_profiler/<u>   line_profiler::on_event alone: a malloc post (stack capture, trie,
 //                             pointer table) and the matching free pre (per pair of events)
 //   malloc_event/line_profiler/<u>  on_event for a malloc post alone (the stack-capturing kind)
+//   threads/pair/no_hook, threads/pair/line_profiler/<default>
+//                             the pair on up to 8 threads at once (as many as the host has
+//                             cores), each on its own pool, with one profiler for all of them
 // The summary line gives the default unwinder's cost per malloc event, per event averaged over
 // a malloc and its free, and the time added to an alloc+free pair per working event ((pair with
 // the profiler - pair with no hook) / 2: two of a pair's four events do work, malloc post and
-// free pre; this includes the hook registry's dispatch). Times are CPU times.
+// free pre; this includes the hook registry's dispatch), alone and with every thread at once.
+// Times are CPU times (per thread where threads run at once).
 // Target (DESIGN.md §5): <= 0.3 us per event with a 16-frame stack.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "poolscope/hooks/counting_hook.hpp"
@@ -78,6 +85,22 @@ void bm_pair_line_profiler(benchmark::State& state, stack_unwinder u) {
   poolscope::hooks::scoped_hook on{prof};
   pairs(state, alloc);
   state.counters["nodes"] = static_cast<double>(prof.node_count());
+}
+
+// The pair on every thread of the run at once, each on its own pool; with `profiler`, one
+// profiler for all, installed by thread 0 before the timed loop, whose start every thread waits
+// for (and removed after its end).
+void bm_threads_pair(benchmark::State& state, line_profiler* profiler) {
+  poolscope::pool::host_resource host;
+  poolscope::pool::best_fit_allocator alloc{host};
+  static std::optional<poolscope::hooks::scoped_hook> on;
+  if (profiler != nullptr && state.thread_index() == 0) {
+    on.emplace(*profiler);
+  }
+  pairs(state, alloc);
+  if (state.thread_index() == 0) {
+    on.reset();
+  }
 }
 
 void bm_event_line_profiler(benchmark::State& state, stack_unwinder u) {
@@ -161,6 +184,14 @@ int main(int argc, char** argv) {
                                    bm_malloc_event_line_profiler, u);
     }
   }
+  // Up to 8 threads at once, no more than the host's cores (2 on CI: still contention).
+  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2U, 8U));
+  static line_profiler shared{{.max_depth = k_stack_depth}};
+  benchmark::RegisterBenchmark("threads/pair/no_hook", bm_threads_pair, nullptr)->Threads(threads);
+  const std::string shared_name(poolscope::profiler::to_string(shared.unwinder()));
+  benchmark::RegisterBenchmark(("threads/pair/line_profiler/" + shared_name).c_str(),
+                               bm_threads_pair, &shared)
+      ->Threads(threads);
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) {
     return 1;
@@ -175,12 +206,20 @@ int main(int argc, char** argv) {
   const double with = reporter.ns("pair/line_profiler/" + def);
   const double direct = reporter.ns("event/line_profiler/" + def);
   const double malloc_only = reporter.ns("malloc_event/line_profiler/" + def);
+  const std::string at = "/threads:" + std::to_string(threads);
+  const double base_threads = reporter.ns("threads/pair/no_hook" + at);
+  const double with_threads = reporter.ns("threads/pair/line_profiler/" + def + at);
   if (base >= 0 && with >= 0 && direct >= 0 && malloc_only >= 0) {
     std::printf(
         "summary: line profiler (%s, %d-frame stacks, CPU time): %.0f ns per malloc event "
         "(stack captured), %.0f ns per event averaged over malloc+free, %.0f ns added per "
-        "working event in an alloc+free pair (target <= 300 ns); pair %.0f ns without a hook\n",
+        "working event in an alloc+free pair (target <= 300 ns); pair %.0f ns without a hook",
         def.c_str(), k_stack_depth, malloc_only, direct / 2.0, (with - base) / 2.0, base);
+    if (base_threads >= 0 && with_threads >= 0) {
+      std::printf("; %.0f ns added per working event with %d threads at once",
+                  (with_threads - base_threads) / 2.0, threads);
+    }
+    std::printf("\n");
   } else {
     std::printf("summary: filtered run, no per-event figure (run without --benchmark_filter)\n");
   }
