@@ -31,7 +31,6 @@ namespace {
 
 /// Counts one installation in (+1) or out (-1) of g_wanted and g_installed.
 void count_installation(const installed& i, bool in) noexcept {
-  const std::uint32_t bits = i.bits;
   const auto count = [in](std::atomic<std::uint32_t>& c) {
     if (in) {
       c.fetch_add(1, std::memory_order_relaxed);
@@ -39,7 +38,7 @@ void count_installation(const installed& i, bool in) noexcept {
       c.fetch_sub(1, std::memory_order_relaxed);
     }
   };
-  for (std::uint32_t rest = bits; rest != 0; rest &= rest - 1) {
+  for (std::uint32_t rest = i.bits; rest != 0; rest &= rest - 1) {
     count(g_wanted[std::countr_zero(rest)]);
   }
   count(g_installed);
@@ -153,7 +152,7 @@ thread_hooks::~thread_hooks() {
 /// This thread's reader slot, made (or taken from the free list) at its first delivery; null
 /// if it could not be had (no memory, or the thread's hooks are gone at exit).
 reader_slot* this_thread_slot(process_hooks& reg) noexcept {
-  if (t_slot != nullptr || t_slot_asked) {
+  if (t_slot_asked) {  // set whenever t_slot is
     return t_slot;
   }
   t_slot_asked = true;

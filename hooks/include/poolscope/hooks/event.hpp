@@ -53,7 +53,7 @@ enum class free_error : std::uint8_t {
 /// `allocator_name` lives as long as the allocator).
 struct event {
   std::uint64_t seq = 0;      ///< process-wide sequence number (0: no hook asks for one)
-  std::uint64_t time_ns = 0;  ///< monotonic clock, ns
+  std::uint64_t time_ns = 0;  ///< monotonic clock, ns (0: no hook asks for it)
   std::uint64_t thread = 0;   ///< OS thread id of the caller
   event_kind kind = event_kind::pool_malloc;
   event_phase phase = event_phase::instant;
