@@ -84,11 +84,16 @@ if [ "$only" != pools ]; then
   step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
     "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
-  step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda \
+  # The three demos compared below run after a warm-up demo and keep the best of 10 rounds: the
+  # first demo process on a 4-GPU machine (CUPTI on) ran 13-22 % slower than the same command
+  # run again later, which read as CUPTI's cost (docs/perf.md, twenty-seventh session).
+  step "demo warm-up (cuda, not compared)" "$out/demo.log" "$cli" demo --devices cuda \
+    --no-cupti --repeat 1 --trace /tmp/demo_warmup.json --report /tmp/demo_warmup_report.json
+  step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
     --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
-  step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --no-cupti \
-    --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
-  step "demo (cuda, CUPTI all kinds)" "$out/demo.log" "$cli" demo --devices cuda \
+  step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
+    --no-cupti --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
+  step "demo (cuda, CUPTI all kinds)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
     --cupti-kinds all --trace /tmp/demo_allcupti.json --report "$out/demo_allcupti_report.json"
   # CUPTI's cost: the demo's step times with the default kinds and with all, over those without.
   if command -v python3 >/dev/null; then
