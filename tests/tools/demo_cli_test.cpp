@@ -46,6 +46,8 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   EXPECT_EQ(demo.at("kernel_graphs"), true);
   // C split at 0.7 N, A at N/2: 0.2 N floats move from device 0 to device 1.
   EXPECT_EQ(demo.at("bytes_moved").get<std::int64_t>(), 40000 * 4);
+  // And the summary says it in the unit that reads best (160000 B = 156.25 KiB), not 0.15 MiB.
+  EXPECT_NE(r.out.find("; moved 156 KiB\n"), std::string::npos) << r.out;
   const double add = demo.at("t_add_ms"), reshard = demo.at("t_reshard_ms");
   const double fused = demo.at("t_fused_ms");
   EXPECT_NEAR(demo.at("eta").get<double>(), (add + reshard - fused) / std::min(add, reshard), 1e-9);
@@ -131,6 +133,7 @@ TEST(cli_darray_demo, one_device_moves_nothing_and_says_eta_is_not_applicable) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("summary: all"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("; eta n/a;"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; moved 0 B\n"), std::string::npos) << r.out;
   const json demo = json::parse(read_file(report)).at("run").at("demo");
   EXPECT_EQ(demo.at("bytes_moved"), 0);
   EXPECT_TRUE(demo.at("eta").is_null()) << demo.dump();

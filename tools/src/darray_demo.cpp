@@ -16,6 +16,7 @@
 #include "cli_files.hpp"
 #include "host_memory.hpp"
 #include "poolscope/bench/darray_bench.hpp"
+#include "poolscope/bench/text_table.hpp"
 #include "poolscope/bench/timing.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/fork_join.hpp"
@@ -82,8 +83,9 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-std::string mib(std::int64_t bytes) {
-  return fmt("%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+// Bytes in the unit that reads best: a few KiB moved at a small --n are not "0.00 MiB".
+std::string size_text(std::int64_t bytes) {
+  return bench::format_size(static_cast<std::size_t>(std::max<std::int64_t>(bytes, 0)));
 }
 
 // Wall time of `fn` (which returns once its result is complete), in milliseconds.
@@ -500,7 +502,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     << "\n\n";
   t << fmt("  A + B                      %9.3f ms\n", res.t_add_ms);
   t << fmt("  C.reshard(A.index_map())   %9.3f ms", res.t_reshard_ms) << "   moved "
-    << mib(res.bytes_moved) << ", already in place " << mib(res.bytes_local) << "\n";
+    << size_text(res.bytes_moved) << ", already in place " << size_text(res.bytes_local) << "\n";
   t << fmt("  A + C.reshard(A.index_map) %9.3f ms", res.t_fused_ms)
     << (std::isnan(res.eta)
             ? std::string("   eta n/a  (nothing moves between devices: no transfer to hide)\n")
@@ -548,8 +550,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   t << "\n  allocators (" << o.allocator << "):\n";
   for (const auto& m : mem) {
     t << "    device " << m["device"].get<int>() << ": peak in use "
-      << mib(m["peak_in_use"].get<std::int64_t>()) << ", peak reserved "
-      << mib(m["peak_reserved"].get<std::int64_t>()) << ", upstream allocations "
+      << size_text(m["peak_in_use"].get<std::int64_t>()) << ", peak reserved "
+      << size_text(m["peak_reserved"].get<std::int64_t>()) << ", upstream allocations "
       << m["upstream_allocs"].get<std::int64_t>() << "\n";
   }
   t << "    buffers handed on in queue order (no allocator call): " << bs.buffers_reused
@@ -576,8 +578,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
           if (nd.file.find("darray_demo.cpp") != std::string::npos && nd.total.used > 0) {
             sites.emplace_back(nd.total.used,
                                "line " + std::to_string(nd.line) + ": " +
-                                   mib(static_cast<std::int64_t>(nd.total.used)) + " used, " +
-                                   mib(static_cast<std::int64_t>(nd.total.acquired)) +
+                                   size_text(static_cast<std::int64_t>(nd.total.used)) + " used, " +
+                                   size_text(static_cast<std::int64_t>(nd.total.acquired)) +
                                    " acquired in " + std::to_string(nd.total.count) +
                                    " allocations");
           }
@@ -613,7 +615,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     }
     t << " (median)";
   }
-  t << "; moved " << mib(res.bytes_moved) << "\n";
+  t << "; moved " << size_text(res.bytes_moved) << "\n";
   res.text = t.str();
   return res;
 }
