@@ -127,6 +127,7 @@ replay_result replay(const event_log& log, pool::allocator& alloc, const replay_
     if (rec.kind == hooks::event_kind::pool_malloc && rec.phase == hooks::event_phase::post) {
       if (auto old = live.find(key); old != live.end()) {
         // The log reuses a pointer whose free it never recorded: the block was freed then.
+        ++r.implied_frees;
         if (old->second.ptr != nullptr) {
           do_free(old->second, false);
         }
@@ -214,7 +215,7 @@ std::string replay_result::to_text() const {
       ")\n"
       "failed allocations   %" PRIu64 " (recorded failures %" PRIu64
       ")\n"
-      "unknown frees        %" PRIu64 " (frees of failed blocks %" PRIu64
+      "unknown frees        %" PRIu64 " (frees of failed blocks %" PRIu64 ", implied frees %" PRIu64
       ")\n"
       "live at end          %" PRIu64
       "\n"
@@ -227,10 +228,10 @@ std::string replay_result::to_text() const {
       "summary: peak reserved / peak requested = %.3f, %" PRIu64 " failed allocations\n",
       allocator.c_str(), completed ? "" : " (stopped early)", records, mallocs, frees,
       skipped_records, failed_allocations, recorded_failures, unknown_frees, frees_of_failed,
-      live_at_end, format_bytes(peak_requested).c_str(), format_bytes(peak_reserved).c_str(),
-      upstream_allocs, upstream_frees, malloc_latency.p50_ns, malloc_latency.p99_ns,
-      malloc_latency.max_ns, free_latency.p50_ns, free_latency.p99_ns, free_latency.max_ns, ratio,
-      failed_allocations);
+      implied_frees, live_at_end, format_bytes(peak_requested).c_str(),
+      format_bytes(peak_reserved).c_str(), upstream_allocs, upstream_frees, malloc_latency.p50_ns,
+      malloc_latency.p99_ns, malloc_latency.max_ns, free_latency.p50_ns, free_latency.p99_ns,
+      free_latency.max_ns, ratio, failed_allocations);
   return std::string(
       buf, n > 0 ? std::min<std::size_t>(static_cast<std::size_t>(n), sizeof buf - 1) : 0);
 }
@@ -244,6 +245,7 @@ std::string replay_result::to_json() const {
   j["frees"] = frees;
   j["failed_allocations"] = failed_allocations;
   j["unknown_frees"] = unknown_frees;
+  j["implied_frees"] = implied_frees;
   j["frees_of_failed"] = frees_of_failed;
   j["recorded_failures"] = recorded_failures;
   j["skipped_records"] = skipped_records;

@@ -247,6 +247,28 @@ TEST(replay, capacity_gives_the_expected_failed_allocations) {
   EXPECT_EQ(naive_model(log, 4096).failed, 2u);
 }
 
+TEST(replay, a_malloc_of_a_live_pointer_frees_its_block_first_and_is_counted) {
+  // 0xa's free is missing from the log: its block is freed when 0xa is allocated again, so the
+  // peak is the larger of the two sizes, not their sum, and nothing is left at the end.
+  const event_log log = make_log({
+      malloc_rec(0xa, 1000),
+      malloc_rec(0xb, 300),  // live 1300
+      malloc_rec(0xa, 500),  // 0xa's 1000 freed first: live 800
+      free_rec(0xa, 500),
+      free_rec(0xb, 300),
+  });
+  const replay_result r = replay_on_host(log, "naive");
+  EXPECT_EQ(r.implied_frees, 1u);
+  EXPECT_EQ(r.unknown_frees, 0u);
+  EXPECT_EQ(r.mallocs, 3u);
+  EXPECT_EQ(r.frees, 3u);  // passed to the allocator: the two logged and the implied one
+  EXPECT_EQ(r.peak_requested, 1300u);
+  EXPECT_EQ(r.live_at_end, 0u);
+  EXPECT_EQ(r.upstream_allocs, r.upstream_frees);  // naive: every block went back
+  EXPECT_NE(r.to_text().find("implied frees 1)"), std::string::npos) << r.to_text();
+  EXPECT_NE(r.to_json().find("\"implied_frees\": 1"), std::string::npos) << r.to_json();
+}
+
 TEST(replay, other_records_and_allocators_are_skipped) {
   event_log log = make_log({malloc_rec(0xa, 100), malloc_rec(0xb, 200), free_rec(0xa, 100)});
   log.allocators.push_back("inner");

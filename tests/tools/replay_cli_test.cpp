@@ -104,19 +104,22 @@ TEST(replay_cli, table_and_summary_line) {
 }
 
 TEST(replay_cli, an_inconsistent_log_is_said_so_under_the_table) {
-  // The hand log, then a double free of A, a free of a pointer never allocated and a block D
-  // never freed: the replay leaves the two frees out, and says so, and D.
-  const std::string log =
-      write_file("poolscope-replay", hand_log() + rec(7, "free", "0x1000", 1000, "pre") +
-                                         rec(8, "free", "0x9000", 64, "pre") +
-                                         rec(9, "malloc", "0x4000", 512, "post"));
+  // The hand log, then a double free of A, a free of a pointer never allocated, a block D
+  // allocated twice with no free between and never freed: the replay leaves the two frees out,
+  // frees D's first block at its second malloc, and says all three, and D.
+  const std::string log = write_file(
+      "poolscope-replay",
+      hand_log() + rec(7, "free", "0x1000", 1000, "pre") + rec(8, "free", "0x9000", 64, "pre") +
+          rec(9, "malloc", "0x4000", 512, "post") + rec(10, "malloc", "0x4000", 256, "post"));
   const std::string out = run_cli({"replay", log, "--allocators", "naive,bfc"});
   EXPECT_NE(out.find("\nlog: 2 frees of pointers not live (left out: double frees, or a log "
-                     "begun mid-run); 1 block never freed\n"),
+                     "begun mid-run); 1 malloc of a pointer still live (its free is not in the "
+                     "log: freed there); 1 block never freed\n"),
             std::string::npos)
       << out;
   const json j = replay_json({"--allocators", "naive"}, log);
   EXPECT_EQ(j["results"][0]["unknown_frees"], 2);
+  EXPECT_EQ(j["results"][0]["implied_frees"], 1);
   EXPECT_EQ(j["results"][0]["live_at_end"], 1);
   EXPECT_EQ(j["results"][0]["peak_requested"], 5000);
 }

@@ -113,7 +113,8 @@ void print_table(std::ostream& out, const std::vector<profiler::replay_result>& 
 }
 
 /// What the log itself says, the same on every strategy: frees of pointers that were not live
-/// (a double free, or a log that starts mid-run), records skipped, failures recorded, blocks
+/// (a double free, or a log that starts mid-run), mallocs of pointers still live (a lost free),
+/// records skipped, failures recorded, blocks
 /// never freed (from a replay that failed no allocation: a failed block is not live). Nothing
 /// when the log is complete and consistent.
 void print_log_notes(std::ostream& out, const std::vector<profiler::replay_result>& results) {
@@ -129,6 +130,8 @@ void print_log_notes(std::ostream& out, const std::vector<profiler::replay_resul
   note(r.unknown_frees,
        "free of a pointer not live (left out: a double free, or a log begun mid-run)",
        "frees of pointers not live (left out: double frees, or a log begun mid-run)");
+  note(r.implied_frees, "malloc of a pointer still live (its free is not in the log: freed there)",
+       "mallocs of pointers still live (their frees are not in the log: freed there)");
   note(r.skipped_records, "record skipped (another allocator's, or not a malloc or free)",
        "records skipped (another allocator's, or not a malloc or free)");
   note(r.recorded_failures, "allocation failure recorded", "allocation failures recorded");

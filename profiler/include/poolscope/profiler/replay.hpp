@@ -11,7 +11,9 @@
 // Semantics: records are replayed in order, on the calling thread. A malloc record allocates
 // its size (alignment 256); the recorded pointer is mapped to the new one. A free record frees
 // the block its recorded pointer maps to, with the size it was allocated with. Frees of pointers
-// that were never allocated in the replay are counted (unknown_frees), never passed on;
+// that were never allocated in the replay are counted (unknown_frees), never passed on; a
+// malloc record of a pointer still live means the log lost that block's free: the block is
+// freed there, and counted (implied_frees);
 // frees of blocks whose replayed allocation failed are counted apart. An allocation that throws
 // out_of_memory is a failed allocation (the replay goes on). Other records (device_alloc,
 // split, oom, ...) are consequences of the recorded allocator and are skipped; recorded
@@ -78,6 +80,7 @@ struct replay_result {
   std::uint64_t frees = 0;               ///< frees passed to the allocator
   std::uint64_t failed_allocations = 0;  ///< allocations that threw out_of_memory
   std::uint64_t unknown_frees = 0;       ///< frees of pointers never allocated in the replay
+  std::uint64_t implied_frees = 0;       ///< mallocs of a pointer still live (its free not logged)
   std::uint64_t frees_of_failed = 0;     ///< frees of blocks whose allocation failed here
   std::uint64_t recorded_failures = 0;   ///< oom records of the log (not replayed)
   std::uint64_t skipped_records = 0;     ///< other kinds, and other allocators' records
