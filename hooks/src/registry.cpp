@@ -18,6 +18,15 @@ namespace detail {
 std::atomic<std::uint32_t> g_installed{0};
 std::atomic<std::uint32_t> g_wanted[event_filter::bit_count] = {};
 
+namespace {
+/// Per (kind, phase) bit: installations whose interests hold it and that read event::seq (low
+/// 32 bits) or event::time_ns (high 32 bits), so delivery reads both in one load. Written at
+/// installation and removal only.
+constexpr std::uint64_t one_numbered = 1;
+constexpr std::uint64_t one_timed = std::uint64_t{1} << 32;
+std::atomic<std::uint64_t> g_needs[event_filter::bit_count] = {};
+}  // namespace
+
 /// One installation: the hook, and its interests and needs of sequence numbers and timestamps as
 /// read then.
 struct installed {
@@ -29,7 +38,7 @@ struct installed {
 
 namespace {
 
-/// Counts one installation in (+1) or out (-1) of g_wanted and g_installed.
+/// Counts one installation in (+1) or out (-1) of g_wanted, g_needs and g_installed.
 void count_installation(const installed& i, bool in) noexcept {
   const auto count = [in](std::atomic<std::uint32_t>& c) {
     if (in) {
@@ -38,8 +47,17 @@ void count_installation(const installed& i, bool in) noexcept {
       c.fetch_sub(1, std::memory_order_relaxed);
     }
   };
+  const std::uint64_t needs = (i.sequenced ? one_numbered : 0) | (i.timed ? one_timed : 0);
   for (std::uint32_t rest = i.bits; rest != 0; rest &= rest - 1) {
-    count(g_wanted[std::countr_zero(rest)]);
+    const int b = std::countr_zero(rest);
+    count(g_wanted[b]);
+    if (needs != 0) {
+      if (in) {
+        g_needs[b].fetch_add(needs, std::memory_order_relaxed);
+      } else {
+        g_needs[b].fetch_sub(needs, std::memory_order_relaxed);
+      }
+    }
   }
   count(g_installed);
 }
@@ -255,14 +273,19 @@ void deliver(event& e) noexcept {
     return;
   }
   t_in_hook = true;
-  // seq and time_ns are filled for the first receiver that reads them, so an event that only
-  // hooks wanting neither receive writes no process-wide counter (the one line every thread's
-  // events would write) and reads no clock. Deciding per receiver, not from counts read before
-  // the stacks, also gives a hook installed while the event is in flight its number and time.
-  e.seq = 0;
-  e.time_ns = 0;
+  // seq and time_ns are filled only while an installed hook that receives this kind of event
+  // reads them, so an event that only hooks wanting neither receive writes no process-wide
+  // counter (the one line every thread's events would write) and reads no clock. They are
+  // filled before the first receiver, so a hook that reads neither sees them too when another
+  // does, whatever the order of delivery (the line profiler's peak_seq); and again, lazily, for
+  // a receiver that reads them when the counts read here did not have it yet (a hook installed
+  // while the event is in flight).
+  const int index = event_filter::bit_of(e.kind, e.phase);
+  const std::uint64_t needs = g_needs[index].load(std::memory_order_relaxed);
+  e.seq = (needs & (one_timed - 1)) != 0 ? g_seq.next.fetch_add(1, std::memory_order_relaxed) : 0;
+  e.time_ns = needs >= one_timed ? now_ns() : 0;
   e.thread = current_thread_id();
-  const std::uint32_t bit = std::uint32_t{1} << event_filter::bit_of(e.kind, e.phase);
+  const std::uint32_t bit = std::uint32_t{1} << index;
   const auto give = [&e, bit](const installed& i) {
     if ((i.bits & bit) == 0) {
       return;

@@ -306,6 +306,50 @@ TEST(hooks_interests, events_are_numbered_and_timed_only_while_a_hook_wants_it) 
   EXPECT_TRUE(every.wants_time());
 }
 
+// Numbers and times are given before the first receiver: a hook that reads neither, delivered
+// before the one that reads both (installed after it, or on this thread against a process-wide
+// one), sees the same values. A reader of other events only gives these none.
+TEST(hooks_interests, every_receiver_sees_the_numbers_whatever_the_delivery_order) {
+  host_resource host;
+  best_fit_allocator a{host};
+  for (const ph::scope plain_where : {ph::scope::process, ph::scope::thread}) {
+    SCOPED_TRACE(plain_where == ph::scope::process ? "plain process-wide, installed last"
+                                                   : "plain on this thread");
+    fields_hook both{true, true};
+    fields_hook plain{false, false};
+    {
+      ph::scoped_hook on_both{both};                 // delivered last
+      ph::scoped_hook on_plain{plain, plain_where};  // delivered first
+      workload(a);
+    }
+    ASSERT_FALSE(plain.seqs.empty());
+    EXPECT_EQ(plain.seqs, both.seqs);
+    EXPECT_EQ(plain.times, both.times);
+    for (std::size_t i = 0; i < plain.seqs.size(); ++i) {
+      EXPECT_GE(plain.seqs[i], 1U) << i;
+      EXPECT_GE(plain.times[i], 1U) << i;
+    }
+  }
+  // A reader of oom events alone: the workload raises none, and numbers and times nothing.
+  struct oom_reader final : ph::hook {
+    void on_event(const ph::event& /*e*/) noexcept override {}
+    [[nodiscard]] event_filter interests() const noexcept override {
+      return event_filter{}.add(event_kind::oom, event_phase::instant);
+    }
+  } oom;
+  fields_hook plain{false, false};
+  {
+    ph::scoped_hook on_oom{oom};
+    ph::scoped_hook on_plain{plain};
+    workload(a);
+  }
+  ASSERT_FALSE(plain.seqs.empty());
+  for (std::size_t i = 0; i < plain.seqs.size(); ++i) {
+    EXPECT_EQ(plain.seqs[i], 0U) << i;
+    EXPECT_EQ(plain.times[i], 0U) << i;
+  }
+}
+
 // A hook that reads seq and time_ns, installed and removed over and over while other threads
 // raise events that another hook (reading neither) already receives: every event it gets carries
 // both, even one that was in flight when it was installed.

@@ -7,13 +7,13 @@
 //     }
 //   };
 //
-// Ordering: `seq` is one process-wide sequence (given to an event when it reaches a hook that asks
-// for it, hook::wants_sequence; 0 before and without one). Allocators emit a post event only after
-// a successful allocation and a pre-free event before the block can be reused, so for any one
-// pointer the sequence order is the true order of what happened to it.
-// Clock: `time_ns` is CLOCK_MONOTONIC nanoseconds (hooks::now_ns()), the one clock every
-// poolscope timestamp uses (taken, like seq, when the event reaches a hook that asks for it:
-// hook::wants_time).
+// Ordering: `seq` is one process-wide sequence (given to an event, before any hook receives it,
+// while an installed hook that receives it asks for one, hook::wants_sequence; 0 without one).
+// Allocators emit a post event only after a successful allocation and a pre-free event before the
+// block can be reused, so for any one pointer the sequence order is the true order of what happened
+// to it. Clock: `time_ns` is CLOCK_MONOTONIC nanoseconds (hooks::now_ns()), the one clock every
+// poolscope timestamp uses (taken, like seq, while an installed hook that receives the event asks
+// for it: hook::wants_time).
 #pragma once
 
 #include <cstddef>

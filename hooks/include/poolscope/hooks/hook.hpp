@@ -116,15 +116,15 @@ class hook {
   /// twice), so it must not change while the hook is installed. Default: every event.
   [[nodiscard]] virtual event_filter interests() const noexcept { return event_filter::all(); }
   /// Whether this hook reads event::seq; read once at installation, like interests(). An event
-  /// is numbered when it first reaches a hook that says true (a hook that says false may see seq
-  /// 0), so while no installed hook does, delivery writes no process-wide counter and threads
+  /// is numbered, for every receiver, while an installed hook that receives it says true; while
+  /// none does it is not (seq 0), so delivery writes no process-wide counter and threads
   /// raising events at once share no written cache line (one counter written by every event
   /// costs hundreds of ns per event with 8 threads). Default: true.
   [[nodiscard]] virtual bool wants_sequence() const noexcept { return true; }
   /// Whether this hook reads event::time_ns; read once at installation, like interests(). An
-  /// event is timed when it first reaches a hook that says true (a hook that says false may see
-  /// time_ns 0), so while no installed hook does, delivery reads no clock (a clock_gettime is
-  /// 20-35 ns, a third of what a counting hook costs per event). Default: true.
+  /// event is timed, for every receiver, while an installed hook that receives it says true;
+  /// while none does it is not (time_ns 0), so delivery reads no clock (a clock_gettime is 20-35
+  /// ns, a third of what a counting hook costs per event). Default: true.
   [[nodiscard]] virtual bool wants_time() const noexcept { return true; }
 };
 
@@ -154,9 +154,9 @@ struct thread_registry;
   return detail::g_wanted[event_filter::bit_of(k, p)].load(std::memory_order_relaxed) != 0;
 }
 
-/// Delivers `e` to the installed hooks that want it, filling thread, and seq and time_ns for the
-/// first receiver that reads them (hook::wants_sequence, hook::wants_time; 0 until then). Call
-/// only when active() is true. Never throws.
+/// Delivers `e` to the installed hooks that want it, filling thread, and seq and time_ns while an
+/// installed hook that receives it reads them (hook::wants_sequence, hook::wants_time; else 0).
+/// Call only when active() is true. Never throws.
 inline void dispatch(event& e) noexcept {
   detail::deliver(e);
 }
