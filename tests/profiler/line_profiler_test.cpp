@@ -324,6 +324,50 @@ TEST(line_profiler, live_and_live_at_peak_match_a_hand_computed_scenario) {
   EXPECT_EQ(nodes_with_self_count(end).size(), 3u);
 }
 
+// The profiler asks for no event numbers: alone, its peak_seq is 0; beside a hook that reads them
+// (installed first, so delivered after the profiler), it is the number that hook saw on the
+// malloc that reached the peak.
+TEST(line_profiler, peak_seq_is_the_number_another_hook_reads) {
+  struct numbers final : hooks::hook {
+    std::vector<std::uint64_t> malloc_seqs;  // one thread
+    void on_event(const hooks::event& e) noexcept override { malloc_seqs.push_back(e.seq); }
+    [[nodiscard]] hooks::event_filter interests() const noexcept override {
+      return hooks::event_filter{}.add(hooks::event_kind::pool_malloc, hooks::event_phase::post);
+    }
+  };
+  pool::host_resource host;
+  pool::naive_allocator alloc{host};
+  const auto script = [&alloc] {
+    void* a = alloc.allocate({}, 100);  // [100]
+    void* b = alloc.allocate({}, 200);  // [300]: the peak
+    alloc.deallocate({}, a, 100);       // [200]
+    void* c = alloc.allocate({}, 50);   // [250]
+    alloc.deallocate({}, b, 200);
+    alloc.deallocate({}, c, 50);
+  };
+  line_profiler alone;
+  EXPECT_FALSE(alone.wants_sequence());
+  {
+    hooks::scoped_hook on{alone};
+    script();
+  }
+  EXPECT_EQ(alone.report({.symbolize = false}).peak_live, 300u);
+  EXPECT_EQ(alone.report({.symbolize = false}).peak_seq, 0u);
+
+  numbers seen;
+  line_profiler beside;
+  {
+    hooks::scoped_hook on_numbers{seen};
+    hooks::scoped_hook on_profiler{beside};
+    script();
+  }
+  ASSERT_EQ(seen.malloc_seqs.size(), 3u);
+  EXPECT_NE(seen.malloc_seqs[1], 0u);
+  const line_profile r = beside.report({.symbolize = false});
+  EXPECT_EQ(r.peak_live, 300u);
+  EXPECT_EQ(r.peak_seq, seen.malloc_seqs[1]);  // b's malloc
+}
+
 TEST(line_profiler, random_allocations_keep_exact_live_figures) {
   // Thousands of live blocks, freed in random order: the pointer tables grow and shrink.
   const unsigned seed = std::random_device{}();

@@ -90,7 +90,9 @@ class line_profile {
   profile_node root;
   /// Highest sum of live requested bytes over the profile (the instant live_at_peak refers to).
   std::uint64_t peak_live = 0;
-  /// Sequence number (hooks::event::seq) of the event that reached the peak.
+  /// Sequence number (hooks::event::seq) of the event that reached the peak, when a hook that
+  /// numbers events (the recorder, the timeline) was installed beside the profiler; 0 otherwise
+  /// (line_profiler::wants_sequence).
   std::uint64_t peak_seq = 0;
   /// Events attributed (pool_malloc, pool_free, device_alloc, device_free).
   std::uint64_t events = 0;

@@ -112,8 +112,13 @@ class line_profiler final : public hooks::hook {
   void on_event(const hooks::event& e) noexcept override;
   /// Those four (kind, phase) pairs: allocators build no other event for it.
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
-  /// False: the profile is of call stacks and bytes, not of time (it reads seq, for its peak).
+  /// False: the profile is of call stacks and bytes, not of time.
   [[nodiscard]] bool wants_time() const noexcept override { return false; }
+  /// False: events are numbered for it only while a hook that reads the number is installed
+  /// too (the recorder, the timeline), so `peak_seq` can be found in their logs; alone, the
+  /// profiler leaves it 0. Numbering is one process-wide atomic per event, which threads
+  /// allocating at once would contend on.
+  [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
 
   /// A symbolized snapshot of everything recorded so far. Thread-safe; the lock is held only
   /// while the tree is copied, symbolization runs outside it.
