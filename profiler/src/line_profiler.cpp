@@ -347,8 +347,8 @@ struct line_profiler::state {
     return cur;
   }
 
-  std::uint32_t leaf_for(const std::uintptr_t* frames, std::size_t depth) {
-    const std::uint64_t h = hash_stack(frames, depth);
+  // The leaf of a stack whose hash_stack() is `h` (computed before the lock is taken).
+  std::uint32_t leaf_for(std::uint64_t h, const std::uintptr_t* frames, std::size_t depth) {
     const std::uint32_t known = leaves.find(h, frames, depth);
     if (known != UINT32_MAX) {
       return known;
@@ -451,7 +451,7 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
       return;
     }
 
-    // The stack is captured before taking the lock: it is the expensive part.
+    // The stack is captured, and hashed, before taking the lock: it is the expensive part.
     std::uintptr_t raw[max_supported_depth + 128];
     const std::size_t own_frames = s.own_frames.load(std::memory_order_relaxed);
     const std::size_t capacity =
@@ -475,12 +475,14 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
     const bool truncated = depth > options_.max_depth || n == capacity;
     depth = std::min(depth, options_.max_depth);
 
+    const std::uint64_t stack_hash = hash_stack(raw + top, depth);
+
     std::lock_guard lock(s.mutex);
     ++s.events;
     if (truncated) {
       ++s.truncated;
     }
-    const std::uint32_t leaf = s.leaf_for(raw + top, depth);
+    const std::uint32_t leaf = s.leaf_for(stack_hash, raw + top, depth);
     trie_node& node = s.nodes[leaf];
     if (e.kind == hooks::event_kind::pool_malloc) {
       const std::uint64_t bytes = e.requested;
