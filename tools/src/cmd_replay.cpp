@@ -114,9 +114,8 @@ void print_table(std::ostream& out, const std::vector<profiler::replay_result>& 
 
 /// What the log itself says, the same on every strategy: frees of pointers that were not live
 /// (a double free, or a log that starts mid-run), mallocs of pointers still live (a lost free),
-/// records skipped, failures recorded, blocks
-/// never freed (from a replay that failed no allocation: a failed block is not live). Nothing
-/// when the log is complete and consistent.
+/// records skipped, failures recorded, blocks never freed (from a replay that failed no
+/// allocation: a failed block is not live). Nothing when the log is complete and consistent.
 void print_log_notes(std::ostream& out, const std::vector<profiler::replay_result>& results) {
   const profiler::replay_result& r = results.front();
   const auto whole = std::find_if(results.begin(), results.end(),
