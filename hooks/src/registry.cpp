@@ -40,26 +40,20 @@ namespace {
 
 /// Counts one installation in (+1) or out (-1) of g_wanted, g_needs and g_installed.
 void count_installation(const installed& i, bool in) noexcept {
-  const auto count = [in](std::atomic<std::uint32_t>& c) {
+  const auto count = [in](auto& counter, auto amount) {
     if (in) {
-      c.fetch_add(1, std::memory_order_relaxed);
+      counter.fetch_add(amount, std::memory_order_relaxed);
     } else {
-      c.fetch_sub(1, std::memory_order_relaxed);
+      counter.fetch_sub(amount, std::memory_order_relaxed);
     }
   };
   const std::uint64_t needs = (i.sequenced ? one_numbered : 0) | (i.timed ? one_timed : 0);
   for (std::uint32_t rest = i.bits; rest != 0; rest &= rest - 1) {
     const int b = std::countr_zero(rest);
-    count(g_wanted[b]);
-    if (needs != 0) {
-      if (in) {
-        g_needs[b].fetch_add(needs, std::memory_order_relaxed);
-      } else {
-        g_needs[b].fetch_sub(needs, std::memory_order_relaxed);
-      }
-    }
+    count(g_wanted[b], 1U);
+    count(g_needs[b], needs);  // adding 0 changes nothing
   }
-  count(g_installed);
+  count(g_installed, 1U);
 }
 
 /// `h` as installed now: its interests and its needs of sequence numbers and timestamps, read once.
