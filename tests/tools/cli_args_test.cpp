@@ -7,11 +7,11 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "cli_support.hpp"
+#include "host_memory.hpp"
 
 #ifdef POOLSCOPE_CLI_PATH
 
@@ -26,29 +26,20 @@ using poolscope::testing::write_file;
 
 // ---- 3. sizes that cannot fit in host memory ----
 
-// MemAvailable from /proc/meminfo in bytes, 0 if unknown. The demo's largest sizes fit a host with
-// enough memory (704 GiB for its largest --n): there the refusals are not to be expected, and the
-// demo would run them.
-std::uint64_t mem_available_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") {
-      return kib * 1024;
-    }
-  }
-  return 0;
+// The host memory the CLI's size checks compare against (tools/src/host_memory.hpp), 0 if
+// unknown. The demo's largest sizes fit a host with enough of it (704 GiB for its largest --n):
+// there, as where the figure is unknown, the refusals are not to be expected.
+std::uint64_t cli_host_memory() {
+  return poolscope::tools::host_memory_available().bytes;
 }
 
 constexpr std::uint64_t gib = std::uint64_t{1} << 30;
 
 TEST(cli_args, demo_refuses_sizes_that_cannot_fit_in_host_memory) {
   // 2^34 floats (the largest --n): 3 x 64 GiB of input vectors alone, 704 GiB with host devices.
-  if (const std::uint64_t avail = mem_available_bytes(); avail >= 704 * gib) {
-    GTEST_SKIP() << "this host has " << avail / gib
-                 << " GiB available: the demo's largest --n fits";
+  if (const std::uint64_t avail = cli_host_memory(); avail == 0 || avail >= 704 * gib) {
+    GTEST_SKIP() << "the CLI counts on " << avail / gib
+                 << " GiB of host memory (0: unknown), so it does not refuse the largest --n";
   }
   const process_result r =
       run_cli({"demo", "--devices", "host:2", "--n", "17179869184", "--repeat", "1"});
@@ -59,8 +50,9 @@ TEST(cli_args, demo_refuses_sizes_that_cannot_fit_in_host_memory) {
   EXPECT_FALSE(contains(r.err, "bad_alloc")) << r.err;
   // A 65536^2 matmul (the largest) on 64 host devices: the product is replicated on each (1.11
   // TiB).
-  if (const std::uint64_t avail = mem_available_bytes(); avail >= 1137 * gib) {
-    GTEST_SKIP() << "this host has " << avail / gib << " GiB available: the largest matmul fits";
+  if (const std::uint64_t avail = cli_host_memory(); avail == 0 || avail >= 1137 * gib) {
+    GTEST_SKIP() << "the CLI counts on " << avail / gib
+                 << " GiB of host memory (0: unknown), so it does not refuse the largest matmul";
   }
   const process_result m =
       run_cli({"demo", "--devices", "host:64", "--matmul-n", "65536", "--repeat", "1"});
