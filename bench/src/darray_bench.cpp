@@ -86,7 +86,11 @@ struct split_seconds {
   baseline_seconds issue;
   baseline_seconds wait;
 };
+// Each run is a profiler scope of `site` when one is given (as time_op's).
 struct split_samples {
+  explicit split_samples(const profiler::scope_site* scope_of = nullptr) : site(scope_of) {}
+
+  const profiler::scope_site* site;
   std::vector<double> total;
   std::vector<double> issue;
   std::vector<double> wait;
@@ -94,6 +98,10 @@ struct split_samples {
   // One timed run of make().wait().
   template <typename Make>
   void take(Make& make) {
+    std::optional<profiler::scope> s;
+    if (site != nullptr) {
+      s.emplace(*site);
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = make();
     const auto t1 = std::chrono::steady_clock::now();
@@ -112,18 +120,25 @@ struct split_samples {
 // result (the first `start`), with one wait at the end: the rate a loop of dependent ops sustains,
 // where each op's round trip to the devices hides behind the issuing of the next. Timed a chain
 // at a time (to interleave with others); the last chain's result is kept for checking.
+// Each chain (the warm-up too) is a profiler scope of `site` when one is given.
 template <typename Array, typename Step>
 struct chain_samples {
   const Array& start;
   int length;
   Step step;
+  const profiler::scope_site* site;
   std::vector<double> per_op;
   Array last;
 
-  chain_samples(const Array& s, int n, Step f) : start(s), length(std::max(n, 1)), step(f) {
+  chain_samples(const Array& s, int n, Step f, const profiler::scope_site* scope_of = nullptr)
+      : start(s), length(std::max(n, 1)), step(f), site(scope_of) {
     last = run();  // untimed warm-up
   }
   Array run() {
+    std::optional<profiler::scope> sc;
+    if (site != nullptr) {
+      sc.emplace(*site);
+    }
     Array x = start;
     for (int k = 0; k < length; ++k) {
       x = step(x);
@@ -253,14 +268,16 @@ darray_baseline make_baseline(std::string method, std::int64_t bytes, const base
 // detached and written when this goes, however the runs end. Nothing without a path.
 class bench_trace {
  public:
-  bench_trace(std::shared_ptr<darray::backend> be, const std::string& path) : be_(std::move(be)) {
+  bench_trace(std::shared_ptr<darray::backend> be, const std::string& path,
+              const profiler::cupti_options& cupti)
+      : be_(std::move(be)) {
     if (path.empty()) {
       return;
     }
     profiler::timeline_options to;
     to.trace_path = path;
     to.cupti = be_->is_gpu();
-    to.cupti_settings = profiler::with_activity_kinds("kernels,copies,memsets,markers");
+    to.cupti_settings = cupti;
     tl_.emplace(std::move(to));
     tl_->start();
     be_->set_timeline(&*tl_);
@@ -523,20 +540,31 @@ class bench_run {
     const auto fused_step = [&](const farray& x) {
       return x + c.reshard(a.index_map(), reshard_options());
     };
-    // One untimed round of each, then the op, the fused op and the floors in interleaved blocks.
-    add().wait();
-    fused().wait();
+    // One untimed round of each, then the op, the fused op and the floors in interleaved blocks;
+    // each run of the ops (their warm-ups too), of the floors and each chain a profiler scope: a
+    // slice of `--trace`'s trace (bench.D3.add, .fused, .floor, .floor_fused, .add_chain, ...).
+    static const profiler::scope_site add_site{"bench.D3.add"};
+    static const profiler::scope_site fused_site{"bench.D3.fused"};
+    static const profiler::scope_site floor_site{"bench.D3.floor"};
+    static const profiler::scope_site floor_fused_site{"bench.D3.floor_fused"};
+    static const profiler::scope_site add_chain_site{"bench.D3.add_chain"};
+    static const profiler::scope_site fused_chain_site{"bench.D3.fused_chain"};
+    static const profiler::scope_site floor_chain_site{"bench.D3.floor_chain"};
+    split_samples(&add_site).take(add);
+    split_samples(&fused_site).take(fused);
+    split_samples add_samples(&add_site);
+    split_samples fused_samples(&fused_site);
     // The fused op's floor: the same calls after the reshard's copies, each receiver waiting.
     std::unique_ptr<detail::async_floor> fused_floor_calls;
     if (gpu_) {
       fused_floor_calls = std::make_unique<detail::async_floor>(devs_, per_device, links_of(*plan));
     }
-    split_samples add_samples;
-    split_samples fused_samples;
     std::vector<double> floor_samples;
     std::vector<double> floor_chain_samples;
     std::vector<double> fused_floor_samples;
-    const auto time_floor = [](detail::async_floor& calls, std::vector<double>& out, int length) {
+    const auto time_floor = [](detail::async_floor& calls, std::vector<double>& out, int length,
+                               const profiler::scope_site& site) {
+      const profiler::scope sc{site};
       const auto t0 = std::chrono::steady_clock::now();
       calls.issue(length);
       calls.wait();
@@ -548,20 +576,22 @@ class bench_run {
     if (floor_calls) {
       floor_calls->issue();
       floor_calls->wait();
-      singles.emplace_back([&] { time_floor(*floor_calls, floor_samples, 1); });
+      singles.emplace_back([&] { time_floor(*floor_calls, floor_samples, 1, floor_site); });
     }
     if (fused_floor_calls) {
       fused_floor_calls->issue();
       fused_floor_calls->wait();
-      singles.emplace_back([&] { time_floor(*fused_floor_calls, fused_floor_samples, 1); });
+      singles.emplace_back(
+          [&] { time_floor(*fused_floor_calls, fused_floor_samples, 1, floor_fused_site); });
     }
     interleave(runs, 10, singles);
-    chain_samples add_chain(a, chain, add_step);
-    chain_samples fused_chain(a, chain, fused_step);
+    chain_samples add_chain(a, chain, add_step, &add_chain_site);
+    chain_samples fused_chain(a, chain, fused_step, &fused_chain_site);
     std::vector<std::function<void()>> chained{[&] { add_chain.take(); },
                                                [&] { fused_chain.take(); }};
     if (floor_calls) {
-      chained.emplace_back([&] { time_floor(*floor_calls, floor_chain_samples, chain); });
+      chained.emplace_back(
+          [&] { time_floor(*floor_calls, floor_chain_samples, chain, floor_chain_site); });
     }
     interleave(chains, 1, chained);
     const split_seconds t_add = add_samples.summary();
@@ -872,6 +902,7 @@ std::string darray_bench_report::to_json() const {
   j["repeat"] = repeat;
   j["n"] = n;
   j["trace"] = trace_path;
+  j["cupti_kinds"] = cupti_kinds;
   j["timing"] =
       "wall clock from the first enqueue to the end of wait(); one untimed warm-up, then repeat "
       "runs (D3: max(100, 20 * repeat)); *_ms figures are the best run, *_median_ms the median; "
@@ -926,6 +957,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     throw invalid_argument("poolscope bench darray: n " + std::to_string(o.n) + ", matmul_n " +
                            std::to_string(o.matmul_n) + " (must not be negative)");
   }
+  // Checked before any device is touched: a bad list is the caller's error, not CUPTI's.
+  const profiler::cupti_options cupti = profiler::with_activity_kinds(o.cupti_kinds);
   const auto all = darray_workload_names();
   for (const auto& w : o.only) {
     if (std::find(all.begin(), all.end(), w) == all.end()) {
@@ -965,7 +998,10 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
                            std::to_string(rep.devices) + " devices");
   }
   rep.trace_path = o.trace_path;
-  bench_trace trace(be, o.trace_path);
+  if (!o.trace_path.empty() && rep.gpu) {
+    rep.cupti_kinds = profiler::activity_kinds_of(cupti);
+  }
+  bench_trace trace(be, o.trace_path, cupti);
   for (const auto& name : all) {
     if (o.only.empty() || std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {
       const darray::backend_stats before = be->stats();

@@ -17,6 +17,9 @@
 #include <vector>
 
 #include "poolscope/profiler/trace_check.hpp"
+#if __has_include("poolscope/bench/memory_access.hpp")
+#include "poolscope/bench/memory_access.hpp"
+#endif
 #include "subprocess.hpp"
 
 #if defined(POOLSCOPE_CLI_PATH)
@@ -244,12 +247,13 @@ TEST(bench_darray_cli_options, only_runs_the_named_workloads) {
 TEST(bench_darray_cli_options, trace_has_a_slice_per_run_with_the_ops_inside) {
   const std::string trace = temp_path("poolscope-bench-trace") + ".json";
   process_result r;
-  const json j = run_bench(
-      {"--devices", "host:2", "--n", "4000", "--repeat", "2", "--only", "D1,D4", "--trace", trace},
-      r);
+  const json j = run_bench({"--devices", "host:2", "--n", "4000", "--repeat", "2", "--only",
+                            "D1,D3,D4", "--trace", trace},
+                           r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(j.is_object());
   EXPECT_EQ(j.at("trace"), trace);
+  EXPECT_EQ(j.at("cupti_kinds"), "") << "host devices: no CUPTI";
   EXPECT_NE(r.out.find("traced to " + trace), std::string::npos) << r.out;
   const auto check = poolscope::profiler::check_trace(trace);
   EXPECT_TRUE(check.ok()) << check.to_text();
@@ -270,6 +274,23 @@ TEST(bench_darray_cli_options, trace_has_a_slice_per_run_with_the_ops_inside) {
   for (const char* figure : {"bench.D1.add", "bench.D1.reshard", "bench.D1.fused",
                              "bench.D1.fused_inside", "bench.D4.add"}) {
     EXPECT_EQ(slices[figure].size(), 3u) << figure;
+  }
+  // D3: its runs (the warm-up too) and chains, each inside the workload's slice; no floors on
+  // host devices (they are CUDA calls).
+  const json& d3 = j.at("workloads").at("D3").at("figures");
+  const auto d3_runs = d3.at("runs").get<std::size_t>();
+  EXPECT_EQ(slices["bench.D3.add"].size(), d3_runs + 1);
+  EXPECT_EQ(slices["bench.D3.fused"].size(), d3_runs + 1);
+  const auto chains = static_cast<std::size_t>(std::max<std::size_t>(10, d3_runs / 10)) + 1;
+  EXPECT_EQ(slices["bench.D3.add_chain"].size(), chains);
+  EXPECT_EQ(slices["bench.D3.fused_chain"].size(), chains);
+  EXPECT_EQ(slices.count("bench.D3.floor"), 0u);
+  ASSERT_EQ(slices["bench.D3"].size(), 1u);
+  for (const char* figure : {"bench.D3.add", "bench.D3.fused", "bench.D3.add_chain"}) {
+    for (const auto& [b, e] : slices[figure]) {
+      EXPECT_GE(b, slices["bench.D3"].front().first) << figure;
+      EXPECT_LE(e, slices["bench.D3"].front().second) << figure;
+    }
   }
   ASSERT_EQ(slices["bench.D1"].size(), 1u);
   const auto [d1_begin, d1_end] = slices["bench.D1"].front();
@@ -317,6 +338,77 @@ TEST(bench_darray_cli_options, rejects_bad_options) {
     EXPECT_FALSE(r.err.empty()) << bad[0] << ' ' << bad[1];
   }
 }
+
+TEST(bench_darray_cli_options, an_unknown_cupti_kind_is_named_before_any_work) {
+  const std::string trace = temp_path("poolscope-bench-kinds") + ".json";
+  process_result r;
+  const json j = run_bench({"--devices", "host:2", "--n", "4000", "--only", "D3", "--trace", trace,
+                            "--cupti-kinds", "runtime,telepathy"},
+                           r);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_NE(r.err.find("'telepathy'"), std::string::npos) << r.err;
+  EXPECT_TRUE(j.is_null()) << "nothing ran, nothing written";
+  EXPECT_TRUE(poolscope::testing::read_file(trace).empty()) << "no trace begun";
+  std::remove(trace.c_str());
+}
+
+#if __has_include("poolscope/bench/memory_access.hpp")
+// On GPUs `--cupti-kinds runtime` puts every CUDA call of the timed ops in the trace, inside the
+// runs' slices (what D3's per-op overhead is made of); the default collects none.
+TEST(bench_darray_cli_options, cuda_runtime_calls_traced_on_request) {
+  if (poolscope::bench::gpu_count() == 0) {
+    GTEST_SKIP() << "no GPU: CUPTI collects only on CUDA devices";
+  }
+  struct seen {
+    std::size_t adds = 0;   // bench.D3.add slices
+    std::size_t calls = 0;  // CUDA API calls that start inside one
+  };
+  const auto run = [](const std::vector<std::string>& extra, json& j) {
+    const std::string trace = temp_path("poolscope-bench-cuda-trace") + ".json";
+    std::vector<std::string> args{"--devices", "cuda", "--repeat", "1",
+                                  "--only",    "D3",   "--trace",  trace};
+    args.insert(args.end(), extra.begin(), extra.end());
+    process_result r;
+    j = run_bench(args, r);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::vector<std::pair<double, double>> adds;  // [begin, end]
+    std::vector<double> api_calls;                // their starts
+    poolscope::profiler::read_trace(trace, [&](std::uint64_t, const json& e) {
+      if (e.value("ph", "") != "X") {
+        return;
+      }
+      const double ts = e.at("ts").get<double>();
+      if (e.value("name", "") == "bench.D3.add") {
+        adds.emplace_back(ts, ts + e.at("dur").get<double>());
+      } else if (e.value("cat", "") == "cuda_api") {
+        api_calls.push_back(ts);
+      }
+    });
+    std::remove(trace.c_str());
+    seen s;
+    s.adds = adds.size();
+    for (const double t : api_calls) {
+      s.calls += std::any_of(adds.begin(), adds.end(),
+                             [t](const auto& a) { return t >= a.first && t <= a.second; })
+                     ? 1
+                     : 0;
+    }
+    return s;
+  };
+  json light;
+  const seen plain = run({}, light);
+  EXPECT_EQ(light.value("cupti_kinds", ""), "kernels,copies,memsets,markers");
+  EXPECT_GE(plain.adds, 100u);  // the warm-up and the timed runs
+  EXPECT_EQ(plain.calls, 0u);
+  json traced;
+  const seen all = run({"--cupti-kinds", "kernels,runtime"}, traced);
+  EXPECT_EQ(traced.value("cupti_kinds", ""), "kernels,runtime");
+  ASSERT_TRUE(traced.is_object());
+  // At least a launch and an event record per device in every run.
+  EXPECT_GE(all.calls, 2 * all.adds * traced.at("devices").get<std::size_t>());
+}
+#endif
 
 }  // namespace
 

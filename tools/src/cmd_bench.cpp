@@ -138,6 +138,12 @@ void register_bench(CLI::App& app) {
   darray_cmd->add_option("--trace", d->options.trace_path,
                          "write a Chrome trace of the runs (.gz compresses; on GPUs with CUPTI's "
                          "kernels, copies, memsets and markers); times then include its cost");
+  darray_cmd
+      ->add_option("--cupti-kinds", d->options.cupti_kinds,
+                   "with --trace on GPUs, the CUPTI activity to collect: all, or a "
+                   "comma-separated list of kernels, copies, memsets, memory, sync, runtime, "
+                   "driver, markers; add runtime to see every CUDA call an op makes")
+      ->capture_default_str();
   darray_cmd->callback([d] {
     check_distinct_files("poolscope bench darray", {{"--json", d->json_path, true},
                                                     {"--trace", d->options.trace_path, true}});

@@ -68,6 +68,10 @@ struct darray_bench_options {
   /// "bench.D1.fused" ... (warm-up included). Empty: no trace. The times then include the
   /// tracing's cost.
   std::string trace_path;
+  /// With trace_path on GPUs: the CUPTI activity kinds to collect (profiler::with_activity_kinds:
+  /// "all" or a list of kernels, copies, memsets, memory, sync, runtime, driver, markers). Add
+  /// "runtime" to see each CUDA call an op makes, and how long it held the host.
+  std::string cupti_kinds = "kernels,copies,memsets,markers";
 };
 
 /// One baseline: what was timed, on how many bytes, and how fast.
@@ -121,6 +125,8 @@ struct darray_bench_report {
   int repeat = 0;
   std::int64_t n = 0;      ///< D1 elements
   std::string trace_path;  ///< darray_bench_options::trace_path (empty: not traced)
+  /// The CUPTI activity kinds the trace collected (activity_kinds_of; empty: no CUPTI).
+  std::string cupti_kinds;
   std::vector<darray_workload_result> workloads;
   std::vector<darray_bench_row> rows;
   std::string summary;  ///< one line
