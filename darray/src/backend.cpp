@@ -806,6 +806,7 @@ backend_stats backend::stats() const {
   s.buffers_reused = get(counters_.buffers_reused);
   s.compute_yielding = get(counters_.compute_yielding);
   s.kernel_graphs_made = get(counters_.kernel_graphs_made);
+  s.kernel_graph_updates = get(counters_.kernel_graph_updates);
   return s;
 }
 

@@ -16,8 +16,8 @@
 //   "NCCL"), the call's source text, file:line, the library's error name and numeric code. For
 //   CUDA the runtime's last-error state is cleared first, so a failure never leaks into a later
 //   cudaGetLastError().
-// - Kernel launches are checked right after the launch with POOLSCOPE_DARRAY_CHECK(
-//   cudaGetLastError()); faults inside a kernel surface at the next synchronizing call.
+// - Kernel launches are checked by their own call's status (cudaLaunchKernel, cudaGraphLaunch:
+//   kernels.cu has no <<<...>>>); faults inside a kernel surface at the next synchronizing call.
 // - Release paths (destructors, deferred frees) are noexcept: they run the call through
 //   log_failure, which logs a cuda_error at error level and swallows it.
 //

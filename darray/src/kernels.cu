@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <tuple>
 #include <type_traits>
 
@@ -551,28 +553,31 @@ __global__ void __launch_bounds__(block_threads)
   }
 }
 
-void check_launch() {
-  POOLSCOPE_DARRAY_CHECK(cudaGetLastError());
-}
-
 // Enqueues kernel(args...) on on.stream, through on.graphs when the backend has one (kernels.hpp)
-// and with cudaLaunchKernel otherwise; throws cuda_error if the launch fails.
+// and with cudaLaunchKernel otherwise; throws cuda_error if the launch fails. The arguments are
+// built in zeroed storage, so that the bytes the graph launcher keys them by hold no stale
+// padding between them.
 template <typename... P, typename... A>
 void launch(const launch_target& on, void (*kernel)(P...), dim3 grid, dim3 block, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "one argument per kernel parameter");
-  std::tuple<std::decay_t<P>...> values{std::forward<A>(args)...};
+  using values_t = std::tuple<std::decay_t<P>...>;
+  static_assert((std::is_trivially_copyable_v<std::decay_t<P>> && ...) &&
+                    std::is_trivially_destructible_v<values_t>,
+                "kernel arguments are plain bytes");
+  alignas(values_t) std::byte storage[sizeof(values_t)] = {};
+  auto* values = ::new (static_cast<void*>(storage)) values_t(std::forward<A>(args)...);
   std::apply(
       [&](auto&... v) {
         void* pointers[] = {static_cast<void*>(&v)...};
         if (on.graphs != nullptr) {
-          on.graphs->launch(on.stream, reinterpret_cast<const void*>(kernel), grid, block,
-                            pointers);
+          on.graphs->launch(on.stream, reinterpret_cast<const void*>(kernel), grid, block, pointers,
+                            storage, sizeof storage);
         } else {
           POOLSCOPE_DARRAY_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
                                                   block, pointers, 0, on.stream));
         }
       },
-      values);
+      *values);
 }
 
 template <typename T, int N, typename F>
@@ -615,7 +620,6 @@ void run_map(const launch_target& on, std::array<view, N + 1> v, const F& f) {
       launch(on, &map_strided_kernel<T, N, F, i64>, blocks, block_threads, ops, l, n, f);
     }
   }
-  check_launch();
 }
 
 // Calls f(T{}) with T the element type of `t`.
@@ -828,10 +832,8 @@ void run_reduce_all(const launch_target& on, const view& acc, view src, const R&
     launch(on, &reduce_partials_kernel<T, R, false, i64>, blocks, block_threads, first, l, n,
            partials, r);
   }
-  check_launch();
   launch(on, &reduce_final_kernel<T, R>, 1, block_threads, partials, static_cast<int>(blocks),
          element_ptr<T>(acc), r);
-  check_launch();
 }
 
 template <typename T, typename R>
@@ -881,7 +883,6 @@ void run_reduce(const launch_target& on, const view& acc, const view& src, int a
     launch(on, &reduce_axis_blocks_kernel<T, R>, blocks, block_threads, acc_ptr, src_ptr, l,
            outputs, length, axis_stride, r);
   }
-  check_launch();
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1052,7 +1053,6 @@ bool launch_binary_parts(const launch_target& on, dtype t, binary_op op,
       launch(on, &map_parts_kernel<T, decltype(f)>, grid, block_threads, table, f);
     });
   });
-  check_launch();
   return true;
 }
 
@@ -1097,7 +1097,6 @@ void launch_gemm_accumulate(const launch_target& on, dtype t, const view& c, con
     launch(on, &gemm_kernel<T>, grid, block, matrix_of<T>(c), matrix_of<T>(a), matrix_of<T>(b), m,
            n, k);
   });
-  check_launch();
 }
 
 }  // namespace poolscope::darray::detail

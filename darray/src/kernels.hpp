@@ -33,34 +33,47 @@
 
 namespace poolscope::darray::detail {
 
-/// Launches kernels as one-node CUDA graphs, one executable per (stream, kernel, block size):
-/// the first launch of a combination instantiates it (tens of microseconds of host time), later
-/// ones set the node's grid and arguments and launch the graph. On the lent H200 hosts that costs
-/// 1.6 us of host time against 3.9 us for a cudaLaunchKernel of the same kernel (docs/perf.md,
-/// seventh session, run B), so small ops spend less of their life being enqueued; the grid is set
-/// at each launch, so an op of a new size (or a kernel yielding to a copy, with a smaller grid)
-/// pays no instantiation. The GPU sees the same kernel with the same grid and arguments, in
-/// stream order: an executable's launches are ordered behind its earlier ones, which are on the
-/// same stream already, and setting parameters affects only later launches.
-/// Holds at most `capacity` executables per launcher, dropping the least recently used (CUDA
-/// frees one still running when it completes). `instantiations`, when given, counts each
-/// executable made (backend_stats::kernel_graphs_made); it must outlive the launcher.
+/// Launches kernels as one-node CUDA graphs: a few executables per (stream, kernel, block
+/// size), each remembering the grid and argument bytes it was last launched with. A launch with
+/// the same grid and bytes as one of them launches it as it is; otherwise the combination gets a
+/// new executable while it has fewer than `per_kernel` (and the launcher has room), or its least
+/// recently used one takes the new grid and arguments (cudaGraphExecKernelNodeSetParams). An op
+/// repeated on the same buffers (a pool hands a loop's step the same blocks), or alternating
+/// between a few, so pays one graph launch per kernel; on the lent hosts that is the cheapest way
+/// to enqueue a kernel: 4 x H100, host time per launch about 1.4 us, 1.9 with new arguments, 3.8
+/// for cudaLaunchKernel (docs/perf.md, twenty-eighth session). Instantiating an executable costs
+/// tens of microseconds of host time, once. The GPU sees the same kernel with the same grid and
+/// arguments, in stream order: an executable's launches are ordered behind its earlier ones,
+/// which are on the same stream already, and setting parameters affects only later launches.
+/// Holds at most `capacity` executables per launcher: a combination that has none when the
+/// launcher is full takes the place of the least recently used (CUDA frees one still running
+/// when it completes). `instantiations` counts each executable made
+/// (backend_stats::kernel_graphs_made) and `updates` each launch that set new parameters
+/// (backend_stats::kernel_graph_updates), when given; they must outlive the launcher.
 /// Ownership: owns its graphs. Thread safety: thread-safe (one mutex per launcher; a backend has
 /// one launcher per device, whose work is enqueued by one thread at a time in practice).
 /// Preconditions: the device of every stream passed is current, as for <<<...>>>.
 class graph_launcher {
  public:
-  explicit graph_launcher(std::size_t capacity = 64,
-                          std::atomic<std::uint64_t>* instantiations = nullptr) noexcept
-      : capacity_(capacity), instantiations_(instantiations) {}
+  /// Executables kept per (stream, kernel, block size).
+  static constexpr std::size_t per_kernel = 4;
+
+  explicit graph_launcher(std::size_t capacity = 256,
+                          std::atomic<std::uint64_t>* instantiations = nullptr,
+                          std::atomic<std::uint64_t>* updates = nullptr) noexcept
+      : capacity_(capacity), instantiations_(instantiations), updates_(updates) {}
   graph_launcher(const graph_launcher&) = delete;
   graph_launcher& operator=(const graph_launcher&) = delete;
   ~graph_launcher();
 
   /// Enqueues `kernel(args...)` on `stream` over `grid` (args: pointers to each argument, as for
-  /// cudaLaunchKernel; no dynamic shared memory). Throws cuda_error when a call fails.
-  /// An executable that refuses new parameters is replaced by a new one.
-  void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args);
+  /// cudaLaunchKernel; no dynamic shared memory). `bytes` (`size` of them) are the arguments'
+  /// values as the launch is keyed by: equal bytes must mean equal arguments (the bytes of the
+  /// argument tuple do; unequal bytes for equal arguments, such as padding left unset, only cost
+  /// a parameter update). Throws cuda_error when a call fails. An executable that refuses new
+  /// parameters is replaced by a new one.
+  void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args,
+              const void* bytes, std::size_t size);
 
  private:
   struct entry {
@@ -70,12 +83,19 @@ class graph_launcher {
     cudaGraph_t graph = nullptr;  // kept: setting a node's parameters names the node of its graph
     cudaGraphNode_t node = nullptr;
     cudaGraphExec_t exec = nullptr;
+    dim3 grid;                     // of its last launch
+    std::vector<std::byte> bytes;  // its last launch's argument bytes
     std::uint64_t used = 0;
   };
   static void destroy(entry& e) noexcept;
+  // Makes an executable of kernel(args) over grid, launches it on stream and keeps it at
+  // entries_[slot] (slot == entries_.size(): a new entry).
+  void instantiate(std::size_t slot, cudaStream_t stream, const void* kernel, dim3 grid, dim3 block,
+                   void** args, const void* bytes, std::size_t size);
 
   std::size_t capacity_;
   std::atomic<std::uint64_t>* instantiations_;
+  std::atomic<std::uint64_t>* updates_;
   std::mutex mutex_;
   std::vector<entry> entries_;  // guarded by mutex_; few, searched linearly
   std::uint64_t clock_ = 0;     // guarded by mutex_

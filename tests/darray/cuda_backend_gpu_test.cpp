@@ -947,12 +947,17 @@ TEST_F(cuda_backend_events, buffers_with_pending_uses_return_after_synchronize) 
   be_->wait(0, queue_kind::compute, empty);  // an empty event is complete: nothing to wait for
 }
 
-// Kernels launched as graphs (backend_options::kernel_graphs, the default): one executable per
-// stream, kernel and block size, its grid and arguments set at each launch while earlier launches
-// of it may still be queued. Many sizes (about a hundred grids) on both queues, nothing
+// Executables the graph launcher keeps per stream, kernel and block size (graph_launcher::
+// per_kernel, darray/src/kernels.hpp).
+constexpr std::uint64_t executables_per_kernel = 4;
+
+// Kernels launched as graphs (backend_options::kernel_graphs, the default): a few executables per
+// stream, kernel and block size, grids and arguments set at launches while earlier launches of
+// them may still be queued. Many sizes (about a hundred grids) on both queues, nothing
 // synchronized until the end; then every output against the host, the executables made against
-// one per queue and kernel (fill, mul and neg of dense f32, each on the vector path), and the same
-// work with plain launches (which make none).
+// executables_per_kernel per queue and kernel (fill, mul and neg of dense f32, each on the vector
+// path; every job has buffers of its own, so each launch after those sets new arguments), and the
+// same work with plain launches (which make none).
 TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
   if (!the_gpu().be) {
     GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
@@ -983,7 +988,9 @@ TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
       jobs.push_back(std::move(j));
     }
     be->synchronize();
-    EXPECT_EQ(be->stats().kernel_graphs_made, graphs ? 2U * 3U : 0U);
+    const std::uint64_t made = graphs ? 2U * 3U * executables_per_kernel : 0U;
+    EXPECT_EQ(be->stats().kernel_graphs_made, made);
+    EXPECT_EQ(be->stats().kernel_graph_updates, graphs ? 3U * jobs.size() - made : 0U);
     for (std::size_t i = 0; i < jobs.size(); ++i) {
       std::vector<float> host(static_cast<std::size_t>(jobs[i].n));
       be->download(0, dtype::f32, view::dense(host.data(), {jobs[i].n}),
@@ -994,6 +1001,66 @@ TEST(cuda_backend_kernel_graphs, queued_launches_keep_their_own_arguments) {
       ASSERT_EQ(bad, 0) << "job " << i << " (n " << jobs[i].n << ", graphs " << graphs << ")";
     }
   }
+}
+
+// A launch with the grid and arguments of one of its kernel's executables' last launch (an op
+// repeated on the same buffers, or alternating among a few) launches that executable as it is;
+// more buffers in turn than the executables kept set new arguments. Each phase starts from
+// buffers holding -1: the ones it wrote must hold 9, the others still -1 (a launch that ran with
+// another buffer's arguments would leave its own at -1).
+TEST(cuda_backend_kernel_graphs, repeated_arguments_launch_without_an_update) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  const auto be = make_cuda_backend(1, backend_options{});
+  const std::int64_t n = 5000;
+  const auto in = be->allocate(0, static_cast<std::size_t>(n) * 4);
+  const view src = view::dense(in->data(), {n});
+  be->fill(0, queue_kind::compute, dtype::f32, src, scalar::of(3.0));
+  std::vector<std::shared_ptr<buffer>> outs;
+  for (std::uint64_t k = 0; k < executables_per_kernel + 2; ++k) {
+    outs.push_back(be->allocate(0, static_cast<std::size_t>(n) * 4));
+  }
+  struct counts {
+    std::uint64_t made = 0;
+    std::uint64_t updates = 0;
+  };
+  // `rounds` of out[r % buffers] = in + in, then out += in (two launches of one kernel).
+  const auto phase = [&](std::size_t buffers, int rounds) {
+    for (const auto& o : outs) {
+      be->fill(0, queue_kind::compute, dtype::f32, view::dense(o->data(), {n}), scalar::of(-1.0));
+    }
+    be->synchronize();
+    const backend_stats before = be->stats();
+    for (int r = 0; r < rounds; ++r) {
+      const view dst = view::dense(outs[static_cast<std::size_t>(r) % buffers]->data(), {n});
+      be->binary(0, queue_kind::compute, dtype::f32, binary_op::add, dst, src, src);
+      be->binary(0, queue_kind::compute, dtype::f32, binary_op::add, dst, dst, src);
+    }
+    be->synchronize();
+    const backend_stats after = be->stats();
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      std::vector<float> host(static_cast<std::size_t>(n));
+      be->download(0, dtype::f32, view::dense(host.data(), {n}), view::dense(outs[k]->data(), {n}));
+      const float want = k < buffers ? 9.0F : -1.0F;
+      EXPECT_EQ(std::count(host.begin(), host.end(), want), n)
+          << "buffer " << k << " after " << rounds << " rounds over " << buffers;
+    }
+    return counts{after.kernel_graphs_made - before.kernel_graphs_made,
+                  after.kernel_graph_updates - before.kernel_graph_updates};
+  };
+  // One buffer: the add's two argument sets, an executable each; then no update.
+  const counts one = phase(1, 50);
+  EXPECT_EQ(one.made, 2U);
+  EXPECT_EQ(one.updates, 0U);
+  // Two in turn: two more executables of the add (now executables_per_kernel), no update.
+  const counts two = phase(2, 50);
+  EXPECT_EQ(two.made, executables_per_kernel - 2);
+  EXPECT_EQ(two.updates, 0U);
+  // More in turn than the executables kept: new arguments at (nearly) every launch.
+  const counts many = phase(outs.size(), 60);
+  EXPECT_EQ(many.made, 0U);
+  EXPECT_GE(many.updates, 60U);
 }
 
 // Reductions and matmuls of nothing (docs/darray.md, "Modes") on the GPUs: the identity chunk is

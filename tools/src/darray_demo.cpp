@@ -558,7 +558,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
     << "; queue waits enqueued " << bs.waits << ", elided " << bs.waits_elided
     << "; compute yielding to copies out of its device " << bs.compute_yielding;
   if (bs.kernel_graphs_made != 0) {
-    t << "; kernel graphs made " << bs.kernel_graphs_made;
+    t << "; kernel graphs made " << bs.kernel_graphs_made << ", launched with new arguments "
+      << bs.kernel_graph_updates;
   }
   t << "\n";
   t << "\n  top scopes (function profiler):\n";

@@ -262,11 +262,15 @@ struct backend_stats {
   /// CUDA graph executables made to launch kernels (backend_options::kernel_graphs): one per
   /// stream, kernel and block size, each costing tens of microseconds of host time once.
   std::uint64_t kernel_graphs_made = 0;
+  /// Kernel launches through a graph that had to set its executable's grid and arguments first:
+  /// a launch with the same ones as one of its kernel's executables' last launch (an op repeated
+  /// on the same buffers) sets none.
+  std::uint64_t kernel_graph_updates = 0;
 };
 
 /// Every figure of backend_stats with its name, in declaration order: what reports write (the
 /// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
-inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 11>
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 12>
     backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
                           {"copies_peer", &backend_stats::copies_peer},
                           {"bytes_local", &backend_stats::bytes_local},
@@ -277,7 +281,8 @@ inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_st
                           {"waits_elided", &backend_stats::waits_elided},
                           {"buffers_reused", &backend_stats::buffers_reused},
                           {"compute_yielding", &backend_stats::compute_yielding},
-                          {"kernel_graphs_made", &backend_stats::kernel_graphs_made}}};
+                          {"kernel_graphs_made", &backend_stats::kernel_graphs_made},
+                          {"kernel_graph_updates", &backend_stats::kernel_graph_updates}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
@@ -442,6 +447,10 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] std::atomic<std::uint64_t>* kernel_graphs_counter() noexcept {
     return &counters_.kernel_graphs_made;
   }
+  /// For implementations: the counter of stats().kernel_graph_updates (lives as long as this).
+  [[nodiscard]] std::atomic<std::uint64_t>* kernel_graph_updates_counter() noexcept {
+    return &counters_.kernel_graph_updates;
+  }
   /// For implementations, from the constructor: options.yield_to_copies.
   void set_yield_to_copies(bool on) noexcept { yield_to_copies_ = on; }
   /// For implementations: frees deferred buffers whose uses completed (all of them if `all`,
@@ -554,6 +563,7 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> buffers_reused{0};
     std::atomic<std::uint64_t> compute_yielding{0};
     std::atomic<std::uint64_t> kernel_graphs_made{0};
+    std::atomic<std::uint64_t> kernel_graph_updates{0};
   };
   bool yield_to_copies_ = false;
 
