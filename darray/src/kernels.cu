@@ -8,8 +8,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
-#include <new>
 #include <tuple>
 #include <type_traits>
 
@@ -267,18 +267,19 @@ struct identity_fn {
   }
 };
 
-// A binary op with a scalar on the left (s op x) or on the right (x op s).
+// A binary op with a scalar on the left (s op x) or on the right (x op s). The op is stateless
+// (binary_fn): only the scalar is stored, so the functor's bytes are the scalar's (no padding).
 template <typename F, typename T>
 struct scalar_left_fn {
-  F f;
+  static_assert(std::is_empty_v<F>, "a stateless op");
   T s;
-  POOLSCOPE_HD T operator()(T x) const { return f(s, x); }
+  POOLSCOPE_HD T operator()(T x) const { return F{}(s, x); }
 };
 template <typename F, typename T>
 struct scalar_right_fn {
-  F f;
+  static_assert(std::is_empty_v<F>, "a stateless op");
   T s;
-  POOLSCOPE_HD T operator()(T x) const { return f(x, s); }
+  POOLSCOPE_HD T operator()(T x) const { return F{}(x, s); }
 };
 
 template <typename T>
@@ -296,6 +297,7 @@ T value_of(const scalar& s) noexcept {
 template <int N>
 struct layout {
   int rank = 1;
+  int unused = 0;  // no padding: launches are keyed by their arguments' bytes (launch below)
   i64 extent[max_rank] = {};
   i64 stride[N][max_rank] = {};
 
@@ -553,31 +555,43 @@ __global__ void __launch_bounds__(block_threads)
   }
 }
 
+// Appends the bytes of `v` to key[used...] (an empty type, a stateless functor, adds none).
+template <typename T>
+void append_key(std::byte* key, std::size_t& used, const T& v) noexcept {
+  if constexpr (!std::is_empty_v<T>) {
+    std::memcpy(key + used, &v, sizeof v);
+    used += sizeof v;
+  }
+}
+
 // Enqueues kernel(args...) on on.stream, through on.graphs when the backend has one (kernels.hpp)
-// and with cudaLaunchKernel otherwise; throws cuda_error if the launch fails. The arguments are
-// built in zeroed storage, so that the bytes the graph launcher keys them by hold no stale
-// padding between them.
+// and with cudaLaunchKernel otherwise; throws cuda_error if the launch fails. The graph launcher
+// keys a launch by its arguments' bytes, each argument's in turn: the padding between them (and
+// an empty functor's byte) is left out, as whatever the stack held there would make equal
+// arguments look different (zeroing the tuple's storage first does not help: the compiler may drop
+// stores made before an object is constructed over them). The argument types have no padding of
+// their own (checked below for those that could).
 template <typename... P, typename... A>
 void launch(const launch_target& on, void (*kernel)(P...), dim3 grid, dim3 block, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "one argument per kernel parameter");
-  using values_t = std::tuple<std::decay_t<P>...>;
-  static_assert((std::is_trivially_copyable_v<std::decay_t<P>> && ...) &&
-                    std::is_trivially_destructible_v<values_t>,
+  static_assert((std::is_trivially_copyable_v<std::decay_t<P>> && ...),
                 "kernel arguments are plain bytes");
-  alignas(values_t) std::byte storage[sizeof(values_t)] = {};
-  auto* values = ::new (static_cast<void*>(storage)) values_t(std::forward<A>(args)...);
+  std::tuple<std::decay_t<P>...> values{std::forward<A>(args)...};
   std::apply(
       [&](auto&... v) {
         void* pointers[] = {static_cast<void*>(&v)...};
         if (on.graphs != nullptr) {
+          std::byte key[(sizeof v + ... + 0)];
+          std::size_t used = 0;
+          (append_key(key, used, v), ...);
           on.graphs->launch(on.stream, reinterpret_cast<const void*>(kernel), grid, block, pointers,
-                            storage, sizeof storage);
+                            key, used);
         } else {
           POOLSCOPE_DARRAY_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
                                                   block, pointers, 0, on.stream));
         }
       },
-      *values);
+      values);
 }
 
 template <typename T, int N, typename F>
@@ -985,6 +999,20 @@ std::int64_t collapse_jointly(view* views, std::size_t count) noexcept {
   return n;
 }
 
+// Launches are keyed by their arguments' bytes (launch): the argument types have no padding,
+// whose bytes would be whatever the stack held.
+static_assert(std::has_unique_object_representations_v<layout<1>> &&
+              std::has_unique_object_representations_v<layout<2>> &&
+              std::has_unique_object_representations_v<layout<3>>);
+static_assert(std::has_unique_object_representations_v<operands<double, 2>> &&
+              std::has_unique_object_representations_v<vector_reads<2>> &&
+              std::has_unique_object_representations_v<part_table<double>> &&
+              std::has_unique_object_representations_v<matrix<double>>);
+// (floating-point members are not "unique" to the trait, as +0 and -0 compare equal: sizes then)
+static_assert(sizeof(constant_fn<float>) == sizeof(float) &&
+              sizeof(scalar_left_fn<binary_fn<binary_op::add>, float>) == sizeof(float) &&
+              sizeof(scalar_right_fn<binary_fn<binary_op::pow>, double>) == sizeof(double));
+
 void launch_fill(const launch_target& on, dtype t, const view& dst, scalar value) {
   with_type(t, [&](auto tag) {
     using T = decltype(tag);
@@ -1010,10 +1038,10 @@ void launch_binary(const launch_target& on, dtype t, binary_op op, const view& d
                       constant_fn<T>{f(value_of<T>(*a_scalar), value_of<T>(*b_scalar))});
       } else if (a_scalar != nullptr) {
         run_map<T, 1>(on, std::array<view, 2>{dst, b},
-                      scalar_left_fn<F, T>{f, value_of<T>(*a_scalar)});
+                      scalar_left_fn<F, T>{value_of<T>(*a_scalar)});
       } else if (b_scalar != nullptr) {
         run_map<T, 1>(on, std::array<view, 2>{dst, a},
-                      scalar_right_fn<F, T>{f, value_of<T>(*b_scalar)});
+                      scalar_right_fn<F, T>{value_of<T>(*b_scalar)});
       } else {
         run_map<T, 2>(on, std::array<view, 3>{dst, a, b}, f);
       }

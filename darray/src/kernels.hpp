@@ -69,10 +69,10 @@ class graph_launcher {
 
   /// Enqueues `kernel(args...)` on `stream` over `grid` (args: pointers to each argument, as for
   /// cudaLaunchKernel; no dynamic shared memory). `bytes` (`size` of them) are the arguments'
-  /// values as the launch is keyed by: equal bytes must mean equal arguments (the bytes of the
-  /// argument tuple do; unequal bytes for equal arguments, such as padding left unset, only cost
-  /// a parameter update). Throws cuda_error when a call fails. An executable that refuses new
-  /// parameters is replaced by a new one.
+  /// values the launch is keyed by: equal bytes must mean equal arguments (kernels.cu passes each
+  /// argument's bytes in turn, its argument types having no padding; bytes that differ for equal
+  /// arguments, such as stale padding, would only cost parameter updates). Throws cuda_error when
+  /// a call fails. An executable that refuses new parameters is replaced by a new one.
   void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args,
               const void* bytes, std::size_t size);
 
