@@ -86,27 +86,51 @@ if [ "$only" != pools ]; then
   step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
     "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
-  # The three demos compared below run after a warm-up demo and keep the best of 10 rounds: the
-  # first demo process on a 4-GPU machine (CUPTI on) ran 13-22 % slower than the same command
-  # run again later, which read as CUPTI's cost (docs/perf.md, twenty-seventh session).
+  # The demos compared below run after a warm-up demo and keep the best of 10 rounds each, and
+  # CUPTI on and off run twice in turn (on, off, on, off): a fresh 4-GPU host ran its first demo
+  # processes 13-29 % slower than the same command later — once only the first, once the first
+  # two — which read as CUPTI's cost (docs/perf.md, twenty-seventh and twenty-eighth sessions).
+  # Each mode's figure is the better of its two processes.
   step "demo warm-up (cuda, not compared)" "$out/demo.log" "$cli" demo --devices cuda \
     --no-cupti --repeat 1 --trace /tmp/demo_warmup.json --report /tmp/demo_warmup_report.json
   step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
     --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
   step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
     --no-cupti --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
+  step "demo (cuda, CUPTI on, again)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
+    --trace /tmp/demo_trace2.json.gz --report /tmp/demo_report2.json
+  step "demo (cuda, CUPTI off, again)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
+    --no-cupti --trace /tmp/demo_nocupti2.json --report /tmp/demo_nocupti_report2.json
   step "demo (cuda, CUPTI all kinds)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
     --cupti-kinds all --trace /tmp/demo_allcupti.json --report "$out/demo_allcupti_report.json"
-  # CUPTI's cost: the demo's step times with the default kinds and with all, over those without.
+  # CUPTI's cost: the demo's step times with the default kinds and with all, over those without
+  # (each process's figures, then the better of each mode's two).
   if command -v python3 >/dev/null; then
-    python3 - "$out/demo_report.json" /tmp/demo_nocupti_report.json \
-      "$out/demo_allcupti_report.json" <<'PY' | tee -a "$out/demo.log"
+    python3 - "$out/demo_report.json" /tmp/demo_report2.json /tmp/demo_nocupti_report.json \
+      /tmp/demo_nocupti_report2.json "$out/demo_allcupti_report.json" <<'PY' | tee -a "$out/demo.log"
 import json, sys
-d = [json.load(open(p))["run"]["demo"] for p in sys.argv[1:]]
-for name, r in (("default kinds", d[0]), ("all kinds", d[2])):
-    print("CUPTI %s / off: " % name + ", ".join(
-        "%s %.3f/%.3f ms" % (k, r["t_%s_ms" % k], d[1]["t_%s_ms" % k])
-        for k in ("add", "reshard", "fused")))
+def demo(p):
+    try:
+        return json.load(open(p))["run"]["demo"]
+    except (OSError, ValueError, KeyError):
+        return None
+on1, on2, off1, off2, every = (demo(p) for p in sys.argv[1:])
+keys = ("add", "reshard", "fused")
+def best(*runs):
+    runs = [r for r in runs if r is not None]
+    return {k: min(r["t_%s_ms" % k] for r in runs) for k in keys} if runs else None
+def show(label, r):
+    if r is not None:
+        print("%-26s " % label + ", ".join("%s %.3f ms" % (k, r["t_%s_ms" % k]) for k in keys))
+for label, r in (("CUPTI on, 1st process", on1), ("CUPTI off, 1st process", off1),
+                 ("CUPTI on, 2nd process", on2), ("CUPTI off, 2nd process", off2)):
+    show(label, r)
+off = best(off1, off2)
+for name, r in (("default kinds", best(on1, on2)), ("all kinds", best(every))):
+    if r is not None and off is not None:
+        print("CUPTI %s / off (better of each): " % name + ", ".join(
+            "%s %.3f/%.3f ms (%+.1f %%)" % (k, r[k], off[k], 100.0 * (r[k] / off[k] - 1.0))
+            for k in keys))
 PY
   fi
   step "trace summary (demo)" "$out/demo.log" "$cli" trace summary "$out/demo_trace.json.gz"
