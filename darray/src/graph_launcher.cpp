@@ -14,6 +14,16 @@ bool same(const dim3& a, const dim3& b) noexcept {
   return a.x == b.x && a.y == b.y && a.z == b.z;
 }
 
+cudaKernelNodeParams node_params(const void* kernel, dim3 grid, dim3 block, void** args) noexcept {
+  cudaKernelNodeParams params{};
+  params.func = const_cast<void*>(kernel);
+  params.gridDim = grid;
+  params.blockDim = block;
+  params.sharedMemBytes = 0;
+  params.kernelParams = args;
+  return params;
+}
+
 }  // namespace
 
 graph_launcher::~graph_launcher() {
@@ -58,16 +68,11 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
     }
   }
   if (lru != nullptr && (mine >= per_kernel || entries_.size() >= capacity_)) {
-    cudaKernelNodeParams params{};
-    params.func = const_cast<void*>(kernel);
-    params.gridDim = grid;
-    params.blockDim = block;
-    params.sharedMemBytes = 0;
-    params.kernelParams = args;
-    if (updates_ != nullptr) {
-      updates_->fetch_add(1, std::memory_order_relaxed);
-    }
+    const cudaKernelNodeParams params = node_params(kernel, grid, block, args);
     if (cudaGraphExecKernelNodeSetParams(lru->exec, lru->node, &params) == cudaSuccess) {
+      if (updates_ != nullptr) {
+        updates_->fetch_add(1, std::memory_order_relaxed);
+      }
       lru->used = ++clock_;
       lru->grid = grid;
       lru->bytes.assign(key, key + size);
@@ -100,12 +105,7 @@ void graph_launcher::instantiate(std::size_t slot, cudaStream_t stream, const vo
     entries_[slot] = std::move(entries_.back());
     entries_.pop_back();
   }
-  cudaKernelNodeParams params{};
-  params.func = const_cast<void*>(kernel);
-  params.gridDim = grid;
-  params.blockDim = block;
-  params.sharedMemBytes = 0;
-  params.kernelParams = args;
+  const cudaKernelNodeParams params = node_params(kernel, grid, block, args);
   entry e;
   e.stream = stream;
   e.kernel = kernel;
