@@ -77,6 +77,17 @@ while read -r failed; do
   row "  failed test" "$failed"
 done < <(sed -n '/The following tests FAILED:/,$p' "$out/tests.log" | grep -E '^[[:space:]]+[0-9]+ - ' |
          sed 's/^[[:space:]]*//' | head -10)
+# And what they said (GoogleTest's failure lines with the values after them), printed again just
+# before the closing table: a lent machine returns at most 8 files from $OUT, and tests.log may
+# not be among them.
+failures=""
+if grep -q "The following tests FAILED:" "$out/tests.log"; then
+  failures="$(grep -E -A4 ': Failure$' "$out/tests.log" | head -40)"
+fi
+print_failures() {
+  [ -n "$failures" ] || return 0
+  echo "---- failures (from tests.log) ----"; printf '%s\n' "$failures"
+}
 
 # darray on every GPU: the CUDA backend tests under memcheck (small cases), the demo (trace and
 # report come back under $OUT), its CUPTI overhead (the demo's times without CUPTI beside them)
@@ -144,6 +155,7 @@ fi
 if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
   echo "---- bench darray ----"; tail -30 "$out/bench_darray.log" 2>/dev/null
+  print_failures
   echo "---- summary ----"; printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
   pack_results
   exit 0
@@ -207,6 +219,7 @@ fi
 
 echo
 echo "---- bench (tail) ----"; tail -30 "$out/bench.log"
+print_failures
 echo "---- summary ----"
 printf '%s\n' "${rows[@]}" | tee -a "$out/summary.txt"
 pack_results
