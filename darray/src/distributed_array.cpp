@@ -739,7 +739,11 @@ std::shared_ptr<array_state> same_layout(const array_state& s) {
   out->type = s.type;
   out->shape = s.shape;
   out->map = s.map;
-  out->chunks = chunks_of(s.map);
+  // The map's chunks, as s has them (chunks_of(s.map), without walking the map again).
+  out->chunks.reserve(s.chunks.size());
+  for (const chunk& c : s.chunks) {
+    out->chunks.push_back(chunk{c.device, c.region, {}});
+  }
   return out;
 }
 
