@@ -864,8 +864,13 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   // count of leading parts in place), only those, and only for chunks large enough to compute
   // part by part (a small chunk's parts go in one task once all have arrived, below).
   const auto issue = [&](const array_state& ys, const std::vector<std::size_t>* in_place) {
-    std::vector<std::vector<pair_part>> pairs_of(jobs.size());
+    // Job k's pairs are pairs[begin[k], begin[k + 1]) (one vector for all jobs: a small op
+    // allocates per op, not per device).
+    std::vector<pair_part> pairs;
+    pairs.reserve(jobs.size());
+    std::vector<std::size_t> begin(jobs.size() + 1, 0);
     for (std::size_t k = 0; k < jobs.size(); ++k) {
+      begin[k] = pairs.size();
       const std::size_t j = jobs[k].first;
       if (in_place != nullptr && x->chunks[j].region.size() < batch_parts_below) {
         continue;
@@ -876,18 +881,19 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
         for (const auto& pa : x->chunks[j].parts) {
           auto r = intersect(pa.region, parts[i].region);
           if (r && !r->empty()) {
-            pairs_of[k].push_back(pair_part{&pa, &parts[i], std::move(*r)});
+            pairs.push_back(pair_part{&pa, &parts[i], std::move(*r)});
           }
         }
       }
       parts_done[k] = end;
     }
+    begin[jobs.size()] = pairs.size();
     issue_in_rounds(
-        be, jobs.size(), [&](std::size_t k) { return pairs_of[k].size(); },
+        be, jobs.size(), [&](std::size_t k) { return begin[k + 1] - begin[k]; },
         [&](std::size_t k) { return x->chunks[jobs[k].first].region.size() < batch_parts_below; },
         [&](std::size_t k, std::size_t first, std::size_t last) {
           const auto& [j, o] = jobs[k];
-          const std::vector<pair_part>& pairs = pairs_of[k];
+          const pair_part* const mine = pairs.data() + begin[k];
           const chunk& c = x->chunks[j];
           const auto done = [&](const pair_part& p, const event& e) {
             p.a->storage->add_use(e);
@@ -901,7 +907,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
             std::vector<backend::binary_part> parts;
             parts.reserve(last - first);
             for (std::size_t i = first; i < last; ++i) {
-              const pair_part& p = pairs[i];
+              const pair_part& p = mine[i];
               be.wait(c.device, queue_kind::compute, p.a->ready);
               be.wait(c.device, queue_kind::compute, p.b->ready);
               parts.push_back({view::of_box(o->data(), c.region, p.region), view_of(*p.a, p.region),
@@ -910,14 +916,14 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
             be.binary_parts(c.device, queue_kind::compute, x->type, op, parts);
             const event e = be.record(c.device, queue_kind::compute);
             for (std::size_t i = first; i < last; ++i) {
-              done(pairs[i], e);
+              done(mine[i], e);
             }
             return;
           }
           // One part (of a large chunk: each computed as soon as it and the left operand's data
           // are there).
           for (std::size_t i = first; i < last; ++i) {
-            const pair_part& p = pairs[i];
+            const pair_part& p = mine[i];
             be.wait(c.device, queue_kind::compute, p.a->ready);
             be.wait(c.device, queue_kind::compute, p.b->ready);
             be.binary(c.device, queue_kind::compute, x->type, op,
