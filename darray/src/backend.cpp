@@ -277,12 +277,10 @@ void buffer::add_use(const event& e) {
 
 // --- backend ---
 
-void backend::check_device(int device, const char* what) const {
-  if (device < 0 || device >= device_count()) {
-    throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
-                           " is not one of the " + std::to_string(device_count()) + " devices of " +
-                           name());
-  }
+void backend::device_error(int device, const char* what) const {
+  throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
+                         " is not one of the " + std::to_string(device_count()) + " devices of " +
+                         name());
 }
 
 std::string backend::device_name(int device) const {

@@ -460,7 +460,13 @@ class backend : public std::enable_shared_from_this<backend> {
  private:
   friend class buffer;
   void defer_free(int device, void* ptr, std::size_t bytes, std::vector<event> uses) noexcept;
-  void check_device(int device, const char* what) const;
+  void check_device(int device, const char* what) const {
+    if (device < 0 || device >= device_count()) [[unlikely]] {
+      device_error(device, what);
+    }
+  }
+  /// Throws check_device's error for `device`.
+  [[noreturn]] void device_error(int device, const char* what) const;
 
   [[nodiscard]] virtual std::string do_name() const = 0;
   [[nodiscard]] virtual int do_device_count() const noexcept = 0;
