@@ -352,7 +352,7 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
       }
       d.events = std::make_shared<event_pool>(d.ordinal);
       if (options.kernel_graphs) {
-        d.graphs = std::make_unique<detail::graph_launcher>(256, kernel_graphs_counter(),
+        d.graphs = std::make_unique<detail::graph_launcher>(64, kernel_graphs_counter(),
                                                             kernel_graph_updates_counter());
       }
       d.resource =

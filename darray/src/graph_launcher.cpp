@@ -27,112 +27,118 @@ cudaKernelNodeParams node_params(const void* kernel, dim3 grid, dim3 block, void
 }  // namespace
 
 graph_launcher::~graph_launcher() {
-  for (entry& e : entries_) {
-    destroy(e);
+  for (combination& c : combinations_) {
+    for (executable& x : c.executables) {
+      destroy(x);
+    }
   }
 }
 
-void graph_launcher::destroy(entry& e) noexcept {
-  if (e.exec != nullptr) {
+void graph_launcher::destroy(executable& x) noexcept {
+  if (x.exec != nullptr) {
     seam::log_failure("destroy a launch graph",
-                      [&] { POOLSCOPE_DARRAY_CHECK(cudaGraphExecDestroy(e.exec)); });
+                      [&] { POOLSCOPE_DARRAY_CHECK(cudaGraphExecDestroy(x.exec)); });
   }
-  if (e.graph != nullptr) {
+  if (x.graph != nullptr) {
     seam::log_failure("destroy a launch graph",
-                      [&] { POOLSCOPE_DARRAY_CHECK(cudaGraphDestroy(e.graph)); });
+                      [&] { POOLSCOPE_DARRAY_CHECK(cudaGraphDestroy(x.graph)); });
   }
-  e = entry{};
+  x = executable{};
 }
 
 void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block,
                             void** args, const void* bytes, std::size_t size) {
   const auto* key = static_cast<const std::byte*>(bytes);
   const std::lock_guard lock(mutex_);
-  // This combination's executables: one launched last with these very arguments is launched as
-  // it is; else the least recently used takes them, unless a new one is due.
-  entry* lru = nullptr;
-  std::size_t mine = 0;
-  for (entry& e : entries_) {
-    if (e.stream != stream || e.kernel != kernel || !same(e.block, block)) {
-      continue;
+  auto c = std::find_if(combinations_.begin(), combinations_.end(), [&](const combination& k) {
+    return k.stream == stream && k.kernel == kernel && same(k.block, block);
+  });
+  if (c == combinations_.end()) {
+    if (combinations_.size() >= capacity_ && !combinations_.empty()) {
+      // The least recently used combination makes room, its executables with it.
+      c = std::min_element(
+          combinations_.begin(), combinations_.end(),
+          [](const combination& a, const combination& b) { return a.used < b.used; });
+      for (executable& x : c->executables) {
+        destroy(x);
+      }
+      c->executables.clear();
+    } else {
+      c = combinations_.emplace(combinations_.end());
     }
-    if (same(e.grid, grid) && e.bytes.size() == size &&
-        (size == 0 || std::memcmp(e.bytes.data(), key, size) == 0)) {
-      e.used = ++clock_;
-      POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(e.exec, stream));
+    c->stream = stream;
+    c->kernel = kernel;
+    c->block = block;
+  }
+  c->used = ++clock_;
+  // One of its executables launched last with these very arguments is launched as it is; else a
+  // new one while it has fewer than per_kernel, or the least recently used takes them.
+  executable* lru = nullptr;
+  for (executable& x : c->executables) {
+    if (same(x.grid, grid) && x.bytes.size() == size &&
+        (size == 0 || std::memcmp(x.bytes.data(), key, size) == 0)) {
+      x.used = c->used;
+      POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(x.exec, stream));
       return;
     }
-    ++mine;
-    if (lru == nullptr || e.used < lru->used) {
-      lru = &e;
+    if (lru == nullptr || x.used < lru->used) {
+      lru = &x;
     }
   }
-  if (lru != nullptr && (mine >= per_kernel || entries_.size() >= capacity_)) {
-    const cudaKernelNodeParams params = node_params(kernel, grid, block, args);
-    if (cudaGraphExecKernelNodeSetParams(lru->exec, lru->node, &params) == cudaSuccess) {
-      if (updates_ != nullptr) {
-        updates_->fetch_add(1, std::memory_order_relaxed);
-      }
-      lru->used = ++clock_;
-      lru->grid = grid;
-      lru->bytes.assign(key, key + size);
-      POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(lru->exec, stream));
-      return;
-    }
-    // The executable would not take the parameters: a new one takes its place (whose own
-    // failure, if any, is reported).
-    (void)cudaGetLastError();
-    instantiate(static_cast<std::size_t>(lru - entries_.data()), stream, kernel, grid, block, args,
-                bytes, size);
+  if (c->executables.size() < per_kernel) {
+    instantiate(*c, c->executables.size(), kernel, grid, args, bytes, size);
     return;
   }
-  std::size_t slot = entries_.size();
-  if (entries_.size() >= capacity_ && !entries_.empty()) {
-    slot = static_cast<std::size_t>(
-        std::min_element(entries_.begin(), entries_.end(),
-                         [](const entry& a, const entry& b) { return a.used < b.used; }) -
-        entries_.begin());
+  const cudaKernelNodeParams params = node_params(kernel, grid, block, args);
+  if (cudaGraphExecKernelNodeSetParams(lru->exec, lru->node, &params) == cudaSuccess) {
+    if (updates_ != nullptr) {
+      updates_->fetch_add(1, std::memory_order_relaxed);
+    }
+    lru->used = c->used;
+    lru->grid = grid;
+    lru->bytes.assign(key, key + size);
+    POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(lru->exec, stream));
+    return;
   }
-  instantiate(slot, stream, kernel, grid, block, args, bytes, size);
+  // The executable would not take the parameters: a new one takes its place (whose own failure,
+  // if any, is reported).
+  (void)cudaGetLastError();
+  instantiate(*c, static_cast<std::size_t>(lru - c->executables.data()), kernel, grid, args, bytes,
+              size);
 }
 
-void graph_launcher::instantiate(std::size_t slot, cudaStream_t stream, const void* kernel,
-                                 dim3 grid, dim3 block, void** args, const void* bytes,
-                                 std::size_t size) {
-  if (slot < entries_.size()) {
-    // The entry it replaces goes first (and with it, if what follows fails, its place).
-    destroy(entries_[slot]);
-    entries_[slot] = std::move(entries_.back());
-    entries_.pop_back();
+void graph_launcher::instantiate(combination& c, std::size_t slot, const void* kernel, dim3 grid,
+                                 void** args, const void* bytes, std::size_t size) {
+  if (slot < c.executables.size()) {
+    // The executable it replaces goes first (and with it, if what follows fails, its place).
+    destroy(c.executables[slot]);
+    c.executables.erase(c.executables.begin() + static_cast<std::ptrdiff_t>(slot));
   }
-  const cudaKernelNodeParams params = node_params(kernel, grid, block, args);
-  entry e;
-  e.stream = stream;
-  e.kernel = kernel;
-  e.block = block;
-  e.grid = grid;
+  const cudaKernelNodeParams params = node_params(kernel, grid, c.block, args);
+  executable x;
+  x.grid = grid;
   const auto* key = static_cast<const std::byte*>(bytes);
-  e.bytes.assign(key, key + size);
-  e.used = ++clock_;
-  // Whatever fails below leaves nothing behind: `e` is destroyed unless it was stored.
+  x.bytes.assign(key, key + size);
+  x.used = c.used;
+  // Whatever fails below leaves nothing behind: `x` is destroyed unless it was stored.
   struct guard {
-    entry& e;
+    executable& x;
     bool keep = false;
     ~guard() {
       if (!keep) {
-        destroy(e);
+        destroy(x);
       }
     }
-  } g{e};
-  POOLSCOPE_DARRAY_CHECK(cudaGraphCreate(&e.graph, 0));
-  POOLSCOPE_DARRAY_CHECK(cudaGraphAddKernelNode(&e.node, e.graph, nullptr, 0, &params));
-  POOLSCOPE_DARRAY_CHECK(cudaGraphInstantiate(&e.exec, e.graph, 0));
+  } g{x};
+  POOLSCOPE_DARRAY_CHECK(cudaGraphCreate(&x.graph, 0));
+  POOLSCOPE_DARRAY_CHECK(cudaGraphAddKernelNode(&x.node, x.graph, nullptr, 0, &params));
+  POOLSCOPE_DARRAY_CHECK(cudaGraphInstantiate(&x.exec, x.graph, 0));
   if (instantiations_ != nullptr) {
     instantiations_->fetch_add(1, std::memory_order_relaxed);
   }
-  entries_.reserve(entries_.size() + 1);
-  POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(e.exec, stream));
-  entries_.push_back(std::move(e));
+  c.executables.reserve(per_kernel);
+  POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(x.exec, c.stream));
+  c.executables.push_back(std::move(x));
   g.keep = true;
 }
 

@@ -46,11 +46,12 @@ namespace poolscope::darray::detail {
 /// tens of microseconds of host time, once. The GPU sees the same kernel with the same grid and
 /// arguments, in stream order: an executable's launches are ordered behind its earlier ones,
 /// which are on the same stream already, and setting parameters affects only later launches.
-/// Holds at most `capacity` executables per launcher: a combination that has none when the
-/// launcher is full takes the place of the least recently used (CUDA frees one still running
-/// when it completes). `instantiations` counts each executable made
-/// (backend_stats::kernel_graphs_made) and `updates` each launch that set new parameters
-/// (backend_stats::kernel_graph_updates), when given; they must outlive the launcher.
+/// Holds at most `capacity` combinations per launcher (so a launch searches at most that many,
+/// then its combination's few executables): a new one when the launcher is full takes the place
+/// of the least recently used (CUDA frees an executable still running when it completes).
+/// `instantiations` counts each executable made (backend_stats::kernel_graphs_made) and
+/// `updates` each launch that set new parameters (backend_stats::kernel_graph_updates), when
+/// given; they must outlive the launcher.
 /// Ownership: owns its graphs. Thread safety: thread-safe (one mutex per launcher; a backend has
 /// one launcher per device, whose work is enqueued by one thread at a time in practice).
 /// Preconditions: the device of every stream passed is current, as for <<<...>>>.
@@ -59,7 +60,7 @@ class graph_launcher {
   /// Executables kept per (stream, kernel, block size).
   static constexpr std::size_t per_kernel = 4;
 
-  explicit graph_launcher(std::size_t capacity = 256,
+  explicit graph_launcher(std::size_t capacity = 64,
                           std::atomic<std::uint64_t>* instantiations = nullptr,
                           std::atomic<std::uint64_t>* updates = nullptr) noexcept
       : capacity_(capacity), instantiations_(instantiations), updates_(updates) {}
@@ -77,29 +78,35 @@ class graph_launcher {
               const void* bytes, std::size_t size);
 
  private:
-  struct entry {
-    cudaStream_t stream = nullptr;
-    const void* kernel = nullptr;
-    dim3 block;
+  // One executable, with the grid and argument bytes of its last launch.
+  struct executable {
     cudaGraph_t graph = nullptr;  // kept: setting a node's parameters names the node of its graph
     cudaGraphNode_t node = nullptr;
     cudaGraphExec_t exec = nullptr;
-    dim3 grid;                     // of its last launch
-    std::vector<std::byte> bytes;  // its last launch's argument bytes
+    dim3 grid;
+    std::vector<std::byte> bytes;
     std::uint64_t used = 0;
   };
-  static void destroy(entry& e) noexcept;
-  // Makes an executable of kernel(args) over grid, launches it on stream and keeps it at
-  // entries_[slot] (slot == entries_.size(): a new entry).
-  void instantiate(std::size_t slot, cudaStream_t stream, const void* kernel, dim3 grid, dim3 block,
-                   void** args, const void* bytes, std::size_t size);
+  // A (stream, kernel, block size) combination and its executables (at most per_kernel).
+  struct combination {
+    cudaStream_t stream = nullptr;
+    const void* kernel = nullptr;
+    dim3 block;
+    std::vector<executable> executables;
+    std::uint64_t used = 0;
+  };
+  static void destroy(executable& x) noexcept;
+  // Makes an executable of kernel(args) over grid, launches it on c's stream and keeps it in c,
+  // in place of c.executables[slot] (slot == its size: one more).
+  void instantiate(combination& c, std::size_t slot, const void* kernel, dim3 grid, void** args,
+                   const void* bytes, std::size_t size);
 
   std::size_t capacity_;
   std::atomic<std::uint64_t>* instantiations_;
   std::atomic<std::uint64_t>* updates_;
   std::mutex mutex_;
-  std::vector<entry> entries_;  // guarded by mutex_; few, searched linearly
-  std::uint64_t clock_ = 0;     // guarded by mutex_
+  std::vector<combination> combinations_;  // guarded by mutex_; few, searched linearly
+  std::uint64_t clock_ = 0;                // guarded by mutex_
 };
 
 /// Resident blocks per SM of a full wave of the element-wise kernels (2048 threads per SM on
