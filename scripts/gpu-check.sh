@@ -104,16 +104,17 @@ if [ "$only" != pools ]; then
   # Each mode's figure is the better of its two processes.
   step "demo warm-up (cuda, not compared)" "$out/demo.log" "$cli" demo --devices cuda \
     --no-cupti --repeat 1 --trace /tmp/demo_warmup.json --report /tmp/demo_warmup_report.json
-  step "demo (cuda, CUPTI on)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
-    --trace "$out/demo_trace.json.gz" --report "$out/demo_report.json"
-  step "demo (cuda, CUPTI off)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
-    --no-cupti --trace /tmp/demo_nocupti.json --report /tmp/demo_nocupti_report.json
-  step "demo (cuda, CUPTI on, again)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
-    --trace /tmp/demo_trace2.json.gz --report /tmp/demo_report2.json
-  step "demo (cuda, CUPTI off, again)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
-    --no-cupti --trace /tmp/demo_nocupti2.json --report /tmp/demo_nocupti_report2.json
-  step "demo (cuda, CUPTI all kinds)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
-    --cupti-kinds all --trace /tmp/demo_allcupti.json --report "$out/demo_allcupti_report.json"
+  demo_step() {  # label trace report [demo options...]
+    local label="$1" trace="$2" report="$3"; shift 3
+    step "demo (cuda, $label)" "$out/demo.log" "$cli" demo --devices cuda --repeat 10 \
+      --trace "$trace" --report "$report" "$@"
+  }
+  demo_step "CUPTI on" "$out/demo_trace.json.gz" "$out/demo_report.json"
+  demo_step "CUPTI off" /tmp/demo_nocupti.json /tmp/demo_nocupti_report.json --no-cupti
+  demo_step "CUPTI on, again" /tmp/demo_trace2.json.gz /tmp/demo_report2.json
+  demo_step "CUPTI off, again" /tmp/demo_nocupti2.json /tmp/demo_nocupti_report2.json --no-cupti
+  demo_step "CUPTI all kinds" /tmp/demo_allcupti.json "$out/demo_allcupti_report.json" \
+    --cupti-kinds all
   # CUPTI's cost: the demo's step times with the default kinds and with all, over those without
   # (each process's figures, then the better of each mode's two).
   if command -v python3 >/dev/null; then

@@ -86,6 +86,19 @@ struct split_seconds {
   baseline_seconds issue;
   baseline_seconds wait;
 };
+// A profiler scope of `site` for its lifetime, or none without a site.
+class optional_scope {
+ public:
+  explicit optional_scope(const profiler::scope_site* site) {
+    if (site != nullptr) {
+      s_.emplace(*site);
+    }
+  }
+
+ private:
+  std::optional<profiler::scope> s_;
+};
+
 // Each run is a profiler scope of `site` when one is given (as time_op's).
 struct split_samples {
   explicit split_samples(const profiler::scope_site* scope_of = nullptr) : site(scope_of) {}
@@ -98,10 +111,7 @@ struct split_samples {
   // One timed run of make().wait().
   template <typename Make>
   void take(Make& make) {
-    std::optional<profiler::scope> s;
-    if (site != nullptr) {
-      s.emplace(*site);
-    }
+    const optional_scope s(site);
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = make();
     const auto t1 = std::chrono::steady_clock::now();
@@ -135,10 +145,7 @@ struct chain_samples {
     last = run();  // untimed warm-up
   }
   Array run() {
-    std::optional<profiler::scope> sc;
-    if (site != nullptr) {
-      sc.emplace(*site);
-    }
+    const optional_scope s(site);
     Array x = start;
     for (int k = 0; k < length; ++k) {
       x = step(x);
