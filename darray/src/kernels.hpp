@@ -36,8 +36,8 @@ namespace poolscope::darray::detail {
 /// Launches kernels as one-node CUDA graphs: a few executables per (stream, kernel, block
 /// size), each remembering the grid and argument bytes it was last launched with. A launch with
 /// the same grid and bytes as one of them launches it as it is; otherwise the combination gets a
-/// new executable while it has fewer than `per_kernel`, or its least
-/// recently used one takes the new grid and arguments (cudaGraphExecKernelNodeSetParams). An op
+/// new executable while it has fewer than `per_kernel`, or its least recently used one takes the
+/// new grid and arguments (cudaGraphExecKernelNodeSetParams). An op
 /// repeated on the same buffers (a pool hands a loop's step the same blocks), or alternating
 /// between a few, so pays one graph launch per kernel, the cheapest way to enqueue one on the lent
 /// hosts: a kernel and an event record on each of 4 H100s took 5.7-9.8 us of host time launched
