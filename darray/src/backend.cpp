@@ -360,6 +360,11 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes, queue_k
 }
 
 backend::queue_tracks& backend::tracks() {
+  // An acquire load first: std::call_once itself costs a few hundred instructions (thread-local
+  // bookkeeping and pthread_once) on every call, and tracks() runs several times per chunk op.
+  if (tracks_ready_.load(std::memory_order_acquire)) {
+    return tracks_;
+  }
   std::call_once(tracks_once_, [this] {
     const auto n = static_cast<std::size_t>(device_count()) * 2;
     tracks_.track = std::make_unique<queue_track[]>(n);
@@ -369,6 +374,7 @@ backend::queue_tracks& backend::tracks() {
     }
     tracks_.outgoing = std::make_unique<outgoing_copies[]>(n / 2);
     tracks_.queues = n;
+    tracks_ready_.store(true, std::memory_order_release);
   });
   return tracks_;
 }

@@ -574,6 +574,8 @@ class backend : public std::enable_shared_from_this<backend> {
   bool yield_to_copies_ = false;
 
   std::once_flag tracks_once_;
+  std::atomic<bool> tracks_ready_{
+      false};  // set (release) once tracks_ is built: tracks()'s fast path
   queue_tracks tracks_;
   mutable std::mutex state_mutex_;
   std::vector<deferred> deferred_;              // state_mutex_
