@@ -13,6 +13,7 @@
 #include "detail/stack_seam.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
+#include "poolscope/spin_lock.hpp"
 
 namespace poolscope::profiler {
 
@@ -70,7 +71,7 @@ constexpr std::size_t max_supported_depth = 256;
 constexpr std::size_t initial_own_frames = 8;
 constexpr std::uint32_t root_index = 0;
 
-/// One call site. Counters are guarded by the profiler's mutex.
+/// One call site. Counters are guarded by the profiler's table lock.
 struct trie_node {
   std::uintptr_t address = 0;
   std::uint32_t parent = root_index;
@@ -287,7 +288,9 @@ struct line_profiler::state {
   detail::own_code_ranges own;
   std::atomic<std::size_t> own_frames{initial_own_frames};  // frames to capture beyond max_depth
 
-  mutable std::mutex mutex;
+  // A spin lock: its sections are a few table operations, and a contended std::mutex sleeps in
+  // the kernel (8 threads allocating at once: docs/line_profile.md).
+  mutable spin_lock table_lock;
   std::vector<trie_node> nodes;  // [0] is the root
   std::unordered_map<child_key, std::uint32_t, child_key_hash> children;
   leaf_table leaves;
@@ -430,7 +433,7 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
   try {
     if (is_free) {
       auto& table = e.kind == hooks::event_kind::pool_free ? s.blocks : s.segments;
-      std::lock_guard lock(s.mutex);
+      std::lock_guard lock(s.table_lock);
       ++s.events;
       live_block* it = table.find(ptr);
       if (it == nullptr) {
@@ -477,7 +480,7 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
 
     const std::uint64_t stack_hash = hash_stack(raw + top, depth);
 
-    std::lock_guard lock(s.mutex);
+    std::lock_guard lock(s.table_lock);
     ++s.events;
     if (truncated) {
       ++s.truncated;
@@ -528,7 +531,7 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
 
 void line_profiler::reset() noexcept {
   {
-    std::lock_guard lock(state_->mutex);
+    std::lock_guard lock(state_->table_lock);
     try {
       state_->clear();
     } catch (...) {
@@ -539,7 +542,7 @@ void line_profiler::reset() noexcept {
 }
 
 std::size_t line_profiler::node_count() const {
-  std::lock_guard lock(state_->mutex);
+  std::lock_guard lock(state_->table_lock);
   return state_->nodes.size() - 1;
 }
 
@@ -553,7 +556,7 @@ line_profile line_profiler::report(const report_options& options) const {
   line_profile out;
   {
     const state& s = *state_;
-    std::lock_guard lock(s.mutex);
+    std::lock_guard lock(s.table_lock);
     copy.reserve(s.nodes.size());
     for (const trie_node& n : s.nodes) {
       flat f{n.address, n.parent, {}};

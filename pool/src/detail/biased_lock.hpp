@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <thread>
 
+#include "poolscope/spin_lock.hpp"
 #include "single_writer.hpp"
 
 namespace poolscope::pool::detail {
@@ -38,33 +39,8 @@ namespace poolscope::pool::detail {
 /// interrupt of each CPU running a thread of the process.
 void asymmetric_fence() noexcept;
 
-/// A test-and-test-and-set spin lock: lock is one exchange when free, unlock a release store;
-/// a contender spins briefly, then yields. Thread-safe.
-class spin_lock {
- public:
-  void lock() noexcept {
-    if (!state_.exchange(true, std::memory_order_acquire)) [[likely]] {
-      return;
-    }
-    lock_contended();
-  }
-  void unlock() noexcept { state_.store(false, std::memory_order_release); }
-
- private:
-  void lock_contended() noexcept {
-    for (int spins = 0;; ++spins) {
-      if (!state_.load(std::memory_order_relaxed) &&
-          !state_.exchange(true, std::memory_order_acquire)) {
-        return;
-      }
-      if (spins >= 64) {
-        std::this_thread::yield();
-      }
-    }
-  }
-
-  std::atomic<bool> state_{false};
-};
+/// The inner lock of the biased locks (poolscope/spin_lock.hpp).
+using poolscope::spin_lock;
 
 /// When a biased lock sets its bias again (biased_lock, biased_mutex): after `after` entries
 /// through its inner lock, counted since the last revocation (or in a row), where each revocation

@@ -31,11 +31,11 @@
 //
 // Ownership: the profiler owns its tree and tables; it must outlive its installation
 // (scoped_hook). Thread safety: thread-safe. Events arrive from many threads at once: the stack
-// is captured without any lock, then one mutex guards the tree and the pointer tables for a few
-// hash-table operations; report() and reset() take the same mutex. Stream semantics: none (the
-// stream is not part of the attribution). Errors: on_event never throws; if recording fails (no
-// memory) the profiler disables itself, says so once through poolscope::log, and the report
-// is marked incomplete.
+// is captured without any lock, then one spin lock guards the tree and the pointer tables for a
+// few hash-table operations (a contended std::mutex would sleep in the kernel for each); report()
+// and reset() take the same lock. Stream semantics: none (the stream is not part of the
+// attribution). Errors: on_event never throws; if recording fails (no memory) the profiler
+// disables itself, says so once through poolscope::log, and the report is marked incomplete.
 // Cost: one stack capture plus a locked hash lookup per malloc or device_alloc event
 // (bench/line_profiler_bench.cpp; docs/perf.md); a locked hash lookup per free; nothing for
 // other kinds. Memory: one node per distinct call site, one table entry per live block.
