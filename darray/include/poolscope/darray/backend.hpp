@@ -58,6 +58,7 @@
 #include "poolscope/darray/geometry.hpp"
 #include "poolscope/darray/planner.hpp"
 #include "poolscope/pool/allocator.hpp"
+#include "poolscope/spin_lock.hpp"
 
 namespace poolscope::profiler {
 class timeline;
@@ -205,7 +206,7 @@ class buffer {
   int device_;
   void* ptr_;
   std::size_t bytes_;
-  std::mutex mutex_;
+  spin_lock mutex_;  // guards uses_: a few instructions under it
   std::vector<event> uses_;
 };
 
