@@ -256,7 +256,7 @@ void buffer::add_use(const event& e) {
     return;
   }
   const detail::event_state& added = *e.state();
-  const std::lock_guard lock(mutex_);
+  const std::lock_guard lock(uses_lock_);
   if (added.owner() != nullptr) {
     // One event per queue: the later one completes after the earlier.
     for (auto& u : uses_) {

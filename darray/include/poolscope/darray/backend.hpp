@@ -206,7 +206,7 @@ class buffer {
   int device_;
   void* ptr_;
   std::size_t bytes_;
-  spin_lock mutex_;  // guards uses_: a few instructions under it
+  spin_lock uses_lock_;  // guards uses_ (a few instructions under it)
   std::vector<event> uses_;
 };
 
@@ -575,8 +575,8 @@ class backend : public std::enable_shared_from_this<backend> {
   bool yield_to_copies_ = false;
 
   std::once_flag tracks_once_;
-  std::atomic<bool> tracks_ready_{
-      false};  // set (release) once tracks_ is built: tracks()'s fast path
+  // Set (release) once tracks_ is built: tracks()'s fast path.
+  std::atomic<bool> tracks_ready_{false};
   queue_tracks tracks_;
   mutable std::mutex state_mutex_;
   std::vector<deferred> deferred_;              // state_mutex_
