@@ -86,24 +86,11 @@ struct split_seconds {
   baseline_seconds issue;
   baseline_seconds wait;
 };
-// A profiler scope of `site` for its lifetime, or none without a site.
-class optional_scope {
- public:
-  explicit optional_scope(const profiler::scope_site* site) {
-    if (site != nullptr) {
-      s_.emplace(*site);
-    }
-  }
-
- private:
-  std::optional<profiler::scope> s_;
-};
-
-// Each run is a profiler scope of `site` when one is given (as time_op's).
+// Each run is a profiler scope of `site` (a slice of `--trace`'s trace, as time_op's).
 struct split_samples {
-  explicit split_samples(const profiler::scope_site* scope_of = nullptr) : site(scope_of) {}
+  explicit split_samples(const profiler::scope_site& scope_of) : site(scope_of) {}
 
-  const profiler::scope_site* site;
+  const profiler::scope_site& site;
   std::vector<double> total;
   std::vector<double> issue;
   std::vector<double> wait;
@@ -111,7 +98,7 @@ struct split_samples {
   // One timed run of make().wait().
   template <typename Make>
   void take(Make& make) {
-    const optional_scope s(site);
+    const profiler::scope s(site);
     const auto t0 = std::chrono::steady_clock::now();
     const auto r = make();
     const auto t1 = std::chrono::steady_clock::now();
@@ -130,22 +117,22 @@ struct split_samples {
 // result (the first `start`), with one wait at the end: the rate a loop of dependent ops sustains,
 // where each op's round trip to the devices hides behind the issuing of the next. Timed a chain
 // at a time (to interleave with others); the last chain's result is kept for checking.
-// Each chain (the warm-up too) is a profiler scope of `site` when one is given.
+// Each chain (the warm-up too) is a profiler scope of `site`.
 template <typename Array, typename Step>
 struct chain_samples {
   const Array& start;
   int length;
   Step step;
-  const profiler::scope_site* site;
+  const profiler::scope_site& site;
   std::vector<double> per_op;
   Array last;
 
-  chain_samples(const Array& s, int n, Step f, const profiler::scope_site* scope_of = nullptr)
+  chain_samples(const Array& s, int n, Step f, const profiler::scope_site& scope_of)
       : start(s), length(std::max(n, 1)), step(f), site(scope_of) {
     last = run();  // untimed warm-up
   }
   Array run() {
-    const optional_scope s(site);
+    const profiler::scope s(site);
     Array x = start;
     for (int k = 0; k < length; ++k) {
       x = step(x);
@@ -557,10 +544,10 @@ class bench_run {
     static const profiler::scope_site add_chain_site{"bench.D3.add_chain"};
     static const profiler::scope_site fused_chain_site{"bench.D3.fused_chain"};
     static const profiler::scope_site floor_chain_site{"bench.D3.floor_chain"};
-    split_samples(&add_site).take(add);
-    split_samples(&fused_site).take(fused);
-    split_samples add_samples(&add_site);
-    split_samples fused_samples(&fused_site);
+    split_samples(add_site).take(add);
+    split_samples(fused_site).take(fused);
+    split_samples add_samples(add_site);
+    split_samples fused_samples(fused_site);
     // The fused op's floor: the same calls after the reshard's copies, each receiver waiting.
     std::unique_ptr<detail::async_floor> fused_floor_calls;
     if (gpu_) {
@@ -592,8 +579,8 @@ class bench_run {
           [&] { time_floor(*fused_floor_calls, fused_floor_samples, 1, floor_fused_site); });
     }
     interleave(runs, 10, singles);
-    chain_samples add_chain(a, chain, add_step, &add_chain_site);
-    chain_samples fused_chain(a, chain, fused_step, &fused_chain_site);
+    chain_samples add_chain(a, chain, add_step, add_chain_site);
+    chain_samples fused_chain(a, chain, fused_step, fused_chain_site);
     std::vector<std::function<void()>> chained{[&] { add_chain.take(); },
                                                [&] { fused_chain.take(); }};
     if (floor_calls) {
