@@ -431,6 +431,7 @@ std::string line_profile::to_json(int indent) const {
   j["events"] = events;
   j["unmatched_frees"] = unmatched_frees;
   j["truncated_stacks"] = truncated_stacks;
+  j["deferred_events"] = deferred_events;
   j["peak_live"] = peak_live;
   j["peak_seq"] = peak_seq;
   j["root"] = node_to_json(root);
@@ -470,6 +471,8 @@ line_profile line_profile::from_json_document(const nlohmann::json& j) {
     p.events = get_u64(j, "events");
     p.unmatched_frees = get_u64(j, "unmatched_frees");
     p.truncated_stacks = get_u64(j, "truncated_stacks");
+    // Written since the profiler left contended events to the lock's holder; older files lack it.
+    p.deferred_events = j.contains("deferred_events") ? get_u64(j, "deferred_events") : 0;
     p.peak_live = get_u64(j, "peak_live");
     p.peak_seq = get_u64(j, "peak_seq");
     auto root = j.find("root");

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -70,6 +71,9 @@ constexpr std::size_t max_supported_depth = 256;
 // a first guess, raised when a stack shows more (the unwinders' cost grows with frames walked).
 constexpr std::size_t initial_own_frames = 8;
 constexpr std::uint32_t root_index = 0;
+// Events left for the lock's holder beyond which threads wait for the lock instead (see
+// line_profiler::state::crowded).
+constexpr std::size_t max_pending_batch = 256;
 
 /// One call site. Counters are guarded by the profiler's table lock.
 struct trie_node {
@@ -198,6 +202,53 @@ std::uint64_t hash_stack(const std::uintptr_t* frames, std::size_t depth) noexce
   return h;
 }
 
+/// One event, as the lock's holder applies it.
+struct event_record {
+  hooks::event_kind kind = hooks::event_kind::pool_malloc;
+  std::uintptr_t ptr = 0;
+  std::uint64_t requested = 0;
+  std::uint64_t rounded = 0;
+  std::uint64_t seq = 0;
+  std::uint64_t stack_hash = 0;  // mallocs and device_allocs: hash_stack of the frames
+  std::uint32_t depth = 0;       // frames kept (innermost first)
+  bool truncated = false;
+};
+
+/// An event left by a thread that found the table lock taken, with a copy of its frames right
+/// after it in the same allocation. Applied by the next thread to hold the lock.
+struct pending_event {
+  pending_event* next = nullptr;
+  event_record record;
+
+  [[nodiscard]] std::uintptr_t* frames() noexcept {
+    return reinterpret_cast<std::uintptr_t*>(this + 1);
+  }
+  /// A copy of `r` and its frames, or nullptr when out of memory.
+  static pending_event* make(const event_record& r, const std::uintptr_t* frames) noexcept {
+    void* raw =
+        ::operator new(sizeof(pending_event) + r.depth * sizeof(std::uintptr_t), std::nothrow);
+    if (raw == nullptr) {
+      return nullptr;
+    }
+    auto* p = new (raw) pending_event{nullptr, r};
+    if (r.depth != 0) {
+      std::memcpy(p->frames(), frames, r.depth * sizeof(std::uintptr_t));
+    }
+    return p;
+  }
+  /// Frees a list of them.
+  static void destroy_all(pending_event* p) noexcept {
+    while (p != nullptr) {
+      pending_event* next = p->next;
+      p->~pending_event();
+      ::operator delete(p);
+      p = next;
+    }
+  }
+};
+static_assert(alignof(pending_event) >= alignof(std::uintptr_t));
+static_assert(sizeof(pending_event) % alignof(std::uintptr_t) == 0);
+
 /// Whole stack -> its leaf in the tree: open addressing over (hash, leaf), each stack's frames
 /// kept contiguously so a hit is checked with one memcmp instead of a walk up the tree.
 /// Not thread-safe.
@@ -289,8 +340,15 @@ struct line_profiler::state {
   std::atomic<std::size_t> own_frames{initial_own_frames};  // frames to capture beyond max_depth
 
   // A spin lock: its sections are a few table operations, and a contended std::mutex sleeps in
-  // the kernel (8 threads allocating at once: docs/line_profile.md).
+  // the kernel. A thread that finds it taken does not wait: it leaves its event on `pending`
+  // (a stack of events, newest on top), and whoever holds the lock next applies those first,
+  // oldest first, then its own (docs/line_profile.md, "Threads").
   mutable spin_lock table_lock;
+  std::atomic<pending_event*> pending{nullptr};
+  // Set by a holder that found more than max_pending_batch events left: until one finds fewer,
+  // threads wait for the lock instead of leaving more (threads raising events faster than one
+  // holder applies them would otherwise grow the list without bound).
+  std::atomic<bool> crowded{false};
   std::vector<trie_node> nodes;  // [0] is the root
   std::unordered_map<child_key, std::uint32_t, child_key_hash> children;
   leaf_table leaves;
@@ -303,8 +361,65 @@ struct line_profiler::state {
   std::uint64_t events = 0;
   std::uint64_t unmatched_frees = 0;
   std::uint64_t truncated = 0;
+  std::uint64_t deferred = 0;  // events applied from `pending`
 
   explicit state(std::span<const void* const> wrappers) : own(wrappers) { clear(); }
+  ~state() { discard_pending(); }
+  state(const state&) = delete;
+  state& operator=(const state&) = delete;
+
+  // Leaves an event for the lock's next holder. Lock-free; never fails.
+  void push(pending_event* p) noexcept {
+    p->next = pending.load(std::memory_order_relaxed);
+    while (!pending.compare_exchange_weak(p->next, p, std::memory_order_release,
+                                          std::memory_order_relaxed)) {
+    }
+  }
+
+  // The events left so far, oldest first (the caller owns them); `count` is set to how many.
+  pending_event* take_pending(std::size_t& count) noexcept {
+    count = 0;
+    if (pending.load(std::memory_order_relaxed) == nullptr) {
+      return nullptr;
+    }
+    pending_event* newest_first = pending.exchange(nullptr, std::memory_order_acquire);
+    pending_event* oldest_first = nullptr;
+    while (newest_first != nullptr) {
+      pending_event* next = newest_first->next;
+      newest_first->next = oldest_first;
+      oldest_first = newest_first;
+      newest_first = next;
+      ++count;
+    }
+    return oldest_first;
+  }
+
+  // With the lock held: applies the events left by other threads, in the order they were left,
+  // and returns them, for the caller to free once it has released the lock (the section stays
+  // short). If one cannot be applied (out of memory), all are freed and the exception goes on.
+  [[nodiscard]] pending_event* drain() {
+    std::size_t count = 0;
+    pending_event* const first = take_pending(count);
+    if (const bool too_many = count > max_pending_batch;
+        too_many != crowded.load(std::memory_order_relaxed)) {
+      crowded.store(too_many, std::memory_order_relaxed);
+    }
+    try {
+      for (pending_event* p = first; p != nullptr; p = p->next) {
+        apply(p->record, p->frames());
+        ++deferred;
+      }
+    } catch (...) {
+      pending_event::destroy_all(first);
+      throw;
+    }
+    return first;
+  }
+
+  void discard_pending() noexcept {
+    std::size_t count = 0;
+    pending_event::destroy_all(take_pending(count));
+  }
 
   void clear() {
     nodes.clear();
@@ -313,7 +428,7 @@ struct line_profiler::state {
     leaves.clear();
     blocks.clear();
     segments.clear();
-    total_live = peak_live = peak_seq = epoch = events = unmatched_frees = truncated = 0;
+    total_live = peak_live = peak_seq = epoch = events = unmatched_frees = truncated = deferred = 0;
   }
 
   // Saves a node's live bytes as of the latest peak before they first change after it.
@@ -360,6 +475,73 @@ struct line_profiler::state {
     leaves.insert(h, frames, depth, leaf);
     return leaf;
   }
+
+  // With the lock held: records one event. May throw std::bad_alloc (tables growing).
+  void apply(const event_record& r, const std::uintptr_t* frames) {
+    ++events;
+    const bool is_free =
+        r.kind == hooks::event_kind::pool_free || r.kind == hooks::event_kind::device_free;
+    if (is_free) {
+      auto& table = r.kind == hooks::event_kind::pool_free ? blocks : segments;
+      live_block* it = table.find(r.ptr);
+      if (it == nullptr) {
+        ++unmatched_frees;
+        return;
+      }
+      trie_node& n = nodes[it->node];
+      const std::uint64_t bytes = it->bytes;
+      if (r.kind == hooks::event_kind::pool_free) {
+        touch(n);
+        n.live -= bytes;
+        n.freed += bytes;
+        total_live -= bytes;
+      } else {
+        n.live_acquired -= bytes;
+      }
+      table.erase(it);
+      return;
+    }
+    if (r.truncated) {
+      ++truncated;
+    }
+    const std::uint32_t leaf = leaf_for(r.stack_hash, frames, r.depth);
+    trie_node& node = nodes[leaf];
+    if (r.kind == hooks::event_kind::pool_malloc) {
+      const std::uint64_t bytes = r.requested;
+      if (live_block* old_block = blocks.find(r.ptr); old_block != nullptr) {
+        // The block's free was never seen (filtered or lost): it is not live any more.
+        trie_node& old = nodes[old_block->node];
+        touch(old);
+        old.live -= old_block->bytes;
+        total_live -= old_block->bytes;
+        *old_block = live_block{leaf, bytes};
+      } else {
+        blocks.insert(r.ptr, live_block{leaf, bytes});  // first: if it throws, nothing moved
+      }
+      touch(node);
+      node.count += 1;
+      node.used += bytes;
+      node.rounded += r.rounded;
+      node.live += bytes;
+      total_live += bytes;
+      if (total_live > peak_live) {
+        peak_live = total_live;
+        peak_seq = r.seq;
+        ++epoch;
+      }
+    } else {
+      const std::uint64_t bytes = r.rounded != 0 ? r.rounded : r.requested;
+      if (live_block* old_segment = segments.find(r.ptr); old_segment != nullptr) {
+        nodes[old_segment->node].live_acquired -= old_segment->bytes;
+        *old_segment = live_block{leaf, bytes};
+      } else {
+        segments.insert(r.ptr, live_block{leaf, bytes});
+      }
+      node.acquire_count += 1;
+      node.acquired += bytes;
+      node.live_acquired += bytes;
+    }
+  }
 };
 
 line_profiler::line_profiler(const line_profiler_options& options) : options_(options) {
@@ -399,7 +581,7 @@ stack_unwinder line_profiler::unwinder() const noexcept {
   return unwinder_of(state_->backend);
 }
 
-void line_profiler::disable(const char* what) noexcept {
+void line_profiler::disable(const char* what) const noexcept {
   if (!disabled_.exchange(true, std::memory_order_relaxed)) {
     char message[256];
     std::snprintf(message, sizeof message, "line_profiler disabled, the report is incomplete: %s",
@@ -429,38 +611,20 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
     return;
   }
   state& s = *state_;
-  const auto ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
-  try {
-    if (is_free) {
-      auto& table = e.kind == hooks::event_kind::pool_free ? s.blocks : s.segments;
-      std::lock_guard lock(s.table_lock);
-      ++s.events;
-      live_block* it = table.find(ptr);
-      if (it == nullptr) {
-        ++s.unmatched_frees;
-        return;
-      }
-      trie_node& n = s.nodes[it->node];
-      const std::uint64_t bytes = it->bytes;
-      if (e.kind == hooks::event_kind::pool_free) {
-        s.touch(n);
-        n.live -= bytes;
-        n.freed += bytes;
-        s.total_live -= bytes;
-      } else {
-        n.live_acquired -= bytes;
-      }
-      table.erase(it);
-      return;
-    }
-
-    // The stack is captured, and hashed, before taking the lock: it is the expensive part.
-    std::uintptr_t raw[max_supported_depth + 128];
+  event_record r;
+  r.kind = e.kind;
+  r.ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
+  r.requested = e.requested;
+  r.rounded = e.rounded;
+  r.seq = e.seq;
+  // The stack is captured, and hashed, before taking the lock: it is the expensive part.
+  std::uintptr_t raw[max_supported_depth + 128];
+  std::size_t top = 0;
+  if (is_alloc) {
     const std::size_t own_frames = s.own_frames.load(std::memory_order_relaxed);
     const std::size_t capacity =
         std::min(options_.max_depth + options_.skip_frames + own_frames + 1, std::size(raw));
     const std::size_t n = detail::capture_stack(s.backend, raw, capacity);
-    std::size_t top = 0;
     if (options_.skip_poolscope_frames) {
       while (top < n && s.own.contains(raw[top])) {
         ++top;
@@ -472,66 +636,46 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
       }
     }
     top = std::min(n, top + options_.skip_frames);
-    std::size_t depth = n - top;
+    const std::size_t depth = n - top;
     // One frame more than needed is captured, so a full buffer means a cut stack only when
     // poolscope's frames took more room than planned.
-    const bool truncated = depth > options_.max_depth || n == capacity;
-    depth = std::min(depth, options_.max_depth);
-
-    const std::uint64_t stack_hash = hash_stack(raw + top, depth);
-
-    std::lock_guard lock(s.table_lock);
-    ++s.events;
-    if (truncated) {
-      ++s.truncated;
+    r.truncated = depth > options_.max_depth || n == capacity;
+    r.depth = static_cast<std::uint32_t>(std::min(depth, options_.max_depth));
+    r.stack_hash = hash_stack(raw + top, r.depth);
+  }
+  pending_event* applied = nullptr;  // events left by others, freed once the lock is released
+  try {
+    bool held = s.table_lock.try_lock();
+    if (!held && s.crowded.load(std::memory_order_relaxed)) {
+      // Holders are not keeping up with the events left: wait for the lock instead.
+      s.table_lock.lock();
+      held = true;
     }
-    const std::uint32_t leaf = s.leaf_for(stack_hash, raw + top, depth);
-    trie_node& node = s.nodes[leaf];
-    if (e.kind == hooks::event_kind::pool_malloc) {
-      const std::uint64_t bytes = e.requested;
-      if (live_block* old_block = s.blocks.find(ptr); old_block != nullptr) {
-        // The block's free was never seen (filtered or lost): it is not live any more.
-        trie_node& old = s.nodes[old_block->node];
-        s.touch(old);
-        old.live -= old_block->bytes;
-        s.total_live -= old_block->bytes;
-        *old_block = live_block{leaf, bytes};
-      } else {
-        s.blocks.insert(ptr, live_block{leaf, bytes});  // first: if it throws, nothing moved
-      }
-      s.touch(node);
-      node.count += 1;
-      node.used += bytes;
-      node.rounded += e.rounded;
-      node.live += bytes;
-      s.total_live += bytes;
-      if (s.total_live > s.peak_live) {
-        s.peak_live = s.total_live;
-        s.peak_seq = e.seq;
-        ++s.epoch;
-      }
+    if (held) {
+      // Apply the events left by others (they happened before this one), then this one.
+      std::lock_guard lock(s.table_lock, std::adopt_lock);
+      applied = s.drain();
+      s.apply(r, raw + top);
     } else {
-      const std::uint64_t bytes = e.rounded != 0 ? e.rounded : e.requested;
-      if (live_block* old_segment = s.segments.find(ptr); old_segment != nullptr) {
-        s.nodes[old_segment->node].live_acquired -= old_segment->bytes;
-        *old_segment = live_block{leaf, bytes};
-      } else {
-        s.segments.insert(ptr, live_block{leaf, bytes});
+      // Another thread holds the lock: leave the event for the next holder instead of waiting.
+      pending_event* p = pending_event::make(r, raw + top);
+      if (p == nullptr) {
+        throw std::bad_alloc();
       }
-      node.acquire_count += 1;
-      node.acquired += bytes;
-      node.live_acquired += bytes;
+      s.push(p);
     }
   } catch (const std::exception& ex) {
     disable(ex.what());
   } catch (...) {
     disable("unknown exception");
   }
+  pending_event::destroy_all(applied);
 }
 
 void line_profiler::reset() noexcept {
   {
     std::lock_guard lock(state_->table_lock);
+    state_->discard_pending();  // left before the reset
     try {
       state_->clear();
     } catch (...) {
@@ -541,8 +685,19 @@ void line_profiler::reset() noexcept {
   disabled_.store(false, std::memory_order_relaxed);
 }
 
+void line_profiler::drain_locked() const noexcept {
+  try {
+    pending_event::destroy_all(state_->drain());
+  } catch (const std::exception& ex) {
+    disable(ex.what());
+  } catch (...) {
+    disable("unknown exception");
+  }
+}
+
 std::size_t line_profiler::node_count() const {
   std::lock_guard lock(state_->table_lock);
+  drain_locked();
   return state_->nodes.size() - 1;
 }
 
@@ -557,6 +712,7 @@ line_profile line_profiler::report(const report_options& options) const {
   {
     const state& s = *state_;
     std::lock_guard lock(s.table_lock);
+    drain_locked();  // events other threads left while the lock was taken
     copy.reserve(s.nodes.size());
     for (const trie_node& n : s.nodes) {
       flat f{n.address, n.parent, {}};
@@ -576,6 +732,7 @@ line_profile line_profiler::report(const report_options& options) const {
     out.events = s.events;
     out.unmatched_frees = s.unmatched_frees;
     out.truncated_stacks = s.truncated;
+    out.deferred_events = s.deferred;
     out.complete = enabled();
   }
   out.unwinder = detail::unwind_backend_name(state_->backend);

@@ -77,6 +77,7 @@ line_profile sample() {
   p.events = 9;
   p.unmatched_frees = 1;
   p.truncated_stacks = 2;
+  p.deferred_events = 5;
   p.unwinder = "libunwind";
   p.symbolizer = "libdw";
   p.max_depth = 24;
@@ -223,6 +224,7 @@ TEST(line_profile, json_round_trip_keeps_everything) {
   EXPECT_EQ(q.events, p.events);
   EXPECT_EQ(q.unmatched_frees, p.unmatched_frees);
   EXPECT_EQ(q.truncated_stacks, p.truncated_stacks);
+  EXPECT_EQ(q.deferred_events, p.deferred_events);
   EXPECT_EQ(q.unwinder, p.unwinder);
   EXPECT_EQ(q.symbolizer, p.symbolizer);
   EXPECT_EQ(q.max_depth, p.max_depth);
@@ -314,6 +316,10 @@ TEST(line_profile, from_json_refuses_out_of_range_and_negative_values) {
             UINT64_MAX);
   EXPECT_EQ(line_profile::from_json(with_field("line", line_value, "2147483647")).root.line,
             2147483647);
+  // deferred_events is optional (files written before it), but must be a count when present.
+  what = load_error(with_field("deferred_events", "5", "-5"));
+  EXPECT_NE(what.find("'deferred_events'"), std::string::npos) << what;
+  EXPECT_EQ(line_profile::from_json(with_field("deferred_events", "5", "7")).deferred_events, 7u);
 }
 
 TEST(line_profile, from_json_refuses_figures_whose_totals_pass_64_bits) {

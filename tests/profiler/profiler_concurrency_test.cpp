@@ -1,7 +1,10 @@
 // Many threads allocating under the line profiler and the recorder (also run under TSan).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdio>
+#include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -100,6 +103,85 @@ TEST(profiler_concurrency, eight_threads_under_the_line_profiler) {
     }
   }
   EXPECT_EQ(leaves, 2u);
+}
+
+// Blocks allocated on some threads and freed on others, everything at once: a thread that finds
+// the profiler's lock taken leaves its event to the holder, and every free must still be applied
+// after its block's malloc (else it would count as unmatched and the block stay live). Repeated
+// until some events were left to another thread (deferred_events), so that path ran.
+TEST(profiler_concurrency, blocks_freed_on_other_threads_are_matched) {
+  constexpr int producers = 4;
+  constexpr int consumers = 4;
+  constexpr int per_producer = 3000;
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};
+  std::uint64_t deferred = 0;
+  for (int attempt = 0; attempt < 20 && deferred == 0; ++attempt) {
+    line_profiler prof;
+    std::mutex m;
+    std::deque<std::pair<void*, std::size_t>> handed;
+    std::atomic<int> producers_left{producers};
+    std::atomic<std::size_t> requested{0};
+    {
+      hooks::scoped_hook on{prof};
+      std::vector<std::thread> threads;
+      for (int t = 0; t < producers; ++t) {
+        threads.emplace_back([&, t] {
+          std::size_t bytes = 0;
+          for (int i = 0; i < per_producer; ++i) {
+            const std::size_t n = 64 + static_cast<std::size_t>((t * 977 + i * 31) % 3000);
+            void* p = i % 2 == 0 ? worker_site_small(alloc, n) : worker_site_large(alloc, n);
+            const std::size_t size = i % 2 == 0 ? n : n + 4096;
+            bytes += size;
+            const std::lock_guard lock(m);
+            handed.emplace_back(p, size);
+          }
+          requested += bytes;
+          --producers_left;
+        });
+      }
+      for (int t = 0; t < consumers; ++t) {
+        threads.emplace_back([&] {
+          for (;;) {
+            std::pair<void*, std::size_t> block{nullptr, 0};
+            {
+              const std::lock_guard lock(m);
+              if (!handed.empty()) {
+                block = handed.front();
+                handed.pop_front();
+              }
+            }
+            if (block.first != nullptr) {
+              alloc.deallocate({}, block.first, block.second);
+            } else if (producers_left.load() == 0) {
+              const std::lock_guard lock(m);
+              if (handed.empty()) {
+                return;
+              }
+            } else {
+              std::this_thread::yield();
+            }
+          }
+        });
+      }
+      for (auto& th : threads) {
+        th.join();
+      }
+    }
+    const line_profile r = prof.report({.symbolize = false});
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    EXPECT_GE(r.events, 2u * producers * per_producer);  // and the pool's upstream calls
+    EXPECT_EQ(r.root.total.count, static_cast<std::uint64_t>(producers) * per_producer);
+    EXPECT_EQ(r.root.total.used, requested.load());
+    EXPECT_EQ(r.root.total.freed, requested.load());
+    EXPECT_EQ(r.root.total.live, 0u);
+    EXPECT_EQ(r.unmatched_frees, 0u);
+    EXPECT_EQ(r.root.total.live_at_peak, r.peak_live);
+    EXPECT_LE(r.deferred_events, r.events);
+    EXPECT_TRUE(r.complete);
+    deferred = r.deferred_events;
+  }
+  EXPECT_GT(deferred, 0u) << "no event ever found the profiler's lock taken in 20 attempts";
 }
 
 TEST(profiler_concurrency, eight_threads_under_the_recorder) {

@@ -100,6 +100,9 @@ class line_profile {
   std::uint64_t unmatched_frees = 0;
   /// Stacks longer than max_depth, cut to their innermost max_depth frames.
   std::uint64_t truncated_stacks = 0;
+  /// Events recorded by another thread than the one that raised them: the profiler's lock was
+  /// held when they came (threads allocating at once), so they were left for its holder.
+  std::uint64_t deferred_events = 0;
   /// How stacks were captured ("libunwind", "glibc_backtrace", "frame_pointer").
   std::string unwinder;
   /// How frames were symbolized ("libdw", "dladdr", "none").

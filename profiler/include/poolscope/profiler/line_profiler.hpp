@@ -32,13 +32,18 @@
 // Ownership: the profiler owns its tree and tables; it must outlive its installation
 // (scoped_hook). Thread safety: thread-safe. Events arrive from many threads at once: the stack
 // is captured without any lock, then one spin lock guards the tree and the pointer tables for a
-// few hash-table operations (a contended std::mutex would sleep in the kernel for each); report()
-// and reset() take the same lock. Stream semantics: none (the stream is not part of the
-// attribution). Errors: on_event never throws; if recording fails (no memory) the profiler
-// disables itself, says so once through poolscope::log, and the report is marked incomplete.
-// Cost: one stack capture plus a locked hash lookup per malloc or device_alloc event
-// (bench/line_profiler_bench.cpp; docs/perf.md); a locked hash lookup per free; nothing for
-// other kinds. Memory: one node per distinct call site, one table entry per live block.
+// few hash-table operations. A thread that finds that lock taken does not wait for it: it leaves
+// a copy of its event on a lock-free list, and the next thread to take the lock applies the
+// events left there, oldest first, before its own; so events are applied in an order that keeps
+// every free after its block's malloc, and the figures stay exact (`deferred_events` in the
+// report counts them). While more than 256 wait, threads wait for the lock instead. report(),
+// node_count() and reset() take the same lock (the first two apply what was left too). Stream
+// semantics: none (the stream is not part of the attribution). Errors: on_event never throws; if
+// recording fails (no memory) the profiler disables itself, says so once through poolscope::log,
+// and the report is marked incomplete. Cost: one stack capture plus a locked hash lookup per malloc
+// or device_alloc event (bench/line_profiler_bench.cpp; docs/perf.md); a locked hash lookup per
+// free; nothing for other kinds; a heap copy of the event (with its frames) when the lock was
+// taken. Memory: one node per distinct call site, one table entry per live block.
 #pragma once
 
 #include <atomic>
@@ -138,11 +143,13 @@ class line_profiler final : public hooks::hook {
 
  private:
   struct state;
-  void disable(const char* what) noexcept;
+  void disable(const char* what) const noexcept;
+  // With the table lock held: applies the events other threads left (disables on failure).
+  void drain_locked() const noexcept;
 
   line_profiler_options options_;
   std::unique_ptr<state> state_;
-  std::atomic<bool> disabled_{false};
+  mutable std::atomic<bool> disabled_{false};
 };
 
 }  // namespace poolscope::profiler
