@@ -1,6 +1,7 @@
 // The poolscope command's output files, run as a subprocess: an output path that is an input or
-// another output is refused before any work (paths compared after normalising them, links
-// followed), and `--json -` leaves only JSON on stdout, the text going to stderr.
+// another output, or that could not be written, is refused before any work (paths compared after
+// normalising them, links followed), and `--json -` leaves only JSON on stdout, the text going to
+// stderr.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -118,6 +119,54 @@ TEST(cli_args, bench_darray_refuses_one_file_for_json_and_trace) {
       run_cli({"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
                "D4", "--json", "/dev/null", "--trace", "/dev/null"});
   EXPECT_EQ(null.exit_code, 0) << null.out << null.err;
+}
+
+// An output that could not be written (a missing folder, a folder named as the file) is refused
+// before any work, naming the option and the path, so a long run is not lost at its end.
+TEST(cli_args, outputs_that_cannot_be_written_are_refused_before_running) {
+  const std::string folder = temp_path("poolscope-missing-folder");
+  std::filesystem::remove_all(folder);
+  const std::string missing = folder + "/out.json";
+  const std::string trace = temp_path("poolscope-trace") + ".json";
+  std::remove(trace.c_str());
+  const process_result demo = run_cli({"demo", "--devices", "host:2", "--n", "4096", "--repeat",
+                                       "1", "--trace", trace, "--report", missing});
+  EXPECT_EQ(demo.exit_code, 1) << demo.out << demo.err;
+  EXPECT_TRUE(contains(demo.err, "poolscope demo: --report '" + missing + "': its folder '" +
+                                     folder + "' does not exist"))
+      << demo.err;
+  EXPECT_TRUE(demo.out.empty()) << demo.out;  // refused before the demo ran
+  EXPECT_FALSE(std::filesystem::exists(trace)) << "nothing written";
+
+  const std::string log = write_file("poolscope-log", event_log_text());
+  const std::string here = std::filesystem::path(log).parent_path().string();
+  const process_result replay = run_cli({"replay", log, "--json", here});
+  EXPECT_EQ(replay.exit_code, 1) << replay.out << replay.err;
+  EXPECT_TRUE(contains(replay.err, "poolscope replay: --json '" + here + "' is a folder"))
+      << replay.err;
+  EXPECT_TRUE(replay.out.empty()) << replay.out;
+  std::remove(log.c_str());
+
+  // A regular file where the folder should be.
+  const std::string file = write_file("poolscope-not-a-folder", "x");
+  const process_result bench =
+      run_cli({"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
+               "D4", "--json", file + "/out.json"});
+  EXPECT_EQ(bench.exit_code, 1) << bench.out << bench.err;
+  EXPECT_TRUE(contains(bench.err, "poolscope bench darray: --json '" + file + "/out.json': '" +
+                                      file + "' is not a folder"))
+      << bench.err;
+  EXPECT_TRUE(bench.out.empty()) << bench.out;
+  std::remove(file.c_str());
+
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"pools", "--steps", "1", "--json", missing},
+        std::vector<std::string>{"bench", "alloc", "--seconds", "0.001", "--json", missing}}) {
+    const process_result r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 1) << args[0] << ": " << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, "--json '" + missing + "': its folder")) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
 }
 
 // ---- 2. --json - : stdout holds the JSON alone, the text goes to stderr ----

@@ -1,6 +1,7 @@
 // The file arguments of the CLI's commands: a command whose output would overwrite one of its
-// inputs or another of its outputs is refused before it does any work, and an output named "-"
-// goes to stdout.
+// inputs or another of its outputs, or could not be written at all (a missing folder, a folder
+// named as the file, no write permission), is refused before it does any work, so a long run is
+// not lost at its end; an output named "-" goes to stdout.
 //
 //   check_distinct_files("poolscope replay", {{"LOG", cmd.file, false},
 //                                             {"--json", cmd.json_path, true}});
@@ -10,6 +11,10 @@
 // Cost: a few stat calls per path.
 #pragma once
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -62,11 +67,44 @@ inline bool is_file(const file_argument& f) {
   return !f.path.empty() && f.path != "-";
 }
 
+/// Throws poolscope::invalid_argument, naming the command, the option and the path, if the output
+/// `f` could not be written: its folder is missing or is not a folder, the path is a folder, or
+/// the file (an existing one) or its folder (a new one) is not writable. Creates nothing.
+inline void check_writable(std::string_view command, const file_argument& f) {
+  namespace fs = std::filesystem;
+  const std::string head = std::string(command) + ": " + f.option + " '" + f.path + "'";
+  std::error_code ec;
+  const fs::path p(f.path);
+  const fs::file_status st = fs::status(p, ec);
+  if (!ec && fs::exists(st)) {
+    if (fs::is_directory(st)) {
+      throw invalid_argument(head + " is a folder; name a file in it");
+    }
+    if (::access(f.path.c_str(), W_OK) != 0) {
+      throw invalid_argument(head + " cannot be written: " + std::strerror(errno));
+    }
+    return;
+  }
+  const fs::path folder = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const fs::file_status fst = fs::status(folder, ec);
+  if (ec || !fs::exists(fst)) {
+    throw invalid_argument(head + ": its folder '" + folder.string() + "' does not exist");
+  }
+  if (!fs::is_directory(fst)) {
+    throw invalid_argument(head + ": '" + folder.string() + "' is not a folder");
+  }
+  if (::access(folder.c_str(), W_OK | X_OK) != 0) {
+    throw invalid_argument(head + ": its folder '" + folder.string() +
+                           "' cannot be written: " + std::strerror(errno));
+  }
+}
+
 }  // namespace detail
 
 /// Throws poolscope::invalid_argument, naming both arguments and the path, if an output of
 /// `command` is the same file as one of its inputs (it would be destroyed) or as another output
-/// (one would overwrite the other).
+/// (one would overwrite the other); naming the output, if it could not be written
+/// (detail::check_writable).
 inline void check_distinct_files(std::string_view command,
                                  const std::vector<file_argument>& files) {
   for (std::size_t i = 0; i < files.size(); ++i) {
@@ -74,6 +112,7 @@ inline void check_distinct_files(std::string_view command,
     if (!out.output || !detail::is_file(out)) {
       continue;
     }
+    detail::check_writable(command, out);
     for (std::size_t j = 0; j < files.size(); ++j) {
       const file_argument& other = files[j];
       // Each pair of outputs once; an output against every input.

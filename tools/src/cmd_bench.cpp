@@ -68,6 +68,7 @@ void register_bench(CLI::App& app) {
   // The seed is unsigned: a negative one would wrap silently.
   alloc->get_option("--seed")->check(poolscope::bench::non_negative_number());
   alloc->callback([cmd] {
+    check_distinct_files("poolscope bench alloc", {{"--json", cmd->json_path(), true}});
     const int rc = cmd->run(std::cout, std::cerr);
     if (rc != 0) {
       throw CLI::RuntimeError(rc);

@@ -89,6 +89,8 @@ class alloc_bench_command {
   }
 
   [[nodiscard]] const alloc_bench_options& options() const noexcept { return options_; }
+  /// The --json path ("" if none, "-" for stdout).
+  [[nodiscard]] const std::string& json_path() const noexcept { return json_path_; }
   /// Sets the time budget per row (what --seconds sets).
   void set_seconds_per_row(double s) noexcept { options_.seconds_per_row = s; }
 
