@@ -22,6 +22,7 @@ using poolscope::testing::process_result;
 using poolscope::testing::run_cli;
 using poolscope::testing::run_process;
 using poolscope::testing::small_trace_text;
+using poolscope::testing::temp_path;
 using poolscope::testing::write_file;
 
 // ---- 3. sizes that cannot fit in host memory ----
@@ -112,6 +113,34 @@ TEST(cli_args, negative_values_of_unsigned_options_are_refused) {
     EXPECT_FALSE(contains(r.out, "18446744073709551")) << r.out;
   }
   std::remove(trace.c_str());
+}
+
+// On/off options take 1 or 0 (or true/false, on/off, yes/no): CLI11 alone reads any other whole
+// number as on.
+TEST(cli_args, on_off_options_refuse_other_numbers) {
+  const std::vector<std::vector<std::string>> commands{
+      {"demo", "--devices", "host:2", "--n", "4096", "--kernel-graphs", "7"},
+      {"demo", "--devices", "host:2", "--n", "4096", "--yield-to-copies", "-1"},
+      {"bench", "darray", "--devices", "host:2", "--only", "D4", "--kernel-graphs", "2"},
+      {"bench", "darray", "--devices", "host:2", "--only", "D4", "--yield-to-copies", "maybe"}};
+  for (const auto& args : commands) {
+    const std::string option = args[args.size() - 2];
+    const std::string value = args.back();
+    SCOPED_TRACE(args[0] + " " + option + " " + value);
+    const process_result r = run_cli(args);
+    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, option)) << r.err;
+    EXPECT_TRUE(contains(r.err, "not '" + value + "'")) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  const std::string trace = temp_path("poolscope-on-off") + ".trace.json";
+  const std::string report = temp_path("poolscope-on-off") + ".report.json";
+  const process_result ok =
+      run_cli({"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1", "--kernel-graphs",
+               "0", "--yield-to-copies", "off", "--trace", trace, "--report", report});
+  EXPECT_EQ(ok.exit_code, 0) << ok.out << ok.err;
+  std::remove(trace.c_str());
+  std::remove(report.c_str());
 }
 
 // ---- 17-19. unknown commands, bad --devices ----

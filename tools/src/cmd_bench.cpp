@@ -116,11 +116,13 @@ void register_bench(CLI::App& app) {
   darray_cmd
       ->add_option("--kernel-graphs", d->options.kernel_graphs,
                    "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
+      ->check(poolscope::bench::on_off())
       ->capture_default_str();
   darray_cmd
       ->add_option("--yield-to-copies", d->options.yield_to_copies,
                    "CUDA: element-wise kernels run with fewer blocks while a large copy out of "
                    "their device is in flight (1) or always at full occupancy (0)")
+      ->check(poolscope::bench::on_off())
       ->capture_default_str();
   darray_cmd
       ->add_option("--split-mib", d->options.split_mib,

@@ -47,10 +47,12 @@ void register_demo(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--kernel-graphs", o->kernel_graphs,
                   "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
+      ->check(poolscope::bench::on_off())
       ->capture_default_str();
   sub->add_option("--yield-to-copies", o->yield_to_copies,
                   "CUDA: element-wise kernels run with fewer blocks while a large copy out of "
                   "their device is in flight (1) or always at full occupancy (0)")
+      ->check(poolscope::bench::on_off())
       ->capture_default_str();
   sub->add_flag("!--no-cupti", o->cupti, "do not collect CUPTI activity");
   sub->add_option("--cupti-kinds", o->cupti_kinds,

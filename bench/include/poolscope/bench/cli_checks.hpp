@@ -1,4 +1,4 @@
-// Validators for the command-line tools' numeric options. CLI11's PositiveNumber and
+// Validators for the command-line tools' numeric and on/off options. CLI11's PositiveNumber and
 // NonNegativeNumber reject a bad value by printing the range they test, whose upper end is
 // DBL_MAX written out in 309 digits; these say what the option wants in words:
 //   --seconds: must be a number greater than 0, not '0'
@@ -38,6 +38,21 @@ inline CLI::Validator positive_number() {
 inline CLI::Validator non_negative_number() {
   return CLI::Validator([](std::string& s) { return cli_detail::check_number(s, false); },
                         "NONNEGATIVE", "non_negative_number");
+}
+
+/// An on/off setting: 1 or 0 (also true/false, on/off, yes/no). CLI11 alone would read any
+/// other whole number as on.
+inline CLI::Validator on_off() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        for (const char* ok : {"1", "0", "true", "false", "on", "off", "yes", "no"}) {
+          if (s == ok) {
+            return {};
+          }
+        }
+        return "must be 1 or 0 (or true/false, on/off, yes/no), not '" + s + "'";
+      },
+      "1|0", "on_off");
 }
 
 }  // namespace poolscope::bench
