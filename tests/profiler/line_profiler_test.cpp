@@ -480,6 +480,55 @@ TEST(line_profiler, reset_forgets_everything) {
   EXPECT_EQ(r.root.total.count, 0u);
   EXPECT_EQ(r.unmatched_frees, 1u);
   EXPECT_TRUE(prof.enabled());
+  // The same call site again: a new tree, the site counted once (nothing of the old tree, such
+  // as a leaf index remembered for this stack, is used).
+  void* q = site_a(alloc, 20);
+  const line_profile again = prof.report({.symbolize = false});
+  EXPECT_EQ(again.root.total.count, 1u);
+  EXPECT_EQ(again.root.total.used, 20u);
+  EXPECT_GT(prof.node_count(), 0u);
+  alloc.deallocate({}, q, 20);
+  EXPECT_EQ(prof.report({.symbolize = false}).root.total.live, 0u);
+}
+
+// Two profilers installed at once whose trees were built in different orders, then the same
+// sites in turn: each profiler's leaves hold their own sites' figures (nothing learnt for one
+// stack in one tree, such as its leaf index, is used in the other).
+TEST(line_profiler, two_profilers_at_once_keep_their_own_leaves) {
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};
+  line_profiler first;
+  line_profiler second;
+  hooks::scoped_hook on_first{first};
+  // first's tree starts with a stack through site_b (from this line, so a leaf of its own).
+  alloc.deallocate({}, site_b(alloc, 30), 30);
+  hooks::scoped_hook on_second{second};
+  for (int i = 0; i < 50; ++i) {
+    alloc.deallocate({}, site_a(alloc, 10), 10);
+    alloc.deallocate({}, site_b(alloc, 30), 30);
+  }
+  // (calls, used) of every node where stacks end, in increasing order.
+  const auto leaves = [](const line_profile& p) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+    std::vector<const profile_node*> todo{&p.root};
+    while (!todo.empty()) {
+      const profile_node* n = todo.back();
+      todo.pop_back();
+      if (n->self.count > 0) {
+        out.emplace_back(n->self.count, n->self.used);
+      }
+      for (const auto& c : n->children) {
+        todo.push_back(&c);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  using figures = std::vector<std::pair<std::uint64_t, std::uint64_t>>;
+  EXPECT_EQ(leaves(first.report({.symbolize = false})), (figures{{1, 30}, {50, 500}, {50, 1500}}));
+  EXPECT_EQ(leaves(second.report({.symbolize = false})), (figures{{50, 500}, {50, 1500}}));
+  EXPECT_EQ(first.report({.symbolize = false}).root.total.live, 0u);
+  EXPECT_EQ(second.report({.symbolize = false}).unmatched_frees, 0u);
 }
 
 TEST(line_profiler, rejects_bad_options) {
