@@ -3,7 +3,7 @@
 // named as the file, no write permission), is refused before it does any work, so a long run is
 // not lost at its end; an output named "-" goes to stdout.
 //
-//   check_distinct_files("poolscope replay", {{"LOG", cmd.file, false},
+//   check_file_arguments("poolscope replay", {{"LOG", cmd.file, false},
 //                                             {"--json", cmd.json_path, true}});
 //   write_output("poolscope replay", "--json", cmd.json_path, j.dump(2) + "\n");
 //
@@ -105,7 +105,7 @@ inline void check_writable(std::string_view command, const file_argument& f) {
 /// `command` is the same file as one of its inputs (it would be destroyed) or as another output
 /// (one would overwrite the other); naming the output, if it could not be written
 /// (detail::check_writable).
-inline void check_distinct_files(std::string_view command,
+inline void check_file_arguments(std::string_view command,
                                  const std::vector<file_argument>& files) {
   for (std::size_t i = 0; i < files.size(); ++i) {
     const file_argument& out = files[i];

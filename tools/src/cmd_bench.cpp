@@ -68,7 +68,7 @@ void register_bench(CLI::App& app) {
   // The seed is unsigned: a negative one would wrap silently.
   alloc->get_option("--seed")->check(poolscope::bench::non_negative_number());
   alloc->callback([cmd] {
-    check_distinct_files("poolscope bench alloc", {{"--json", cmd->json_path(), true}});
+    check_file_arguments("poolscope bench alloc", {{"--json", cmd->json_path(), true}});
     const int rc = cmd->run(std::cout, std::cerr);
     if (rc != 0) {
       throw CLI::RuntimeError(rc);
@@ -148,7 +148,7 @@ void register_bench(CLI::App& app) {
                    "driver, markers; add runtime to see every CUDA call an op makes")
       ->capture_default_str();
   darray_cmd->callback([d] {
-    check_distinct_files("poolscope bench darray", {{"--json", d->json_path, true},
+    check_file_arguments("poolscope bench darray", {{"--json", d->json_path, true},
                                                     {"--trace", d->options.trace_path, true}});
     check_darray_bench_memory(d->options);
     const auto rep = bench::run_darray_bench(d->options, &std::cerr);

@@ -43,7 +43,7 @@ void register_pools(CLI::App& app) {
                   "also write the report as JSON to this file ('-': stdout, the text then goes "
                   "to stderr)");
   sub->callback([cmd] {
-    check_distinct_files("poolscope pools", {{"--json", cmd->json_path, true}});
+    check_file_arguments("poolscope pools", {{"--json", cmd->json_path, true}});
     const demo_report rep = run_demo(cmd->options, &std::cerr);
     // With the JSON on stdout, stdout holds nothing else.
     rep.print(cmd->json_path == "-" ? std::cerr : std::cout);

@@ -143,7 +143,7 @@ void print_log_notes(std::ostream& out, const std::vector<profiler::replay_resul
 }
 
 void run_replay(const replay_command& cmd) {
-  check_distinct_files("poolscope replay",
+  check_file_arguments("poolscope replay",
                        {{"LOG", cmd.file, false}, {"--json", cmd.json_path, true}});
   // With the JSON on stdout, stdout holds nothing else: the table goes to stderr.
   std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;

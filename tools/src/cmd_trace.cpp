@@ -85,7 +85,7 @@ std::vector<range_found> find_ranges(const trace_command& cmd) {
 }
 
 void run_summary(const trace_command& cmd) {
-  check_distinct_files("poolscope trace summary",
+  check_file_arguments("poolscope trace summary",
                        {{"FILE", cmd.file, false}, {"--json", cmd.json_path, true}});
   // With the JSON on stdout, stdout holds nothing else: the text goes to stderr.
   std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;

@@ -184,7 +184,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
                            "' (expected auto, peer or nccl)");
   }
   // Checked before anything is written: an output must not overwrite the other.
-  check_distinct_files("poolscope demo",
+  check_file_arguments("poolscope demo",
                        {{"--trace", o.trace_path, true}, {"--report", o.report_path, true}});
   // Checked before any device is touched: a bad list is the caller's error, not CUPTI's.
   const profiler::cupti_options cupti_settings = profiler::with_activity_kinds(o.cupti_kinds);
