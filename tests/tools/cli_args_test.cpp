@@ -93,6 +93,16 @@ TEST(cli_args, running_out_of_host_memory_names_the_command) {
 
 // ---- 5. negative values of unsigned options ----
 
+// Runs the CLI with `args`, whose last two are an option and its bad value, and expects a
+// refusal whose message names the option and holds `what`.
+process_result run_refused(const std::vector<std::string>& args, const std::string& what) {
+  process_result r = run_cli(args);
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, args[args.size() - 2])) << r.err;
+  EXPECT_TRUE(contains(r.err, what)) << r.err;
+  return r;
+}
+
 TEST(cli_args, negative_values_of_unsigned_options_are_refused) {
   const std::string trace = write_file("poolscope-trace", small_trace_text);
   const std::vector<std::vector<std::string>> commands{
@@ -103,13 +113,8 @@ TEST(cli_args, negative_values_of_unsigned_options_are_refused) {
       {"bench", "alloc", "--quick", "--seed", "-1"},
       {"pools", "--steps", "-1"}};
   for (const auto& args : commands) {
-    const std::string option = args[args.size() - 2];
-    const std::string value = args.back();
-    SCOPED_TRACE(args[0] + " " + option + " " + value);
-    const process_result r = run_cli(args);
-    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-    EXPECT_TRUE(contains(r.err, option)) << r.err;
-    EXPECT_TRUE(contains(r.err, value)) << r.err;
+    SCOPED_TRACE(args[0] + " " + args[args.size() - 2] + " " + args.back());
+    const process_result r = run_refused(args, args.back());
     EXPECT_FALSE(contains(r.out, "18446744073709551")) << r.out;
   }
   std::remove(trace.c_str());
@@ -124,13 +129,8 @@ TEST(cli_args, on_off_options_refuse_other_numbers) {
       {"bench", "darray", "--devices", "host:2", "--only", "D4", "--kernel-graphs", "2"},
       {"bench", "darray", "--devices", "host:2", "--only", "D4", "--yield-to-copies", "maybe"}};
   for (const auto& args : commands) {
-    const std::string option = args[args.size() - 2];
-    const std::string value = args.back();
-    SCOPED_TRACE(args[0] + " " + option + " " + value);
-    const process_result r = run_cli(args);
-    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-    EXPECT_TRUE(contains(r.err, option)) << r.err;
-    EXPECT_TRUE(contains(r.err, "not '" + value + "'")) << r.err;
+    SCOPED_TRACE(args[0] + " " + args[args.size() - 2] + " " + args.back());
+    const process_result r = run_refused(args, "not '" + args.back() + "'");
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
   const std::string trace = temp_path("poolscope-on-off") + ".trace.json";
