@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -304,24 +306,85 @@ baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat) {
       [&] { synchronize_all(streams); });
 }
 
-/// What the async floors work on: per GPU a buffer, a stream and an event (synchronized).
+namespace {
+
+// A graph and its executable, destroyed on scope exit.
+struct graph_pair {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  graph_pair() = default;
+  graph_pair(const graph_pair&) = delete;
+  graph_pair& operator=(const graph_pair&) = delete;
+  ~graph_pair() {
+    if (exec != nullptr) {
+      (void)cudaGraphExecDestroy(exec);
+    }
+    if (graph != nullptr) {
+      (void)cudaGraphDestroy(graph);
+    }
+  }
+};
+
+// A graph of one node, floor_add_kernel() on GPU `device` computing c = a + b over `n` floats,
+// and its executable (made on that GPU).
+std::unique_ptr<graph_pair> kernel_graph(int device, const float* a, const float* b, float* c,
+                                         int n) {
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
+  auto g = std::make_unique<graph_pair>();
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphCreate(&g->graph, 0));
+  void* args[] = {&a, &b, &c, &n};
+  cudaKernelNodeParams p{};
+  p.func = const_cast<void*>(floor_add_kernel());
+  constexpr unsigned threads = 256;
+  p.gridDim = dim3(std::max(1U, (static_cast<unsigned>(n) + threads - 1) / threads));
+  p.blockDim = dim3(threads);
+  p.kernelParams = args;
+  cudaGraphNode_t node = nullptr;
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphAddKernelNode(&node, g->graph, nullptr, 0, &p));
+  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
+}  // namespace
+
+/// What the async floors work on: per GPU a buffer, a stream and an event (synchronized); for
+/// floor_call::kernel_graph also two operands and a one-kernel graph writing the buffer.
 struct floor_state {
+  floor_call call;
   std::vector<device_memory> bufs;
   std::vector<device_stream> streams;
   std::vector<device_event> events;
+  std::vector<device_memory> operands;              // GPU d's at 2d and 2d + 1
+  std::vector<std::unique_ptr<graph_pair>> graphs;  // GPU d's at d
 
-  floor_state(int devices, std::size_t bytes) {
+  floor_state(int devices, std::size_t bytes, floor_call how = floor_call::memset) : call(how) {
     for (int d = 0; d < devices; ++d) {
       bufs.emplace_back(d, bytes);
       streams.emplace_back(d);
       events.emplace_back(d);
+    }
+    if (how == floor_call::kernel_graph) {
+      const auto n = static_cast<int>(
+          std::min<std::size_t>(bytes / sizeof(float), std::numeric_limits<int>::max()));
+      for (int d = 0; d < devices; ++d) {
+        operands.emplace_back(d, bytes);
+        operands.emplace_back(d, bytes);
+        const auto i = static_cast<std::size_t>(d);
+        graphs.push_back(kernel_graph(d, static_cast<const float*>(operands[2 * i].get()),
+                                      static_cast<const float*>(operands[2 * i + 1].get()),
+                                      static_cast<float*>(bufs[i].get()), n));
+      }
     }
     POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   }
   /// GPU d's call and event.
   void issue(int d, std::size_t bytes) {
     const auto i = static_cast<std::size_t>(d);
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+    if (call == floor_call::kernel_graph) {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(graphs[i]->exec, streams[i].get()));
+    } else {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+    }
     POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
   }
   void wait_all() {
@@ -342,8 +405,8 @@ struct async_floor::state : floor_state {
   };
   std::vector<copy> copies;
 
-  state(int devices, std::size_t bytes, const std::vector<device_link>& links)
-      : floor_state(devices, bytes) {
+  state(int devices, std::size_t bytes, const std::vector<device_link>& links, floor_call how)
+      : floor_state(devices, bytes, how) {
     copies.reserve(links.size());
     for (const device_link& l : links) {
       if (l.src < 0 || l.src >= devices || l.dst < 0 || l.dst >= devices) {
@@ -378,10 +441,11 @@ struct async_floor::state : floor_state {
   }
 };
 
-async_floor::async_floor(int devices, std::size_t bytes, const std::vector<device_link>& copies)
+async_floor::async_floor(int devices, std::size_t bytes, const std::vector<device_link>& copies,
+                         floor_call call)
     : bytes_(bytes) {
   const current_device_guard guard;
-  state_ = std::make_unique<state>(devices, bytes, copies);
+  state_ = std::make_unique<state>(devices, bytes, copies, call);
 }
 
 async_floor::~async_floor() {
@@ -478,23 +542,6 @@ baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int r
 }
 
 namespace {
-
-// A captured graph and its executable, destroyed on scope exit.
-struct graph_pair {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  graph_pair() = default;
-  graph_pair(const graph_pair&) = delete;
-  graph_pair& operator=(const graph_pair&) = delete;
-  ~graph_pair() {
-    if (exec != nullptr) {
-      (void)cudaGraphExecDestroy(exec);
-    }
-    if (graph != nullptr) {
-      (void)cudaGraphDestroy(graph);
-    }
-  }
-};
 
 // Ends a capture still open on `stream` at scope exit (a call inside it threw), dropping what
 // was captured, so that the stream is usable again.

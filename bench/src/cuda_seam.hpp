@@ -1,4 +1,5 @@
-// The bench component's one seam to CUDA. Everything else in bench/ is CUDA-free.
+// The bench component's one seam to CUDA (with floor_kernel.cu, its one kernel). Everything else
+// in bench/ is CUDA-free.
 // Preconditions: pointers passed to the copy functions are device memory of the current device
 // (or host memory, for the host side); the timed baselines name GPUs in [0, device_count()) and
 // must only be called when a GPU is present. Errors: device_count never throws (0 on any error);
@@ -8,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -49,10 +51,22 @@ struct baseline_seconds {
 /// byte), timed as time_peer_copies.
 [[nodiscard]] baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat);
 
+/// The asynchronous call an async_floor makes per GPU.
+enum class floor_call : std::uint8_t {
+  memset,        ///< cudaMemsetAsync of the bytes, standing in for a kernel launch
+  kernel_graph,  ///< cudaGraphLaunch of a prebuilt one-kernel graph adding two arrays of the bytes
+                 ///< into a third (floor_add_kernel): the calls a small darray op makes per GPU
+                 ///< when its kernels are launched as graphs, without its bookkeeping
+};
+
+/// The kernel of floor_call::kernel_graph: c[i] = a[i] + b[i] for i < n, grid-stride; its
+/// parameters (const float* a, const float* b, float* c, int n).
+[[nodiscard]] const void* floor_add_kernel() noexcept;
+
 /// The floor of a small op's cost on `devices` GPUs from one thread, taken a round at a time so
 /// that a benchmark can interleave its rounds with the op's own (both then see the same host
-/// state): per GPU, cudaSetDevice, one asynchronous call (cudaMemsetAsync of `bytes`, standing in
-/// for a kernel launch) and one cudaEventRecord; then cudaEventSynchronize on each GPU's event.
+/// state): per GPU, cudaSetDevice, one asynchronous call (`call`, over `bytes` per GPU) and one
+/// cudaEventRecord; then cudaEventSynchronize on each GPU's event.
 /// With `copies`, each round first issues them (cudaMemcpyPeerAsync on a stream of the source
 /// GPU, then an event there) and each receiving GPU's stream waits for its copies' events
 /// (cudaStreamWaitEvent) before its call: the floor of an op whose operand must move first.
@@ -61,7 +75,8 @@ struct baseline_seconds {
 class async_floor {
  public:
   /// Throws invalid_argument for a copy naming a GPU outside 0..devices-1.
-  async_floor(int devices, std::size_t bytes, const std::vector<device_link>& copies = {});
+  async_floor(int devices, std::size_t bytes, const std::vector<device_link>& copies = {},
+              floor_call call = floor_call::memset);
   ~async_floor();
   async_floor(const async_floor&) = delete;
   async_floor& operator=(const async_floor&) = delete;

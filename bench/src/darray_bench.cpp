@@ -524,8 +524,13 @@ class bench_run {
     const auto per_device =
         static_cast<std::size_t>(n) * sizeof(float) / static_cast<std::size_t>(std::max(devs_, 1));
     std::unique_ptr<detail::async_floor> floor_calls;
+    // The op's own calls without its bookkeeping: a one-kernel graph launched as it is and an
+    // event per GPU (what the backend issues when it launches kernels as graphs).
+    std::unique_ptr<detail::async_floor> graph_floor_calls;
     if (gpu_) {
       floor_calls = std::make_unique<detail::async_floor>(devs_, per_device);
+      graph_floor_calls = std::make_unique<detail::async_floor>(
+          devs_, per_device, std::vector<detail::device_link>{}, detail::floor_call::kernel_graph);
     }
     // The same ops chained: x = x + B (x = x + C.reshard(A.index_map())) `chain` times, one wait.
     constexpr int chain = 64;
@@ -544,6 +549,8 @@ class bench_run {
     static const profiler::scope_site add_chain_site{"bench.D3.add_chain"};
     static const profiler::scope_site fused_chain_site{"bench.D3.fused_chain"};
     static const profiler::scope_site floor_chain_site{"bench.D3.floor_chain"};
+    static const profiler::scope_site floor_graphs_site{"bench.D3.floor_graphs"};
+    static const profiler::scope_site floor_graphs_chain_site{"bench.D3.floor_graphs_chain"};
     split_samples(add_site).take(add);
     split_samples(fused_site).take(fused);
     split_samples add_samples(add_site);
@@ -555,6 +562,8 @@ class bench_run {
     }
     std::vector<double> floor_samples;
     std::vector<double> floor_chain_samples;
+    std::vector<double> graph_floor_samples;
+    std::vector<double> graph_floor_chain_samples;
     std::vector<double> fused_floor_samples;
     const auto time_floor = [](detail::async_floor& calls, std::vector<double>& out, int length,
                                const profiler::scope_site& site) {
@@ -572,6 +581,12 @@ class bench_run {
       floor_calls->wait();
       singles.emplace_back([&] { time_floor(*floor_calls, floor_samples, 1, floor_site); });
     }
+    if (graph_floor_calls) {
+      graph_floor_calls->issue();
+      graph_floor_calls->wait();
+      singles.emplace_back(
+          [&] { time_floor(*graph_floor_calls, graph_floor_samples, 1, floor_graphs_site); });
+    }
     if (fused_floor_calls) {
       fused_floor_calls->issue();
       fused_floor_calls->wait();
@@ -586,6 +601,11 @@ class bench_run {
     if (floor_calls) {
       chained.emplace_back(
           [&] { time_floor(*floor_calls, floor_chain_samples, chain, floor_chain_site); });
+    }
+    if (graph_floor_calls) {
+      chained.emplace_back([&] {
+        time_floor(*graph_floor_calls, graph_floor_chain_samples, chain, floor_graphs_chain_site);
+      });
     }
     interleave(chains, 1, chained);
     const split_seconds t_add = add_samples.summary();
@@ -631,8 +651,13 @@ class bench_run {
           make_baseline("the same calls chained, one wait", 0, summarize(floor_chain_samples));
       w.baselines["floor_fused"] =
           make_baseline("the same after the reshard's copies", 0, summarize(fused_floor_samples));
+      w.baselines["floor_graphs"] =
+          make_baseline("a kernel graph + event per GPU", 0, summarize(graph_floor_samples));
+      w.baselines["floor_graphs_chained"] =
+          make_baseline("kernel graphs + events chained", 0, summarize(graph_floor_chain_samples));
       // Their streams and buffers go before the threaded floor's are made.
       floor_calls.reset();
+      graph_floor_calls.reset();
       fused_floor_calls.reset();
       // Apart, not interleaved: its spinning threads would take the cores the ops issue from.
       w.baselines["floor_threaded"] =
@@ -814,6 +839,11 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         floor != nullptr ? fmt("%.1f us ", floor->median_ms * 1e3) + floor->method : "",
         floor != nullptr && add > 0 ? format_ratio(floor->median_ms * 1e3 / add) : "", "<= 8 us",
         add <= 8.0);
+    if (const auto* graphs = find_baseline(w, "floor_graphs")) {
+      row("  floor with kernel graphs (median)", "",
+          fmt("%.1f us ", graphs->median_ms * 1e3) + graphs->method,
+          add > 0 ? format_ratio(graphs->median_ms * 1e3 / add) : "");
+    }
     if (const auto* threaded = find_baseline(w, "floor_threaded")) {
       row("  floor with parallel issue (median)", "",
           fmt("%.1f us ", threaded->median_ms * 1e3) + threaded->method,
@@ -848,6 +878,11 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
         chained_floor != nullptr && chained > 0
             ? format_ratio(chained_floor->median_ms * 1e3 / chained)
             : "");
+    if (const auto* graphs = find_baseline(w, "floor_graphs_chained")) {
+      row("  floor with kernel graphs, chained", "",
+          fmt("%.1f us ", graphs->median_ms * 1e3) + graphs->method,
+          chained > 0 ? format_ratio(graphs->median_ms * 1e3 / chained) : "");
+    }
     row("  fused, per op in a chain of 64", fmt("%.1f us", figure(w, "t_fused_chained_us")));
   } else if (w.name == "D4") {
     const double r = figure(w, "ratio");
