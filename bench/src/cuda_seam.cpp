@@ -325,24 +325,37 @@ struct graph_pair {
   }
 };
 
-// A graph of one node, floor_add_kernel() on GPU `device` computing c = a + b over `n` floats,
-// and its executable (made on that GPU).
-std::unique_ptr<graph_pair> kernel_graph(int device, const float* a, const float* b, float* c,
-                                         int n) {
+// A graph of one node, `kernel` on GPU `device` with `args` over `items` elements (a thread
+// each, up to 1024 blocks of 256), and its executable (made on that GPU).
+std::unique_ptr<graph_pair> kernel_graph(int device, const void* kernel, void** args,
+                                         std::size_t items) {
   POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
   auto g = std::make_unique<graph_pair>();
   POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphCreate(&g->graph, 0));
-  void* args[] = {&a, &b, &c, &n};
+  constexpr std::size_t threads = 256;
   cudaKernelNodeParams p{};
-  p.func = const_cast<void*>(floor_add_kernel());
-  constexpr unsigned threads = 256;
-  p.gridDim = dim3(std::max(1U, (static_cast<unsigned>(n) + threads - 1) / threads));
-  p.blockDim = dim3(threads);
+  p.func = const_cast<void*>(kernel);
+  p.gridDim = dim3(
+      static_cast<unsigned>(std::clamp<std::size_t>((items + threads - 1) / threads, 1, 1024)));
+  p.blockDim = dim3(static_cast<unsigned>(threads));
   p.kernelParams = args;
   cudaGraphNode_t node = nullptr;
   POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphAddKernelNode(&node, g->graph, nullptr, 0, &p));
   POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
   return g;
+}
+
+// kernel_graph of floor_add_kernel(): c = a + b over `n` floats.
+std::unique_ptr<graph_pair> add_graph(int device, const float* a, const float* b, float* c, int n) {
+  void* args[] = {&a, &b, &c, &n};
+  return kernel_graph(device, floor_add_kernel(), args, static_cast<std::size_t>(n));
+}
+
+// kernel_graph of floor_copy_kernel() on GPU `device`: `bytes` from src to dst.
+std::unique_ptr<graph_pair> copy_graph(int device, const void* src, void* dst, std::size_t bytes) {
+  unsigned long long n = bytes;
+  void* args[] = {&src, &dst, &n};
+  return kernel_graph(device, floor_copy_kernel(), args, bytes);
 }
 
 }  // namespace
@@ -370,9 +383,9 @@ struct floor_state {
         operands.emplace_back(d, bytes);
         operands.emplace_back(d, bytes);
         const auto i = static_cast<std::size_t>(d);
-        graphs.push_back(kernel_graph(d, static_cast<const float*>(operands[2 * i].get()),
-                                      static_cast<const float*>(operands[2 * i + 1].get()),
-                                      static_cast<float*>(bufs[i].get()), n));
+        graphs.push_back(add_graph(d, static_cast<const float*>(operands[2 * i].get()),
+                                   static_cast<const float*>(operands[2 * i + 1].get()),
+                                   static_cast<float*>(bufs[i].get()), n));
       }
     }
     POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
@@ -395,13 +408,15 @@ struct floor_state {
 };
 
 struct async_floor::state : floor_state {
-  /// One copy of a round: its buffers, the source GPU's stream and the event its receiver waits.
+  /// One copy of a round: its buffers, the source GPU's stream and the event its receiver waits
+  /// (with floor_call::kernel_graph, its graph).
   struct copy {
     device_link link;
     device_memory src;
     device_memory dst;
     device_stream stream;
     device_event done;
+    std::unique_ptr<graph_pair> graph;
   };
   std::vector<copy> copies;
 
@@ -417,16 +432,24 @@ struct async_floor::state : floor_state {
       enable_peer_access(l.src, l.dst);
       enable_peer_access(l.dst, l.src);
       copies.push_back({l, device_memory(l.src, l.bytes), device_memory(l.dst, l.bytes),
-                        device_stream(l.src), device_event(l.src)});
+                        device_stream(l.src), device_event(l.src), nullptr});
+      if (how == floor_call::kernel_graph) {
+        copy& c = copies.back();
+        c.graph = copy_graph(l.src, c.src.get(), c.dst.get(), l.bytes);
+      }
     }
     POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  /// The copies, each followed by its event on the source GPU's stream.
+  /// The copies (or their graphs), each followed by its event on the source GPU's stream.
   void issue_copies() {
     for (const copy& c : copies) {
       POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(c.link.src));
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyPeerAsync(c.dst.get(), c.link.dst, c.src.get(),
-                                                     c.link.src, c.link.bytes, c.stream.get()));
+      if (c.graph != nullptr) {
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(c.graph->exec, c.stream.get()));
+      } else {
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyPeerAsync(c.dst.get(), c.link.dst, c.src.get(),
+                                                       c.link.src, c.link.bytes, c.stream.get()));
+      }
       POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(c.done.get(), c.stream.get()));
     }
   }

@@ -55,23 +55,30 @@ struct baseline_seconds {
 enum class floor_call : std::uint8_t {
   memset,        ///< cudaMemsetAsync of the bytes, standing in for a kernel launch
   kernel_graph,  ///< cudaGraphLaunch of a prebuilt one-kernel graph adding two arrays of the bytes
-                 ///< into a third (floor_add_kernel): the calls a small darray op makes per GPU
-                 ///< when its kernels are launched as graphs, without its bookkeeping
+                 ///< into a third (floor_add_kernel), and each copy a one-kernel graph too
+                 ///< (floor_copy_kernel on the source GPU writing the peer's memory): the calls a
+                 ///< small darray op makes when its kernels are launched as graphs (it copies
+                 ///< pieces up to 64 KiB with a kernel), without its bookkeeping
 };
 
 /// The kernel of floor_call::kernel_graph: c[i] = a[i] + b[i] for i < n, grid-stride; its
 /// parameters (const float* a, const float* b, float* c, int n).
 [[nodiscard]] const void* floor_add_kernel() noexcept;
+/// The copy kernel of floor_call::kernel_graph: dst[i] = src[i] for the first n bytes,
+/// grid-stride; its parameters (const unsigned char* src, unsigned char* dst, unsigned long long
+/// n).
+[[nodiscard]] const void* floor_copy_kernel() noexcept;
 
 /// The floor of a small op's cost on `devices` GPUs from one thread, taken a round at a time so
 /// that a benchmark can interleave its rounds with the op's own (both then see the same host
 /// state): per GPU, cudaSetDevice, one asynchronous call (`call`, over `bytes` per GPU) and one
 /// cudaEventRecord; then cudaEventSynchronize on each GPU's event.
-/// With `copies`, each round first issues them (cudaMemcpyPeerAsync on a stream of the source
-/// GPU, then an event there) and each receiving GPU's stream waits for its copies' events
-/// (cudaStreamWaitEvent) before its call: the floor of an op whose operand must move first.
-/// Buffers, streams and events are made by the constructor and freed by the destructor. Calls
-/// leave the current device as they found it. Not thread-safe: one thread drives an object.
+/// With `copies`, each round first issues them (cudaMemcpyPeerAsync, or a kernel graph with
+/// floor_call::kernel_graph, on a stream of the source GPU, then an event there) and each receiving
+/// GPU's stream waits for its copies' events (cudaStreamWaitEvent) before its call: the floor of an
+/// op whose operand must move first. Buffers, streams and events are made by the constructor and
+/// freed by the destructor. Calls leave the current device as they found it. Not thread-safe: one
+/// thread drives an object.
 class async_floor {
  public:
   /// Throws invalid_argument for a copy naming a GPU outside 0..devices-1.

@@ -551,20 +551,26 @@ class bench_run {
     static const profiler::scope_site floor_chain_site{"bench.D3.floor_chain"};
     static const profiler::scope_site floor_graphs_site{"bench.D3.floor_graphs"};
     static const profiler::scope_site floor_graphs_chain_site{"bench.D3.floor_graphs_chain"};
+    static const profiler::scope_site floor_fused_graphs_site{"bench.D3.floor_fused_graphs"};
     split_samples(add_site).take(add);
     split_samples(fused_site).take(fused);
     split_samples add_samples(add_site);
     split_samples fused_samples(fused_site);
-    // The fused op's floor: the same calls after the reshard's copies, each receiver waiting.
+    // The fused op's floors: the same calls after the reshard's copies, each receiver waiting
+    // (cudaMemcpyPeerAsync and memsets; the op's own launches: kernel graphs for both).
     std::unique_ptr<detail::async_floor> fused_floor_calls;
+    std::unique_ptr<detail::async_floor> fused_graph_floor_calls;
     if (gpu_) {
       fused_floor_calls = std::make_unique<detail::async_floor>(devs_, per_device, links_of(*plan));
+      fused_graph_floor_calls = std::make_unique<detail::async_floor>(
+          devs_, per_device, links_of(*plan), detail::floor_call::kernel_graph);
     }
     std::vector<double> floor_samples;
     std::vector<double> floor_chain_samples;
     std::vector<double> graph_floor_samples;
     std::vector<double> graph_floor_chain_samples;
     std::vector<double> fused_floor_samples;
+    std::vector<double> fused_graph_floor_samples;
     const auto time_floor = [](detail::async_floor& calls, std::vector<double>& out, int length,
                                const profiler::scope_site& site) {
       const profiler::scope sc{site};
@@ -576,23 +582,20 @@ class bench_run {
     };
     std::vector<std::function<void()>> singles{[&] { add_samples.take(add); },
                                                [&] { fused_samples.take(fused); }};
-    if (floor_calls) {
-      floor_calls->issue();
-      floor_calls->wait();
-      singles.emplace_back([&] { time_floor(*floor_calls, floor_samples, 1, floor_site); });
-    }
-    if (graph_floor_calls) {
-      graph_floor_calls->issue();
-      graph_floor_calls->wait();
-      singles.emplace_back(
-          [&] { time_floor(*graph_floor_calls, graph_floor_samples, 1, floor_graphs_site); });
-    }
-    if (fused_floor_calls) {
-      fused_floor_calls->issue();
-      fused_floor_calls->wait();
-      singles.emplace_back(
-          [&] { time_floor(*fused_floor_calls, fused_floor_samples, 1, floor_fused_site); });
-    }
+    // Each floor's calls once untimed, then a single round in the interleaved blocks.
+    const auto add_single = [&](detail::async_floor* calls, std::vector<double>& out,
+                                const profiler::scope_site& site) {
+      if (calls != nullptr) {
+        calls->issue();
+        calls->wait();
+        singles.emplace_back(
+            [&time_floor, calls, &out, &site] { time_floor(*calls, out, 1, site); });
+      }
+    };
+    add_single(floor_calls.get(), floor_samples, floor_site);
+    add_single(graph_floor_calls.get(), graph_floor_samples, floor_graphs_site);
+    add_single(fused_floor_calls.get(), fused_floor_samples, floor_fused_site);
+    add_single(fused_graph_floor_calls.get(), fused_graph_floor_samples, floor_fused_graphs_site);
     interleave(runs, 10, singles);
     chain_samples add_chain(a, chain, add_step, add_chain_site);
     chain_samples fused_chain(a, chain, fused_step, fused_chain_site);
@@ -655,10 +658,13 @@ class bench_run {
           make_baseline("a kernel graph + event per GPU", 0, summarize(graph_floor_samples));
       w.baselines["floor_graphs_chained"] =
           make_baseline("kernel graphs + events chained", 0, summarize(graph_floor_chain_samples));
+      w.baselines["floor_fused_graphs"] = make_baseline("the same after kernel-graph copies", 0,
+                                                        summarize(fused_graph_floor_samples));
       // Their streams and buffers go before the threaded floor's are made.
       floor_calls.reset();
       graph_floor_calls.reset();
       fused_floor_calls.reset();
+      fused_graph_floor_calls.reset();
       // Apart, not interleaved: its spinning threads would take the cores the ops issue from.
       w.baselines["floor_threaded"] =
           make_baseline("the same, a thread per GPU", 0,
@@ -864,6 +870,11 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
       row("  floor with the copies (median)", "",
           fmt("%.1f us ", fused_floor->median_ms * 1e3) + fused_floor->method,
           fused > 0 ? format_ratio(fused_floor->median_ms * 1e3 / fused) : "");
+    }
+    if (const auto* graphs = find_baseline(w, "floor_fused_graphs")) {
+      row("  floor with kernel graphs and copies (median)", "",
+          fmt("%.1f us ", graphs->median_ms * 1e3) + graphs->method,
+          fused > 0 ? format_ratio(graphs->median_ms * 1e3 / fused) : "");
     }
     row("  of which issuing / waiting (medians)",
         fmt("%.1f / ", figure(w, "t_add_enqueue_us")) + fmt("%.1f us", figure(w, "t_add_wait_us")),
