@@ -649,17 +649,17 @@ class bench_run {
       w.baselines["peer"] = raw_copies(links, runs);
     }
     if (floor_calls) {
-      w.baselines["floor"] = make_baseline("memset + event per GPU", 0, summarize(floor_samples));
+      w.baselines["floor"] = make_baseline("a memset + event per GPU", 0, summarize(floor_samples));
       w.baselines["floor_chained"] =
-          make_baseline("the same calls chained, one wait", 0, summarize(floor_chain_samples));
+          make_baseline("memsets + events chained, one wait", 0, summarize(floor_chain_samples));
       w.baselines["floor_fused"] =
-          make_baseline("the same after the reshard's copies", 0, summarize(fused_floor_samples));
+          make_baseline("memsets after cudaMemcpyPeerAsync", 0, summarize(fused_floor_samples));
       w.baselines["floor_graphs"] =
           make_baseline("a kernel graph + event per GPU", 0, summarize(graph_floor_samples));
-      w.baselines["floor_graphs_chained"] =
-          make_baseline("kernel graphs + events chained", 0, summarize(graph_floor_chain_samples));
-      w.baselines["floor_fused_graphs"] = make_baseline("the same after kernel-graph copies", 0,
-                                                        summarize(fused_graph_floor_samples));
+      w.baselines["floor_graphs_chained"] = make_baseline(
+          "kernel graphs + events chained, one wait", 0, summarize(graph_floor_chain_samples));
+      w.baselines["floor_fused_graphs"] = make_baseline("kernel graphs after a kernel-graph copy",
+                                                        0, summarize(fused_graph_floor_samples));
       // Their streams and buffers go before the threaded floor's are made.
       floor_calls.reset();
       graph_floor_calls.reset();
@@ -667,13 +667,13 @@ class bench_run {
       fused_graph_floor_calls.reset();
       // Apart, not interleaved: its spinning threads would take the cores the ops issue from.
       w.baselines["floor_threaded"] =
-          make_baseline("the same, a thread per GPU", 0,
+          make_baseline("memsets, a thread per GPU", 0,
                         detail::time_async_floor_threaded(devs_, per_device, runs));
       // Last, and apart: whether the driver takes it is part of what it tells (a failure is a
       // row, not the workload's end).
       try {
         w.baselines["floor_graph"] =
-            make_baseline("the same as one graph for all GPUs", 0,
+            make_baseline("memsets as one graph for all GPUs", 0,
                           detail::time_graph_floor(devs_, per_device, runs));
       } catch (const std::exception& e) {
         darray_baseline failed;
@@ -840,59 +840,52 @@ void add_rows(const darray_workload_result& w, bool gpu, bool at_scale, const st
   } else if (w.name == "D3") {
     const double add = figure(w, "t_add_us");
     const double fused = figure(w, "t_fused_us");
-    const auto* floor = find_baseline(w, "floor");
-    row("A + B, n = 4096 (median)", fmt("%.1f us", add),
-        floor != nullptr ? fmt("%.1f us ", floor->median_ms * 1e3) + floor->method : "",
-        floor != nullptr && add > 0 ? format_ratio(floor->median_ms * 1e3 / add) : "", "<= 8 us",
+    const double chained = figure(w, "t_add_chained_us");
+    const auto cell = [](const darray_baseline* b) {
+      if (b == nullptr) {
+        return std::string();
+      }
+      return b->median_ms < 0 ? b->method : fmt("%.1f us ", b->median_ms * 1e3) + b->method;
+    };
+    const auto ratio = [](const darray_baseline* b, double value) {
+      return b != nullptr && b->median_ms > 0 && value > 0
+                 ? format_ratio(b->median_ms * 1e3 / value)
+                 : std::string();
+    };
+    // A floor of its own row (when the run measured it).
+    const auto floor_row = [&](const char* label, const char* key, double value) {
+      if (const auto* b = find_baseline(w, key)) {
+        row(label, "", cell(b), ratio(b, value));
+      }
+    };
+    // The ops beside their own calls without their bookkeeping (kernel graphs, the small copy a
+    // kernel too) when measured; the memset floors in rows of their own.
+    const auto* graphs = find_baseline(w, "floor_graphs");
+    const auto* floor = graphs != nullptr ? graphs : find_baseline(w, "floor");
+    row("A + B, n = 4096 (median)", fmt("%.1f us", add), cell(floor), ratio(floor, add), "<= 8 us",
         add <= 8.0);
-    if (const auto* graphs = find_baseline(w, "floor_graphs")) {
-      row("  floor with kernel graphs (median)", "",
-          fmt("%.1f us ", graphs->median_ms * 1e3) + graphs->method,
-          add > 0 ? format_ratio(graphs->median_ms * 1e3 / add) : "");
+    if (graphs != nullptr) {
+      floor_row("  floor with memsets (median)", "floor", add);
     }
-    if (const auto* threaded = find_baseline(w, "floor_threaded")) {
-      row("  floor with parallel issue (median)", "",
-          fmt("%.1f us ", threaded->median_ms * 1e3) + threaded->method,
-          add > 0 ? format_ratio(threaded->median_ms * 1e3 / add) : "");
-    }
-    if (const auto* graph = find_baseline(w, "floor_graph")) {
-      row("  floor as one graph (median)", "",
-          graph->median_ms < 0 ? graph->method
-                               : fmt("%.1f us ", graph->median_ms * 1e3) + graph->method,
-          graph->median_ms > 0 && add > 0 ? format_ratio(graph->median_ms * 1e3 / add) : "");
-    }
+    floor_row("  floor with parallel issue (median)", "floor_threaded", add);
+    floor_row("  floor as one graph (median)", "floor_graph", add);
     const auto* p = find_baseline(w, "peer");
     row("A + C.reshard(A.index_map()) (median)", fmt("%.1f us", fused),
-        p != nullptr ? fmt("%.1f us ", p->median_ms * 1e3) + raw : "",
-        p != nullptr && fused > 0 ? format_ratio(p->median_ms * 1e3 / fused) : "", "<= 20 us",
+        p != nullptr ? fmt("%.1f us ", p->median_ms * 1e3) + raw : "", ratio(p, fused), "<= 20 us",
         fused <= 20.0);
-    if (const auto* fused_floor = find_baseline(w, "floor_fused")) {
-      row("  floor with the copies (median)", "",
-          fmt("%.1f us ", fused_floor->median_ms * 1e3) + fused_floor->method,
-          fused > 0 ? format_ratio(fused_floor->median_ms * 1e3 / fused) : "");
-    }
-    if (const auto* graphs = find_baseline(w, "floor_fused_graphs")) {
-      row("  floor with kernel graphs and copies (median)", "",
-          fmt("%.1f us ", graphs->median_ms * 1e3) + graphs->method,
-          fused > 0 ? format_ratio(graphs->median_ms * 1e3 / fused) : "");
-    }
+    floor_row("  floor with its calls (median)", "floor_fused_graphs", fused);
+    floor_row("  floor with memsets, peer copy (median)", "floor_fused", fused);
     row("  of which issuing / waiting (medians)",
         fmt("%.1f / ", figure(w, "t_add_enqueue_us")) + fmt("%.1f us", figure(w, "t_add_wait_us")),
         fmt("%.1f / ", figure(w, "t_fused_enqueue_us")) +
             fmt("%.1f us fused", figure(w, "t_fused_wait_us")));
-    const double chained = figure(w, "t_add_chained_us");
-    const auto* chained_floor = find_baseline(w, "floor_chained");
+    const auto* graphs_chained = find_baseline(w, "floor_graphs_chained");
+    const auto* chained_floor =
+        graphs_chained != nullptr ? graphs_chained : find_baseline(w, "floor_chained");
     row("  per op in a chain of 64, one wait (medians)", fmt("%.1f us", chained),
-        chained_floor != nullptr
-            ? fmt("%.1f us ", chained_floor->median_ms * 1e3) + chained_floor->method
-            : "",
-        chained_floor != nullptr && chained > 0
-            ? format_ratio(chained_floor->median_ms * 1e3 / chained)
-            : "");
-    if (const auto* graphs = find_baseline(w, "floor_graphs_chained")) {
-      row("  floor with kernel graphs, chained", "",
-          fmt("%.1f us ", graphs->median_ms * 1e3) + graphs->method,
-          chained > 0 ? format_ratio(graphs->median_ms * 1e3 / chained) : "");
+        cell(chained_floor), ratio(chained_floor, chained));
+    if (graphs_chained != nullptr) {
+      floor_row("  floor with memsets, chained", "floor_chained", chained);
     }
     row("  fused, per op in a chain of 64", fmt("%.1f us", figure(w, "t_fused_chained_us")));
   } else if (w.name == "D4") {

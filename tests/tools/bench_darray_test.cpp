@@ -408,6 +408,43 @@ TEST(bench_darray_cli_options, cuda_runtime_calls_traced_on_request) {
   // At least a launch and an event record per device in every run.
   EXPECT_GE(all.calls, 2 * all.adds * traced.at("devices").get<std::size_t>());
 }
+
+// On GPUs D3 times the ops beside their own calls without their bookkeeping (a kernel graph and
+// an event per GPU; the small copy a kernel graph too), alone and chained, and beside the memset
+// floors; the table compares A + B and its chain with the former.
+TEST(bench_darray_cli_options, d3_floors_of_the_ops_own_calls_on_gpus) {
+  if (poolscope::bench::gpu_count() == 0) {
+    GTEST_SKIP() << "no GPU: D3's floors are CUDA calls";
+  }
+  process_result r;
+  const json j = run_bench({"--devices", "cuda", "--repeat", "1", "--only", "D3"}, r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const json& b = j.at("workloads").at("D3").at("baselines");
+  for (const char* name : {"floor", "floor_chained", "floor_graphs", "floor_graphs_chained",
+                           "floor_fused", "floor_fused_graphs", "floor_threaded"}) {
+    ASSERT_TRUE(b.contains(name)) << name << " missing in " << b.dump();
+    EXPECT_GT(b.at(name).at("median_ms").get<double>(), 0.0) << name;
+  }
+  const auto method = [&](const char* name) { return b.at(name).at("method").get<std::string>(); };
+  EXPECT_EQ(method("floor_graphs"), "a kernel graph + event per GPU");
+  EXPECT_EQ(method("floor"), "a memset + event per GPU");
+  std::map<std::string, std::string> baseline_of;  // D3's rows: figure -> baseline cell
+  for (const json& row : j.at("rows")) {
+    if (row.at("workload") == "D3") {
+      baseline_of[row.at("figure").get<std::string>()] = row.at("baseline").get<std::string>();
+    }
+  }
+  const auto has = [&](const std::string& figure, const std::string& method_text) {
+    const auto it = baseline_of.find(figure);
+    return it != baseline_of.end() && it->second.find(method_text) != std::string::npos;
+  };
+  EXPECT_TRUE(has("A + B, n = 4096 (median)", method("floor_graphs")));
+  EXPECT_TRUE(has("  floor with memsets (median)", method("floor")));
+  EXPECT_TRUE(has("  per op in a chain of 64, one wait (medians)", method("floor_graphs_chained")));
+  EXPECT_TRUE(has("  floor with memsets, chained", method("floor_chained")));
+  EXPECT_TRUE(has("  floor with its calls (median)", method("floor_fused_graphs")));
+  EXPECT_TRUE(has("  floor with memsets, peer copy (median)", method("floor_fused")));
+}
 #endif
 
 }  // namespace
