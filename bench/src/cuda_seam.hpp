@@ -1,4 +1,4 @@
-// The bench component's one seam to CUDA (with floor_kernel.cu, its one kernel). Everything else
+// The bench component's one seam to CUDA (with floor_kernel.cu, its kernels). Everything else
 // in bench/ is CUDA-free.
 // Preconditions: pointers passed to the copy functions are device memory of the current device
 // (or host memory, for the host side); the timed baselines name GPUs in [0, device_count()) and
