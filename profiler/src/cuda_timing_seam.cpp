@@ -55,17 +55,49 @@ bool gpu_available() noexcept {
 int current_device() noexcept {
   int d = -1;
   if (cudaGetDevice(&d) != cudaSuccess) {
+    (void)cudaGetLastError();
     return -1;
   }
   return d;
 }
 
-event_handle acquire_event(const char** error) noexcept {
-  const int device = current_device();
-  if (device < 0) {
+namespace {
+// A new timing event of `device`, made current for the call when it is not (and the caller's
+// device restored after).
+cudaEvent_t create_event_on(int device, const char** error) noexcept {
+  const int previous = current_device();
+  if (previous < 0) {
     if (error != nullptr) {
       *error = "cudaGetDevice failed";
     }
+    return nullptr;
+  }
+  if (previous != device) {
+    if (const cudaError_t rc = cudaSetDevice(device); rc != cudaSuccess) {
+      fail(rc, error);
+      return nullptr;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  const cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDefault);
+  if (previous != device) {
+    (void)cudaSetDevice(previous);  // back to the device the caller had (it was valid just now)
+  }
+  if (rc != cudaSuccess) {
+    fail(rc, error);
+    return nullptr;
+  }
+  return e;
+}
+}  // namespace
+
+event_handle acquire_event(void* stream, const char** error) noexcept {
+  // The stream's device, which need not be the current one (a library may enqueue on another
+  // device's stream without switching to it); the legacy default stream is the current device's.
+  int device = -1;
+  if (const cudaError_t rc = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device);
+      rc != cudaSuccess) {
+    fail(rc, error);
     return nullptr;
   }
   auto& p = pool();
@@ -79,15 +111,18 @@ event_handle acquire_event(const char** error) noexcept {
         return e;
       }
     }
-    cudaEvent_t e = nullptr;
-    const cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDefault);
-    if (rc != cudaSuccess) {
-      fail(rc, error);
+    cudaEvent_t e = create_event_on(device, error);
+    if (e == nullptr) {
       return nullptr;
     }
     g_created.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard lock(p.mutex);
-    p.device_of.emplace(e, device);
+    try {
+      std::lock_guard lock(p.mutex);
+      p.device_of.emplace(e, device);
+    } catch (...) {
+      (void)cudaEventDestroy(e);
+      throw;
+    }
     return e;
   } catch (...) {
     if (error != nullptr) {

@@ -606,7 +606,7 @@ std::uint32_t open_scope(const site_info& site, stream_view stream, std::uint32_
   const bool outermost = f.prev_same == 0 || ts.frames[f.prev_same - 1].session != session;
   if (outermost && g_gpu.load(std::memory_order_relaxed)) {
     const char* error = nullptr;
-    f.gpu_start = gpu::acquire_event(&error);
+    f.gpu_start = gpu::acquire_event(stream.value(), &error);
     if (f.gpu_start == nullptr) {
       disable_gpu("cudaEventCreate", error);
     } else if (!gpu::record(f.gpu_start, stream.value(), &error)) {
@@ -639,7 +639,7 @@ void close_scope(const site_info& site, std::uint32_t flags) noexcept {
     gpu::event_handle gpu_end = nullptr;
     if (f.gpu_start != nullptr) {
       const char* error = nullptr;
-      gpu_end = gpu::acquire_event(&error);
+      gpu_end = gpu::acquire_event(f.stream, &error);
       if (gpu_end == nullptr) {
         disable_gpu("cudaEventCreate", error);
       } else if (!gpu::record(gpu_end, f.stream, &error)) {

@@ -595,6 +595,51 @@ TEST(function_profiler_gpu, a_short_run_reuses_its_events) {
   EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
 }
 
+// A scope timing a stream of a device that is not current (as darray enqueues on each GPU's
+// streams without switching to it) takes its events from the stream's device: before, the events
+// came from the current device, their record on the other device's stream failed and GPU timing
+// was switched off for the session. The scope leaves the caller's device current.
+TEST(function_profiler_gpu, a_stream_of_another_device_is_timed) {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) {
+    GTEST_SKIP() << "needs 2 CUDA devices (" << devices << " here)";
+  }
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  void* buf = nullptr;
+  const std::size_t bytes = std::size_t{16} << 20;
+  ASSERT_EQ(cudaMalloc(&buf, bytes), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  function_profiler prof;
+  constexpr int steps = 20;
+  for (int i = 0; i < steps; ++i) {
+    {
+      POOLSCOPE_SCOPE("fp.gpu.other_device", s);
+      ASSERT_EQ(cudaMemsetAsync(buf, i, bytes, s), cudaSuccess);
+    }
+    {
+      POOLSCOPE_SCOPE("fp.gpu.default_stream");  // the current device's default stream
+    }
+  }
+  prof.stop();
+  int current = -1;
+  ASSERT_EQ(cudaGetDevice(&current), cudaSuccess);
+  EXPECT_EQ(current, 0);
+  const auto p = prof.report(/*wait_for_gpu=*/true);
+  EXPECT_TRUE(p.gpu_timing);
+  EXPECT_EQ(p.gpu_dropped, 0U);
+  const auto& other = get(p, "fp.gpu.other_device");
+  EXPECT_EQ(other.gpu_samples, static_cast<std::uint64_t>(steps));
+  ASSERT_TRUE(other.gpu_total_ns);
+  EXPECT_GT(*other.gpu_total_ns, 0U);  // 16 MiB memsets take time on any GPU
+  EXPECT_EQ(get(p, "fp.gpu.default_stream").gpu_samples, static_cast<std::uint64_t>(steps));
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  EXPECT_EQ(cudaFree(buf), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
 TEST(function_profiler, gpu_time_absent_without_gpu) {
   if (have_gpu()) {
     GTEST_SKIP() << "a CUDA device is present: covered by function_profiler_gpu";

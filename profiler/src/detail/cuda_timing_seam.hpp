@@ -3,8 +3,8 @@
 // false and nothing here is called).
 //
 // Preconditions: call anything but gpu_available() only after gpu_available() returned true.
-// Events are opaque handles (cudaEvent_t) created with timing enabled on the device that is
-// current when acquire_event() is called; record them only on streams of that device.
+// Events are opaque handles (cudaEvent_t) created with timing enabled on the device of the stream
+// they are acquired for, whichever device is current; record them only on streams of that device.
 // Error convention: nothing throws. Functions return false / query_status::error on a CUDA
 // failure and put the CUDA error name in `*error` when given (callers log it and disable GPU
 // timing: instrumentation failures disable the collector, never the program).
@@ -25,9 +25,10 @@ using event_handle = void*;
 /// The calling thread's current device, or -1 on error.
 [[nodiscard]] int current_device() noexcept;
 
-/// An event of the current device with timing enabled, from a pool (created when the pool is
-/// empty); nullptr on failure.
-[[nodiscard]] event_handle acquire_event(const char** error = nullptr) noexcept;
+/// An event with timing enabled of the device of `stream` (a cudaStream_t; the legacy default
+/// stream: the current device), from a pool (created when the pool is empty, with that device
+/// current for the call); nullptr on failure.
+[[nodiscard]] event_handle acquire_event(void* stream, const char** error = nullptr) noexcept;
 /// Returns `e` to the pool of the device it was acquired on (it may still be pending).
 void release_event(event_handle e) noexcept;
 /// Events acquire_event() has created since the process started (the rest came from the pool).
