@@ -294,13 +294,17 @@ class cuda_backend final : public backend {
   [[nodiscard]] detail::launch_target target(int device, queue_kind q) const noexcept {
     return detail::launch_target{stream(device, q), dev(device).sm_count, dev(device).graphs.get()};
   }
-  // target() for an element-wise task: fewer blocks when it yields to a copy out of its device.
-  [[nodiscard]] detail::launch_target map_target(int device, queue_kind q,
-                                                 bool yielding) const noexcept {
+  // target() for an element-wise task: fewer blocks when it yields to a copy out of its device;
+  // `current` (deferred) makes the device current only for a call that needs it, so a kernel
+  // graph launched as it is, the common case, switches no device (twice per GPU an op, 0.4-0.6 us
+  // of a 2-GPU op's 5-7 us chained: docs/perf.md, 32nd session).
+  [[nodiscard]] detail::launch_target map_target(int device, queue_kind q, bool yielding,
+                                                 device_guard& current) const noexcept {
     detail::launch_target on = target(device, q);
     if (yielding) {
       on.blocks_per_sm = detail::yielding_blocks_per_sm;
     }
+    on.current = &current;
     return on;
   }
   [[nodiscard]] bool peer(int from, int to) const noexcept {
@@ -310,8 +314,9 @@ class cuda_backend final : public backend {
   // Work enqueued later on `waiter` starts after the work enqueued so far on `s` (of `device`).
   void order_after(cudaStream_t waiter, cudaStream_t s, int device);
   void copy_within(const detail::launch_target& on, std::size_t es, const std::array<view, 2>& v);
+  // `current` (deferred) is engaged for every way but a small copy's kept kernel graph.
   void copy_between(int queue_device, cudaStream_t s, std::size_t es, const std::array<view, 2>& v,
-                    int dst_device, int src_device);
+                    int dst_device, int src_device, device_guard& current);
   void copy_nccl(int queue_device, cudaStream_t s, std::size_t es, const transfer& x);
   /// ncclSend / ncclRecv of every transfer (contiguous views) in one group, each side on its
   /// device's transfer stream. The caller holds nccl_mutex_ and called ensure_comms().
@@ -523,12 +528,14 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::uint64_t>(dst.size()) * es;
   const cudaStream_t s = stream(queue_device, q);
-  const device_guard guard(queue_device);
+  // Deferred: a small copy between peers launched as a kept graph needs no device switch.
+  device_guard guard(queue_device, std::defer_lock);
   const profiler::scope scope{dev(src_device).copy_sites[static_cast<std::size_t>(dst_device)],
                               stream_view{s}};
   std::array<view, 2> v{dst, src};
   detail::collapse_jointly(v.data(), v.size());
   if (dst_device == src_device) {
+    guard.engage();
     copy_within(target(queue_device, q), es, v);
     count_copy(false, bytes, false);
     return;
@@ -538,9 +545,10 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const bool nccl = line && (chosen == transport::nccl ||
                              (chosen == transport::automatic && automatic_uses_nccl));
   if (nccl) {
+    guard.engage();
     copy_nccl(queue_device, s, es, transfer{v[0], dst_device, v[1], src_device});
   } else {
-    copy_between(queue_device, s, es, v, dst_device, src_device);
+    copy_between(queue_device, s, es, v, dst_device, src_device, guard);
   }
   count_copy(true, bytes, nccl);
 }
@@ -574,7 +582,8 @@ void cuda_backend::copy_3d_peer(cudaStream_t s, void* dst, int dst_device, const
 }
 
 void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es,
-                                const std::array<view, 2>& v, int dst_device, int src_device) {
+                                const std::array<view, 2>& v, int dst_device, int src_device,
+                                device_guard& current) {
   void* dst = element_ptr<void>(v[0], es);
   const void* src = element_ptr<const void>(v[1], es);
   const int other = queue_device == dst_device ? src_device : dst_device;
@@ -584,11 +593,15 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
         peer(queue_device, other)) {
       // A few KiB: the copy kernel reading (or writing) the other GPU's memory, launched as a
       // graph, costs the host 1.6 us against 5.2 us for cudaMemcpyPeerAsync on the lent hosts.
-      detail::launch_copy(
-          detail::launch_target{s, dev(queue_device).sm_count, dev(queue_device).graphs.get()}, es,
-          v[0], v[1]);
+      detail::launch_target on{s, dev(queue_device).sm_count, dev(queue_device).graphs.get()};
+      on.current = &current;
+      detail::launch_copy(on, es, v[0], v[1]);
       return;
     }
+  }
+  current.engage();  // every other way below runs with the queue's device current
+  if (is_dense_line(v[0]) && is_dense_line(v[1])) {
+    const auto bytes = static_cast<std::size_t>(v[0].extent[0]) * es;
     POOLSCOPE_DARRAY_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s));
     return;
   }
@@ -863,34 +876,35 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
 void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value,
                            bool yielding) {
   static const profiler::scope_site site{"darray.fill", category::darray_compute};
-  const device_guard guard(device);
+  device_guard guard(device, std::defer_lock);
   const profiler::scope scope{site, stream_view{stream(device, q)}};
-  detail::launch_fill(map_target(device, q, yielding), t, dst, value);
+  detail::launch_fill(map_target(device, q, yielding, guard), t, dst, value);
   count_op();
 }
 
 void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
                             const view& src, bool yielding) {
-  const device_guard guard(device);
+  device_guard guard(device, std::defer_lock);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  detail::launch_unary(map_target(device, q, yielding), t, op, dst, src);
+  detail::launch_unary(map_target(device, q, yielding, guard), t, op, dst, src);
   count_op();
 }
 
 void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                              const view& a, const view& b, const scalar* a_scalar,
                              const scalar* b_scalar, bool yielding) {
-  const device_guard guard(device);
+  device_guard guard(device, std::defer_lock);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  detail::launch_binary(map_target(device, q, yielding), t, op, dst, a, b, a_scalar, b_scalar);
+  detail::launch_binary(map_target(device, q, yielding, guard), t, op, dst, a, b, a_scalar,
+                        b_scalar);
   count_op();
 }
 
 void cuda_backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
                                    const std::vector<binary_part>& parts, bool yielding) {
-  const device_guard guard(device);
+  device_guard guard(device, std::defer_lock);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
-  const detail::launch_target on = map_target(device, q, yielding);
+  const detail::launch_target on = map_target(device, q, yielding, guard);
   if (detail::launch_binary_parts(on, t, op, parts)) {
     count_op();
     return;

@@ -9,6 +9,10 @@
 //   current device: wrap such calls in a device_guard for the device they belong to.
 // - A stream passed to a call of another device is an error of the caller (the runtime reports
 //   cudaErrorInvalidResourceHandle); cudaStreamWaitEvent and cudaMemcpyPeerAsync may mix devices.
+//   cudaGraphLaunch and cudaEventRecord take a stream of any device, whichever is current (the
+//   graph and the event being the stream's device's): run on 2 x H100 with compute-sanitizer,
+//   docs/perf.md, 32nd session; the backend launches kept graphs that way (device_guard's
+//   std::defer_lock).
 //
 // Error conventions
 // - Every call returning cudaError_t, cublasStatus_t or ncclResult_t is checked with
@@ -30,6 +34,7 @@
 #include <nccl.h>
 
 #include <exception>
+#include <mutex>
 #include <string>
 
 #include "poolscope/error.hpp"
@@ -137,16 +142,14 @@ void log_failure(const char* what, F&& f) noexcept {
 namespace poolscope::darray::detail::seam {
 
 /// Makes `device` current for the scope and restores the previous device at its end (skipping
-/// both calls when it already is). Not copyable.
+/// both calls when it already is). Made with std::defer_lock it switches nothing until engage():
+/// for a scope whose calls may not need the device current (a graph launched as it is and an
+/// event recorded into the device's stream work from any device, see cuda_backend.cpp), so the
+/// switch and its restore are paid only where a call needs them. Not copyable; one thread's.
 class device_guard {
  public:
-  explicit device_guard(int device) {
-    POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) {
-      POOLSCOPE_DARRAY_CHECK(cudaSetDevice(device));
-      switched_ = true;
-    }
-  }
+  explicit device_guard(int device) : device_(device) { engage(); }
+  device_guard(int device, std::defer_lock_t /*unused*/) noexcept : device_(device) {}
   device_guard(const device_guard&) = delete;
   device_guard& operator=(const device_guard&) = delete;
   ~device_guard() {
@@ -155,8 +158,23 @@ class device_guard {
     }
   }
 
+  /// Makes the device current (once; later calls do nothing).
+  void engage() {
+    if (engaged_) {
+      return;
+    }
+    POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device_) {
+      POOLSCOPE_DARRAY_CHECK(cudaSetDevice(device_));
+      switched_ = true;
+    }
+    engaged_ = true;
+  }
+
  private:
+  int device_ = 0;
   int previous_ = 0;
+  bool engaged_ = false;
   bool switched_ = false;
 };
 

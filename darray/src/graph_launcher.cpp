@@ -47,13 +47,17 @@ void graph_launcher::destroy(executable& x) noexcept {
 }
 
 void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block,
-                            void** args, const void* bytes, std::size_t size) {
+                            void** args, const void* bytes, std::size_t size,
+                            seam::device_guard* current) {
   const auto* key = static_cast<const std::byte*>(bytes);
   const std::lock_guard lock(mutex_);
   auto c = std::find_if(combinations_.begin(), combinations_.end(), [&](const combination& k) {
     return k.stream == stream && k.kernel == kernel && same(k.block, block);
   });
   if (c == combinations_.end()) {
+    if (current != nullptr) {
+      current->engage();  // (a new executable follows)
+    }
     if (combinations_.size() >= capacity_ && !combinations_.empty()) {
       // The least recently used combination makes room, its executables with it.
       c = std::min_element(
@@ -78,12 +82,17 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
     if (same(x.grid, grid) && x.bytes.size() == size &&
         (size == 0 || std::memcmp(x.bytes.data(), key, size) == 0)) {
       x.used = c->used;
+      // (From any device: the executable and the stream are of the stream's device.)
       POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(x.exec, stream));
       return;
     }
     if (lru == nullptr || x.used < lru->used) {
       lru = &x;
     }
+  }
+  // New parameters or a new executable: with the stream's device current.
+  if (current != nullptr) {
+    current->engage();
   }
   if (c->executables.size() < per_kernel) {
     instantiate(*c, c->executables.size(), kernel, grid, args, bytes, size);

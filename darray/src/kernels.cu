@@ -585,8 +585,11 @@ void launch(const launch_target& on, void (*kernel)(P...), dim3 grid, dim3 block
           std::size_t used = 0;
           (append_key(key, used, v), ...);
           on.graphs->launch(on.stream, reinterpret_cast<const void*>(kernel), grid, block, pointers,
-                            key, used);
+                            key, used, on.current);
         } else {
+          if (on.current != nullptr) {
+            on.current->engage();
+          }
           POOLSCOPE_DARRAY_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
                                                   block, pointers, 0, on.stream));
         }

@@ -17,7 +17,8 @@
 // All-axes reductions are deterministic: block partials in `scratch`, then one block combines
 // them in a fixed order (the grid size depends only on the element count and the SM count).
 //
-// Preconditions: the stream's device is current. Errors: a failed launch throws cuda_error.
+// Preconditions: the stream's device is current, or launch_target::current makes it so before a
+// call that needs it. Errors: a failed launch throws cuda_error.
 // Thread safety: the functions are reentrant; scratch must not be shared by concurrent calls.
 #pragma once
 
@@ -29,6 +30,7 @@
 #include <mutex>
 #include <vector>
 
+#include "cuda_seam.hpp"
 #include "poolscope/darray/backend.hpp"
 
 namespace poolscope::darray::detail {
@@ -54,7 +56,9 @@ namespace poolscope::darray::detail {
 /// given; they must outlive the launcher.
 /// Ownership: owns its graphs. Thread safety: thread-safe (one mutex per launcher; a backend has
 /// one launcher per device, whose work is enqueued by one thread at a time in practice).
-/// Preconditions: the device of every stream passed is current, as for <<<...>>>.
+/// Preconditions: the device of every stream passed is current, as for <<<...>>>, or `current`
+/// (given to launch) makes it so: it is engaged before any call but the launch of a kept
+/// executable as it is, which works from any device (cuda_seam.hpp).
 class graph_launcher {
  public:
   /// Executables kept per (stream, kernel, block size).
@@ -75,7 +79,7 @@ class graph_launcher {
   /// arguments, such as stale padding, would only cost parameter updates). Throws cuda_error when
   /// a call fails. An executable that refuses new parameters is replaced by a new one.
   void launch(cudaStream_t stream, const void* kernel, dim3 grid, dim3 block, void** args,
-              const void* bytes, std::size_t size);
+              const void* bytes, std::size_t size, seam::device_guard* current = nullptr);
 
  private:
   // One executable, with the grid and argument bytes of its last launch.
@@ -117,13 +121,15 @@ constexpr int full_blocks_per_sm = 8;
 constexpr int yielding_blocks_per_sm = 2;
 
 /// Where kernels run: the stream and the SM count of its device, the launcher that enqueues
-/// them (null: plain launches), and how many blocks per SM the vector path of the element-wise
-/// map may keep resident (its grid's cap; every other kernel takes a full wave).
+/// them (null: plain launches), how many blocks per SM the vector path of the element-wise map
+/// may keep resident (its grid's cap; every other kernel takes a full wave), and the guard that
+/// makes the stream's device current where a call needs it (null: it is current already).
 struct launch_target {
   cudaStream_t stream = nullptr;
   int sm_count = 1;
   graph_launcher* graphs = nullptr;
   int blocks_per_sm = full_blocks_per_sm;
+  seam::device_guard* current = nullptr;
 };
 
 /// Bytes of scratch launch_reduce needs for all-axes reductions (any dtype).

@@ -5,6 +5,7 @@
 // across devices, and every buffer back in its allocator after synchronize.
 // Without a GPU every test skips with the reason. Random values print their seed
 // (POOLSCOPE_TEST_SEED overrides it).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/function_profiler.hpp"
 #include "test_support.hpp"
 
 namespace poolscope::darray {
@@ -1061,6 +1063,59 @@ TEST(cuda_backend_kernel_graphs, repeated_arguments_launch_without_an_update) {
   const counts many = phase(outs.size(), 60);
   EXPECT_EQ(many.made, 0U);
   EXPECT_GE(many.updates, 60U);
+}
+
+// Ops launch their kept kernel graphs without making the GPU current (cuda_seam.hpp), and switch
+// only for a call that needs it (a graph's first launch, a copy by the copy engines). From either
+// GPU current, and with a function profiler timing every op's stream: the caller's device is
+// current after each op, the values are the host's, and the profiler keeps GPU timing with GPU
+// samples of the add (its events come from each stream's own device).
+TEST(cuda_backend_devices, ops_leave_the_callers_device_current) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  if (the_gpu().be->device_count() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (" << the_gpu().be->device_count() << " here)";
+  }
+  const auto current = [] {
+    int d = -1;
+    EXPECT_EQ(cudaGetDevice(&d), cudaSuccess);
+    return d;
+  };
+  const std::int64_t n = 4096;
+  const shape_t shape{n};
+  const auto halves = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
+  const auto skewed = index_map::split(shape, 0, {{0, 0, n * 7 / 10}, {1, n * 7 / 10, n}});
+  for (const int caller : {1, 0}) {
+    ASSERT_EQ(cudaSetDevice(caller), cudaSuccess);
+    // A backend of its own: its first launches instantiate graphs (with the device current), the
+    // later ones launch them as they are.
+    const auto be = make_cuda_backend(2, backend_options{});
+    profiler::function_profiler prof;
+    auto a = DistributedArray<float>::full(be, 1.0F, shape, halves);
+    const auto b = DistributedArray<float>::full(be, 2.0F, shape, halves);
+    const auto c = DistributedArray<float>::full(be, 3.0F, shape, skewed);
+    EXPECT_EQ(current(), caller);
+    constexpr int steps = 20;
+    for (int i = 0; i < steps; ++i) {
+      a = a + b;
+      EXPECT_EQ(current(), caller) << "after add " << i;
+      a = a + c.reshard(a.index_map());  // a small copy between the GPUs by the copy kernel
+      EXPECT_EQ(current(), caller) << "after the fused add " << i;
+    }
+    const auto r = -a;
+    const std::vector<float> got = r.to_host();
+    EXPECT_EQ(current(), caller);
+    const float want = -(1.0F + 5.0F * steps);
+    EXPECT_EQ(std::count(got.begin(), got.end(), want), n) << "caller's device " << caller;
+    prof.stop();
+    const auto report = prof.report(/*wait_for_gpu=*/true);
+    EXPECT_TRUE(report.gpu_timing) << "caller's device " << caller;
+    const auto add = std::find_if(report.scopes.begin(), report.scopes.end(),
+                                  [](const auto& s) { return s.name == "darray.add"; });
+    ASSERT_NE(add, report.scopes.end());
+    EXPECT_GT(add->gpu_samples, 0U) << "caller's device " << caller;
+  }
 }
 
 // Reductions and matmuls of nothing (docs/darray.md, "Modes") on the GPUs: the identity chunk is
