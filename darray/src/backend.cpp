@@ -247,6 +247,10 @@ bool view::contiguous() const noexcept {
 buffer::buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes) noexcept
     : owner_(std::move(owner)), device_(device), ptr_(ptr), bytes_(bytes) {}
 
+buffer::buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes,
+               std::vector<event> uses) noexcept
+    : owner_(std::move(owner)), device_(device), ptr_(ptr), bytes_(bytes), uses_(std::move(uses)) {}
+
 buffer::~buffer() {
   owner_->defer_free(device_, ptr_, bytes_, std::move(uses_));
 }
@@ -350,7 +354,9 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes, queue_k
     return allocate(device, bytes);
   }
   try {
-    auto b = std::make_shared<buffer>(shared_from_this(), device, p, bytes);
+    // The uses still pending are all on the new work's queue: they stay the buffer's (the new
+    // work's event takes their place in the list, which so needs no new room).
+    auto b = std::make_shared<buffer>(shared_from_this(), device, p, bytes, std::move(uses));
     counters_.buffers_reused.fetch_add(1, std::memory_order_relaxed);
     return b;
   } catch (...) {

@@ -192,6 +192,10 @@ class backend;
 class buffer {
  public:
   buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes) noexcept;
+  /// A buffer over memory whose earlier work `uses` may still be pending (at most one event per
+  /// queue, as add_use keeps them): they count as its first uses.
+  buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_t bytes,
+         std::vector<event> uses) noexcept;
   buffer(const buffer&) = delete;
   buffer& operator=(const buffer&) = delete;
   ~buffer();
