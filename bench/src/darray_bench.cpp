@@ -580,36 +580,38 @@ class bench_run {
       const auto t1 = std::chrono::steady_clock::now();
       out.push_back(std::chrono::duration<double>(t1 - t0).count() / length);
     };
+    // A floor (when it has calls) as one more round of `rounds`: `length` calls, one wait.
+    const auto add_floor = [&time_floor](std::vector<std::function<void()>>& rounds,
+                                         detail::async_floor* calls, std::vector<double>& out,
+                                         int length, const profiler::scope_site& site) {
+      if (calls != nullptr) {
+        rounds.emplace_back(
+            [&time_floor, calls, &out, length, &site] { time_floor(*calls, out, length, site); });
+      }
+    };
     std::vector<std::function<void()>> singles{[&] { add_samples.take(add); },
                                                [&] { fused_samples.take(fused); }};
     // Each floor's calls once untimed, then a single round in the interleaved blocks.
-    const auto add_single = [&](detail::async_floor* calls, std::vector<double>& out,
-                                const profiler::scope_site& site) {
+    for (detail::async_floor* calls : {floor_calls.get(), graph_floor_calls.get(),
+                                       fused_floor_calls.get(), fused_graph_floor_calls.get()}) {
       if (calls != nullptr) {
         calls->issue();
         calls->wait();
-        singles.emplace_back(
-            [&time_floor, calls, &out, &site] { time_floor(*calls, out, 1, site); });
       }
-    };
-    add_single(floor_calls.get(), floor_samples, floor_site);
-    add_single(graph_floor_calls.get(), graph_floor_samples, floor_graphs_site);
-    add_single(fused_floor_calls.get(), fused_floor_samples, floor_fused_site);
-    add_single(fused_graph_floor_calls.get(), fused_graph_floor_samples, floor_fused_graphs_site);
+    }
+    add_floor(singles, floor_calls.get(), floor_samples, 1, floor_site);
+    add_floor(singles, graph_floor_calls.get(), graph_floor_samples, 1, floor_graphs_site);
+    add_floor(singles, fused_floor_calls.get(), fused_floor_samples, 1, floor_fused_site);
+    add_floor(singles, fused_graph_floor_calls.get(), fused_graph_floor_samples, 1,
+              floor_fused_graphs_site);
     interleave(runs, 10, singles);
     chain_samples add_chain(a, chain, add_step, add_chain_site);
     chain_samples fused_chain(a, chain, fused_step, fused_chain_site);
     std::vector<std::function<void()>> chained{[&] { add_chain.take(); },
                                                [&] { fused_chain.take(); }};
-    if (floor_calls) {
-      chained.emplace_back(
-          [&] { time_floor(*floor_calls, floor_chain_samples, chain, floor_chain_site); });
-    }
-    if (graph_floor_calls) {
-      chained.emplace_back([&] {
-        time_floor(*graph_floor_calls, graph_floor_chain_samples, chain, floor_graphs_chain_site);
-      });
-    }
+    add_floor(chained, floor_calls.get(), floor_chain_samples, chain, floor_chain_site);
+    add_floor(chained, graph_floor_calls.get(), graph_floor_chain_samples, chain,
+              floor_graphs_chain_site);
     interleave(chains, 1, chained);
     const split_seconds t_add = add_samples.summary();
     const split_seconds t_fused = fused_samples.summary();
