@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -443,7 +444,9 @@ struct async_floor::state : floor_state {
   /// The copies (or their graphs), each followed by its event on the source GPU's stream.
   void issue_copies() {
     for (const copy& c : copies) {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(c.link.src));
+      if (call != floor_call::kernel_graph) {
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(c.link.src));
+      }
       if (c.graph != nullptr) {
         POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(c.graph->exec, c.stream.get()));
       } else {
@@ -481,12 +484,19 @@ async_floor::~async_floor() {
 }
 
 void async_floor::issue(int length) {
-  const current_device_guard guard;
+  std::optional<current_device_guard> guard;  // (kernel graphs switch no device)
+  if (state_->call != floor_call::kernel_graph) {
+    guard.emplace();
+  }
   const int devices = static_cast<int>(state_->events.size());
   for (int k = 0; k < std::max(length, 1); ++k) {
     state_->issue_copies();
     for (int d = 0; d < devices; ++d) {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      // Graphs launch and events record into any GPU's stream from whichever is current, as the
+      // op launches its kept graphs; a memset goes with its GPU current.
+      if (state_->call != floor_call::kernel_graph) {
+        POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      }
       state_->wait_for_copies(d);
       state_->issue(d, bytes_);
     }

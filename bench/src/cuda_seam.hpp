@@ -56,9 +56,10 @@ enum class floor_call : std::uint8_t {
   memset,        ///< cudaMemsetAsync of the bytes, standing in for a kernel launch
   kernel_graph,  ///< cudaGraphLaunch of a prebuilt one-kernel graph adding two arrays of the bytes
                  ///< into a third (floor_add_kernel), and each copy a one-kernel graph too
-                 ///< (floor_copy_kernel on the source GPU writing the peer's memory): the calls a
-                 ///< small darray op makes when its kernels are launched as graphs (it copies
-                 ///< pieces up to 64 KiB with a kernel), without its bookkeeping
+                 ///< (floor_copy_kernel on the source GPU writing the peer's memory), with no
+                 ///< device switch: the calls a small darray op makes when its kernels are
+                 ///< launched as graphs (it copies pieces up to 64 KiB with a kernel), without its
+                 ///< bookkeeping
 };
 
 /// The kernel of floor_call::kernel_graph: c[i] = a[i] + b[i] for i < n, grid-stride; its
@@ -71,8 +72,9 @@ enum class floor_call : std::uint8_t {
 
 /// The floor of a small op's cost on `devices` GPUs from one thread, taken a round at a time so
 /// that a benchmark can interleave its rounds with the op's own (both then see the same host
-/// state): per GPU, cudaSetDevice, one asynchronous call (`call`, over `bytes` per GPU) and one
-/// cudaEventRecord; then cudaEventSynchronize on each GPU's event.
+/// state): per GPU, cudaSetDevice (not with floor_call::kernel_graph: like the op's launches of its
+/// kept graphs, a graph launch and an event record need no switch), one asynchronous call (`call`,
+/// over `bytes` per GPU) and one cudaEventRecord; then cudaEventSynchronize on each GPU's event.
 /// With `copies`, each round first issues them (cudaMemcpyPeerAsync, or a kernel graph with
 /// floor_call::kernel_graph, on a stream of the source GPU, then an event there) and each receiving
 /// GPU's stream waits for its copies' events (cudaStreamWaitEvent) before its call: the floor of an
