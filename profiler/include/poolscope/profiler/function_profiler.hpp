@@ -37,8 +37,9 @@
 // - CPU self time: inclusive time minus the inclusive time of the scopes directly nested in it;
 //   summed over all names it equals the time spent in the outermost counted scopes;
 // - GPU time: for the outermost scope of the name in the session, the time between two
-//   cudaEvents recorded on the scope's stream at open and close. Events come from a pool; the
-//   pairs are queued per thread and resolved with cudaEventQuery when the queue grows and in
+//   cudaEvents recorded on the scope's stream at open and close (events of the stream's device,
+//   whichever device is current: a stream of another GPU is timed too). Events come from a pool;
+//   the pairs are queued per thread and resolved with cudaEventQuery when the queue grows and in
 //   report() (never a synchronize per scope). Absent without a GPU or with gpu_timing off;
 // - used bytes: bytes (rounded) of pool_malloc post events raised while the scope was the
 //   innermost open scope of the allocating thread or one of its ancestors (inclusive, for the
