@@ -29,9 +29,14 @@
 #include "poolscope/profiler/timeline.hpp"
 
 #include "integer_pow.hpp"
+#include "scope_sites.hpp"
 
 namespace poolscope::darray {
 namespace {
+
+using detail::accumulate_site;
+using detail::reduce_site;
+using detail::site_of;
 
 // --- element arithmetic (the semantics backend.hpp states; kernels.cu mirrors them) ---
 
@@ -484,16 +489,27 @@ class host_event final : public detail::event_state {
   std::string failure_;  // mutex_
 };
 
+std::string format_mib(std::uint64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
 // One in-order work queue run by its own thread (a stream of a fake device).
 class work_queue {
  public:
   struct task {
     std::function<void()> run;
-    std::string name;  // empty: bookkeeping (events), not traced
+    // A name of process lifetime (a literal or a registered site's); empty: bookkeeping (events),
+    // not traced. A copy's label (its ends and size) is made from `bytes` only when a trace or a
+    // failure message needs it (see label()).
+    std::string_view name;
     std::string_view category;
     int device = -1;      // the device the slice is attributed to (-1: the queue's)
     int src_device = -1;  // a copy between devices: its two ends (host_slice's)
     int dst_device = -1;
+    bool copy = false;
+    std::uint64_t bytes = 0;  // a copy's
   };
 
   work_queue(int device, queue_kind kind, std::function<profiler::timeline*()> timeline)
@@ -571,6 +587,16 @@ class work_queue {
     }
   }
 
+  // "darray.copy 0->1 0.25 MiB", "darray.copy local 0.25 MiB", or the task's name.
+  static std::string label(const task& t) {
+    if (!t.copy) {
+      return std::string(t.name);
+    }
+    return t.src_device >= 0 ? std::string(t.name) + " " + std::to_string(t.src_device) + "->" +
+                                   std::to_string(t.dst_device) + " " + format_mib(t.bytes)
+                             : std::string(t.name) + " local " + format_mib(t.bytes);
+  }
+
   void run(const task& t) noexcept {
     profiler::timeline* tl = t.name.empty() ? nullptr : timeline_();
     const std::uint64_t begin = tl ? hooks::now_ns() : 0;
@@ -582,7 +608,12 @@ class work_queue {
       fail(t, "unknown exception");
     }
     if (tl != nullptr) {
-      tl->add_host_slice({.name = t.name,
+      std::string copy_label;
+      try {
+        copy_label = t.copy ? label(t) : std::string();
+      } catch (...) {  // no memory for the label: the slice goes by the task's name
+      }
+      tl->add_host_slice({.name = copy_label.empty() ? t.name : std::string_view(copy_label),
                           .category = t.category,
                           .thread = 0,
                           .begin_ns = begin,
@@ -598,7 +629,7 @@ class work_queue {
     try {
       std::string message = "darray host device " + std::to_string(device_) + " (" +
                             (kind_ == queue_kind::compute ? "compute" : "transfer") +
-                            " queue): task " + (t.name.empty() ? std::string("wait") : t.name) +
+                            " queue): task " + (t.name.empty() ? std::string("wait") : label(t)) +
                             " failed: " + what;
       log(log_level::error, message);
       const std::lock_guard lock(mutex_);
@@ -624,12 +655,6 @@ class work_queue {
   std::atomic<bool> failed_{false};  // !failure_.empty() (written under mutex_)
   std::thread thread_;               // last: starts after the rest is built
 };
-
-std::string format_mib(std::uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
 
 // Host backend. Thread-safe as backend.hpp says: each queue's push is locked.
 class host_backend final : public backend {
@@ -692,13 +717,21 @@ class host_backend final : public backend {
   }
   // A traced task: its slice's category is the queue's ("darray.transfer" / "darray.compute")
   // unless `category` says otherwise.
-  void push(int d, queue_kind q, std::string name, std::function<void()> fn, int slice_device = -1,
-            std::string_view category = {}, int src_device = -1, int dst_device = -1) {
+  // `name`: of process lifetime (a literal or a site's name, see task).
+  void push(int d, queue_kind q, std::string_view name, std::function<void()> fn,
+            int slice_device = -1, std::string_view category = {}, int src_device = -1,
+            int dst_device = -1, std::uint64_t copy_bytes = 0, bool copy = false) {
     if (category.empty()) {
       category = q == queue_kind::transfer ? std::string_view("darray.transfer") : "darray.compute";
     }
     queue(d, q).push(
-        {std::move(fn), std::move(name), category, slice_device, src_device, dst_device});
+        {std::move(fn), name, category, slice_device, src_device, dst_device, copy, copy_bytes});
+  }
+  // A site's name for a task ("darray.add"), or `fallback` when the site could not register it
+  // (out of host memory: a name-less task would not be traced).
+  static std::string_view name_of(const profiler::scope_site& site, std::string_view fallback) {
+    const std::string_view n = site.name();
+    return n.empty() ? fallback : n;
   }
 
   std::string do_name() const override { return "host:" + std::to_string(devices_.size()); }
@@ -769,16 +802,15 @@ class host_backend final : public backend {
     const std::uint64_t bytes = static_cast<std::uint64_t>(dst.size()) * size_of(t);
     const bool peer = dst_device != src_device;
     count_copy(peer, bytes, false);
-    std::string name = peer ? "darray.copy " + std::to_string(src_device) + "->" +
-                                  std::to_string(dst_device) + " " + format_mib(bytes)
-                            : "darray.copy local " + format_mib(bytes);
     // A copy between devices is traced on the receiving device, whichever queue ran it: that is
     // where it overlaps (or not) with the compute waiting for it; its two ends make it transfer
     // time on the sender too, as CUPTI's peer copies are. A copy is a transfer on either queue
-    // (small pieces run on the receiver's compute queue), as the CUDA backend's ranges say.
+    // (small pieces run on the receiver's compute queue), as the CUDA backend's ranges say. Its
+    // label ("darray.copy 0->1 0.25 MiB") is made only when traced (or failing).
     push(
-        queue_device, q, std::move(name), [t, dst, src] { dispatch<copy_fn>(t, dst, src); },
-        peer ? dst_device : -1, "darray.transfer", peer ? src_device : -1, peer ? dst_device : -1);
+        queue_device, q, "darray.copy", [t, dst, src] { dispatch<copy_fn>(t, dst, src); },
+        peer ? dst_device : -1, "darray.transfer", peer ? src_device : -1, peer ? dst_device : -1,
+        bytes, true);
   }
 
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override {
@@ -803,7 +835,7 @@ class host_backend final : public backend {
   void do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst, const view& src,
                 bool /*yielding*/) override {
     count_op();
-    push(device, q, "darray." + std::string(to_string(op)),
+    push(device, q, name_of(site_of(op), "darray.unary"),
          [t, op, dst, src] { dispatch<unary_fn>(t, op, dst, src); });
   }
   void do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst, const view& a,
@@ -814,7 +846,7 @@ class host_backend final : public backend {
     const bool has_b = b_scalar != nullptr;
     const scalar as = has_a ? *a_scalar : scalar{};
     const scalar bs = has_b ? *b_scalar : scalar{};
-    push(device, q, "darray." + std::string(to_string(op)),
+    push(device, q, name_of(site_of(op), "darray.binary"),
          [t, op, dst, a, b, has_a, has_b, as, bs] {
            dispatch<binary_fn>(t, op, dst, a, b, has_a ? &as : nullptr, has_b ? &bs : nullptr);
          });
@@ -822,7 +854,7 @@ class host_backend final : public backend {
   void do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
                        const std::vector<binary_part>& parts, bool /*yielding*/) override {
     count_op();  // one task, as the CUDA backend's one launch
-    push(device, q, "darray." + std::string(to_string(op)), [t, op, parts] {
+    push(device, q, name_of(site_of(op), "darray.binary"), [t, op, parts] {
       for (const binary_part& p : parts) {
         dispatch<binary_fn>(t, op, p.dst, p.a, p.b, nullptr, nullptr);
       }
@@ -831,14 +863,14 @@ class host_backend final : public backend {
   void do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                      const view& src) override {
     count_op();
-    push(device, q, "darray.accumulate " + std::string(to_string(op)),
+    push(device, q, name_of(accumulate_site(op), "darray.accumulate"),
          [t, op, acc, src] { dispatch<accumulate_fn>(t, op, acc, src); });
   }
   void do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc, const view& src,
                  int axis) override {
     count_op();
     const view b = broadcast_accumulator(acc, src, axis);
-    push(device, q, "darray.reduce " + std::string(to_string(op)),
+    push(device, q, name_of(reduce_site(op), "darray.reduce"),
          [t, op, b, src] { dispatch<accumulate_fn>(t, op, b, src); });
   }
   void do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
