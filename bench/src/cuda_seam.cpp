@@ -391,7 +391,14 @@ struct floor_state {
     }
     POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  /// GPU d's call and event.
+  /// Makes GPU d current where the floor's calls need it: a memset does; a graph launch and an
+  /// event record take any GPU's stream (as the op launches its kept graphs).
+  void select(int d) const {
+    if (call != floor_call::kernel_graph) {
+      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+    }
+  }
+  /// GPU d's call and event (a memset with GPU d current: see select).
   void issue(int d, std::size_t bytes) {
     const auto i = static_cast<std::size_t>(d);
     if (call == floor_call::kernel_graph) {
@@ -444,9 +451,7 @@ struct async_floor::state : floor_state {
   /// The copies (or their graphs), each followed by its event on the source GPU's stream.
   void issue_copies() {
     for (const copy& c : copies) {
-      if (call != floor_call::kernel_graph) {
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(c.link.src));
-      }
+      select(c.link.src);
       if (c.graph != nullptr) {
         POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(c.graph->exec, c.stream.get()));
       } else {
@@ -484,7 +489,7 @@ async_floor::~async_floor() {
 }
 
 void async_floor::issue(int length) {
-  std::optional<current_device_guard> guard;  // (kernel graphs switch no device)
+  std::optional<current_device_guard> guard;  // (kernel graphs switch no device: see select)
   if (state_->call != floor_call::kernel_graph) {
     guard.emplace();
   }
@@ -492,11 +497,7 @@ void async_floor::issue(int length) {
   for (int k = 0; k < std::max(length, 1); ++k) {
     state_->issue_copies();
     for (int d = 0; d < devices; ++d) {
-      // Graphs launch and events record into any GPU's stream from whichever is current, as the
-      // op launches its kept graphs; a memset goes with its GPU current.
-      if (state_->call != floor_call::kernel_graph) {
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
-      }
+      state_->select(d);
       state_->wait_for_copies(d);
       state_->issue(d, bytes_);
     }

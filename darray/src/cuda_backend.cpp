@@ -589,22 +589,19 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
   const int other = queue_device == dst_device ? src_device : dst_device;
   if (is_dense_line(v[0]) && is_dense_line(v[1])) {
     const auto bytes = static_cast<std::size_t>(v[0].extent[0]) * es;
-    if (bytes <= small_peer_copy_bytes && dev(queue_device).graphs != nullptr &&
-        peer(queue_device, other)) {
+    detail::launch_target on{s, dev(queue_device).sm_count, dev(queue_device).graphs.get()};
+    if (bytes <= small_peer_copy_bytes && on.graphs != nullptr && peer(queue_device, other)) {
       // A few KiB: the copy kernel reading (or writing) the other GPU's memory, launched as a
       // graph, costs the host 1.6 us against 5.2 us for cudaMemcpyPeerAsync on the lent hosts.
-      detail::launch_target on{s, dev(queue_device).sm_count, dev(queue_device).graphs.get()};
       on.current = &current;
       detail::launch_copy(on, es, v[0], v[1]);
       return;
     }
-  }
-  current.engage();  // every other way below runs with the queue's device current
-  if (is_dense_line(v[0]) && is_dense_line(v[1])) {
-    const auto bytes = static_cast<std::size_t>(v[0].extent[0]) * es;
+    current.engage();
     POOLSCOPE_DARRAY_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s));
     return;
   }
+  current.engage();  // every other way below runs with the queue's device current
   if (const auto p = as_pitched(v, es)) {
     if (peer(dst_device, src_device) || peer(src_device, dst_device)) {
       // Unified addressing: the copy engines move the rows between the GPUs directly.
