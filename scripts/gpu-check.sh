@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script for a lent GPU machine: configure, build for sm_90, run every test (GPU tests
-# included), the GPU allocator tests under compute-sanitizer memcheck, the benchmarks and the
-# PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last,
+# included), the GPU allocator and darray tests under compute-sanitizer memcheck (darray's also
+# under racecheck and synccheck), the benchmarks and the PyTorch plug-in check. Logs go under $OUT (default ./gpu-out); a short table is printed last,
 # with any failed test by name.
 #   scripts/gpu-check.sh [--quick] [--darray | --pools]
 #     --quick: shorter benchmarks; --darray: build, then only the darray tests (and the function
@@ -96,6 +96,17 @@ cli="$build/bin/poolscope"
 if [ "$only" != pools ]; then
   step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
+    "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
+  # Shared-memory hazards and barrier misuse in darray's kernels (the reductions and the gemm
+  # share memory within a block). NCCL's own kernels are left out of racecheck: their flag-based
+  # protocols read as races to it. initcheck is not run: NCCL's send kernel reads a send buffer
+  # rounded up to 16 bytes, so every NCCL transfer reports, and with NCCL's kernels left out the
+  # bytes they deliver read as never written (docs/perf.md, thirty-third session, run D).
+  step "racecheck darray (cuda tests)" "$out/sanitizer.log" \
+    compute-sanitizer --tool racecheck --report-api-errors no --kernel-name-exclude kns=nccl \
+    --error-exitcode 99 "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
+  step "synccheck darray (cuda tests)" "$out/sanitizer.log" \
+    compute-sanitizer --tool synccheck --report-api-errors no --error-exitcode 99 \
     "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
   # The demos compared below run after a warm-up demo and keep the best of 10 rounds each, and
   # CUPTI on and off run twice in turn (on, off, on, off): a fresh 4-GPU host ran its first demo
