@@ -93,21 +93,22 @@ print_failures() {
 # report come back under $OUT), its CUPTI overhead (the demo's times without CUPTI beside them)
 # and the D1-D5 benchmark.
 cli="$build/bin/poolscope"
+# The GPU tests of a suite, by name (compute-sanitizer runs only these: host tests add nothing).
+gpu_tests='*cuda*:*Cuda*:*gpu*:*Gpu*'
 if [ "$only" != pools ]; then
-  step "memcheck darray (cuda tests)" "$out/sanitizer.log" \
-    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 \
-    "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
-  # Shared-memory hazards and barrier misuse in darray's kernels (the reductions and the gemm
-  # share memory within a block). NCCL's own kernels are left out of racecheck: their flag-based
-  # protocols read as races to it. initcheck is not run: NCCL's send kernel reads a send buffer
-  # rounded up to 16 bytes, so every NCCL transfer reports, and with NCCL's kernels left out the
-  # bytes they deliver read as never written (docs/perf.md, thirty-third session, run D).
-  step "racecheck darray (cuda tests)" "$out/sanitizer.log" \
-    compute-sanitizer --tool racecheck --report-api-errors no --kernel-name-exclude kns=nccl \
-    --error-exitcode 99 "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
-  step "synccheck darray (cuda tests)" "$out/sanitizer.log" \
-    compute-sanitizer --tool synccheck --report-api-errors no --error-exitcode 99 \
-    "$build/bin/poolscope_darray_tests" --gtest_filter='*cuda*:*Cuda*:*gpu*:*Gpu*'
+  # memcheck, then shared-memory hazards and barrier misuse in darray's kernels (the reductions
+  # and the gemm share memory within a block). NCCL's own kernels are left out of racecheck: their
+  # flag-based protocols read as races to it. initcheck is not run: NCCL's send kernel reads a
+  # send buffer rounded up to 16 bytes, so every NCCL transfer reports, and with NCCL's kernels
+  # left out the bytes they deliver read as never written (docs/perf.md, thirty-third session,
+  # run D).
+  for tool in memcheck racecheck synccheck; do
+    skip=()
+    [ "$tool" = racecheck ] && skip=(--kernel-name-exclude kns=nccl)
+    step "$tool darray (cuda tests)" "$out/sanitizer.log" \
+      compute-sanitizer --tool "$tool" --report-api-errors no ${skip[@]+"${skip[@]}"} \
+      --error-exitcode 99 "$build/bin/poolscope_darray_tests" --gtest_filter="$gpu_tests"
+  done
   # The demos compared below run after a warm-up demo and keep the best of 10 rounds each, and
   # CUPTI on and off run twice in turn (on, off, on, off): a fresh 4-GPU host ran its first demo
   # processes 13-29 % slower than the same command later — once only the first, once the first
@@ -176,7 +177,7 @@ fi
 # compute-sanitizer on the GPU allocator tests (device memory paths only: host tests add nothing).
 for exe in "$build"/bin/poolscope_pool_tests; do
   step "memcheck $(basename "$exe")" "$out/sanitizer.log" \
-    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 "$exe" --gtest_filter='*gpu*:*cuda*:*Cuda*:*Gpu*'
+    compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 99 "$exe" --gtest_filter="$gpu_tests"
 done
 
 # NVTX memory API: an out-of-bounds write inside a pool block is reported only with registration.
