@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "detail/json_text.hpp"
+#include "detail/trace_json.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/overlap.hpp"
 

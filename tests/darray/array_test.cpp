@@ -29,7 +29,7 @@
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
-#include "poolscope/profiler/overlap.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "poolscope/profiler/timeline.hpp"
 #include "test_support.hpp"
 

@@ -30,6 +30,7 @@
 #include "poolscope/pool/cuda_resource.hpp"
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/timeline.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "trace_test_util.hpp"
 
 extern char** environ;

@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "poolscope/hooks/event.hpp"
-#include "poolscope/profiler/overlap.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "poolscope/profiler/timeline.hpp"
 #include "trace_test_util.hpp"
 

@@ -21,6 +21,7 @@
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
 #include "poolscope/profiler/report.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "trace_test_util.hpp"
 
 namespace {

@@ -12,7 +12,7 @@
 #include "subprocess.hpp"
 
 #if defined(POOLSCOPE_CLI_PATH) && __has_include("poolscope/profiler/trace_check.hpp")
-#include "poolscope/profiler/overlap.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "poolscope/profiler/trace_check.hpp"
 #if __has_include("poolscope/bench/memory_access.hpp")
 #include "poolscope/bench/memory_access.hpp"

@@ -20,7 +20,7 @@
 #include "cli_files.hpp"
 #include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
-#include "poolscope/profiler/overlap.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::tools {

@@ -25,7 +25,7 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
-#include "poolscope/profiler/overlap.hpp"
+#include "poolscope/profiler/trace_summary.hpp"
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"

@@ -32,6 +32,7 @@
 
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
+#include "poolscope/profiler/recorder.hpp"  // action_name
 
 namespace poolscope::profiler {
 
@@ -80,9 +81,6 @@ struct event_log {
   std::vector<log_record> records;
 };
 
-/// The action name of a recorded event: "malloc", "free", "device_alloc", "device_free",
-/// "split", "merge", "release", "oom", "limit_hit", "invalid_free".
-[[nodiscard]] std::string_view action_name(hooks::event_kind k) noexcept;
 /// The kind of an action name; throws invalid_argument naming `name` if unknown.
 [[nodiscard]] hooks::event_kind parse_action(std::string_view name);
 

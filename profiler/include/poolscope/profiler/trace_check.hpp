@@ -47,8 +47,8 @@
 namespace poolscope::profiler {
 
 /// The largest |ts| and |ts + dur| (µs from the trace's origin; about 285 years) that
-/// check_trace and summarize_trace (overlap.hpp) take as times: in ns they fit 64 bits. Beyond
-/// it check_trace reports the event and summarize_trace leaves it out.
+/// check_trace and summarize_trace (trace_summary.hpp) take as times: in ns they fit 64 bits.
+/// Beyond it check_trace reports the event and summarize_trace leaves it out.
 inline constexpr double max_trace_time_us = 9e15;
 
 /// What read_trace saw besides the events.
