@@ -18,10 +18,10 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_files.hpp"
+#include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
-#include "poolscope/profiler/trace_summary.hpp"
-#include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::tools {
 
@@ -38,8 +38,8 @@ struct trace_command {
 };
 
 void run_check(const trace_command& cmd) {
-  const profiler::trace_check_result r =
-      profiler::check_trace(cmd.file, {.max_issues = cmd.max_issues});
+  const analysis::trace_check_result r =
+      analysis::check_trace(cmd.file, {.max_issues = cmd.max_issues});
   if (!cmd.quiet || !r.ok()) {
     std::cout << r.to_text();
   }
@@ -63,7 +63,7 @@ struct range_found {
 std::vector<range_found> find_ranges(const trace_command& cmd) {
   std::vector<range_found> out;
   for (const std::string& name : cmd.ranges) {
-    profiler::trace_ranges r = profiler::find_trace_ranges(cmd.file, name);
+    analysis::trace_ranges r = analysis::find_trace_ranges(cmd.file, name);
     if (r.found.empty()) {
       std::string known;
       for (const std::string& n : r.host_names) {
@@ -103,9 +103,9 @@ void run_summary(const trace_command& cmd) {
     text << line;
     windows.insert(windows.end(), f.slices.begin(), f.slices.end());
   }
-  const profiler::trace_summary s = cmd.ranges.empty()
-                                        ? profiler::summarize_trace(cmd.file)
-                                        : profiler::summarize_trace(cmd.file, windows, cmd.each);
+  const analysis::trace_summary s = cmd.ranges.empty()
+                                        ? analysis::summarize_trace(cmd.file)
+                                        : analysis::summarize_trace(cmd.file, windows, cmd.each);
   text << s.to_text(cmd.top);
   text.flush();
   if (!cmd.json_path.empty()) {

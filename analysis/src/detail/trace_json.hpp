@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-namespace poolscope::profiler::detail {
+namespace poolscope::analysis::detail {
 
 /// A trace's device id (args "device", "src_device", "dst_device"), as `trace summary` reads it
 /// and `trace check` demands it: an integer from -1 (the host) to INT_MAX; nullopt otherwise.
@@ -24,4 +24,4 @@ inline std::optional<int> trace_device_id(const nlohmann::json& v) noexcept {
   return std::nullopt;
 }
 
-}  // namespace poolscope::profiler::detail
+}  // namespace poolscope::analysis::detail

@@ -2,11 +2,11 @@
 // holding the whole file) and validates them: what `poolscope trace check FILE` runs, and what
 // every test that writes a trace runs on it.
 //
-//   auto r = poolscope::profiler::check_trace("run.json.gz");
+//   auto r = poolscope::analysis::check_trace("run.json.gz");
 //   if (!r.ok()) std::cerr << r.to_text();       // one line per problem, naming the event
 //
 //   // Any consumer can stream the events the same way:
-//   poolscope::profiler::read_trace("run.json", [](std::uint64_t i, const nlohmann::json& e) {
+//   poolscope::analysis::read_trace("run.json", [](std::uint64_t i, const nlohmann::json& e) {
 //     if (e.value("ph", "") == "X") ...;
 //   });
 //
@@ -44,7 +44,7 @@
 #include <string_view>
 #include <vector>
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 /// The largest |ts| and |ts + dur| (µs from the trace's origin; about 285 years) that
 /// check_trace and summarize_trace (trace_summary.hpp) take as times: in ns they fit 64 bits.
@@ -108,4 +108,4 @@ struct trace_check_result {
 [[nodiscard]] trace_check_result check_trace_text(std::string_view json_text,
                                                   trace_check_options options = {});
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

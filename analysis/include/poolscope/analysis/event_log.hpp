@@ -1,6 +1,6 @@
 // event_log: allocator event logs read back into records, for replay and analysis.
 //
-//   poolscope::profiler::event_log log = poolscope::profiler::read_event_log("run.jsonl");
+//   poolscope::analysis::event_log log = poolscope::analysis::read_event_log("run.jsonl");
 //   for (const auto& r : log.records) {
 //     if (r.kind == event_kind::pool_malloc) { ... r.ptr, r.size ... }
 //   }
@@ -34,7 +34,7 @@
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/profiler/recorder.hpp"  // action_name
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 /// A log could not be parsed: the message names the source and the line.
 class parse_error : public runtime_error {
@@ -92,4 +92,4 @@ struct event_log {
 /// Reads and parses the log file at `path`. Throws runtime_error if it cannot be opened.
 [[nodiscard]] event_log read_event_log(const std::string& path);
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,4 +1,4 @@
-#include "poolscope/profiler/trace_summary.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 
 #include <algorithm>
 #include <climits>
@@ -8,10 +8,19 @@
 #include <tuple>
 
 #include "detail/trace_json.hpp"
+#include "poolscope/analysis/trace_check.hpp"
 #include "poolscope/error.hpp"
-#include "poolscope/profiler/trace_check.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
+
+using profiler::activity_class;
+using profiler::classify_category;
+using profiler::device_overlap;
+using profiler::interval;
+using profiler::merge_intervals;
+using profiler::op_summary;
+using profiler::overlap_analyzer;
+using profiler::total_length;
 namespace {
 
 std::string format_ns(double ns) {
@@ -615,4 +624,4 @@ trace_ranges find_trace_ranges(const std::string& path, std::string_view name,
   return r;
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,7 +1,7 @@
 // Line profiles read back (line_profile_reader.hpp): the JSON round trip keeps everything, and
 // documents that are not line profiles, values out of range, totals past 64 bits and absurd
 // nesting are refused naming what is wrong.
-#include "poolscope/profiler/line_profile_reader.hpp"
+#include "poolscope/analysis/line_profile_reader.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +13,12 @@
 #include "poolscope/error.hpp"
 #include "profiler/profile_test_data.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 namespace {
 
+using profiler::line_profile;
+using profiler::profile_node;
+namespace test_data = profiler::test_data;
 using test_data::expect_same_tree;
 using test_data::nested_profile_json;
 using test_data::sample;
@@ -190,4 +193,4 @@ TEST(line_profile_reader, a_saved_report_loads_and_renders) {
 }
 
 }  // namespace
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,7 +1,7 @@
 // line_profile_reader: line profiles read back from the JSON document line_profile::to_json
 // writes (docs/line_profile.md): what `poolscope report` renders.
 //
-//   auto p = poolscope::profiler::load_line_profile("alloc.json");
+//   auto p = poolscope::analysis::load_line_profile("alloc.json");
 //   std::cout << p.to_text({.threshold_bytes = 1 << 20});
 //
 // Errors: a document that is not a line profile of this version, a field of the wrong type or
@@ -17,23 +17,23 @@
 
 #include "poolscope/profiler/line_profile.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 /// Parses a document written by line_profile::to_json. Totals are recomputed from the self
 /// figures. Throws poolscope::invalid_argument naming what is wrong if `json` is not such a
 /// document.
-[[nodiscard]] line_profile line_profile_from_json(std::string_view json);
+[[nodiscard]] profiler::line_profile line_profile_from_json(std::string_view json);
 /// The same, from a document already parsed (a run report's "profiles.line"): nothing is
 /// serialised again, so no recursion deeper than the node check allows. Same errors.
-[[nodiscard]] line_profile line_profile_from_json_document(const nlohmann::json& doc);
+[[nodiscard]] profiler::line_profile line_profile_from_json_document(const nlohmann::json& doc);
 
 /// Reads a JSON report written by line_profile::to_json from `path`. Throws
 /// poolscope::runtime_error naming the path if it cannot be read, poolscope::invalid_argument
 /// if it is not a line profile.
-[[nodiscard]] line_profile load_line_profile(const std::string& path);
+[[nodiscard]] profiler::line_profile load_line_profile(const std::string& path);
 
 /// What `poolscope report FILE` prints: the saved report at `path` as a text tree.
 [[nodiscard]] std::string render_line_profile_file(const std::string& path,
-                                                   const text_options& options = {});
+                                                   const profiler::text_options& options = {});
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

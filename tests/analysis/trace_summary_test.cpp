@@ -1,7 +1,7 @@
 // `trace summary` on written traces: hand-computed traces (devices, windows, unreadable events,
 // CUDA API calls, the pools' growth, long names) and a randomized comparison against a model in
 // unit time steps.
-#include "poolscope/profiler/trace_summary.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/trace_writer.hpp"
-#include "trace_test_util.hpp"
+#include "profiler/trace_test_util.hpp"
 
 namespace {
 
@@ -120,7 +120,7 @@ TEST(trace_summary, summarize_a_written_trace) {
              .dur_ns = 50});
   }
   poolscope::profiler::testing::expect_valid_trace(f.path());
-  const auto s = poolscope::profiler::summarize_trace(f.path());
+  const auto s = poolscope::analysis::summarize_trace(f.path());
   EXPECT_EQ(s.window_begin_ns, 0);
   EXPECT_EQ(s.window_end_ns, 10000);
   ASSERT_EQ(s.devices.size(), 2U);
@@ -188,7 +188,7 @@ TEST(trace_summary, summary_leaves_out_and_counts_events_with_unreadable_times) 
       7
     ]})";
   }
-  const auto s = poolscope::profiler::summarize_trace(f.path());
+  const auto s = poolscope::analysis::summarize_trace(f.path());
   EXPECT_EQ(s.malformed, 7U);
   EXPECT_EQ(s.window_begin_ns, 1000);
   EXPECT_EQ(s.window_end_ns, 5000);
@@ -220,7 +220,7 @@ TEST(trace_summary, summary_measures_windows_at_the_ends_of_the_time_range) {
        "args": {"device": 0}}
     ]})";
   }
-  const auto s = poolscope::profiler::summarize_trace(f.path());
+  const auto s = poolscope::analysis::summarize_trace(f.path());
   // -9e15 µs .. 9e15 µs in ns: the ends and the length, computed here without the summary.
   const std::int64_t begin_ns = -9'000'000'000'000'000'000;
   const std::int64_t end_ns = 9'000'000'000'000'000'000;
@@ -264,7 +264,7 @@ TEST(trace_summary, summary_leaves_out_events_with_unreadable_devices_or_names) 
        "args": {"device": 0, "src_device": 0, "dst_device": 4294967297}}
     ]})";
   }
-  const auto s = poolscope::profiler::summarize_trace(f.path());
+  const auto s = poolscope::analysis::summarize_trace(f.path());
   EXPECT_EQ(s.malformed, 4U);
   ASSERT_EQ(s.devices.size(), 1U);
   EXPECT_EQ(s.devices[0].device, 0);
@@ -300,7 +300,7 @@ TEST(trace_summary, summary_sums_cuda_api_calls_by_name_and_api) {
        "args": {"device": 0}}
     ]})";
   }
-  const auto s = poolscope::profiler::summarize_trace(f.path());
+  const auto s = poolscope::analysis::summarize_trace(f.path());
   EXPECT_EQ(s.malformed, 1U);  // the negative duration
   ASSERT_EQ(s.api_calls.size(), 4U);
   // By total time: cudaGraphLaunch 6 µs, cudaEventSynchronize without an api 3 µs, cuGraphLaunch
@@ -331,7 +331,7 @@ TEST(trace_summary, summary_sums_cuda_api_calls_by_name_and_api) {
   EXPECT_EQ(j["top_api_calls"][0]["count"], 2U);
 
   // A window of 19..31 µs: the second launch whole, the first synchronize whole, nothing else.
-  const auto w = poolscope::profiler::summarize_trace(f.path(), interval{19000, 31000});
+  const auto w = poolscope::analysis::summarize_trace(f.path(), interval{19000, 31000});
   ASSERT_EQ(w.api_calls.size(), 2U);
   EXPECT_EQ(w.api_calls[0].name, "cudaGraphLaunch");
   EXPECT_EQ(w.api_calls[0].count, 1U);
@@ -339,7 +339,7 @@ TEST(trace_summary, summary_sums_cuda_api_calls_by_name_and_api) {
   EXPECT_EQ(w.api_calls[1].name, "cudaEventSynchronize");
   EXPECT_EQ(w.api_calls[1].total_ns, 1000U);
   // Cut by the window: 10..12 µs seen through 11..40 counts its last microsecond.
-  const auto cut = poolscope::profiler::summarize_trace(f.path(), interval{11000, 40000});
+  const auto cut = poolscope::analysis::summarize_trace(f.path(), interval{11000, 40000});
   ASSERT_FALSE(cut.api_calls.empty());
   EXPECT_EQ(cut.api_calls[0].name, "cudaGraphLaunch");
   EXPECT_EQ(cut.api_calls[0].total_ns, 1000U + 4000U);
@@ -381,7 +381,7 @@ TEST(trace_summary, summary_counts_where_the_pools_grew) {
        "ts": 30, "dur": 1}
     ]})";
   }
-  using poolscope::profiler::summarize_trace;
+  using poolscope::analysis::summarize_trace;
   const auto whole = summarize_trace(f.path());
   EXPECT_EQ(whole.upstream_allocs, 4U);  // at 5, 11, 19 and 60 (no args: no bytes)
   EXPECT_EQ(whole.upstream_bytes, 4096U + 2U * 268435456U);
@@ -442,9 +442,9 @@ TEST(trace_summary, summary_in_several_windows_counts_each_slice_by_its_parts) {
        "dur": 24, "args": {"api": "runtime"}}
     ]})";
   }
-  const auto r = poolscope::profiler::find_trace_ranges(f.path(), "op");
+  const auto r = poolscope::analysis::find_trace_ranges(f.path(), "op");
   ASSERT_EQ(r.found, (std::vector<interval>{{10000, 20000}, {40000, 50000}}));
-  const auto s = poolscope::profiler::summarize_trace(f.path(), r.found);
+  const auto s = poolscope::analysis::summarize_trace(f.path(), r.found);
   EXPECT_EQ(s.windows, r.found);
   EXPECT_EQ(s.window_begin_ns, 10000);
   EXPECT_EQ(s.window_end_ns, 50000);
@@ -483,7 +483,7 @@ TEST(trace_summary, summary_in_several_windows_counts_each_slice_by_its_parts) {
 
   // Each window alone: [10,20) device 0 compute 5, transfer 8, both 3 (0.375), device 1 the
   // copy's 8 only; [40,50) device 0 the copy's 5, device 1 compute 2 and the copy's 5, apart.
-  const auto e = poolscope::profiler::summarize_trace(f.path(), r.found, true);
+  const auto e = poolscope::analysis::summarize_trace(f.path(), r.found, true);
   ASSERT_EQ(e.each.size(), 2U);
   EXPECT_EQ(e.each[0].window, (interval{10000, 20000}));
   ASSERT_EQ(e.each[0].devices.size(), 2U);
@@ -510,14 +510,14 @@ TEST(trace_summary, summary_in_several_windows_counts_each_slice_by_its_parts) {
 
   // A name the trace lacks: nothing found, and the host slices it has, most frequent first
   // (device activity and CUDA calls left out).
-  const auto none = poolscope::profiler::find_trace_ranges(f.path(), "nope");
+  const auto none = poolscope::analysis::find_trace_ranges(f.path(), "nope");
   EXPECT_TRUE(none.found.empty());
   EXPECT_EQ(none.host_names, (std::vector<std::string>{"op", "other"}));
   // Windows that hold no time, or end before they begin, are refused.
-  EXPECT_THROW((void)poolscope::profiler::summarize_trace(f.path(), std::vector<interval>{}),
+  EXPECT_THROW((void)poolscope::analysis::summarize_trace(f.path(), std::vector<interval>{}),
                poolscope::invalid_argument);
   EXPECT_THROW(
-      (void)poolscope::profiler::summarize_trace(f.path(), std::vector<interval>{{5000, 3000}}),
+      (void)poolscope::analysis::summarize_trace(f.path(), std::vector<interval>{{5000, 3000}}),
       poolscope::invalid_argument);
 }
 
@@ -580,7 +580,7 @@ TEST(trace_summary, summary_in_random_windows_against_unit_step_model) {
       any += b[0] || b[1] ? 1000 : 0;
       window += inside[static_cast<std::size_t>(t)] ? 1000 : 0;
     }
-    const auto s = poolscope::profiler::summarize_trace(f.path(), windows, true);
+    const auto s = poolscope::analysis::summarize_trace(f.path(), windows, true);
     // Each window alone: the runs of `inside` (windows that overlap or touch are one).
     std::vector<std::pair<int, int>> runs;
     for (int t = 0; t < domain; ++t) {
@@ -638,7 +638,7 @@ TEST(trace_summary, summary_in_random_windows_against_unit_step_model) {
 TEST(trace_summary, summary_text_keeps_long_kernel_names_whole) {
   // CUB and CUTLASS kernels demangle to hundreds of characters; such a name was cut with the
   // rest of its line at 511 bytes, end of line included, so the next line ran into it.
-  poolscope::profiler::trace_summary s;
+  poolscope::analysis::trace_summary s;
   s.events = 3;
   s.window_end_ns = 10000;
   device_overlap d;

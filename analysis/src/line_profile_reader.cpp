@@ -1,4 +1,4 @@
-#include "poolscope/profiler/line_profile_reader.hpp"
+#include "poolscope/analysis/line_profile_reader.hpp"
 
 #include <charconv>
 #include <cstdint>
@@ -8,10 +8,17 @@
 #include <sstream>
 #include <utility>
 
-#include "detail/json_text.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/detail/json_text.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
+
+using profiler::line_profile;
+using profiler::line_profile_format;
+using profiler::line_profile_format_version;
+using profiler::profile_counts;
+using profiler::profile_node;
+using profiler::text_options;
 
 namespace {
 
@@ -50,8 +57,8 @@ std::int64_t get_bounded_int(const nlohmann::json& v, const char* field, std::in
           : v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
   if (!in_range) {
     throw invalid_argument(std::string("poolscope: line profile field '") + field + "' value " +
-                           detail::json_shown(v) + " is not an integer in [" + std::to_string(lo) +
-                           ", " + std::to_string(hi) + "]");
+                           profiler::detail::json_shown(v) + " is not an integer in [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "]");
   }
   return v.get<std::int64_t>();
 }
@@ -193,10 +200,10 @@ line_profile line_profile_from_json_document(const nlohmann::json& j) {
   // Compared as JSON: get<int>() would take 4294967297 for version 1.
   if (auto v = j.find("version"); v == j.end() || !v->is_number_integer() ||
                                   *v != nlohmann::json(line_profile_format_version)) {
-    throw invalid_argument("poolscope: unsupported line profile version " +
-                           (v == j.end() ? std::string("(none)") : detail::json_shown(*v)) +
-                           " (this build reads " + std::to_string(line_profile_format_version) +
-                           ")");
+    throw invalid_argument(
+        "poolscope: unsupported line profile version " +
+        (v == j.end() ? std::string("(none)") : profiler::detail::json_shown(*v)) +
+        " (this build reads " + std::to_string(line_profile_format_version) + ")");
   }
   line_profile p;
   try {
@@ -246,4 +253,4 @@ std::string render_line_profile_file(const std::string& path, const text_options
   return load_line_profile(path).to_text(options);
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,4 +1,4 @@
-#include "poolscope/profiler/event_log.hpp"
+#include "poolscope/analysis/event_log.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -9,7 +9,9 @@
 #include <sstream>
 #include <unordered_map>
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
+
+using profiler::action_name;
 
 parse_error::parse_error(std::string source, std::size_t line, const std::string& what)
     : runtime_error("poolscope: " + source + ":" + std::to_string(line) + ": " + what),
@@ -466,4 +468,4 @@ event_log read_event_log(const std::string& path) {
   return parse_event_log(in, path);
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,4 +1,4 @@
-#include "poolscope/profiler/trace_check.hpp"
+#include "poolscope/analysis/trace_check.hpp"
 
 #include <algorithm>
 #include <array>
@@ -15,16 +15,16 @@
 #include <unordered_map>
 #include <utility>
 
-#include "detail/json_text.hpp"
 #include "detail/trace_json.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/detail/json_text.hpp"
 #include "poolscope/profiler/overlap.hpp"
 
 #ifdef POOLSCOPE_HAVE_ZLIB
 #include <zlib.h>
 #endif
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 namespace {
 
 using json = nlohmann::json;
@@ -463,13 +463,14 @@ class checker {
         }
         // Device ids where `trace summary` reads them (device activity: a category it counts):
         // an integer in [-1, INT_MAX]; it leaves other values out.
-        if (const auto cat_it = e.find("cat"); cat_it != e.end() && cat_it->is_string() &&
-                                               classify_category(cat_it->get<std::string>()) &&
-                                               args_it != e.end() && args_it->is_object()) {
+        if (const auto cat_it = e.find("cat");
+            cat_it != e.end() && cat_it->is_string() &&
+            profiler::classify_category(cat_it->get<std::string>()) && args_it != e.end() &&
+            args_it->is_object()) {
           for (const char* key : {"device", "src_device", "dst_device"}) {
             const auto d = args_it->find(key);
             if (d != args_it->end() && !detail::trace_device_id(*d)) {
-              fail(std::string("args \"") + key + "\" " + detail::json_shown(*d) +
+              fail(std::string("args \"") + key + "\" " + profiler::detail::json_shown(*d) +
                    " is not a device (an integer from -1 to 2147483647)");
               return;
             }
@@ -874,4 +875,4 @@ trace_check_result check_trace_text(std::string_view json_text, trace_check_opti
                    [&](const trace_event_visitor& v) { (void)read_trace_text(json_text, v); });
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis
