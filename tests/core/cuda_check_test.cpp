@@ -29,6 +29,20 @@ static_assert(poolscope::detail::checkable_status<CUptiResult>);
 static_assert(poolscope::detail::checkable_status<cublasStatus_t>);
 static_assert(!poolscope::detail::checkable_status<int>);
 
+// Whether the runtime's last error is clear. Without a driver every runtime call, this one too,
+// reports the missing driver again, so it can only be checked with one.
+::testing::AssertionResult no_error_left() {
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    return ::testing::AssertionSuccess() << "(no driver: not checkable)";
+  }
+  const cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "cudaGetLastError() is " << cudaGetErrorName(status);
+}
+
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
@@ -71,7 +85,7 @@ TEST(cuda_check, runtime_failure_names_the_call_and_clears_the_last_error) {
   EXPECT_NE(t.code, 0);
   EXPECT_EQ(t.name, cudaGetErrorName(static_cast<cudaError_t>(t.code)));
   EXPECT_TRUE(t.name.starts_with("cudaError")) << t.name;
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the failed call's error was left behind";
+  EXPECT_TRUE(no_error_left()) << "the failed call's error was left behind";
 }
 
 TEST(cuda_check, driver_failure_is_named_with_or_without_a_driver) {
@@ -86,7 +100,7 @@ TEST(cuda_check, driver_failure_is_named_with_or_without_a_driver) {
   } else {
     EXPECT_TRUE(contains(t.name, "no driver")) << t.name;
   }
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "naming the error left a runtime error behind";
+  EXPECT_TRUE(no_error_left()) << "naming the error left a runtime error behind";
 }
 
 TEST(cuda_check, nccl_failure_is_named_by_its_enumerator) {
