@@ -23,10 +23,10 @@
 #include <CLI/CLI.hpp>
 
 #include "byte_size.hpp"
+#include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "poolscope/analysis/event_log.hpp"
 #include "poolscope/analysis/replay.hpp"
-#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 
@@ -234,7 +234,7 @@ void register_replay(CLI::App& app) {
   sub->add_option("--resource", cmd->resource, "upstream resource (default: host)")
       ->check(CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async"}));
   sub->add_option("--device", cmd->device, "GPU ordinal for device resources")
-      ->check(poolscope::bench::non_negative_number());
+      ->check(poolscope::tools::non_negative_number());
   sub->add_option("--capacity", cmd->capacity,
                   "bytes the upstream may hold (suffixes K, M, G, T: 512M, 80G; default: no "
                   "limit)")

@@ -17,10 +17,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "poolscope/analysis/trace_check.hpp"
 #include "poolscope/analysis/trace_summary.hpp"
-#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 
 namespace poolscope::tools {
@@ -140,7 +140,7 @@ void register_trace(CLI::App& app) {
       "flows, named tracks; exit 1 with the list of problems");
   check->add_option("file", check_cmd->file, "the trace (.json or .json.gz)")->required();
   check->add_option("--max-issues", check_cmd->max_issues, "problems listed (all are counted)")
-      ->check(poolscope::bench::positive_number());
+      ->check(poolscope::tools::positive_number());
   check->add_flag("-q,--quiet", check_cmd->quiet, "print nothing when the trace is valid");
   check->callback([check_cmd] { run_check(*check_cmd); });
 
@@ -154,7 +154,7 @@ void register_trace(CLI::App& app) {
   summary
       ->add_option("--top", summary_cmd->top,
                    "kernels and copies listed per device, and CUDA API calls")
-      ->check(poolscope::bench::non_negative_number());
+      ->check(poolscope::tools::non_negative_number());
   summary->add_option("--json", summary_cmd->json_path,
                       "also write the summary as JSON to this file ('-': stdout, the text then "
                       "goes to stderr)");
