@@ -6,7 +6,8 @@
 //   }
 //
 // Formats read (detected from the first non-empty line):
-// - poolscope's recorder (recorder.hpp): JSON Lines, one event per line, fields seq, time_ns,
+// - poolscope's recorder (profiler/recorder.hpp): JSON Lines, one event per line, fields seq,
+// time_ns,
 //   thread, device, stream, allocator, allocator_id, action, phase, ptr, size, rounded; an
 //   optional first line {"format": "poolscope.events", ...} describes the file.
 // - poolscope's debug hook (hooks::jsonl_hook): JSON Lines with kind, phase, allocator_name,

@@ -15,10 +15,10 @@
 // - every event is an object with a known phase ("ph") and the fields that phase needs: name,
 //   pid, tid (where the event sits on a thread), numeric ts; "dur" >= 0 for X (an X without dur is
 //   an unclosed slice); ts and ts + dur within max_trace_time_us of the origin; on X events of a
-//   device-activity category (classify_category), args "device" / "src_device" / "dst_device"
-//   integers from -1 to INT_MAX; an id for flows
-//   (s/t/f) and async events (b/e/n); counters (C) with a non-empty args object of numbers;
-//   metadata (M) with its args (name or sort_index);
+//   device-activity category (profiler::classify_category), args "device" / "src_device" /
+//   "dst_device" integers from -1 to INT_MAX; an id for flows (s/t/f) and async events (b/e/n);
+//   counters (C) with a non-empty args object of numbers; metadata (M) with its args (name or
+//   sort_index);
 // - slices nest per track: on one (pid, tid) two slices (X, or B/E pairs) are either disjoint or
 //   one contains the other; every B has its E;
 // - flows pair up: every "s" has an "f" with the same cat and id and vice versa, the end is not

@@ -1,13 +1,13 @@
-// trace_summary: the overlap analysis (overlap.hpp) and the busiest kernels, copies and CUDA API
-// calls of a written trace, over the whole run or inside chosen windows: what `poolscope trace
-// summary` prints.
+// trace_summary: the overlap analysis (profiler/overlap.hpp) and the busiest kernels, copies and
+// CUDA API calls of a written trace, over the whole run or inside chosen windows: what `poolscope
+// trace summary` prints.
 //
 //   auto s = poolscope::analysis::summarize_trace("run.json.gz");
 //   std::cout << s.to_text();
 //   auto runs = poolscope::analysis::find_trace_ranges("run.json.gz", "demo.fused");
 //   auto each = poolscope::analysis::summarize_trace("run.json.gz", runs.found, /*each=*/true);
 //
-// What counts as compute, transfer and other, and how the figures are taken: overlap.hpp.
+// What counts as compute, transfer and other, and how the figures are taken: profiler/overlap.hpp.
 //
 // Ownership: results are plain values. Thread safety: the functions are reentrant. Cost: one
 // streamed pass over the file (trace_check.hpp's read_trace); memory grows with the intervals
@@ -78,7 +78,7 @@ struct trace_summary {
 };
 
 /// Reads the trace at `path` (plain or gzip, streamed) and summarises its device activity: X
-/// events whose cat classify_category knows, on the device in their args "device" (events
+/// events whose cat profiler::classify_category knows, on the device in their args "device" (events
 /// without one are not counted; events with unreadable fields are counted in `malformed`). Throws
 /// runtime_error if the file cannot be read or parsed. With a `window` (ns since the trace's
 /// origin, as `ts` * 1000), only the parts of the slices inside it count and it is the window of
