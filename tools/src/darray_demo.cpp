@@ -46,8 +46,8 @@ using darray::shape_t;
 using farray = distributed_array<float>;
 
 // The demo's reference for the block matmul: x * y of two m x m row-major matrices, in double,
-// the rows split over the host's hardware threads through the darray's fork_join (on one thread,
-// the 2048^3 product of a GPU run took 25 of the demo's 31 s on a lent host). Each part writes
+// the rows split over the host's hardware threads through the darray's fork_join (on one thread
+// it is most of a GPU run's time: docs/perf.md, "The demo's host reference"). Each part writes
 // only its own rows; if no thread can be started, the calling thread does them all.
 std::vector<double> host_matmul(const std::vector<float>& x, const std::vector<float>& y,
                                 std::int64_t m) {
