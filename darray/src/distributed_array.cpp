@@ -338,9 +338,8 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
 // Chunks of fewer elements than this compute all their parts in one task (binary ops).
 constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
 // Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
-// backend's copy-kernel size, cuda_backend.cpp): a cross-device event and wait cost a small
-// fused op more than overlapping the copy gains (docs/perf.md, "Small pieces pulled by the
-// receiver").
+// backend's copy-kernel size, cuda_backend.cpp): on 2 x H100 a cross-device event and wait cost
+// D3's fused op more than the copy is worth overlapping (docs/darray.md "Reshard").
 constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
 
 // Called by execute_reshard with the new state and, per destination chunk, how many of its

@@ -471,7 +471,7 @@ line_profile line_profile::from_json_document(const nlohmann::json& j) {
     p.events = get_u64(j, "events");
     p.unmatched_frees = get_u64(j, "unmatched_frees");
     p.truncated_stacks = get_u64(j, "truncated_stacks");
-    // Optional on load (docs/line_profile.md): a document without it reads as 0.
+    // Written since the profiler left contended events to the lock's holder; older files lack it.
     p.deferred_events = j.contains("deferred_events") ? get_u64(j, "deferred_events") : 0;
     p.peak_live = get_u64(j, "peak_live");
     p.peak_seq = get_u64(j, "peak_seq");
