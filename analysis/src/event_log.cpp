@@ -26,6 +26,8 @@ std::string_view to_string(log_format f) noexcept {
       return "jsonl_hook";
     case log_format::rmm_csv:
       return "rmm_csv";
+    case log_format::memory_snapshot:
+      return "memory_snapshot";
   }
   return "unknown";
 }

@@ -52,9 +52,10 @@ class parse_error : public runtime_error {
   std::size_t line_;
 };
 
-/// Which format a log was in.
-enum class log_format : std::uint8_t { poolscope, jsonl_hook, rmm_csv };
-/// "poolscope", "jsonl_hook", "rmm_csv".
+/// Which format a log was in (memory_snapshot: a PyTorch memory snapshot's trace,
+/// snapshot_trace.hpp).
+enum class log_format : std::uint8_t { poolscope, jsonl_hook, rmm_csv, memory_snapshot };
+/// "poolscope", "jsonl_hook", "rmm_csv", "memory_snapshot".
 [[nodiscard]] std::string_view to_string(log_format f) noexcept;
 
 /// One event of a log.
