@@ -97,6 +97,9 @@ struct line_profiler_options {
   std::vector<const void*> skip_modules_of{};
   /// Only events of this allocator id (hooks::event::allocator_id); 0 = every allocator.
   std::uint32_t only_allocator = 0;
+  /// In a Python process, Python frames kept per stack (the innermost ones), in place of the
+  /// interpreter's native frames; 0: native frames only. At most 256.
+  std::size_t max_python_depth = 32;
 };
 
 /// Settings of line_profiler::report.
