@@ -40,15 +40,13 @@ constexpr std::size_t max_supported_depth = detail::stack_capturer::max_supporte
 constexpr std::size_t max_supported_python_depth = 256;
 constexpr std::size_t named_allocators = 4096;  // ids below this are named without a lock
 
-struct stack_hash {
-  std::size_t operator()(const std::vector<std::uintptr_t>& v) const noexcept {
-    std::uint64_t h = v.size();
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      h += (v[i] ^ (i * 0xD6E8FEB86659FD93ULL)) * 0x9E3779B97F4A7C15ULL;
-    }
-    return static_cast<std::size_t>(h ^ (h >> 31));
+std::uint64_t hash_frames(const std::uintptr_t* f, std::size_t depth) noexcept {
+  std::uint64_t h = depth;
+  for (std::size_t i = 0; i < depth; ++i) {
+    h += (f[i] ^ (i * 0xD6E8FEB86659FD93ULL)) * 0x9E3779B97F4A7C15ULL;
   }
-};
+  return h ^ (h >> 31);
+}
 
 /// Wall-clock nanoseconds minus monotonic ones, now: turns hooks::now_ns() into Unix time.
 std::int64_t realtime_offset_ns() noexcept {
@@ -144,7 +142,8 @@ struct snapshot_recorder::state {
   detail::event_ring ring;
   // Applied by the writer thread (or by snapshot()) under the recorder's mutex:
   snapshot_builder builder;
-  std::unordered_map<std::vector<std::uintptr_t>, std::uint32_t, stack_hash> stack_ids;
+  // Stack hash -> the ids of the stacks with that hash (a lookup allocates nothing).
+  std::unordered_multimap<std::uint64_t, std::uint32_t> stack_ids;
   std::vector<std::vector<std::uintptr_t>> stacks{{}};        // [0]: the empty stack
   std::unordered_map<std::uintptr_t, snapshot_frame> frames;  // symbolized so far
   std::int64_t offset_ns;
@@ -159,13 +158,18 @@ struct snapshot_recorder::state {
     if (depth == 0) {
       return 0;
     }
-    std::vector<std::uintptr_t> key(f, f + depth);
-    auto [it, fresh] = stack_ids.try_emplace(std::move(key), static_cast<std::uint32_t>(0));
-    if (fresh) {
-      it->second = static_cast<std::uint32_t>(stacks.size());
-      stacks.push_back(it->first);
+    const std::uint64_t h = hash_frames(f, depth);
+    auto [first, last] = stack_ids.equal_range(h);
+    for (auto it = first; it != last; ++it) {
+      const auto& known = stacks[it->second];
+      if (known.size() == depth && std::equal(known.begin(), known.end(), f)) {
+        return it->second;
+      }
     }
-    return it->second;
+    const auto id = static_cast<std::uint32_t>(stacks.size());
+    stacks.emplace_back(f, f + depth);
+    stack_ids.emplace(h, id);
+    return id;
   }
 
   void name(const hooks::event& e) noexcept {

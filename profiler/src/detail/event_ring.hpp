@@ -75,12 +75,26 @@ class event_ring {
         break;  // empty, or its producer has not published it yet
       }
       consume(static_cast<const void*>(data_.get() + (pos & mask_) * stride_));
-      seq.store(pos + slots_, std::memory_order_release);
       ++pos;
       ++n;
-      head_.store(pos, std::memory_order_relaxed);
+      head_.store(pos, std::memory_order_release);  // before the slot is freed: peek never
+      seq.store(pos - 1 + slots_, std::memory_order_release);  // sees a reused slot as waiting
     }
     return n;
+  }
+
+  /// Calls look(const void* slot) for each published record from the oldest, without taking
+  /// them: for a fatal-signal handler (async-signal-safe: atomics only), which may run while the
+  /// consumer drains (a record may then be seen by both).
+  template <class Look>
+  void peek(Look&& look) const noexcept {
+    std::uint64_t pos = head_.load(std::memory_order_acquire);
+    for (std::size_t n = 0; n < slots_; ++n, ++pos) {
+      if (seq_[pos & mask_].load(std::memory_order_acquire) != pos + 1) {
+        return;
+      }
+      look(static_cast<const void*>(data_.get() + (pos & mask_) * stride_));
+    }
   }
 
   /// Records taken so far (published or about to be).

@@ -64,7 +64,7 @@ struct snapshot_recorder_options {
   /// Code addresses whose shared objects count as poolscope's own (line_profiler_options).
   std::vector<const void*> skip_modules_of{};
   /// Events the ring holds for the writer (rounded up to a power of two; at least 2).
-  std::size_t ring_slots = std::size_t{1} << 14;
+  std::size_t ring_slots = std::size_t{1} << 16;
   /// Apply the ring on a writer thread (else only when a snapshot is taken).
   bool writer_thread = true;
   /// The device index written for host memory.
