@@ -629,7 +629,8 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
   std::uintptr_t frames[max_supported_depth + max_supported_python_depth];
   if (is_alloc) {
     bool truncated = false;
-    r.depth = static_cast<std::uint32_t>(s.capturer.capture(frames, truncated));
+    r.depth = static_cast<std::uint32_t>(
+        s.capturer.capture(frames, truncated, e.kind == hooks::event_kind::pool_malloc));
     r.truncated = truncated;
     r.stack_hash = hash_stack(frames, r.depth);
   }

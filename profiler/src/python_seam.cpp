@@ -21,6 +21,9 @@ struct api {
   int (*is_initialized)() = nullptr;
   int (*is_finalizing)() = nullptr;  // absent in some versions: then never finalizing
   int (*gil_check)() = nullptr;
+  object* (*this_thread_state)() = nullptr;  // PyGILState_GetThisThreadState
+  int (*gil_ensure)() = nullptr;             // PyGILState_STATE is an int-sized enum
+  void (*gil_release)(int) = nullptr;
   object* (*get_frame)() = nullptr;          // borrowed
   object* (*frame_back)(object*) = nullptr;  // new reference
   object* (*frame_code)(object*) = nullptr;  // new reference
@@ -80,7 +83,9 @@ const api& the_api() noexcept {
            find(r.frame_code, "PyFrame_GetCode") && find(r.frame_line, "PyFrame_GetLineNumber") &&
            find(r.incref, "Py_IncRef") && find(r.decref, "Py_DecRef") &&
            find(r.get_attr, "PyObject_GetAttrString") && find(r.utf8, "PyUnicode_AsUTF8") &&
-           find(r.err_clear, "PyErr_Clear");
+           find(r.err_clear, "PyErr_Clear") &&
+           find(r.this_thread_state, "PyGILState_GetThisThreadState") &&
+           find(r.gil_ensure, "PyGILState_Ensure") && find(r.gil_release, "PyGILState_Release");
     if (!find(r.is_finalizing, "Py_IsFinalizing")) {
       (void)find(r.is_finalizing, "_Py_IsFinalizing");
     }
@@ -173,13 +178,10 @@ bool in_interpreter(std::uintptr_t return_address) noexcept {
   return false;
 }
 
-std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated) noexcept {
-  truncated = false;
-  const api& a = the_api();
-  if (!a.ok || capacity == 0 || a.is_initialized() == 0 ||
-      (a.is_finalizing != nullptr && a.is_finalizing() != 0) || a.gil_check() == 0) {
-    return 0;
-  }
+namespace {
+
+// With the GIL held: the thread's frames, innermost first.
+std::size_t walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& truncated) {
   object* frame = a.get_frame();
   if (frame == nullptr) {
     return 0;
@@ -204,6 +206,31 @@ std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated) 
     truncated = true;
     a.decref(frame);
   }
+  return n;
+}
+
+}  // namespace
+
+std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated,
+                    bool may_take_gil) noexcept {
+  truncated = false;
+  const api& a = the_api();
+  if (!a.ok || capacity == 0 || a.is_initialized() == 0 ||
+      (a.is_finalizing != nullptr && a.is_finalizing() != 0)) {
+    return 0;
+  }
+  if (a.gil_check() != 0) {
+    return walk(a, out, capacity, truncated);
+  }
+  // A Python thread that released the GIL around a call into C (PyTorch's operators, ctypes):
+  // its frames are read with the GIL taken for the walk. A thread that never ran Python has no
+  // thread state and no frames: it is not made one.
+  if (!may_take_gil || a.this_thread_state() == nullptr) {
+    return 0;
+  }
+  const int state = a.gil_ensure();
+  const std::size_t n = walk(a, out, capacity, truncated);
+  a.gil_release(state);
   return n;
 }
 

@@ -229,7 +229,7 @@ void snapshot_recorder::on_event(const hooks::event& e) noexcept {
   std::size_t depth = 0;
   if (with_stack) {
     bool truncated = false;
-    depth = s.capturer.capture(frames, truncated);
+    depth = s.capturer.capture(frames, truncated, e.kind == hooks::event_kind::pool_malloc);
   }
   ring_record r;
   r.stream = reinterpret_cast<std::uintptr_t>(e.stream);

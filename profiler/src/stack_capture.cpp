@@ -22,7 +22,8 @@ stack_capturer::stack_capturer(const stack_capture_options& options) noexcept
   }
 }
 
-std::size_t stack_capturer::capture(std::uintptr_t* out, bool& truncated) noexcept {
+std::size_t stack_capturer::capture(std::uintptr_t* out, bool& truncated,
+                                    bool outside_lock) noexcept {
   std::uintptr_t raw[max_supported_depth + 128];
   const std::size_t own_frames = own_frames_.load(std::memory_order_relaxed);
   const std::size_t capacity =
@@ -50,7 +51,7 @@ std::size_t stack_capturer::capture(std::uintptr_t* out, bool& truncated) noexce
   std::uintptr_t py_frames[256];
   if (options_.max_python_depth != 0) {
     py = python::capture(py_frames, std::min(options_.max_python_depth, std::size(py_frames)),
-                         python_cut);
+                         python_cut, outside_lock);
   }
   if (py != 0) {
     // The native frames from the interpreter's first one outwards are the evaluator running

@@ -6,11 +6,15 @@
 // is false and capture() returns nothing: stacks are native frames only.
 //
 // Preconditions and error conventions:
-// - capture() reads the frames of the calling thread only while that thread holds the GIL
-//   (PyGILState_Check), as the interpreter requires. It never takes the GIL itself: allocator
-//   events come while the allocator holds its lock, and a thread waiting there for the GIL could
-//   deadlock with a thread that holds the GIL and waits for the allocator. A thread without the
-//   GIL (PyTorch's autograd threads, code that released it) gets native frames only.
+// - capture() reads the frames of the calling thread holding the GIL, as the interpreter requires.
+//   A thread that holds it already is read at once. A Python thread that released it around a
+//   call into C (PyTorch's operators do, ctypes does) takes it for the walk (PyGILState_Ensure),
+//   but only when the caller says it may: an event raised while the allocator holds its own lock
+//   (device_alloc, inside the strategy) must not wait for the GIL, which a thread freeing a tensor
+//   holds while it waits for that lock. The pool's events pool_malloc post and pool_free pre come
+//   outside the allocator's lock (allocator.cpp), so the profilers take the GIL for those only.
+//   A thread that never ran Python (no thread state) is never given one: native frames only.
+//   Nothing is read while the interpreter is not initialized or is finalizing.
 // - A Python frame is one word: python_flag | code-object id << 24 | line (a line at or past
 //   2^24 is written as 0). Code objects are kept alive (a reference is held) from their first
 //   capture, so an id never names another object; at most max_code_objects are kept, later
@@ -43,9 +47,10 @@ inline constexpr std::size_t max_code_objects = std::size_t{1} << 16;
 [[nodiscard]] bool in_interpreter(std::uintptr_t return_address) noexcept;
 
 /// Writes the calling thread's Python frames, innermost first, up to `capacity`; returns how
-/// many (0 without an interpreter, or when this thread does not hold the GIL). Sets `truncated`
-/// if there were more.
-std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated) noexcept;
+/// many (0 without an interpreter, for a thread that never ran Python, and for one that does not
+/// hold the GIL unless `may_take_gil`). Sets `truncated` if there were more.
+std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated,
+                    bool may_take_gil) noexcept;
 
 /// The function, file and line of a Python frame word; false if `word` is not one.
 bool resolve(std::uintptr_t word, std::string& function, std::string& file, int& line);

@@ -52,8 +52,10 @@ class stack_capturer {
     return options_.max_depth + options_.max_python_depth;
   }
   /// Writes the calling thread's stack into `out` (see the file comment); returns its depth.
-  /// `truncated` is set if frames were cut (by max_depth or max_python_depth).
-  std::size_t capture(std::uintptr_t* out, bool& truncated) noexcept;
+  /// `truncated` is set if frames were cut (by max_depth or max_python_depth). `outside_lock`:
+  /// the event was raised outside the allocator's lock, so the GIL may be taken to read the
+  /// Python frames of a thread that released it (python_seam.hpp).
+  std::size_t capture(std::uintptr_t* out, bool& truncated, bool outside_lock) noexcept;
 
   [[nodiscard]] const own_code_ranges& own() const noexcept { return own_; }
   [[nodiscard]] unwind_backend backend() const noexcept { return options_.backend; }
