@@ -10,6 +10,7 @@
 #include <string>
 #include <utility>
 
+#include "box_index.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "reshard_executor.hpp"
@@ -119,8 +120,8 @@ void check_shape(const shape_t& shape, dtype t, const std::string& what) {
 void check_pair(const array_state& a, const array_state& b, const char* what) {
   if (a.be != b.be) {
     throw invalid_argument(std::string("darray ") + what +
-                           ": operands live on different backends (" + a.be->name() + " and " +
-                           b.be->name() + ")");
+                           ": operands live on different backends (" + a.be->label() + " and " +
+                           b.be->label() + ")");
   }
   if (a.type != b.type) {
     throw invalid_argument(std::string("darray ") + what + ": dtypes " +
@@ -341,25 +342,26 @@ std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> output_buffers(back
 // came from a reshard) go before any device's parts that wait for a copy; a small chunk (`whole`)
 // has all its parts done in round 0, so a small op is one pass over the devices however many
 // parts it has. parts(k): job k's part count; work(k, first, last): enqueue its parts [first,
-// last) (all of them for a whole chunk).
+// last) (all of them for a whole chunk). Each later round hands issue_each only the jobs with a
+// part left (in job order), so the rounds cost the parts, not the rounds times the chunks.
 template <typename Parts, typename Whole, typename Work>
 void issue_in_rounds(backend& be, std::size_t jobs, Parts parts, Whole whole, Work work) {
-  std::size_t rounds = 1;
+  be.issue_each(jobs, [&](std::size_t k) {
+    if (whole(k)) {
+      work(k, std::size_t{0}, parts(k));
+    } else if (parts(k) > 0) {
+      work(k, std::size_t{0}, std::size_t{1});
+    }
+  });
+  std::vector<std::size_t> left;  // the large jobs with parts after this round's
   for (std::size_t k = 0; k < jobs; ++k) {
-    if (!whole(k)) {
-      rounds = std::max(rounds, parts(k));
+    if (!whole(k) && parts(k) > 1) {
+      left.push_back(k);
     }
   }
-  for (std::size_t round = 0; round < rounds; ++round) {
-    be.issue_each(jobs, [&](std::size_t k) {
-      if (whole(k)) {
-        if (round == 0) {
-          work(k, std::size_t{0}, parts(k));
-        }
-      } else if (round < parts(k)) {
-        work(k, round, round + 1);
-      }
-    });
+  for (std::size_t round = 1; !left.empty(); ++round) {
+    be.issue_each(left.size(), [&](std::size_t i) { work(left[i], round, round + 1); });
+    std::erase_if(left, [&](std::size_t k) { return parts(k) <= round + 1; });
   }
 }
 
@@ -368,6 +370,12 @@ std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
   backend& be = *s.be;
   auto out = same_layout(s);
   const auto jobs = output_buffers(be, s);
+  std::uint64_t visited = 0;
+  for (std::size_t j = 0; j < s.chunks.size(); ++j) {
+    visited += s.chunks[j].parts.size();
+    out->chunks[j].parts.reserve(s.chunks[j].parts.size());
+  }
+  be.count_parts_visited(visited);
   issue_in_rounds(
       be, jobs.size(), [&](std::size_t k) { return s.chunks[jobs[k].first].parts.size(); },
       [&](std::size_t k) { return s.chunks[jobs[k].first].region.size() < batch_parts_below; },
@@ -430,6 +438,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
     box region;
   };
   std::vector<std::size_t> parts_done(jobs.size(), 0);
+  std::uint64_t visited = 0;
   // Enqueues the compute of the right parts of `ys` not yet done; with `in_place` (each chunk's
   // count of leading parts in place), only those, and only for chunks large enough to compute
   // part by part (a small chunk's parts go in one task once all have arrived, below).
@@ -446,16 +455,21 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
         continue;
       }
       const auto& parts = ys.chunks[j].parts;
+      const auto& left = x->chunks[j].parts;
+      const std::size_t from = parts_done[k];
       const std::size_t end = in_place != nullptr ? (*in_place)[j] : parts.size();
-      for (std::size_t i = parts_done[k]; i < end; ++i) {
-        for (const auto& pa : x->chunks[j].parts) {
-          auto r = intersect(pa.region, parts[i].region);
-          if (r && !r->empty()) {
-            pairs.push_back(pair_part{&pa, &parts[i], std::move(*r)});
-          }
-        }
-      }
+      // Each right part with the left parts it meets, in the right parts' order (arrival).
+      visited += detail::for_each_meeting(
+          left.size(), [&](std::size_t i) -> const box& { return left[i].region; }, end - from,
+          [&](std::size_t i) -> const box& { return parts[from + i].region; },
+          [&](std::size_t l, std::size_t r, box common) {
+            pairs.push_back(pair_part{&left[l], &parts[from + r], std::move(common)});
+          });
       parts_done[k] = end;
+      // One output part per pair (room made once: a chunk of many parts would otherwise grow
+      // its list by copies).
+      auto& made = out->chunks[j].parts;
+      made.reserve(made.size() + (pairs.size() - begin[k]));
     }
     begin[jobs.size()] = pairs.size();
     issue_in_rounds(
@@ -512,6 +526,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   }
   out->info = y->info;
   issue(*y, nullptr);
+  be.count_parts_visited(visited);
   return array_handle(std::move(out));
 }
 
@@ -563,6 +578,7 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
   out->mode = mode_of(op);
   out->shape = std::move(out_shape);
   const auto owned = owned_regions(refs_of(s->chunks));
+  std::uint64_t visited = s->chunks.size();
   for (std::size_t i = 0; i < s->chunks.size(); ++i) {
     const chunk& c = s->chunks[i];
     if (owned[i].empty() || c.region.empty()) {
@@ -573,20 +589,19 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
     be.fill(c.device, queue_kind::compute, s->type, view::dense(o->data(), out_box.extents()),
             identity(op, s->type));
     std::vector<std::shared_ptr<buffer>> used;
-    for (const auto& own : owned[i]) {
-      for (const auto& q : c.parts) {
-        auto r = intersect(own, q.region);
-        if (!r || r->empty()) {
-          continue;
-        }
-        be.wait(c.device, queue_kind::compute, q.ready);
-        const view acc = axis ? view::of_box(o->data(), out_box, drop_axis(*r, *axis))
-                              : view::dense(o->data(), {});
-        be.reduce(c.device, queue_kind::compute, s->type, op, acc, view_of(q, *r),
-                  axis ? static_cast<int>(*axis) : -1);
-        used.push_back(q.storage);
-      }
-    }
+    // Each owned region with the parts it meets, in the owned regions' order, then the parts'.
+    visited += detail::for_each_meeting(
+        c.parts.size(), [&](std::size_t k) -> const box& { return c.parts[k].region; },
+        owned[i].size(), [&](std::size_t k) -> const box& { return owned[i][k]; },
+        [&](std::size_t k, std::size_t, const box& r) {
+          const chunk_part& q = c.parts[k];
+          be.wait(c.device, queue_kind::compute, q.ready);
+          const view acc = axis ? view::of_box(o->data(), out_box, drop_axis(r, *axis))
+                                : view::dense(o->data(), {});
+          be.reduce(c.device, queue_kind::compute, s->type, op, acc, view_of(q, r),
+                    axis ? static_cast<int>(*axis) : -1);
+          used.push_back(q.storage);
+        });
     const event e = be.record(c.device, queue_kind::compute);
     o->add_use(e);
     for (const auto& u : used) {
@@ -598,6 +613,7 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
   // chunks must be in map.chunks() order (by device, then position).
   std::stable_sort(out->chunks.begin(), out->chunks.end(),
                    [](const chunk& l, const chunk& r) { return l.device < r.device; });
+  be.count_parts_visited(visited);
   return array_handle(std::move(out));
 }
 
@@ -643,19 +659,30 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
   // Where each owned block of `a` needs rows of `b`: one destination chunk per block.
   const auto owned = owned_regions(refs_of(x->chunks));
   darray::index_map need;
+  // An owned block of a chunk of `a`, with the chunk's parts inside it (part index, region).
   struct task {
     std::size_t a_chunk;
     box a_block;
+    std::vector<std::pair<std::size_t, box>> a_parts;
   };
   std::vector<task> tasks;
+  std::uint64_t visited = x->chunks.size();
   for (std::size_t i = 0; i < x->chunks.size(); ++i) {
+    const std::size_t first = tasks.size();
     for (const auto& o : owned[i]) {
       if (o.empty()) {
         continue;
       }
       need.add(x->chunks[i].device, box{{o.dims[1], slice{0, n}}});
-      tasks.push_back(task{i, o});
+      tasks.push_back(task{i, o, {}});
     }
+    const auto& parts = x->chunks[i].parts;
+    visited += detail::for_each_meeting(
+        parts.size(), [&](std::size_t k) -> const box& { return parts[k].region; },
+        tasks.size() - first, [&](std::size_t t) -> const box& { return tasks[first + t].a_block; },
+        [&](std::size_t k, std::size_t t, box common) {
+          tasks[first + t].a_parts.emplace_back(k, std::move(common));
+        });
   }
   const auto rows = execute_reshard(*y, need, {}, map_check::bounds);
 
@@ -674,35 +701,34 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
     be.fill(d, queue_kind::compute, x->type, view::dense(o->data(), c_box.extents()),
             scalar::of(0));
     std::vector<std::shared_ptr<buffer>> used;
-    // Rows of b in arrival order: each block multiplies as soon as it is there.
-    for (const auto& pb : rows->chunks[t].parts) {
-      for (const auto& pa : ac.parts) {
-        auto ra = intersect(pa.region, blk);
-        if (!ra || ra->empty()) {
-          continue;
-        }
-        const slice k = intersect(ra->dims[1], pb.region.dims[0]);
-        if (k.empty()) {
-          continue;
-        }
-        be.wait(d, queue_kind::compute, pa.ready);
-        be.wait(d, queue_kind::compute, pb.ready);
-        // A gemm needs unit column strides: a strided k (the columns of a) or strided columns
-        // of b (and so of c) go as one gemm per index.
-        for (const slice& kr : unit_runs(k)) {
-          for (const slice& cols : unit_runs(pb.region.dims[1])) {
-            const box a_box{{ra->dims[0], kr}};
-            const box b_box{{kr, cols}};
-            const box out_box{{ra->dims[0], cols}};
-            be.gemm_accumulate(d, queue_kind::compute, x->type,
-                               view::of_box(o->data(), c_box, out_box), view_of(pa, a_box),
-                               view_of(pb, b_box));
+    // Rows of b in arrival order: each block multiplies as soon as it is there, with the parts of
+    // a whose columns (the inner axis) meet its rows.
+    const auto& a_parts = tasks[t].a_parts;
+    const auto& b_parts = rows->chunks[t].parts;
+    visited += detail::for_each_meeting(
+        a_parts.size(), [&](std::size_t i) { return box{{a_parts[i].second.dims[1]}}; },
+        b_parts.size(), [&](std::size_t i) { return box{{b_parts[i].region.dims[0]}}; },
+        [&](std::size_t ia, std::size_t ib, const box& inner) {
+          const chunk_part& pa = ac.parts[a_parts[ia].first];
+          const box& ra = a_parts[ia].second;
+          const chunk_part& pb = b_parts[ib];
+          be.wait(d, queue_kind::compute, pa.ready);
+          be.wait(d, queue_kind::compute, pb.ready);
+          // A gemm needs unit column strides: a strided k (the columns of a) or strided columns
+          // of b (and so of c) go as one gemm per index.
+          for (const slice& kr : unit_runs(inner.dims[0])) {
+            for (const slice& cols : unit_runs(pb.region.dims[1])) {
+              const box a_box{{ra.dims[0], kr}};
+              const box b_box{{kr, cols}};
+              const box out_box{{ra.dims[0], cols}};
+              be.gemm_accumulate(d, queue_kind::compute, x->type,
+                                 view::of_box(o->data(), c_box, out_box), view_of(pa, a_box),
+                                 view_of(pb, b_box));
+            }
           }
-        }
-        used.push_back(pa.storage);
-        used.push_back(pb.storage);
-      }
-    }
+          used.push_back(pa.storage);
+          used.push_back(pb.storage);
+        });
     const event e = be.record(d, queue_kind::compute);
     o->add_use(e);
     for (const auto& u : used) {
@@ -713,6 +739,7 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
   }
   std::stable_sort(out->chunks.begin(), out->chunks.end(),
                    [](const chunk& l, const chunk& r) { return l.device < r.device; });
+  be.count_parts_visited(visited);
   return array_handle(std::move(out));
 }
 

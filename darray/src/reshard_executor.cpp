@@ -3,11 +3,15 @@
 #include "reshard_executor.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "box_index.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/scope.hpp"
 
@@ -37,16 +41,112 @@ std::shared_ptr<const reshard_plan> plan_for(const array_state& src,
   return plan;
 }
 
-// Adds to `dst` the parts of `from`, an earlier destination chunk of the same reshard on the same
-// device, inside `region` (a from_dst piece): what crossed to the device once, into `from`, is read
-// where it landed (no copy), each part ready when its piece has arrived.
-void alias_received(const chunk& from, const box& region, chunk& dst) {
-  for (const chunk_part& q : from.parts) {
+// What each piece of a plan reads from its source chunk: the parts of the chunk its region meets,
+// with the region of each, in part order. Found per source chunk through for_each_meeting (an
+// index of the chunk's parts when it has many), so a chunk of P parts read by Q pieces costs
+// O((P + Q) log P + the parts read), not P * Q. from_dst pieces read destination chunks: nothing
+// here.
+class source_parts {
+ public:
+  struct read {
+    std::size_t part;
+    box region;
+  };
+
+  source_parts(const array_state& src, const reshard_plan& plan) {
+    std::vector<std::vector<std::size_t>> readers(src.chunks.size());
+    for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
+      if (!plan.pieces[m].from_dst) {
+        readers[plan.pieces[m].src_chunk].push_back(m);
+      }
+    }
+    // (piece, read) in the order found, then placed piece by piece (a counting sort: stable).
+    std::vector<std::pair<std::size_t, read>> found;
+    for (std::size_t c = 0; c < readers.size(); ++c) {
+      const auto& parts = src.chunks[c].parts;
+      const auto& mine = readers[c];
+      visited_ += for_each_meeting(
+          parts.size(), [&](std::size_t i) -> const box& { return parts[i].region; }, mine.size(),
+          [&](std::size_t k) -> const box& { return plan.pieces[mine[k]].region; },
+          [&](std::size_t i, std::size_t k, box common) {
+            found.emplace_back(mine[k], read{i, std::move(common)});
+          });
+    }
+    begin_.assign(plan.pieces.size() + 1, 0);
+    for (const auto& f : found) {
+      ++begin_[f.first + 1];
+    }
+    for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
+      begin_[m + 1] += begin_[m];
+    }
+    std::vector<std::size_t> next(begin_.begin(), begin_.end() - 1);
+    reads_.resize(found.size());
+    for (auto& f : found) {
+      reads_[next[f.first]++] = std::move(f.second);
+    }
+  }
+
+  /// The parts piece `m` reads, in part order.
+  [[nodiscard]] std::span<const read> of(std::size_t m) const {
+    return {reads_.data() + begin_[m], begin_[m + 1] - begin_[m]};
+  }
+  /// The parts, pieces and index nodes visited to find them.
+  [[nodiscard]] std::uint64_t visited() const noexcept { return visited_; }
+
+ private:
+  std::vector<std::size_t> begin_;  // piece m's reads are reads_[begin_[m], begin_[m + 1])
+  std::vector<read> reads_;
+  std::uint64_t visited_ = 0;
+};
+
+// Makes room in each destination chunk of `out` for the parts the plan's pieces bring (one per
+// part read; from_dst pieces at most one per part of the piece they follow): a chunk of many
+// parts would otherwise grow its list by copies.
+void reserve_parts(array_state& out, const reshard_plan& plan, const source_parts& reads) {
+  std::vector<std::size_t> count(out.chunks.size(), 0);
+  std::size_t last_sent_reads = 0;
+  for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
+    const piece& p = plan.pieces[m];
+    if (!p.from_dst) {
+      last_sent_reads = reads.of(m).size();
+    }
+    count[p.dst_chunk] += p.from_dst ? last_sent_reads : reads.of(m).size();
+  }
+  for (std::size_t j = 0; j < out.chunks.size(); ++j) {
+    out.chunks[j].parts.reserve(count[j]);
+  }
+}
+
+// The parts [first, last) of a destination chunk that one piece of the plan added.
+using part_range = std::pair<std::size_t, std::size_t>;
+
+// The piece a from_dst piece reads (the plan puts it right after the remote piece whose received
+// parts it takes: the last piece before it that is not from_dst), checked to fill the chunk the
+// from_dst piece names. Throws logic_error for a plan that breaks that order.
+std::size_t piece_read_by(const reshard_plan& plan, std::size_t m, std::size_t last_sent) {
+  const piece& p = plan.pieces[m];
+  if (last_sent >= m || plan.pieces[last_sent].dst_chunk != p.src_chunk) {
+    throw logic_error("darray reshard: plan piece " + std::to_string(m) +
+                      " takes from destination chunk " + std::to_string(p.src_chunk) +
+                      ", which the piece before it does not fill");
+  }
+  return last_sent;
+}
+
+// Adds to `dst` the parts `added` of `from`, an earlier destination chunk of the same reshard on
+// the same device, inside `region` (a from_dst piece): what crossed to the device once, into
+// `from`, is read where it landed (no copy), each part ready when its piece has arrived. `added`
+// are the parts the piece the from_dst piece follows brought (piece_read_by): the only ones its
+// region meets. Returns the parts visited.
+std::uint64_t alias_received(const chunk& from, part_range added, const box& region, chunk& dst) {
+  for (std::size_t i = added.first; i < added.second; ++i) {
+    const chunk_part& q = from.parts[i];
     auto r = intersect(q.region, region);
     if (r && !r->empty()) {
       dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
     }
   }
+  return added.second - added.first;
 }
 
 // The remote pieces of a replica-mode reshard as one backend::copy_group (NCCL: one grouped
@@ -61,7 +161,11 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   static const profiler::scope_site group_site{"darray.transfer_group", category::darray_transfer};
   const profiler::scope group_scope{group_site};
   backend& be = *src.be;
+  const source_parts reads(src, plan);
+  reserve_parts(out, plan, reads);
+  std::vector<part_range> added(plan.pieces.size());
   struct arrival {
+    std::size_t piece;
     std::size_t dst_chunk;
     box region;
     std::shared_ptr<buffer> target;
@@ -73,36 +177,34 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   };
   std::vector<arrival> arrivals;
   std::vector<backend::transfer> group;
-  for (const piece& p : plan.pieces) {
+  for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
+    const piece& p = plan.pieces[m];
     if (p.from_dst) {
       continue;  // after the group: the parts it reads are made there
     }
     chunk& dst = out.chunks[p.dst_chunk];
     const chunk& from = src.chunks[p.src_chunk];
-    for (const chunk_part& q : from.parts) {
-      auto r = intersect(q.region, p.region);
-      if (!r || r->empty()) {
-        continue;
-      }
+    for (const auto& [part, region] : reads.of(m)) {
+      const chunk_part& q = from.parts[part];
       if (p.local) {
-        dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
+        dst.parts.push_back(chunk_part{region, q.storage, q.storage_box, q.ready});
         continue;
       }
       const auto& target = dense_of(p.dst_chunk);
-      arrival a{p.dst_chunk, *r, target, q.storage, nullptr, nullptr, {}, from.device};
-      const shape_t extents = r->extents();
-      view sent = view_of(q, *r);
+      arrival a{m, p.dst_chunk, region, target, q.storage, nullptr, nullptr, {}, from.device};
+      const shape_t extents = region.extents();
+      view sent = view_of(q, region);
       be.wait(from.device, queue_kind::transfer, q.ready);
       if (!sent.contiguous()) {
-        a.packed = dense_buffer(be, from.device, *r, src.type);
+        a.packed = dense_buffer(be, from.device, region, src.type);
         const view packed = view::dense(a.packed->data(), extents);
         be.copy(from.device, queue_kind::transfer, src.type, packed, from.device, sent,
                 from.device);
         sent = packed;
       }
-      view landing = view::of_box(target->data(), dst.region, *r);
+      view landing = view::of_box(target->data(), dst.region, region);
       if (!landing.contiguous()) {
-        a.received = dense_buffer(be, dst.device, *r, src.type);
+        a.received = dense_buffer(be, dst.device, region, src.type);
         a.unpack_to = landing;
         landing = view::dense(a.received->data(), extents);
       }
@@ -139,15 +241,27 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
     if (a.received) {
       a.received->add_use(arrived);
     }
-    out.chunks[a.dst_chunk].parts.push_back(
-        chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
+    auto& parts = out.chunks[a.dst_chunk].parts;
+    // A piece's arrivals are consecutive, and so are the parts they add to its chunk.
+    if (i == 0 || arrivals[i - 1].piece != a.piece) {
+      added[a.piece].first = parts.size();
+    }
+    parts.push_back(chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
+    added[a.piece].second = parts.size();
     ++out.info.transfers;
   }
-  for (const piece& p : plan.pieces) {
-    if (p.from_dst) {
-      alias_received(out.chunks[p.src_chunk], p.region, out.chunks[p.dst_chunk]);
+  std::uint64_t visited = reads.visited() + plan.pieces.size();
+  std::size_t last_sent = plan.pieces.size();
+  for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
+    const piece& p = plan.pieces[m];
+    if (!p.from_dst) {
+      last_sent = m;
+      continue;
     }
+    visited += alias_received(out.chunks[p.src_chunk], added[piece_read_by(plan, m, last_sent)],
+                              p.region, out.chunks[p.dst_chunk]);
   }
+  be.count_parts_visited(visited);
 }
 
 // Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
@@ -229,6 +343,12 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       }
     }
   }
+  const source_parts reads(src, plan);
+  reserve_parts(*out, plan, reads);
+  std::uint64_t visited = reads.visited() + plan.pieces.size();
+  // The parts each piece added to its destination chunk (what a from_dst piece after it reads).
+  std::vector<part_range> added(plan.pieces.size());
+  std::size_t last_sent = plan.pieces.size();
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
   // For in_place: per device, whether its issuing queue copies a piece (1) and has one enqueued
   // (2); the queues still waiting for their first copy; each chunk's parts in place.
@@ -268,22 +388,23 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       in_place(*out, local_parts);
     }
   };
-  const auto execute_piece = [&](const piece& p) {
+  const auto execute_piece = [&](std::size_t m) {
+    const piece& p = plan.pieces[m];
     chunk& dst = out->chunks[p.dst_chunk];
     if (p.from_dst) {
       // The plan puts it after the piece it reads, so the parts it aliases are there.
-      alias_received(out->chunks[p.src_chunk], p.region, dst);
+      visited += alias_received(out->chunks[p.src_chunk], added[piece_read_by(plan, m, last_sent)],
+                                p.region, dst);
       return;
     }
+    last_sent = m;
+    added[m].first = dst.parts.size();
     const chunk& from = src.chunks[p.src_chunk];
-    for (const chunk_part& q : from.parts) {
-      auto r = intersect(q.region, p.region);
-      if (!r || r->empty()) {
-        continue;
-      }
+    for (const auto& [part, region] : reads.of(m)) {
+      const chunk_part& q = from.parts[part];
       if (!accumulate && p.local) {
         // Already on the device: the new chunk reads the source's buffer (no copy).
-        dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
+        dst.parts.push_back(chunk_part{region, q.storage, q.storage_box, q.ready});
         continue;
       }
       const int d = dst.device;
@@ -296,29 +417,29 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         const int on = pull ? d : qd;
         const queue_kind via = pull ? queue_kind::compute : queue_kind::transfer;
         be.wait(on, via, q.ready);
-        be.copy(on, via, src.type, view::of_box(target->data(), dst.region, *r), d, view_of(q, *r),
-                from.device, options.how);
+        be.copy(on, via, src.type, view::of_box(target->data(), dst.region, region), d,
+                view_of(q, region), from.device, options.how);
         const event e = be.record(on, via);
         q.storage->add_use(e);
         target->add_use(e);
-        dst.parts.push_back(chunk_part{*r, target, dst.region, e});
+        dst.parts.push_back(chunk_part{region, target, dst.region, e});
         ++out->info.transfers;
         continue;
       }
       // Partial source: combine every contribution into the destination's dense buffer.
       const auto& target = dense_of(p.dst_chunk);
       const reduce_op op = op_of(src.mode);
-      const view acc = view::of_box(target->data(), dst.region, *r);
+      const view acc = view::of_box(target->data(), dst.region, region);
       if (p.local) {
         be.wait(d, queue_kind::compute, q.ready);
-        be.accumulate(d, queue_kind::compute, src.type, op, acc, view_of(q, *r));
+        be.accumulate(d, queue_kind::compute, src.type, op, acc, view_of(q, region));
         used[p.dst_chunk].push_back(q.storage);
       } else {
         const profiler::scope piece_scope{piece_site};
-        auto staging = dense_buffer(be, d, *r, src.type);
-        const view staged = view::dense(staging->data(), r->extents());
+        auto staging = dense_buffer(be, d, region, src.type);
+        const view staged = view::dense(staging->data(), region.extents());
         be.wait(qd, queue_kind::transfer, q.ready);
-        be.copy(qd, queue_kind::transfer, src.type, staged, d, view_of(q, *r), from.device,
+        be.copy(qd, queue_kind::transfer, src.type, staged, d, view_of(q, region), from.device,
                 options.how);
         const event arrived = be.record(qd, queue_kind::transfer);
         q.storage->add_use(arrived);
@@ -328,8 +449,10 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         ++out->info.transfers;
       }
     }
+    added[m].second = dst.parts.size();
   };
-  for (const piece& p : plan.pieces) {
+  for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
+    const piece& p = plan.pieces[m];
     bool last_first_copy = false;  // the last queue to start copying starts with this piece
     if (!in_place_called) {
       if (!p.local || p.from_dst) {
@@ -340,12 +463,13 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         last_first_copy = --queues_waiting == 0;
       }
     }
-    execute_piece(p);
+    execute_piece(m);
     if (last_first_copy) {
       call_in_place();
     }
   }
   call_in_place();
+  be.count_parts_visited(visited);
   if (accumulate) {
     for (std::size_t j = 0; j < out->chunks.size(); ++j) {
       chunk& c = out->chunks[j];
