@@ -42,22 +42,23 @@ std::shared_ptr<const reshard_plan> plan_for(const array_state& src,
 }
 
 // What each piece of a plan reads from its source chunk: the parts of the chunk its region meets,
-// with the region of each, in part order. Found per source chunk through for_each_meeting (an
-// index of the chunk's parts when it has many), so a chunk of P parts read by Q pieces costs
-// O((P + Q) log P + the parts read), not P * Q. from_dst pieces read destination chunks: nothing
-// here.
+// with the region of each, in part order. A chunk of few parts is scanned by each piece reading
+// it (no allocation: most arrays have a part per chunk); for a chunk of many, the parts every
+// piece reads are found up front through for_each_meeting (an index of the chunk's parts), so a
+// chunk of P parts read by Q pieces costs O((P + Q) log P + the parts read), not P * Q. from_dst
+// pieces read destination chunks: nothing here.
 class source_parts {
  public:
-  struct read {
-    std::size_t part;
-    box region;
-  };
-
-  source_parts(const array_state& src, const reshard_plan& plan) {
+  source_parts(const array_state& src, const reshard_plan& plan) : src_(src), plan_(plan) {
+    if (std::none_of(src.chunks.begin(), src.chunks.end(),
+                     [](const chunk& c) { return c.parts.size() > few_parts; })) {
+      return;
+    }
     std::vector<std::vector<std::size_t>> readers(src.chunks.size());
     for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
-      if (!plan.pieces[m].from_dst) {
-        readers[plan.pieces[m].src_chunk].push_back(m);
+      const piece& p = plan.pieces[m];
+      if (!p.from_dst && src.chunks[p.src_chunk].parts.size() > few_parts) {
+        readers[p.src_chunk].push_back(m);
       }
     }
     // (piece, read) in the order found, then placed piece by piece (a counting sort: stable).
@@ -86,31 +87,58 @@ class source_parts {
     }
   }
 
-  /// The parts piece `m` reads, in part order.
-  [[nodiscard]] std::span<const read> of(std::size_t m) const {
-    return {reads_.data() + begin_[m], begin_[m + 1] - begin_[m]};
+  /// Calls f(part, region) for each part of its source chunk that piece `m` reads, in part order.
+  template <typename F>
+  void visit(std::size_t m, F&& f) {
+    const piece& p = plan_.pieces[m];
+    const auto& parts = src_.chunks[p.src_chunk].parts;
+    if (parts.size() > few_parts) {
+      for (std::size_t r = begin_[m]; r < begin_[m + 1]; ++r) {
+        f(reads_[r].part, reads_[r].region);
+      }
+      return;
+    }
+    visited_ += parts.size();
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (std::optional<box> common = intersect(parts[i].region, p.region)) {
+        f(i, *common);
+      }
+    }
   }
-  /// The parts, pieces and index nodes visited to find them.
+  /// At least the number of parts piece `m` reads (exactly that for a chunk of many parts).
+  [[nodiscard]] std::size_t at_most(std::size_t m) const {
+    const std::size_t parts = src_.chunks[plan_.pieces[m].src_chunk].parts.size();
+    return parts > few_parts ? begin_[m + 1] - begin_[m] : parts;
+  }
+  /// The parts, pieces and index nodes visited so far.
   [[nodiscard]] std::uint64_t visited() const noexcept { return visited_; }
 
  private:
+  // Chunks of at most this many parts are scanned by each piece.
+  static constexpr std::size_t few_parts = 8;
+  struct read {
+    std::size_t part;
+    box region;
+  };
+  const array_state& src_;
+  const reshard_plan& plan_;
   std::vector<std::size_t> begin_;  // piece m's reads are reads_[begin_[m], begin_[m + 1])
   std::vector<read> reads_;
   std::uint64_t visited_ = 0;
 };
 
-// Makes room in each destination chunk of `out` for the parts the plan's pieces bring (one per
-// part read; from_dst pieces at most one per part of the piece they follow): a chunk of many
-// parts would otherwise grow its list by copies.
+// Makes room in each destination chunk of `out` for the parts the plan's pieces bring (at most one
+// per part read; a from_dst piece at most one per part of the piece it follows) when that is many:
+// a chunk of many parts would otherwise grow its list by copies.
 void reserve_parts(array_state& out, const reshard_plan& plan, const source_parts& reads) {
   std::vector<std::size_t> count(out.chunks.size(), 0);
   std::size_t last_sent_reads = 0;
   for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
     const piece& p = plan.pieces[m];
     if (!p.from_dst) {
-      last_sent_reads = reads.of(m).size();
+      last_sent_reads = reads.at_most(m);
     }
-    count[p.dst_chunk] += p.from_dst ? last_sent_reads : reads.of(m).size();
+    count[p.dst_chunk] += p.from_dst ? last_sent_reads : reads.at_most(m);
   }
   for (std::size_t j = 0; j < out.chunks.size(); ++j) {
     out.chunks[j].parts.reserve(count[j]);
@@ -120,23 +148,23 @@ void reserve_parts(array_state& out, const reshard_plan& plan, const source_part
 // The parts [first, last) of a destination chunk that one piece of the plan added.
 using part_range = std::pair<std::size_t, std::size_t>;
 
-// The piece a from_dst piece reads (the plan puts it right after the remote piece whose received
-// parts it takes: the last piece before it that is not from_dst), checked to fill the chunk the
-// from_dst piece names. Throws logic_error for a plan that breaks that order.
-std::size_t piece_read_by(const reshard_plan& plan, std::size_t m, std::size_t last_sent) {
+// Checks that from_dst piece `m` reads what piece `last_sent` (the last piece before it that is
+// not from_dst) brought: the plan puts each from_dst piece right after the remote piece whose
+// received parts it takes, into the chunk the from_dst piece names. Throws logic_error for a plan
+// that breaks that order.
+void check_follows(const reshard_plan& plan, std::size_t m, std::size_t last_sent) {
   const piece& p = plan.pieces[m];
   if (last_sent >= m || plan.pieces[last_sent].dst_chunk != p.src_chunk) {
     throw logic_error("darray reshard: plan piece " + std::to_string(m) +
                       " takes from destination chunk " + std::to_string(p.src_chunk) +
                       ", which the piece before it does not fill");
   }
-  return last_sent;
 }
 
 // Adds to `dst` the parts `added` of `from`, an earlier destination chunk of the same reshard on
 // the same device, inside `region` (a from_dst piece): what crossed to the device once, into
 // `from`, is read where it landed (no copy), each part ready when its piece has arrived. `added`
-// are the parts the piece the from_dst piece follows brought (piece_read_by): the only ones its
+// are the parts the piece the from_dst piece follows brought (check_follows): the only ones its
 // region meets. Returns the parts visited.
 std::uint64_t alias_received(const chunk& from, part_range added, const box& region, chunk& dst) {
   for (std::size_t i = added.first; i < added.second; ++i) {
@@ -161,7 +189,7 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   static const profiler::scope_site group_site{"darray.transfer_group", category::darray_transfer};
   const profiler::scope group_scope{group_site};
   backend& be = *src.be;
-  const source_parts reads(src, plan);
+  source_parts reads(src, plan);
   reserve_parts(out, plan, reads);
   std::vector<part_range> added(plan.pieces.size());
   struct arrival {
@@ -184,11 +212,11 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
     }
     chunk& dst = out.chunks[p.dst_chunk];
     const chunk& from = src.chunks[p.src_chunk];
-    for (const auto& [part, region] : reads.of(m)) {
+    reads.visit(m, [&](std::size_t part, const box& region) {
       const chunk_part& q = from.parts[part];
       if (p.local) {
         dst.parts.push_back(chunk_part{region, q.storage, q.storage_box, q.ready});
-        continue;
+        return;
       }
       const auto& target = dense_of(p.dst_chunk);
       arrival a{m, p.dst_chunk, region, target, q.storage, nullptr, nullptr, {}, from.device};
@@ -210,7 +238,7 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
       }
       group.push_back(backend::transfer{landing, dst.device, sent, from.device});
       arrivals.push_back(std::move(a));
-    }
+    });
   }
   be.copy_group(src.type, group, how);
   for (std::size_t i = 0; i < arrivals.size(); ++i) {
@@ -258,8 +286,9 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
       last_sent = m;
       continue;
     }
-    visited += alias_received(out.chunks[p.src_chunk], added[piece_read_by(plan, m, last_sent)],
-                              p.region, out.chunks[p.dst_chunk]);
+    check_follows(plan, m, last_sent);
+    visited += alias_received(out.chunks[p.src_chunk], added[last_sent], p.region,
+                              out.chunks[p.dst_chunk]);
   }
   be.count_parts_visited(visited);
 }
@@ -343,12 +372,13 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
       }
     }
   }
-  const source_parts reads(src, plan);
+  source_parts reads(src, plan);
   reserve_parts(*out, plan, reads);
-  std::uint64_t visited = reads.visited() + plan.pieces.size();
-  // The parts each piece added to its destination chunk (what a from_dst piece after it reads).
-  std::vector<part_range> added(plan.pieces.size());
+  std::uint64_t visited = plan.pieces.size();
+  // The last piece that was not from_dst, and the parts it added to its destination chunk: what
+  // the from_dst pieces after it read.
   std::size_t last_sent = plan.pieces.size();
+  part_range last_added{0, 0};
   std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
   // For in_place: per device, whether its issuing queue copies a piece (1) and has one enqueued
   // (2); the queues still waiting for their first copy; each chunk's parts in place.
@@ -393,19 +423,19 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     chunk& dst = out->chunks[p.dst_chunk];
     if (p.from_dst) {
       // The plan puts it after the piece it reads, so the parts it aliases are there.
-      visited += alias_received(out->chunks[p.src_chunk], added[piece_read_by(plan, m, last_sent)],
-                                p.region, dst);
+      check_follows(plan, m, last_sent);
+      visited += alias_received(out->chunks[p.src_chunk], last_added, p.region, dst);
       return;
     }
     last_sent = m;
-    added[m].first = dst.parts.size();
+    last_added.first = dst.parts.size();
     const chunk& from = src.chunks[p.src_chunk];
-    for (const auto& [part, region] : reads.of(m)) {
+    reads.visit(m, [&](std::size_t part, const box& region) {
       const chunk_part& q = from.parts[part];
       if (!accumulate && p.local) {
         // Already on the device: the new chunk reads the source's buffer (no copy).
         dst.parts.push_back(chunk_part{region, q.storage, q.storage_box, q.ready});
-        continue;
+        return;
       }
       const int d = dst.device;
       // The queue that issues the copy: the sender's or the receiver's transfer queue.
@@ -424,7 +454,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         target->add_use(e);
         dst.parts.push_back(chunk_part{region, target, dst.region, e});
         ++out->info.transfers;
-        continue;
+        return;
       }
       // Partial source: combine every contribution into the destination's dense buffer.
       const auto& target = dense_of(p.dst_chunk);
@@ -448,8 +478,8 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
         used[p.dst_chunk].push_back(std::move(staging));
         ++out->info.transfers;
       }
-    }
-    added[m].second = dst.parts.size();
+    });
+    last_added.second = dst.parts.size();
   };
   for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
     const piece& p = plan.pieces[m];
@@ -469,7 +499,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     }
   }
   call_in_place();
-  be.count_parts_visited(visited);
+  be.count_parts_visited(visited + reads.visited());
   if (accumulate) {
     for (std::size_t j = 0; j < out->chunks.size(); ++j) {
       chunk& c = out->chunks[j];
