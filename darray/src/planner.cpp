@@ -185,9 +185,22 @@ class plan_builder {
         src_on_device_(src),
         dst_on_device_(dst) {
     visited_ = src.size() + 2 * dst.size();
+    src_disjoint_ = !options.accumulate && sources_disjoint();
+    feeds_later_.assign(dst.size(), 0);
+    std::vector<std::size_t> meeting;
+    for (std::size_t j = 0; j < dst.size(); ++j) {
+      visited_ += dst_on_device_.meeting(dst[j].device, dst[j].region, meeting);
+      for (const std::size_t k : meeting) {
+        if (k > j && intersect(dst[j].region, dst[k].region)) {
+          feeds_later_[j] = 1;
+          break;
+        }
+      }
+    }
   }
 
   reshard_plan build() {
+    reserve_pieces();
     for (std::size_t j = 0; j < dst_.size(); ++j) {
       if (dst_[j].region.empty()) {
         continue;
@@ -202,6 +215,22 @@ class plan_builder {
   }
 
  private:
+  // Makes room for the pieces the plan will likely have: a source chunk per destination chunk it
+  // meets (exact for chunks that tile the array, and at most that for disjoint sources), so that
+  // a plan of millions of pieces is not grown by copies (each holding the list twice).
+  void reserve_pieces() {
+    if (!src_disjoint_ && !options_.accumulate) {
+      return;
+    }
+    std::size_t likely = 0;
+    for (const chunk_ref& d : dst_) {
+      found_.clear();
+      visited_ += src_index_.candidates(d.region, found_);
+      likely += found_.size();
+    }
+    remote_.reserve(likely);
+  }
+
   // A piece of `region` into destination chunk j from chunk `from` on device `from_device`.
   [[nodiscard]] piece make_piece(std::size_t from, int from_device, std::size_t j,
                                  box region) const {
@@ -221,11 +250,15 @@ class plan_builder {
     p.in_place = p.local && same_elements(src_[i].region, dst_[j].region);
     if (!p.local) {
       load_[p.src_device] += p.bytes;
-      if (!options_.accumulate) {
+      if (!options_.accumulate && feeds_later_[j] != 0) {
         received_[j].push_back(p.region);
       }
     }
-    (p.local ? local_ : remote_).push_back(std::move(p));
+    if (p.local) {
+      local_.push_back(std::move(p));
+    } else {
+      remote_.push_back(std::move(p));
+    }
   }
 
   // Takes the parts of `rest` that destination chunk k (before j, on j's device) receives from
@@ -280,7 +313,7 @@ class plan_builder {
   // the same box first, so that it is in place), else from an earlier destination chunk on the
   // device that receives it (so it crosses once), else from the least-loaded remote holder.
   // Chunks whose boxes do not meet the destination chunk's would take nothing: the indexes leave
-  // them out, and the rest go in list order, so the plan is the one a walk over every chunk makes.
+  // them out, and the others go in list order.
   void plan_replica(std::size_t j) {
     const int device = dst_[j].device;
     std::vector<std::size_t> locals;
@@ -304,9 +337,38 @@ class plan_builder {
         }
       }
     }
-    // A region goes to the least-loaded device among those holding any of it; what that device
-    // does not hold goes back to the front of the queue. Every element so comes from the least-
-    // loaded of its own holders, and each round removes a holder, so the loop ends.
+    if (src_disjoint_) {
+      take_sole_holders(j, rest);
+    } else {
+      take_least_loaded(j, rest);
+    }
+  }
+
+  // The rest of destination chunk j when no two source chunks share an element: every element has
+  // one holder, so whatever the loads, each part of `rest` a source chunk holds comes from that
+  // chunk, in one piece per part of `rest` and chunk (take_least_loaded, which carves the parts
+  // holder by holder, may cut a chunk's share where an earlier holder's was cut out: the same
+  // elements in as many pieces or more, at O(h^2) for h holders).
+  void take_sole_holders(std::size_t j, const std::vector<box>& rest) {
+    for (const box& r : rest) {
+      found_.clear();
+      visited_ += src_index_.candidates(r, found_);
+      std::sort(found_.begin(), found_.end());
+      for (const std::uint32_t i : found_) {
+        if (std::optional<box> c = intersect(r, src_[i].region)) {
+          emit(i, j, std::move(*c));
+        }
+      }
+    }
+  }
+
+  // The rest of destination chunk j from replicated sources: a region goes to the least-loaded
+  // device among those holding any of it; what that device does not hold goes back to the front
+  // of the queue. Every element so comes from the least-loaded of its own holders, and each round
+  // removes a holder, so the loop ends. Each round queries the holders of its region: O(h^2) for a
+  // region of h holders (the choice depends on loads that change as pieces are taken).
+  void take_least_loaded(std::size_t j, const std::vector<box>& rest) {
+    const int device = dst_[j].device;
     std::deque<box> queue(rest.begin(), rest.end());
     std::vector<std::size_t> holders;
     while (!queue.empty()) {
@@ -337,7 +399,22 @@ class plan_builder {
     }
   }
 
-  // The remote pieces after splitting (remote_ is released).
+  // Whether no two source chunks share an element (one index query per chunk; stops at the first
+  // pair that does).
+  bool sources_disjoint() {
+    for (std::size_t i = 0; i < src_.size(); ++i) {
+      found_.clear();
+      visited_ += src_index_.candidates(src_[i].region, found_);
+      for (const std::uint32_t k : found_) {
+        if (k != i && intersect(src_[i].region, src_[k].region)) {
+          return false;
+        }
+      }
+    }
+    return true;
+  }
+
+  // The remote pieces after splitting, in the order they were found (remote_ is released).
   std::vector<piece> split_remote() {
     const bool splits = options_.split_bytes > 0 &&
                         std::any_of(remote_.begin(), remote_.end(),
@@ -347,12 +424,13 @@ class plan_builder {
     }
     std::vector<piece> remote;
     remote.reserve(remote_.size());
+    std::vector<box> parts;
     for (piece& p : remote_) {
       if (p.bytes <= options_.split_bytes) {
         remote.push_back(std::move(p));
         continue;
       }
-      std::vector<box> parts;
+      parts.clear();
       split_region(p.region, element_size_, options_.split_bytes, parts);
       for (box& part : parts) {
         piece q = p;
@@ -366,9 +444,9 @@ class plan_builder {
   }
 
   // Each from_dst piece cut along the remote pieces (after splitting) of the chunk it takes from:
-  // after[k] holds the cuts that follow remote[k], in from_dst_ order.
-  std::vector<std::vector<piece>> cut_from_dst(const std::vector<piece>& remote) {
-    std::vector<std::vector<piece>> after(remote.size());
+  // (k, cut) for each cut that follows remote[k], by increasing k, in from_dst_ order for one k.
+  std::vector<std::pair<std::size_t, piece>> cut_from_dst(const std::vector<piece>& remote) {
+    std::vector<std::pair<std::size_t, piece>> after;
     if (from_dst_.empty()) {
       return after;
     }
@@ -390,15 +468,19 @@ class plan_builder {
             piece q = from_dst_[readers[m]];
             q.bytes = common.size() * element_size_;
             q.region = std::move(common);
-            after[into[i]].push_back(std::move(q));
+            after.emplace_back(into[i], std::move(q));
           });
     }
+    // Found by reader (from_dst_ order) within each chunk: a stable sort by k keeps that order.
+    std::stable_sort(after.begin(), after.end(),
+                     [](const auto& l, const auto& r) { return l.first < r.first; });
     return after;
   }
 
   // The issue order of the remote pieces (see the file comment of planner.hpp).
-  std::vector<std::size_t> remote_order(const std::vector<piece>& remote,
-                                        const std::vector<std::vector<piece>>& after) const {
+  std::vector<std::size_t> remote_order(
+      const std::vector<piece>& remote,
+      const std::vector<std::pair<std::size_t, piece>>& after) const {
     // Position in the destination chunk as a fraction offset / size, compared exactly. A piece
     // that later chunks also read (from_dst) takes the earliest of their positions, so each of
     // them gets its first elements early too.
@@ -413,11 +495,11 @@ class plan_builder {
     std::vector<std::pair<std::int64_t, std::int64_t>> position(remote.size());
     for (std::size_t k = 0; k < remote.size(); ++k) {
       position[k] = position_of(remote[k]);
-      for (const piece& q : after[k]) {
-        const auto at = position_of(q);
-        if (earlier(at, position[k])) {
-          position[k] = at;
-        }
+    }
+    for (const auto& [k, q] : after) {
+      const auto at = position_of(q);
+      if (earlier(at, position[k])) {
+        position[k] = at;
       }
     }
     std::vector<std::size_t> order(remote.size());
@@ -439,24 +521,64 @@ class plan_builder {
     return order;
   }
 
-  reshard_plan finish() {
-    std::vector<piece> remote = split_remote();
-    std::vector<std::vector<piece>> after = cut_from_dst(remote);
-    const std::vector<std::size_t> order = remote_order(remote, after);
-    std::size_t total = local_.size() + remote.size();
-    for (const auto& a : after) {
-      total += a.size();
-    }
-    reshard_plan plan;
-    plan.pieces = std::move(local_);
-    plan.pieces.reserve(total);
-    for (const std::size_t k : order) {
-      plan.pieces.push_back(std::move(remote[k]));
-      for (piece& q : after[k]) {
-        plan.pieces.push_back(std::move(q));
+  // The plan's pieces in issue order: local pieces first, then each remote piece by `order`, each
+  // followed by its from_dst cuts. The local pieces and the cuts are appended to `remote`, which is
+  // then permuted in place: a plan of millions of pieces is never held twice.
+  std::vector<piece> ordered_pieces(std::vector<piece>& remote,
+                                    std::vector<std::pair<std::size_t, piece>>& after,
+                                    const std::vector<std::size_t>& order) {
+    const std::size_t remotes = remote.size();
+    const std::size_t locals = local_.size();
+    std::vector<piece> all = std::move(remote);
+    all.reserve(remotes + locals + after.size());
+    all.insert(all.end(), std::make_move_iterator(local_.begin()),
+               std::make_move_iterator(local_.end()));
+    std::vector<piece>().swap(local_);
+    // The cuts of remote piece k are after[first_cut[k], first_cut[k + 1]) (after is by k).
+    std::vector<std::size_t> first_cut;
+    if (!after.empty()) {
+      first_cut.assign(remotes + 1, 0);
+      for (auto& cut : after) {
+        ++first_cut[cut.first + 1];
+        all.push_back(std::move(cut.second));
+      }
+      for (std::size_t k = 0; k < remotes; ++k) {
+        first_cut[k + 1] += first_cut[k];
       }
     }
-    std::vector<piece>().swap(remote);
+    after.clear();
+    // target[i]: where all[i] goes. Remote piece k is at k, local piece i at remotes + i, cut c at
+    // remotes + locals + c.
+    std::vector<std::size_t> target(all.size());
+    for (std::size_t i = 0; i < locals; ++i) {
+      target[remotes + i] = i;
+    }
+    std::size_t next = locals;
+    for (const std::size_t k : order) {
+      target[k] = next++;
+      if (!first_cut.empty()) {
+        for (std::size_t c = first_cut[k]; c < first_cut[k + 1]; ++c) {
+          target[remotes + locals + c] = next++;
+        }
+      }
+    }
+    // Cycles of the permutation: each swap puts one piece where it belongs.
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      while (target[i] != i) {
+        const std::size_t t = target[i];
+        std::swap(all[i], all[t]);
+        std::swap(target[i], target[t]);
+      }
+    }
+    return all;
+  }
+
+  reshard_plan finish() {
+    std::vector<piece> remote = split_remote();
+    std::vector<std::pair<std::size_t, piece>> after = cut_from_dst(remote);
+    const std::vector<std::size_t> order = remote_order(remote, after);
+    reshard_plan plan;
+    plan.pieces = ordered_pieces(remote, after, order);
     plan.pieces_of_dst.resize(dst_.size());
     // (src device, dst device, bytes) of every remote piece, summed per link after sorting.
     std::vector<std::tuple<int, int, std::int64_t>> links;
@@ -495,12 +617,16 @@ class plan_builder {
   std::vector<piece> remote_;
   std::vector<piece> from_dst_;             // before splitting: cut in finish()
   std::vector<std::vector<box>> received_;  // per destination chunk: remote regions (unsplit)
-  std::map<int, std::int64_t> load_;        // remote bytes assigned to each source device so far
-  detail::box_index src_index_;             // every source chunk
+  // Per destination chunk: a later destination chunk on its device meets it (so what it
+  // receives is kept in received_ for take_received).
+  std::vector<char> feeds_later_;
+  std::map<int, std::int64_t> load_;  // remote bytes assigned to each source device so far
+  detail::box_index src_index_;       // every source chunk
   chunks_by_device src_on_device_;
   chunks_by_device dst_on_device_;
   std::vector<std::uint32_t> found_;  // scratch of src_index_ queries
   std::uint64_t visited_ = 0;         // reshard_plan::boxes_visited
+  bool src_disjoint_ = false;         // no element has two holders (sources_disjoint)
 };
 
 }  // namespace

@@ -39,11 +39,13 @@
 //
 // Ownership: plain values. Thread safety: reentrant. Cost: O((src + dst) log(src + dst)) to index
 // the chunks, then per destination chunk one query per search for the chunks meeting it (its own
-// device's source chunks, the earlier destination chunks there, the remote holders of what is
-// left), each O(log chunks + the chunks whose bounds meet it); then O(pieces log pieces) to order
-// the pieces. For maps whose chunks tile the array (blocks, grids, splits, a replicated source)
-// that is O(pieces log pieces); where every destination chunk meets every source chunk (rows to
-// columns) the pieces themselves number src * dst. reshard_plan::boxes_visited counts the work.
+// device's source chunks, the earlier destination chunks there, the holders of what is left),
+// each O(log chunks + the chunks whose bounds meet it); then O(pieces log pieces) to order the
+// pieces. For sources without replicas (no element in two source chunks: blocks, grids, splits)
+// and for elements found on their own device (a replicated source into blocks) that is
+// O(pieces log pieces) — rows to columns has src * dst pieces. Where remote replicas hold what a
+// destination chunk needs, choosing the least-loaded one region by region costs O(h^2) for the h
+// source chunks meeting it. reshard_plan::boxes_visited counts the work.
 #pragma once
 
 #include <cstddef>
