@@ -39,9 +39,14 @@ std::string fmt(const char* f, double v) {
   return buf;
 }
 
-// The best of `runs` timed calls of `op` (seconds), after one untimed call.
+// The best of `runs` timed calls of `op` (seconds), after one untimed call; one timed call when
+// the untimed one took over a second (planning millions of pieces).
 double best_seconds(int runs, const std::function<void()>& op) {
+  const auto warm = std::chrono::steady_clock::now();
   op();
+  if (std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count() > 1.0) {
+    runs = 1;
+  }
   double best = 0.0;
   for (int i = 0; i < std::max(runs, 1); ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -167,9 +172,7 @@ std::vector<darray_planner_row> run_planner(const darray_scale_options& o, std::
       r.dst_chunks = dst.size();
       r.validate_ms = 1e3 * best_seconds(o.repeat, [&] { m.dst.validate(m.shape, d); });
       darray::reshard_plan plan;
-      // The large plans are planned once (a warm-up and one timed run): they take seconds.
-      const int plan_runs = dst.size() * src.size() > (std::size_t{1} << 22) ? 1 : o.repeat;
-      r.plan_ms = 1e3 * best_seconds(plan_runs, [&] {
+      r.plan_ms = 1e3 * best_seconds(o.repeat, [&] {
                     plan = darray::reshard_plan{};  // one plan's memory at a time
                     plan = darray::plan_reshard(src, dst, po);
                   });
