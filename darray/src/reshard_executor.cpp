@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <map>
 #include <optional>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,8 +104,8 @@ class source_parts {
       }
     }
   }
-  /// At least the number of parts piece `m` reads (exactly that for a chunk of many parts).
-  [[nodiscard]] std::size_t at_most(std::size_t m) const {
+  /// The most parts piece `m` may read (exactly those it reads, for a chunk of many parts).
+  [[nodiscard]] std::size_t reads_at_most(std::size_t m) const {
     const std::size_t parts = src_.chunks[plan_.pieces[m].src_chunk].parts.size();
     return parts > few_parts ? begin_[m + 1] - begin_[m] : parts;
   }
@@ -128,17 +127,17 @@ class source_parts {
 };
 
 // Makes room in each destination chunk of `out` for the parts the plan's pieces bring (at most one
-// per part read; a from_dst piece at most one per part of the piece it follows) when that is many:
-// a chunk of many parts would otherwise grow its list by copies.
+// per part read; a from_dst piece at most one per part of the piece it follows): a chunk of many
+// parts would otherwise grow its list by copies.
 void reserve_parts(array_state& out, const reshard_plan& plan, const source_parts& reads) {
   std::vector<std::size_t> count(out.chunks.size(), 0);
   std::size_t last_sent_reads = 0;
   for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
     const piece& p = plan.pieces[m];
     if (!p.from_dst) {
-      last_sent_reads = reads.at_most(m);
+      last_sent_reads = reads.reads_at_most(m);
     }
-    count[p.dst_chunk] += p.from_dst ? last_sent_reads : reads.at_most(m);
+    count[p.dst_chunk] += p.from_dst ? last_sent_reads : reads.reads_at_most(m);
   }
   for (std::size_t j = 0; j < out.chunks.size(); ++j) {
     out.chunks[j].parts.reserve(count[j]);
