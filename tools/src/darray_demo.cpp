@@ -15,6 +15,8 @@
 
 #include "cli_files.hpp"
 #include "host_memory.hpp"
+#include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/bench/timing.hpp"
@@ -25,11 +27,9 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
-#include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
-#include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::tools {
 
@@ -414,7 +414,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       windows.push_back(window_of(begin, end));
     }
     const profiler::interval best = window_of(fused_begin, fused_end);
-    const auto runs = profiler::summarize_trace(o.trace_path, windows, /*each=*/true);
+    const auto runs = analysis::summarize_trace(o.trace_path, windows, /*each=*/true);
     std::vector<std::vector<double>> per_device(static_cast<std::size_t>(devs));
     for (const auto& w : runs.each) {
       for (const auto& ov : w.devices) {
@@ -489,7 +489,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   rep.write(o.report_path);
   res.report = rep.to_json();
 
-  const auto check = profiler::check_trace(o.trace_path);
+  const auto check = analysis::check_trace(o.trace_path);
   res.checks.push_back(demo_check{"trace passes `poolscope trace check`", check.ok(), 0,
                                   check.ok() ? "" : check.to_text()});
 

@@ -10,7 +10,7 @@
 #include <iostream>
 #include <string>
 
-#include "poolscope/bench/cli_checks.hpp"
+#include "cli_checks.hpp"
 #include "poolscope/bench/darray_scale_bench.hpp"
 
 int main(int argc, char** argv) {
@@ -23,10 +23,10 @@ int main(int argc, char** argv) {
   app.add_option("--devices", o.devices, "backend of the parts rows: auto, cuda, cuda:N, host:N")
       ->capture_default_str();
   app.add_option("--n", o.n, "float64 elements of the parts rows' arrays")
-      ->check(poolscope::bench::positive_number())
+      ->check(poolscope::tools::positive_number())
       ->capture_default_str();
   app.add_option("--max-parts", o.max_parts, "the largest pieces per chunk (P = 1, 4, 16, ...)")
-      ->check(poolscope::bench::positive_number())
+      ->check(poolscope::tools::positive_number())
       ->capture_default_str();
   app.add_option("--repeat", o.repeat, "timed runs per figure after a warm-up")
       ->check(CLI::Range(1, 100000))
@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   double min_time = 0.0;
   app.add_option("--benchmark_min_time", min_time,
                  "accepted for Google Benchmark drivers; no effect")
-      ->check(poolscope::bench::positive_number());
+      ->check(poolscope::tools::positive_number());
   try {
     app.parse(argc, argv);
     const auto rep = poolscope::bench::run_darray_scale_bench(o, &std::cerr);
