@@ -1,4 +1,4 @@
-// darray semantics on host devices (docs/darray_semantics.md): integer wrap-around, division by
+// darray semantics on host devices (docs/darray.md, "Semantics"): integer wrap-around, division by
 // zero and saturation, floating NaN rules, partial operands completed first, chunk_to_host of a
 // partial array, and errors that tell two backends apart. cuda_backend_gpu_test.cpp runs the same
 // checks (semantics_checks.hpp) on GPUs.
