@@ -1199,7 +1199,8 @@ TEST(cuda_backend_arrays, integer_pow_and_strided_matmul_match_the_host) {
   be->synchronize();
 }
 
-// docs/darray.md, "Semantics" on the GPUs: the checks semantics_test.cpp runs on host devices.
+// The semantics of docs/darray.md ("Semantics") on the GPUs: the checks semantics_test.cpp runs on
+// host devices.
 TEST(cuda_backend_semantics, integers_wrap_divide_by_zero_to_zero_and_saturate) {
   if (!the_gpu().be) {
     GTEST_SKIP() << "no GPU: " << the_gpu().why_not;

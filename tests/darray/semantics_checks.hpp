@@ -1,6 +1,6 @@
-// The semantics that docs/darray.md ("Semantics") states, as checks that run on any backend: the host
-// backend (semantics_test.cpp) and the CUDA backend (cuda_backend_gpu_test.cpp) each run them, so
-// both are held to one statement. Expected values are written out here or computed by the
+// The semantics that docs/darray.md ("Semantics") states, as checks that run on any backend: the
+// host backend (semantics_test.cpp) and the CUDA backend (cuda_backend_gpu_test.cpp) each run them,
+// so both are held to one statement. Expected values are written out here or computed by the
 // reference arithmetic below (unsigned wrap-around, written independently of the backends).
 #pragma once
 
