@@ -281,6 +281,16 @@ void buffer::add_use(const event& e) {
 
 // --- backend ---
 
+backend::backend()
+    : id_([] {
+        static std::atomic<std::uint64_t> made{0};
+        return made.fetch_add(1, std::memory_order_relaxed) + 1;
+      }()) {}
+
+std::string backend::label() const {
+  return name() + " #" + std::to_string(id_);
+}
+
 void backend::device_error(int device, const char* what) const {
   throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
                          " is not one of the " + std::to_string(device_count()) + " devices of " +
@@ -817,6 +827,7 @@ backend_stats backend::stats() const {
   s.compute_yielding = get(counters_.compute_yielding);
   s.kernel_graphs_made = get(counters_.kernel_graphs_made);
   s.kernel_graph_updates = get(counters_.kernel_graph_updates);
+  s.parts_visited = get(counters_.parts_visited);
   return s;
 }
 

@@ -271,11 +271,15 @@ struct backend_stats {
   /// a launch with the same ones as one of its kernel's executables' last launch (an op repeated
   /// on the same buffers) sets none.
   std::uint64_t kernel_graph_updates = 0;
+  /// Chunk parts, pieces and index nodes the executor visited to pair up what its ops and
+  /// reshards read and write (count_parts_visited): the host-side bookkeeping, which grows as
+  /// O(P log P) in the parts P of a chunk (tests bound it; the time of an op follows it).
+  std::uint64_t parts_visited = 0;
 };
 
 /// Every figure of backend_stats with its name, in declaration order: what reports write (the
 /// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
-inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 12>
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 13>
     backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
                           {"copies_peer", &backend_stats::copies_peer},
                           {"bytes_local", &backend_stats::bytes_local},
@@ -287,19 +291,25 @@ inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_st
                           {"buffers_reused", &backend_stats::buffers_reused},
                           {"compute_yielding", &backend_stats::compute_yielding},
                           {"kernel_graphs_made", &backend_stats::kernel_graphs_made},
-                          {"kernel_graph_updates", &backend_stats::kernel_graph_updates}}};
+                          {"kernel_graph_updates", &backend_stats::kernel_graph_updates},
+                          {"parts_visited", &backend_stats::parts_visited}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
 class backend : public std::enable_shared_from_this<backend> {
  public:
-  backend() = default;
+  backend();
   backend(const backend&) = delete;
   backend& operator=(const backend&) = delete;
   virtual ~backend() = default;
 
   /// "host:2", "cuda:2".
   [[nodiscard]] std::string name() const { return do_name(); }
+  /// This backend's number in the process (1, 2, ... in order of creation): it tells apart two
+  /// backends of one name in messages ("host:2 #1", "host:2 #3").
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+  /// name() and id(): "host:2 #1".
+  [[nodiscard]] std::string label() const;
   [[nodiscard]] int device_count() const noexcept { return do_device_count(); }
   [[nodiscard]] bool is_gpu() const noexcept { return do_is_gpu(); }
   /// "NVIDIA H200", "host device 1".
@@ -406,6 +416,11 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] backend_stats stats() const;
   /// The plans of this backend's recent reshards (thread-safe; see plan_cache).
   [[nodiscard]] plan_cache& plans() noexcept { return plans_; }
+  /// For the executor: adds `n` to stats().parts_visited (one relaxed atomic add; the executor
+  /// adds an op's count once).
+  void count_parts_visited(std::uint64_t n) noexcept {
+    counters_.parts_visited.fetch_add(n, std::memory_order_relaxed);
+  }
 
   /// Calls f(i) once for each i in [0, n) — calls of different i may run at once, on the
   /// backend's issuing threads (backend_options::issue_threads) and this one — and returns when
@@ -575,8 +590,10 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> compute_yielding{0};
     std::atomic<std::uint64_t> kernel_graphs_made{0};
     std::atomic<std::uint64_t> kernel_graph_updates{0};
+    std::atomic<std::uint64_t> parts_visited{0};
   };
   bool yield_to_copies_ = false;
+  std::uint64_t id_;
 
   std::once_flag tracks_once_;
   // Set (release) once tracks_ is built: tracks()'s fast path.
