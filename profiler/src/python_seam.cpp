@@ -28,6 +28,7 @@ struct api {
   object* (*frame_back)(object*) = nullptr;  // new reference
   object* (*frame_code)(object*) = nullptr;  // new reference
   int (*frame_line)(object*) = nullptr;
+  int (*frame_lasti)(object*) = nullptr;  // 3.11 on; without it every line is computed
   void (*incref)(object*) = nullptr;
   void (*decref)(object*) = nullptr;
   object* (*get_attr)(object*, const char*) = nullptr;  // new reference
@@ -86,6 +87,7 @@ const api& the_api() noexcept {
            find(r.err_clear, "PyErr_Clear") &&
            find(r.this_thread_state, "PyGILState_GetThisThreadState") &&
            find(r.gil_ensure, "PyGILState_Ensure") && find(r.gil_release, "PyGILState_Release");
+    (void)find(r.frame_lasti, "PyFrame_GetLasti");
     if (!find(r.is_finalizing, "Py_IsFinalizing")) {
       (void)find(r.is_finalizing, "_Py_IsFinalizing");
     }
@@ -180,6 +182,49 @@ bool in_interpreter(std::uintptr_t return_address) noexcept {
 
 namespace {
 
+/// A thread's last frame words by (code object, instruction offset): a frame that has not moved
+/// since the last walk (the outer frames of a loop) is one lookup, not a line-table search and a
+/// table lookup under a lock. Only interned (kept-alive) code objects are cached, so a key never
+/// names another object.
+struct word_cache {
+  static constexpr std::size_t size = 1024;
+  struct entry {
+    const object* code = nullptr;
+    int lasti = -1;
+    std::uintptr_t word = 0;
+  };
+  entry entries[size];
+  static std::size_t slot(const object* code, int lasti) noexcept {
+    const auto h = (reinterpret_cast<std::uintptr_t>(code) >> 4) * 0x9E3779B97F4A7C15ULL +
+                   static_cast<std::uintptr_t>(lasti);
+    return static_cast<std::size_t>(h >> 54) & (size - 1);
+  }
+};
+thread_local word_cache t_words;
+
+std::uintptr_t word_of(std::uint32_t id, int line) noexcept {
+  const auto l = static_cast<std::uintptr_t>(line > 0 && line < (1 << line_bits) ? line : 0);
+  return python_flag | (static_cast<std::uintptr_t>(id) << line_bits) | l;
+}
+
+// With the GIL held: the word of one frame whose code object is `code`.
+std::uintptr_t frame_word(const api& a, object* frame, object* code) noexcept {
+  if (a.frame_lasti == nullptr) {
+    return word_of(code_id(a, code), a.frame_line(frame));
+  }
+  const int lasti = a.frame_lasti(frame);
+  word_cache::entry& e = t_words.entries[word_cache::slot(code, lasti)];
+  if (e.code == code && e.lasti == lasti) {
+    return e.word;
+  }
+  const std::uint32_t id = code_id(a, code);
+  const std::uintptr_t word = word_of(id, a.frame_line(frame));
+  if (id != 0) {
+    e = {code, lasti, word};
+  }
+  return word;
+}
+
 // With the GIL held: the thread's frames, innermost first.
 std::size_t walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& truncated) {
   object* frame = a.get_frame();
@@ -190,14 +235,12 @@ std::size_t walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& 
   std::size_t n = 0;
   while (frame != nullptr && n < capacity) {
     object* code = a.frame_code(frame);
-    const int line = a.frame_line(frame);
-    std::uint32_t id = 0;
     if (code != nullptr) {
-      id = code_id(a, code);
+      out[n++] = frame_word(a, frame, code);
       a.decref(code);
+    } else {
+      out[n++] = word_of(0, 0);
     }
-    const auto l = static_cast<std::uintptr_t>(line > 0 && line < (1 << line_bits) ? line : 0);
-    out[n++] = python_flag | (static_cast<std::uintptr_t>(id) << line_bits) | l;
     object* back = a.frame_back(frame);
     a.decref(frame);
     frame = back;
