@@ -49,36 +49,103 @@ void alias_received(const chunk& from, const box& region, chunk& dst) {
   }
 }
 
+// The elements `region` of `from`, a source chunk on this process's device, as one contiguous
+// view there for a transfer to another rank: the part's own memory when one part holds them
+// contiguously, else packed into a new dense buffer (`packed`) on the device's transfer queue.
+// That queue first waits for every part read; their buffers are added to `read`.
+view outgoing_region(backend& be, dtype t, const chunk& from, const box& region,
+                     std::shared_ptr<buffer>& packed, std::vector<std::shared_ptr<buffer>>& read) {
+  const int d = from.device;
+  std::vector<std::pair<const chunk_part*, box>> pieces;
+  for (const chunk_part& q : from.parts) {
+    auto r = intersect(q.region, region);
+    if (r && !r->empty()) {
+      be.wait(d, queue_kind::transfer, q.ready);
+      read.push_back(q.storage);
+      pieces.emplace_back(&q, std::move(*r));
+    }
+  }
+  if (pieces.size() == 1 && pieces.front().second == region) {
+    const view whole = view_of(*pieces.front().first, region);
+    if (whole.contiguous()) {
+      return whole;
+    }
+  }
+  packed = dense_buffer(be, d, region, t);
+  for (const auto& [q, r] : pieces) {
+    be.copy(d, queue_kind::transfer, t, view::of_box(packed->data(), region, r), d, view_of(*q, r),
+            d);
+  }
+  return view::dense(packed->data(), region.extents());
+}
+
+// Which side of piece `p` this process holds: both (a copy within the process), the source
+// only (a send to another rank), the destination only (a receive), or neither (another rank's
+// piece: nothing to do here).
+enum class side : std::uint8_t { both, source, destination, neither };
+side side_of(const backend& be, const piece& p) {
+  const bool src = be.is_local(p.src_device);
+  const bool dst = be.is_local(p.dst_device);
+  return src && dst ? side::both : src ? side::source : dst ? side::destination : side::neither;
+}
+
 // The remote pieces of a replica-mode reshard as one backend::copy_group (NCCL: one grouped
-// call, every link at once). NCCL moves contiguous bytes only, so a strided side goes through a
-// dense staging buffer: packed on the sender's transfer queue before the group, unpacked on the
-// receiver's after it. Every piece is complete when its receiver's transfer queue passes the
-// group (no piece can be computed on earlier). Local pieces alias the source, as piece by piece,
-// and from_dst pieces the received parts of their destination chunk once the group is issued.
+// call, every link at once, those with other ranks too). NCCL moves contiguous bytes only, so a
+// strided side goes through a dense staging buffer: packed on the sender's transfer queue before
+// the group, unpacked on the receiver's after it. Every piece is complete when its receiver's
+// transfer queue passes the group (no piece can be computed on earlier). Local pieces alias the
+// source, as piece by piece, and from_dst pieces the received parts of their destination chunk
+// once the group is issued. A piece with another rank is one transfer of its whole region (that
+// rank does not know this one's parts); one between two other ranks is theirs alone.
 template <typename DenseOf>
 void send_as_group(const array_state& src, array_state& out, const reshard_plan& plan,
                    transport how, DenseOf&& dense_of) {
   static const profiler::scope_site group_site{"darray.transfer_group", category::darray_transfer};
   const profiler::scope group_scope{group_site};
   backend& be = *src.be;
+  // One per transfer of the group (same index): what its ends hold on to, and (received here)
+  // the part it makes.
   struct arrival {
     std::size_t dst_chunk;
     box region;
-    std::shared_ptr<buffer> target;
-    std::shared_ptr<buffer> source;    // the sender's storage
-    std::shared_ptr<buffer> packed;    // its piece packed densely, or null
-    std::shared_ptr<buffer> received;  // staging to unpack from, or null
+    std::shared_ptr<buffer> target;                // null: not received here
+    std::vector<std::shared_ptr<buffer>> sources;  // the sender's storage read (sent from here)
+    std::shared_ptr<buffer> packed;                // the piece packed densely, or null
+    std::shared_ptr<buffer> received;              // staging to unpack from, or null
     view unpack_to;
-    int src_device;
   };
   std::vector<arrival> arrivals;
   std::vector<backend::transfer> group;
+  // The landing view of a piece (or part) received here, through staging when strided.
+  const auto landing_of = [&](arrival& a, const chunk& dst) {
+    view landing = view::of_box(a.target->data(), dst.region, a.region);
+    if (!landing.contiguous()) {
+      a.received = dense_buffer(be, dst.device, a.region, src.type);
+      a.unpack_to = landing;
+      landing = view::dense(a.received->data(), a.region.extents());
+    }
+    return landing;
+  };
   for (const piece& p : plan.pieces) {
-    if (p.from_dst) {
-      continue;  // after the group: the parts it reads are made there
+    const side mine = side_of(be, p);
+    if (p.from_dst || mine == side::neither) {
+      continue;  // from_dst: after the group (the parts it reads are made there)
     }
     chunk& dst = out.chunks[p.dst_chunk];
     const chunk& from = src.chunks[p.src_chunk];
+    if (mine == side::source) {
+      arrival a{p.dst_chunk, p.region, nullptr, {}, nullptr, nullptr, {}};
+      const view sent = outgoing_region(be, src.type, from, p.region, a.packed, a.sources);
+      group.push_back(backend::transfer{view{}, dst.device, sent, from.device});
+      arrivals.push_back(std::move(a));
+      continue;
+    }
+    if (mine == side::destination) {
+      arrival a{p.dst_chunk, p.region, dense_of(p.dst_chunk), {}, nullptr, nullptr, {}};
+      group.push_back(backend::transfer{landing_of(a, dst), dst.device, view{}, from.device});
+      arrivals.push_back(std::move(a));
+      continue;
+    }
     for (const chunk_part& q : from.parts) {
       auto r = intersect(q.region, p.region);
       if (!r || r->empty()) {
@@ -88,25 +155,17 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
         dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
         continue;
       }
-      const auto& target = dense_of(p.dst_chunk);
-      arrival a{p.dst_chunk, *r, target, q.storage, nullptr, nullptr, {}, from.device};
-      const shape_t extents = r->extents();
+      arrival a{p.dst_chunk, *r, dense_of(p.dst_chunk), {q.storage}, nullptr, nullptr, {}};
       view sent = view_of(q, *r);
       be.wait(from.device, queue_kind::transfer, q.ready);
       if (!sent.contiguous()) {
         a.packed = dense_buffer(be, from.device, *r, src.type);
-        const view packed = view::dense(a.packed->data(), extents);
+        const view packed = view::dense(a.packed->data(), r->extents());
         be.copy(from.device, queue_kind::transfer, src.type, packed, from.device, sent,
                 from.device);
         sent = packed;
       }
-      view landing = view::of_box(target->data(), dst.region, *r);
-      if (!landing.contiguous()) {
-        a.received = dense_buffer(be, dst.device, *r, src.type);
-        a.unpack_to = landing;
-        landing = view::dense(a.received->data(), extents);
-      }
-      group.push_back(backend::transfer{landing, dst.device, sent, from.device});
+      group.push_back(backend::transfer{landing_of(a, dst), dst.device, sent, from.device});
       arrivals.push_back(std::move(a));
     }
   }
@@ -118,36 +177,97 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
       be.copy(d, queue_kind::transfer, src.type, a.unpack_to, d, group[i].dst, d);
     }
   }
-  // One event per device involved, after the group (and the unpacks) on its transfer queue.
+  // One event per device of this process involved, after the group (and the unpacks) on its
+  // transfer queue.
   std::map<int, event> after;
   for (const auto& x : group) {
     for (const int d : {x.src_device, x.dst_device}) {
-      if (after.find(d) == after.end()) {
+      if (be.is_local(d) && after.find(d) == after.end()) {
         after.emplace(d, be.record(d, queue_kind::transfer));
       }
     }
   }
   for (std::size_t i = 0; i < arrivals.size(); ++i) {
     const arrival& a = arrivals[i];
-    const event& sent = after.at(a.src_device);
-    const event& arrived = after.at(group[i].dst_device);
-    a.source->add_use(sent);
-    if (a.packed) {
-      a.packed->add_use(sent);
+    if (!a.sources.empty()) {
+      const event& sent = after.at(group[i].src_device);
+      for (const auto& b : a.sources) {
+        b->add_use(sent);
+      }
+      if (a.packed) {
+        a.packed->add_use(sent);
+      }
     }
-    a.target->add_use(arrived);
-    if (a.received) {
-      a.received->add_use(arrived);
+    if (a.target) {
+      const event& arrived = after.at(group[i].dst_device);
+      a.target->add_use(arrived);
+      if (a.received) {
+        a.received->add_use(arrived);
+      }
+      out.chunks[a.dst_chunk].parts.push_back(
+          chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
+      ++out.info.transfers;
     }
-    out.chunks[a.dst_chunk].parts.push_back(
-        chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
-    ++out.info.transfers;
   }
   for (const piece& p : plan.pieces) {
-    if (p.from_dst) {
+    if (p.from_dst && be.is_local(p.dst_device)) {
       alias_received(out.chunks[p.src_chunk], p.region, out.chunks[p.dst_chunk]);
     }
   }
+}
+
+// This rank's side of piece `p` whose destination is another rank's: its region sent whole, on
+// the transfer queue of the source chunk `from`'s device.
+void send_piece(backend& be, dtype t, const chunk& from, const piece& p) {
+  std::shared_ptr<buffer> packed;
+  std::vector<std::shared_ptr<buffer>> read;
+  const view sent = outgoing_region(be, t, from, p.region, packed, read);
+  be.send(from.device, t, sent, p.dst_device);
+  const event e = be.record(from.device, queue_kind::transfer);
+  for (const auto& b : read) {
+    b->add_use(e);
+  }
+  if (packed) {
+    packed->add_use(e);
+  }
+}
+
+// This rank's side of piece `p` whose source is another rank's: its region received whole on
+// the transfer queue of `dst`'s device, into `target` (dst's dense buffer) or, where the region
+// is strided there, into staging unpacked on the same queue. Returns the part it makes.
+chunk_part receive_piece(backend& be, dtype t, const chunk& dst,
+                         const std::shared_ptr<buffer>& target, const piece& p) {
+  const int d = dst.device;
+  const view landing = view::of_box(target->data(), dst.region, p.region);
+  std::shared_ptr<buffer> staging;
+  if (landing.contiguous()) {
+    be.receive(d, t, landing, p.src_device);
+  } else {
+    staging = dense_buffer(be, d, p.region, t);
+    const view staged = view::dense(staging->data(), p.region.extents());
+    be.receive(d, t, staged, p.src_device);
+    be.copy(d, queue_kind::transfer, t, landing, d, staged, d);
+  }
+  const event e = be.record(d, queue_kind::transfer);
+  target->add_use(e);
+  if (staging) {
+    staging->add_use(e);
+  }
+  return chunk_part{p.region, target, dst.region, e};
+}
+
+// A partial source's piece from another rank: received whole into staging on the transfer queue
+// of `dst`'s device, then combined into `acc` (the piece's region of dst's dense buffer) on its
+// compute queue. Returns the staging buffer (the compute's last use of it is recorded later).
+std::shared_ptr<buffer> receive_contribution(backend& be, dtype t, reduce_op op, const chunk& dst,
+                                             const view& acc, const piece& p) {
+  const int d = dst.device;
+  auto staging = dense_buffer(be, d, p.region, t);
+  const view staged = view::dense(staging->data(), p.region.extents());
+  be.receive(d, t, staged, p.src_device);
+  be.wait(d, queue_kind::compute, be.record(d, queue_kind::transfer));
+  be.accumulate(d, queue_kind::compute, t, op, acc, staged);
+  return staging;
 }
 
 // Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
@@ -219,7 +339,10 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   // A small piece is pulled by the receiver on its compute queue, where the work that reads it
   // runs: no event between queues (or devices) to record and wait for, and on a GPU one copy
   // kernel's launch (a few microseconds of compute-queue time at most).
-  const auto pulled = [](const piece& p) { return p.bytes <= pull_on_compute_bytes; };
+  // Pieces with other ranks are never pulled: they are received on the transfer queue.
+  const auto pulled = [&be](const piece& p) {
+    return p.bytes <= pull_on_compute_bytes && side_of(be, p) == side::both;
+  };
   if (!accumulate) {
     // A chunk whose every remote piece is pulled is written by no other queue.
     pulled_only.assign(out->chunks.size(), 1);
@@ -236,11 +359,16 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   std::size_t queues_waiting = 0;
   std::vector<std::size_t> local_parts;
   bool in_place_called = accumulate || !in_place;
+  // (A piece with another rank is issued by this rank's side of it.)
   const auto issuing_device = [&](const piece& p) {
-    return static_cast<std::size_t>(options.issue_on == copy_queue::source ? p.src_device
-                                                                           : p.dst_device);
+    const side mine = side_of(be, p);
+    const bool source =
+        mine == side::both ? options.issue_on == copy_queue::source : mine == side::source;
+    return static_cast<std::size_t>(source ? p.src_device : p.dst_device);
   };
-  const auto copied = [&](const piece& p) { return !p.local && !p.from_dst && !pulled(p); };
+  const auto copied = [&](const piece& p) {
+    return !p.local && !p.from_dst && !pulled(p) && side_of(be, p) != side::neither;
+  };
   if (!in_place_called) {
     for (const piece& p : plan.pieces) {
       if (copied(p)) {
@@ -270,12 +398,31 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   };
   const auto execute_piece = [&](const piece& p) {
     chunk& dst = out->chunks[p.dst_chunk];
+    const side mine = side_of(be, p);
+    if (mine == side::neither) {
+      return;  // between other ranks
+    }
     if (p.from_dst) {
       // The plan puts it after the piece it reads, so the parts it aliases are there.
       alias_received(out->chunks[p.src_chunk], p.region, dst);
       return;
     }
     const chunk& from = src.chunks[p.src_chunk];
+    if (mine != side::both) {
+      const profiler::scope piece_scope{piece_site};
+      if (mine == side::source) {
+        send_piece(be, src.type, from, p);
+      } else if (!accumulate) {
+        dst.parts.push_back(receive_piece(be, src.type, dst, dense_of(p.dst_chunk), p));
+        ++out->info.transfers;
+      } else {
+        const view acc = view::of_box(dense_of(p.dst_chunk)->data(), dst.region, p.region);
+        used[p.dst_chunk].push_back(
+            receive_contribution(be, src.type, op_of(src.mode), dst, acc, p));
+        ++out->info.transfers;
+      }
+      return;
+    }
     for (const chunk_part& q : from.parts) {
       auto r = intersect(q.region, p.region);
       if (!r || r->empty()) {
@@ -349,7 +496,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   if (accumulate) {
     for (std::size_t j = 0; j < out->chunks.size(); ++j) {
       chunk& c = out->chunks[j];
-      if (c.region.empty()) {
+      if (c.region.empty() || !be.is_local(c.device)) {
         continue;
       }
       const auto& target = dense_of(j);
@@ -370,6 +517,18 @@ std::shared_ptr<const array_state> completed(const std::shared_ptr<const array_s
     return s;
   }
   return execute_reshard(*s, s->map.deduplicated(), {}, map_check::cover);
+}
+
+std::shared_ptr<const array_state> gathered(const std::shared_ptr<const array_state>& s) {
+  const backend& be = *s->be;
+  darray::index_map all;
+  for (int r = 0; r < be.group()->size(); ++r) {
+    all.add(be.first_device_of(r), box::full(s->shape));
+  }
+  if (s->mode == array_mode::replica && s->map == all) {
+    return s;
+  }
+  return execute_reshard(*s, all, {}, map_check::none);
 }
 
 }  // namespace poolscope::darray::detail
