@@ -663,10 +663,10 @@ void backend::copy_group(dtype t, const std::vector<transfer>& list, transport h
       const bool sending = is_local(x.src_device);
       const view& mine = sending ? x.src : x.dst;
       const int peer = sending ? x.dst_device : x.src_device;
-      const auto [device, tag] =
+      rank_transfer y =
           between_ranks(sending ? x.src_device : x.dst_device, mine, peer, sending, "copy_group");
       if (mine.size() != 0) {
-        between.push_back(rank_transfer{mine, device, peer, rank_of(peer), tag, sending});
+        between.push_back(std::move(y));
       }
       continue;
     }
@@ -720,8 +720,8 @@ void backend::exchange_one_by_one(dtype t, const std::vector<rank_transfer>& bet
   }
 }
 
-std::pair<int, int> backend::between_ranks(int device, const view& v, int peer_device, bool sending,
-                                           const char* what) const {
+backend::rank_transfer backend::between_ranks(int device, const view& v, int peer_device,
+                                              bool sending, const char* what) const {
   const int l = local(device, what);
   if (peer_device < 0 || peer_device >= device_count() || is_local(peer_device)) {
     throw invalid_argument(
@@ -745,25 +745,28 @@ std::pair<int, int> backend::between_ranks(int device, const view& v, int peer_d
                            std::to_string(max_devices_per_rank) +
                            " devices (transfers between ranks tell at most that many apart)");
   }
-  return {l, from * max_devices_per_rank + to};
+  return rank_transfer{
+      v, l, peer_device, rank_of(peer_device), from * max_devices_per_rank + to, sending};
+}
+
+void backend::exchange(dtype t, const rank_transfer& x) {
+  if (x.data.size() == 0) {
+    return;
+  }
+  if (x.sending) {
+    do_send(x.device, t, x.data, x.peer_device, x.peer_rank, x.tag);
+  } else {
+    do_receive(x.device, t, x.data, x.peer_device, x.peer_rank, x.tag);
+  }
+  count_between_ranks(static_cast<std::uint64_t>(x.data.size()) * size_of(t));
 }
 
 void backend::send(int device, dtype t, const view& src, int peer_device) {
-  const auto [l, tag] = between_ranks(device, src, peer_device, true, "send");
-  if (src.size() == 0) {
-    return;
-  }
-  do_send(l, t, src, peer_device, rank_of(peer_device), tag);
-  count_between_ranks(static_cast<std::uint64_t>(src.size()) * size_of(t));
+  exchange(t, between_ranks(device, src, peer_device, true, "send"));
 }
 
 void backend::receive(int device, dtype t, const view& dst, int peer_device) {
-  const auto [l, tag] = between_ranks(device, dst, peer_device, false, "receive");
-  if (dst.size() == 0) {
-    return;
-  }
-  do_receive(l, t, dst, peer_device, rank_of(peer_device), tag);
-  count_between_ranks(static_cast<std::uint64_t>(dst.size()) * size_of(t));
+  exchange(t, between_ranks(device, dst, peer_device, false, "receive"));
 }
 
 bool backend::groups_transfers(const reshard_plan& plan, transport how) const {

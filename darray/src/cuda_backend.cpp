@@ -17,6 +17,7 @@
 
 #include "cuda_seam.hpp"
 #include "kernels.hpp"
+#include "nccl_watchdog.hpp"
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
@@ -269,6 +270,8 @@ class cuda_backend final : public backend {
                int tag) override;
   void do_receive(int device, dtype t, const view& dst, int peer_device, int peer_rank,
                   int tag) override;
+  /// do_send / do_receive: one ncclSend or ncclRecv on the transfer stream, watched.
+  void nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank, bool sending);
   [[nodiscard]] bool do_groups_automatically(const reshard_plan& plan) const override;
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override;
   void do_download(int device, dtype t, const view& host_dst, const view& src) override;
@@ -346,6 +349,15 @@ class cuda_backend final : public backend {
   std::mutex nccl_mutex_;
   std::vector<ncclComm_t> comms_;
   bool comms_adopted_ = false;  // comms_ is the application's: never finalized or destroyed here
+  // With several ranks: watches the NCCL work with other ranks (and may abort comms_).
+  std::unique_ptr<detail::nccl_watchdog> watchdog_;
+  /// Throws the watchdog's failure, if any: before NCCL is called on communicators it aborted,
+  /// and after synchronizing (work with a failed rank may have ended without its data).
+  void check_ranks() const {
+    if (watchdog_) {
+      watchdog_->check();
+    }
+  }
 };
 
 cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options& options)
@@ -423,6 +435,7 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
       join_rank_comms();
+      watchdog_ = std::make_unique<detail::nccl_watchdog>(comms_, !comms_adopted_, group());
     }
   } catch (...) {
     release_all();
@@ -448,7 +461,10 @@ void cuda_backend::release_all() noexcept {
   // The communicators first, finalized together (one thread drives every device: one group)
   // before each is destroyed, as NCCL asks: a communicator destroyed unfinalized may leave its
   // proxy threads behind, and the process then hung at exit in about one run in ten.
-  if (comms_adopted_) {
+  // The watchdog first (it polls the communicators); communicators it aborted are freed.
+  const bool aborted = watchdog_ && watchdog_->aborted();
+  watchdog_.reset();
+  if (comms_adopted_ || aborted) {
     comms_.clear();
   }
   if (!comms_.empty()) {
@@ -526,6 +542,7 @@ void cuda_backend::do_synchronize() {
       POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
     }
   }
+  check_ranks();
 }
 
 void cuda_backend::order_after(cudaStream_t waiter, cudaStream_t s, int device) {
@@ -816,38 +833,67 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
   const profiler::scope scope{site};
   const std::size_t es = size_of(t);
   const std::lock_guard lock(nccl_mutex_);
+  check_ranks();
   ensure_comms();
-  nccl_group(es, list, between);
+  if (between.empty()) {
+    nccl_group(es, list, between);
+  } else {
+    {
+      const detail::nccl_watchdog::host_call call(*watchdog_, "a transfer group with other ranks");
+      nccl_group(es, list, between);
+    }
+    std::vector<int> watched;
+    for (const rank_transfer& x : between) {
+      if (std::find(watched.begin(), watched.end(), x.device) == watched.end()) {
+        watched.push_back(x.device);
+        watchdog_->watch(dev(x.device).ordinal, stream(x.device, queue_kind::transfer),
+                         "a transfer group with other ranks");
+      }
+    }
+  }
   for (const transfer& x : list) {
     count_copy(true, static_cast<std::uint64_t>(x.dst.size()) * es, true);
   }
 }
 
-void cuda_backend::do_send(int device, dtype t, const view& src, int peer_device, int /*rank*/,
+void cuda_backend::do_send(int device, dtype t, const view& src, int peer_device, int rank,
                            int /*tag*/) {
-  static const profiler::scope_site site{"darray.send", category::darray_transfer};
-  const cudaStream_t s = stream(device, queue_kind::transfer);
-  const profiler::scope scope{site, stream_view{s}};
-  const device_guard guard(dev(device).ordinal);
-  const std::lock_guard lock(nccl_mutex_);
-  ensure_comms();
-  // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
-  POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(src, size_of(t)),
-                                  static_cast<std::size_t>(src.size()) * size_of(t), ncclUint8,
-                                  peer_device, comms_[static_cast<std::size_t>(device)], s));
+  nccl_with_rank(device, t, src, peer_device, rank, true);
 }
 
-void cuda_backend::do_receive(int device, dtype t, const view& dst, int peer_device, int /*rank*/,
+void cuda_backend::do_receive(int device, dtype t, const view& dst, int peer_device, int rank,
                               int /*tag*/) {
-  static const profiler::scope_site site{"darray.receive", category::darray_transfer};
+  nccl_with_rank(device, t, dst, peer_device, rank, false);
+}
+
+void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
+                                  bool sending) {
+  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
+  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
   const cudaStream_t s = stream(device, queue_kind::transfer);
-  const profiler::scope scope{site, stream_view{s}};
+  const profiler::scope scope{sending ? send_site : receive_site, stream_view{s}};
   const device_guard guard(dev(device).ordinal);
   const std::lock_guard lock(nccl_mutex_);
+  check_ranks();
   ensure_comms();
-  POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(dst, size_of(t)),
-                                  static_cast<std::size_t>(dst.size()) * size_of(t), ncclUint8,
-                                  peer_device, comms_[static_cast<std::size_t>(device)], s));
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::size_t>(v.size()) * es;
+  const std::string what = std::string(sending ? "a send of " : "a receive of ") +
+                           format_bytes(bytes) + (sending ? " to device " : " from device ") +
+                           std::to_string(peer_device) + " of rank " + std::to_string(rank);
+  {
+    const detail::nccl_watchdog::host_call call(*watchdog_, what);
+    // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
+    const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
+    if (sending) {
+      POOLSCOPE_DARRAY_CHECK(
+          ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+    } else {
+      POOLSCOPE_DARRAY_CHECK(
+          ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+    }
+  }
+  watchdog_->watch(dev(device).ordinal, s, what);
 }
 
 bool cuda_backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
@@ -939,6 +985,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
                                            element_ptr<const void>(v[1], es), bytes,
                                            cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
     return;
   }
   if (const auto p = as_pitched(v, es)) {
@@ -946,6 +993,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
                                              element_ptr<const void>(v[1], es), p->src_pitch,
                                              p->width, p->height, cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
     return;
   }
   // Dense host bytes (the destination itself when dense), from the device view made dense.
@@ -959,12 +1007,14 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
     POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, element_ptr<const void>(v[1], es), bytes,
                                            cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
   } else {
     const staging_buffer tmp(*d.allocator, s, bytes);
     detail::launch_copy(target(device, queue_kind::transfer), es,
                         view::dense(tmp.data(), v[1].extents()), v[1]);
     POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, tmp.data(), bytes, cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
   }
   if (!packed.empty()) {
     host_strided_copy(v[0], es, packed.data(), false);

@@ -49,12 +49,14 @@ std::string seconds_text(std::chrono::milliseconds t) {
   return buf;
 }
 
-// Waits between polls: none for the first polls (a transfer between ranks of one host completes
-// in microseconds), then sleeps growing to a millisecond (a rank far behind costs no core).
+// Waits between polls: none for the first 200 us (a transfer between ranks of one host completes
+// in microseconds), then sleeps growing to a millisecond (a rank far behind costs no core;
+// MPI progresses only inside its calls, so the sleep bounds how late a transfer is seen done).
 class backoff {
  public:
   void pause() {
-    if (++polls_ < 64) {
+    const auto waited = std::chrono::steady_clock::now() - start_;
+    if (waited < std::chrono::microseconds(200)) {
       std::this_thread::yield();
       return;
     }
@@ -63,8 +65,8 @@ class backoff {
   }
 
  private:
-  int polls_ = 0;
-  std::chrono::microseconds sleep_{10};
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::microseconds sleep_{20};
 };
 
 }  // namespace
@@ -180,13 +182,17 @@ std::optional<std::string> process_group::failure() const {
   return failure_;
 }
 
-void process_group::check_failed() {
+std::optional<std::string> process_group::poll_failure() {
   if (world_) {
     if (auto notice = world_->take_notice()) {
       note_failure("rank " + std::to_string(notice->first) + " failed: " + notice->second);
     }
   }
-  if (auto f = failure()) {
+  return failure();
+}
+
+void process_group::check_failed() {
+  if (auto f = poll_failure()) {
     throw communication_error("darray " + describe() + ": " + *f);
   }
 }
@@ -227,10 +233,10 @@ void process_group::wait_for(Request& r, const std::string& what, int peer, std:
 }
 
 void process_group::barrier() {
+  check_failed();
   if (size_ == 1 && !world_) {
     return;
   }
-  check_failed();
   auto r = mpi("barrier").ibarrier();
   wait_for(r, "in a barrier", -1);
 }
@@ -240,10 +246,10 @@ void process_group::broadcast(void* data, std::size_t bytes, int root) {
     throw invalid_argument("darray process group broadcast: root " + std::to_string(root) +
                            " is not a rank of " + std::to_string(size_));
   }
+  check_failed();
   if (size_ == 1 && !world_) {
     return;
   }
-  check_failed();
   detail::mpi::world& w = mpi("broadcast");
   auto* p = static_cast<std::byte*>(data);
   std::size_t done = 0;
@@ -256,10 +262,10 @@ void process_group::broadcast(void* data, std::size_t bytes, int root) {
 }
 
 std::vector<std::int64_t> process_group::all_gather(std::int64_t value) {
+  check_failed();
   if (size_ == 1 && !world_) {
     return {value};
   }
-  check_failed();
   std::vector<std::int64_t> out(static_cast<std::size_t>(size_));
   auto r = mpi("all_gather").iallgather(&value, sizeof value, out.data());
   wait_for(r, "gathering a value of every rank", -1);
@@ -267,6 +273,7 @@ std::vector<std::int64_t> process_group::all_gather(std::int64_t value) {
 }
 
 std::vector<std::string> process_group::all_gather(const std::string& text) {
+  check_failed();
   if (size_ == 1 && !world_) {
     return {text};
   }
@@ -288,10 +295,10 @@ std::vector<std::string> process_group::all_gather(const std::string& text) {
 
 std::vector<std::int64_t> process_group::all_reduce(const std::vector<std::int64_t>& values,
                                                     reduction op) {
+  check_failed();
   if (size_ == 1 && !world_) {
     return values;
   }
-  check_failed();
   std::vector<std::int64_t> out(values.size());
   const detail::mpi::reduce_kind kind = op == reduction::sum   ? detail::mpi::reduce_kind::sum
                                         : op == reduction::max ? detail::mpi::reduce_kind::max

@@ -548,9 +548,12 @@ class backend : public std::enable_shared_from_this<backend> {
   }
   /// Throws local()'s error for `device`.
   [[noreturn]] void device_error(int device, const char* what) const;
-  /// The checks of send() and receive(); the local device and the tag of the pair's messages.
-  [[nodiscard]] std::pair<int, int> between_ranks(int device, const view& v, int peer_device,
-                                                  bool sending, const char* what) const;
+  /// The checks of send() and receive() (and copy_group's transfers with another rank): the
+  /// transfer as this rank sees it, with the tag of the pair's messages.
+  [[nodiscard]] rank_transfer between_ranks(int device, const view& v, int peer_device,
+                                            bool sending, const char* what) const;
+  /// send() or receive() of `x` (nothing when empty), counted in stats().
+  void exchange(dtype t, const rank_transfer& x);
 
   [[nodiscard]] virtual std::string do_name() const = 0;
   [[nodiscard]] virtual int do_device_count() const noexcept = 0;

@@ -129,6 +129,9 @@ class process_group {
   void fail(const std::string& why) noexcept;
   /// The first failure this group saw (its own, a timeout, or another rank's notice), if any.
   [[nodiscard]] std::optional<std::string> failure() const;
+  /// failure(), after taking another rank's notice if one has arrived (for a thread that watches
+  /// the ranks without waiting on the group: the CUDA backend's NCCL watchdog).
+  [[nodiscard]] std::optional<std::string> poll_failure();
   /// Ends every rank of the job at once (MPI_Abort; without MPI running, this process exits),
   /// after writing "poolscope: <why>" to stderr: the last resort when a rank cannot fail cleanly.
   /// Static: it needs no group (a watchdog may call it while the group is being destroyed).
