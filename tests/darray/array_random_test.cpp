@@ -208,7 +208,7 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
 
 INSTANTIATE_TEST_SUITE_P(backends, darray_random,
                          ::testing::Values("host:2", "host:3", "host:4", "host:3+issue", "cuda",
-                                           "cuda+issue", "cuda+nographs"),
+                                           "cuda:1", "cuda+issue", "cuda+nographs"),
                          [](const auto& p) {
                            std::string name = p.param;
                            std::erase(name, ':');

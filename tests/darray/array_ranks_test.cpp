@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "poolscope/darray/distributed_array.hpp"
@@ -230,6 +232,106 @@ TEST(darray_ranks, group_collectives_combine_every_ranks_values) {
   EXPECT_EQ(g->all_reduce({me}, process_group::reduction::min), std::vector<i64>{0});
   g->barrier();
   EXPECT_FALSE(g->failure().has_value());
+}
+
+TEST(darray_ranks, group_arguments_are_checked) {
+  EXPECT_THROW((void)process_group::adopt_nccl(nullptr, 0, 2), invalid_argument);
+  int not_a_communicator = 0;
+  try {
+    (void)process_group::adopt_nccl(&not_a_communicator, 2, 2);
+    ADD_FAILURE() << "rank 2 of 2 was taken";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 2 is not one of the 2 ranks"), std::string::npos)
+        << e.what();
+  }
+  // An adopted group has no MPI: host collectives are refused, by name.
+  const auto adopted = process_group::adopt_nccl(&not_a_communicator, 1, 2);
+  EXPECT_FALSE(adopted->uses_mpi());
+  EXPECT_EQ(adopted->nccl_communicator(), &not_a_communicator);
+  try {
+    adopted->barrier();
+    ADD_FAILURE() << "a barrier without MPI was taken";
+  } catch (const logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("barrier needs MPI"), std::string::npos) << e.what();
+  }
+  // A group of one has no peer, and a negative timeout is no bound.
+  const auto one = process_group::single();
+  EXPECT_THROW(one->send("x", 1, 1, 0), invalid_argument);
+  EXPECT_THROW((void)process_group::adopt_nccl(&not_a_communicator, 0, 1,
+                                               {.timeout = std::chrono::milliseconds(-5)}),
+               invalid_argument);
+  one->barrier();  // alone: returns at once
+  EXPECT_EQ(one->all_gather(std::int64_t{7}), std::vector<i64>{7});
+}
+
+TEST(darray_ranks, a_bad_rank_timeout_is_named) {
+  const char* old = std::getenv("POOLSCOPE_RANK_TIMEOUT");
+  const std::string kept = old != nullptr ? old : "";
+  ::setenv("POOLSCOPE_RANK_TIMEOUT", "soon", 1);
+  try {
+    (void)process_group::single();
+    ADD_FAILURE() << "POOLSCOPE_RANK_TIMEOUT=soon was taken";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'soon'"), std::string::npos) << e.what();
+  }
+  ::setenv("POOLSCOPE_RANK_TIMEOUT", "2.5", 1);
+  EXPECT_EQ(process_group::single()->timeout(), std::chrono::milliseconds(2500));
+  if (old != nullptr) {
+    ::setenv("POOLSCOPE_RANK_TIMEOUT", kept.c_str(), 1);
+  } else {
+    ::unsetenv("POOLSCOPE_RANK_TIMEOUT");
+  }
+}
+
+// Many threads at once on one group (the host devices' transfer workers and the caller do so):
+// transfers on their own tags between every pair of neighbouring ranks, and failures noted while
+// others read them. Alone, the transfers have no peer and only the failures run.
+TEST(darray_ranks_concurrency, threads_transfer_and_note_failures_at_once) {
+  const auto g = test_support::test_group();
+  constexpr int threads = 4;
+  constexpr std::size_t words = 1000;
+  if (g->size() > 1) {
+    const int next = (g->rank() + 1) % g->size();
+    const int prev = (g->rank() + g->size() - 1) % g->size();
+    std::vector<std::vector<i64>> got(threads, std::vector<i64>(words));
+    std::vector<std::thread> pool;
+    for (int k = 0; k < threads; ++k) {
+      pool.emplace_back([&, k] {
+        const std::vector<i64> mine(words, g->rank() * 100 + k);
+        // Send and receive at once: the send alone may wait for the receive (rendezvous).
+        std::thread sender([&] { g->send(mine.data(), words * sizeof(i64), next, k); });
+        g->receive(got[static_cast<std::size_t>(k)].data(), words * sizeof(i64), prev, k);
+        sender.join();
+      });
+    }
+    for (auto& t : pool) {
+      t.join();
+    }
+    for (int k = 0; k < threads; ++k) {
+      EXPECT_EQ(got[static_cast<std::size_t>(k)], std::vector<i64>(words, prev * 100 + k)) << k;
+    }
+    g->barrier();
+    return;  // the world group lives on: its failure would fail the tests after this one
+  }
+  const auto one = process_group::single();
+  std::vector<std::thread> pool;
+  std::atomic<int> seen{0};
+  for (int k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      one->fail("failure " + std::to_string(k));
+      if (const auto f = one->poll_failure(); f && f->starts_with("failure ")) {
+        seen.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : pool) {
+    t.join();
+  }
+  EXPECT_EQ(seen.load(), threads);
+  const auto first = one->failure();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first, one->poll_failure()) << "the first failure stays the group's";
+  EXPECT_THROW(one->barrier(), communication_error) << "nothing waits after a failure";
 }
 
 // --- faults: each scenario is a launch of its own (the group stays failed once a rank fails) ---
