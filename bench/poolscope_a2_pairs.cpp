@@ -1,4 +1,4 @@
-// poolscope_a2_pairs: the A2 loop of `poolscope bench alloc` (DESIGN.md §4: bfc over the host
+// poolscope_a2_pairs: the A2 loop of `poolscope bench alloc` (docs/design.md §4: bfc over the host
 // resource, 1000 live blocks of log-uniform sizes 512 B-64 MiB, random free+alloc pairs, the
 // random choices drawn beforehand and cycled, seed 1) for a fixed number of pairs, untimed, so
 // that a simulator counts the same work on every run. Instructions per pair are the difference

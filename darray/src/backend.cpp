@@ -1192,8 +1192,8 @@ void backend::collect_deferred(bool all) noexcept {
   }
   // A partial pass took only buffers whose uses are all complete: nothing to wait for. A full
   // one waits for the uses not known complete (after synchronize(), none: each cudaEvent wait
-  // is a driver call even on a completed event, and a chain of small ops collected one per op
-  // and device — 1.9 cudaEventSynchronize per A + B on 2 GPUs in D3's chain, docs/perf.md).
+  // is a driver call even on a completed event, which a chain of small ops would pay per op
+  // and device: docs/perf.md, "Completed events are not waited for").
   for (auto& d : done) {
     if (all) {
       for (const auto& e : d.uses) {

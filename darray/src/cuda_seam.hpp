@@ -10,9 +10,9 @@
 // - A stream passed to a call of another device is an error of the caller (the runtime reports
 //   cudaErrorInvalidResourceHandle); cudaStreamWaitEvent and cudaMemcpyPeerAsync may mix devices.
 //   cudaGraphLaunch and cudaEventRecord take a stream of any device, whichever is current (the
-//   graph and the event being the stream's device's): run on 2 x H100 with compute-sanitizer,
-//   docs/perf.md, 32nd session; the backend launches kept graphs that way (device_guard's
-//   std::defer_lock).
+//   graph and the event being the stream's device's; checked on GPUs under compute-sanitizer:
+//   docs/perf.md, "No device switch for a kept graph"); the backend launches kept graphs that
+//   way (device_guard's std::defer_lock).
 //
 // Error conventions
 // - Every call returning cudaError_t, cublasStatus_t or ncclResult_t is checked with

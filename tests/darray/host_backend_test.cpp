@@ -551,7 +551,7 @@ class sequenced_event final : public detail::event_state {
 
 // Deferred buffers whose uses are events of one queue: a collection finds the frontier between
 // the complete and the pending ones by bisection — about log2 of them queries, not one per
-// complete event (each a driver call on a GPU: 1.4 us, docs/perf.md).
+// complete event (each a driver call on a GPU: docs/perf.md, "Kernels launched as graphs").
 TEST(darray_backend, collecting_deferred_buffers_bisects_each_queue) {
   auto be = make_host_backend(1);
   const auto in_use = [&] { return be->allocator(0).stats().in_use; };

@@ -54,8 +54,8 @@ TEST(log_env, every_documented_name_sets_its_level_in_any_case) {
   }
 }
 
-// An unrecognised value used to be taken silently as warn: POOLSCOPE_LOG=none (meant to silence
-// poolscope) changed nothing and said nothing. It still means warn, and says so once, naming it.
+// An unrecognised value is not taken silently: POOLSCOPE_LOG=none (meant to silence poolscope)
+// would change nothing and say nothing. It means warn, and says so once, naming the value.
 TEST(log_env, an_unknown_value_is_reported_naming_it) {
   for (const char* value : {"none", "2", "errors"}) {
     const auto c = run_with(value);

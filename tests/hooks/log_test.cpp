@@ -1,5 +1,5 @@
-// poolscope::log with a sink that logs or replaces the sink itself: neither may deadlock (the
-// sink used to run under the log mutex, which the nested call took again). Each case runs on a
+// poolscope::log with a sink that logs or replaces the sink itself: neither may deadlock (a sink
+// run under the log mutex would have the nested call take it again). Each case runs on a
 // helper thread with a deadline: a deadlocked case cannot be recovered from (the log mutex stays
 // held), so it ends the test program with a message naming the case.
 #include "poolscope/log.hpp"

@@ -53,8 +53,8 @@ using darray::shape_t;
 using farray = distributed_array<float>;
 
 // The demo's reference for the block matmul: x * y of two m x m row-major matrices, in double,
-// the rows split over the host's hardware threads through the darray's fork_join (on one thread,
-// the 2048^3 product of a GPU run took 25 of the demo's 31 s on a lent host). Each part writes
+// the rows split over the host's hardware threads through the darray's fork_join (on one thread
+// it is most of a GPU run's time: docs/perf.md, "The demo's host reference"). Each part writes
 // only its own rows; if no thread can be started, the calling thread does them all.
 std::vector<double> host_matmul(const std::vector<float>& x, const std::vector<float>& y,
                                 std::int64_t m) {
@@ -226,8 +226,8 @@ demo_setup set_up(const darray_demo_options& o,
   // adds each part as it lands (darray batches the parts of chunks below 2^20 elements into one
   // task after the last piece), so the trace has an overlap to show. On GPUs 2^26 on one or two,
   // times (devices / 2)^2 on more: the fused op's copies must outlast the host's issuing to every
-  // device (on 4 x H100 at 2^26 each 27 MB copy had ended before its receiver's adds were
-  // enqueued, and no run overlapped anything; at 2^28 every device overlaps 0.6-0.7: perf.md).
+  // device, or each copy ends before its receiver's adds are enqueued and nothing overlaps
+  // (docs/perf.md, "The demo's size on more GPUs").
   const std::int64_t gpu_n = (std::int64_t{1} << 26) * std::max(1, s.devs * s.devs / 4);
   s.n = o.n > 0 ? o.n : (s.gpu ? gpu_n : std::int64_t{1} << 22);
   s.matmul_n = o.matmul_n > 0 ? o.matmul_n : (s.gpu ? 2048 : 192);

@@ -241,20 +241,20 @@ struct backend_options {
   /// (backend::issue_each), so the host cost of several GPUs' enqueue calls overlaps. -1: on
   /// CUDA one per GPU after the first when kernels are launched plainly, none with kernel_graphs
   /// (a graph launch is cheap enough that a second thread in the driver costs more than it
-  /// overlaps, docs/darray.md); none on host (whose enqueue is a queue push); 0: none.
+  /// overlaps: docs/perf.md, "Issuing threads"); none on host (a queue push); 0: none.
   int issue_threads = -1;
-  /// CUDA: launch kernels as one-node graphs, an executable per stream, kernel and block size
-  /// whose grid and arguments are set at each launch: 1.6 us of host time per launch against 3.9 us
-  /// for cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
+  /// CUDA: launch kernels as one-node graphs, a few kept executables per stream, kernel and block
+  /// size: a graph launch costs the host a third of a cudaLaunchKernel (docs/perf.md, "Kernels
+  /// launched as graphs"; docs/darray.md). Ignored by host backends.
   bool kernel_graphs = true;
   /// Compute enqueued on a device while a large copy out of it (>= yield_min_bytes) may still
   /// be in flight yields memory bandwidth to that copy: on GPUs, element-wise kernels over
   /// contiguous operands (the vector path) run at 2 blocks per SM instead of 8. A kernel at full
-  /// occupancy slows the copy engines reading its device for a peer (215 MB: 0.583 ms from an
-  /// idle H100, 0.756 ms beside an add, 0.596 ms beside the add at 2 blocks per SM), and the
-  /// vector path loses nothing measurable at 2 blocks per SM; writes into a busy device are not
-  /// slowed. The copies are what a reshard or fused op waits for, so they go first (D1 on
-  /// 2 x H100: 1.42-1.47 ms against 1.50-1.52; docs/darray.md). Host backends only count it.
+  /// occupancy slows the copy engines reading its device for a peer, while the vector path
+  /// loses nothing measurable at 2 blocks per SM; writes into a busy device are not slowed.
+  /// The copies are what a reshard or fused op waits for, so they go first, and the fused op
+  /// is faster for it (docs/perf.md, "Compute yields to copies out of its device";
+  /// docs/darray.md). Host backends only count it.
   bool yield_to_copies = true;
   /// The processes whose devices the backend numbers (null: a group of one, this process).
   std::shared_ptr<process_group> group;
@@ -401,8 +401,8 @@ class backend : public std::enable_shared_from_this<backend> {
   void copy_group(dtype t, const std::vector<transfer>& list, transport how);
   /// Whether a reshard with `plan`, asked to move data by `how`, should send its pieces as one
   /// copy_group rather than piece by piece: always for nccl, never for peer; for automatic the
-  /// backend's choice (CUDA: when its default transport is NCCL, as measured in docs/darray.md
-  /// "Transports"; host devices: never).
+  /// backend's choice (CUDA: when its default transport is NCCL, for the reasons in
+  /// docs/darray.md "Transports"; host devices: never).
   [[nodiscard]] bool groups_transfers(const reshard_plan& plan, transport how) const;
   /// Sends `src` (contiguous, on this process's `device`) to `peer_device` of another rank, on
   /// the transfer queue of `device` after the work enqueued there so far: an event recorded there

@@ -7,7 +7,7 @@
 //   auto p = plan_reshard(src, dst, {.element_size = 4});
 //   // p.pieces: [0:500] 0->0 local, [700:1000] 1->1 local, [500:700] 0->1 remote (800 B)
 //
-// Rules (DESIGN.md §2 darray: never send what is already in place, feed replicas once):
+// Rules (docs/design.md §2, darray: never send what is already in place, feed replicas once):
 // - replica source (accumulate = false): each destination chunk is partitioned exactly by its
 //   pieces. What a chunk on the destination device already holds is taken from there (local
 //   pieces: no transfer; `in_place` when the source chunk is the destination chunk). The rest
