@@ -8,6 +8,7 @@
 #include <atomic>
 #include <climits>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -1157,6 +1158,54 @@ void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const v
 
 }  // namespace
 
+namespace {
+// The first GPU (CUDA ordinal) of this rank's `n`, with `available` visible here. Where every rank
+// of a host sees all its GPUs, they take them in turn (local rank k: k n .. k n + n - 1); where
+// there are too few for that, each rank is taken to see its own (CUDA_VISIBLE_DEVICES per rank,
+// srun --gpus-per-task) and takes the first n. Collective: the ranks then compare the GPUs' UUIDs,
+// and every rank refuses two ranks of a host on one GPU (NCCL needs a GPU of its own per rank).
+int first_gpu_of_rank(process_group& g, int n, int available) {
+  const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
+  std::string mine = g.host_name();
+  for (int d = first; d < first + n; ++d) {
+    cudaDeviceProp prop{};
+    POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, d));
+    char hex[3];
+    mine += ' ';
+    for (const char byte : prop.uuid.bytes) {
+      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(byte));
+      mine += hex;
+    }
+  }
+  const std::vector<std::string> all = g.all_gather(mine);
+  const auto words = [](const std::string& line) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0, end = 0; at < line.size(); at = end + 1) {
+      end = std::min(line.find(' ', at), line.size());
+      out.push_back(line.substr(at, end - at));
+    }
+    return out;
+  };
+  // Every rank checks every pair, so that all refuse alike.
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::vector<std::string> one = words(all[r]);
+    for (std::size_t q = 0; q < r; ++q) {
+      const std::vector<std::string> other = words(all[q]);
+      for (std::size_t i = 1; i < one.size(); ++i) {
+        if (other.front() == one.front() &&
+            std::find(other.begin() + 1, other.end(), one[i]) != other.end()) {
+          throw invalid_argument("darray cuda backend: ranks " + std::to_string(q) + " and " +
+                                 std::to_string(r) + " of host " + one.front() +
+                                 " would use the same GPU (UUID " + one[i] +
+                                 "): NCCL needs a GPU of its own per rank");
+        }
+      }
+    }
+  }
+  return first;
+}
+}  // namespace
+
 std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& options) {
   std::string reason;
   const int available = detail::seam::device_count(&reason);
@@ -1168,21 +1217,12 @@ std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& o
                            " (expected -1 for all, or 1.." + std::to_string(available) + ")");
   }
   const int n = devices < 0 ? available : devices;
-  // The ranks of one host take its GPUs in turn: local rank k gets GPUs k n .. k n + n - 1. An
-  // adopted NCCL communicator's GPU is the one current when it was made (the application's).
   int first = 0;
   if (options.group && options.group->nccl_communicator() != nullptr) {
+    // An adopted NCCL communicator's GPU is the one current when it was made (the application's).
     POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&first));
   } else if (options.group && options.group->size() > 1) {
-    const int local = options.group->local_rank();
-    if ((local + 1) * n > available) {
-      throw invalid_argument(
-          "darray cuda backend: " + options.group->describe() + " is rank " +
-          std::to_string(local) + " of " + std::to_string(options.group->local_size()) +
-          " on host " + options.group->host_name() + ", which has " + std::to_string(available) +
-          " GPUs: not " + std::to_string(n) + " for each (NCCL needs a GPU of its own per rank)");
-    }
-    first = local * n;
+    first = first_gpu_of_rank(*options.group, n, available);
   }
   return std::make_shared<cuda_backend>(n, first, options);
 }
