@@ -121,7 +121,17 @@ std::shared_ptr<process_group> process_group::from_launcher(const process_group_
                               "), and poolscope was built without MPI, so each would run alone "
                               "(install libopenmpi-dev and openmpi-bin, then configure again)");
   }
-  return from_mpi(options);
+  auto g = from_mpi(options);
+  if (g->size() != size) {
+    // The environment names a launch MPI does not know: the process was not started by an MPI
+    // launcher (torchrun sets WORLD_SIZE), or its peers never were.
+    throw communication_error(
+        "darray: " + variable + "=" + std::to_string(size) + " says this process is one of " +
+        std::to_string(size) + " ranks, and MPI_COMM_WORLD has " + std::to_string(g->size()) +
+        ": start it with mpirun or srun (a launcher without MPI, as torchrun: adopt the "
+        "application's NCCL communicator, process_group::adopt_nccl)");
+  }
+  return g;
 }
 
 std::shared_ptr<process_group> process_group::adopt_nccl(void* nccl_comm, int rank, int size,

@@ -409,6 +409,20 @@ TEST(darray_ranks_fault, rank_dies_mid_reshard) {
   (void)x.reshard(index_map::replicated({n}, {0})).to_host();
 }
 
+// The environment says 2 ranks (as torchrun's WORLD_SIZE does) and no MPI launcher started this
+// process: the group refuses to stand for a launch it is not part of.
+TEST(darray_ranks_fault, no_launcher_started_the_peers) {
+  if (fault_scenario() != "no launcher") {
+    GTEST_SKIP() << "a fault scenario: darray_ranks_faults runs it without a launcher";
+  }
+  try {
+    (void)process_group::from_launcher();
+    ADD_FAILURE() << "a group of one stood for WORLD_SIZE=2";
+  } catch (const communication_error& e) {
+    std::printf("refused: %s\n", e.what());
+  }
+}
+
 #ifdef POOLSCOPE_MPIEXEC
 constexpr const char* mpiexec = POOLSCOPE_MPIEXEC;
 #else
@@ -473,6 +487,21 @@ TEST_F(darray_ranks_faults, a_silent_rank_is_named_once_the_timeout_passes) {
   EXPECT_NE(all.find("rank 0 failed: "), std::string::npos) << all;
   EXPECT_NE(all.find("waited 3 s for rank 1"), std::string::npos) << all;
   EXPECT_EQ(r.exit_code, 0) << all;
+}
+
+TEST_F(darray_ranks_faults, peers_no_launcher_started_are_named) {
+  const auto r =
+      testing::run_process({self_path(), "--gtest_filter=darray_ranks_fault.no_launcher_*"},
+                           {{"POOLSCOPE_TEST_FAULT", "no launcher"},
+                            {"WORLD_SIZE", "2"},
+                            {"ASAN_OPTIONS", asan_options() + "detect_leaks=0"}},
+                           std::chrono::seconds(120));
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("refused: darray: WORLD_SIZE=2 says this process is one of 2 ranks, and "
+                       "MPI_COMM_WORLD has 1"),
+            std::string::npos)
+      << r.out << r.err;
 }
 
 TEST_F(darray_ranks_faults, a_rank_that_dies_ends_the_launch) {
