@@ -73,7 +73,8 @@ std::optional<std::string> nccl_watchdog::poll() {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comms_[i], &async);
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-      return std::string("NCCL reports ") + seam::nccl_result_name(r != ncclSuccess ? r : async) +
+      return std::string("NCCL reports ") +
+             ::poolscope::detail::api_status<ncclResult_t>::name(r != ncclSuccess ? r : async) +
              " on this rank's GPU " + std::to_string(i);
     }
   }

@@ -14,8 +14,8 @@
 #include "subprocess.hpp"
 
 #if defined(POOLSCOPE_CLI_PATH) && defined(POOLSCOPE_MPIEXEC) && \
-    __has_include("poolscope/profiler/trace_check.hpp")
-#include "poolscope/profiler/trace_check.hpp"
+    __has_include("poolscope/analysis/trace_check.hpp")
+#include "poolscope/analysis/trace_check.hpp"
 
 namespace {
 
@@ -61,7 +61,7 @@ TEST(cli_darray_demo_ranks, three_ranks_check_everything_and_write_a_trace_each)
       << r.out;
   for (int rank = 0; rank < 3; ++rank) {
     const std::string trace = (dir / ("t.rank" + std::to_string(rank) + ".json")).string();
-    const auto check = poolscope::profiler::check_trace(trace);
+    const auto check = poolscope::analysis::check_trace(trace);
     EXPECT_TRUE(check.ok()) << trace << ": " << check.to_text();
     const json demo =
         json::parse(read_file((dir / ("r." + std::to_string(rank) + ".json")).string()))

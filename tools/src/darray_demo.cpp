@@ -19,6 +19,8 @@
 #include "cli_files.hpp"
 #include "host_memory.hpp"
 #include "launch.hpp"
+#include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/bench/timing.hpp"
@@ -30,11 +32,9 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
-#include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
-#include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::tools {
 
@@ -470,7 +470,7 @@ void measure_overlap(const demo_setup& s, const profiler::timeline& tl, const fu
     windows.push_back(window_of(begin, end));
   }
   const profiler::interval best = window_of(w.best.first, w.best.second);
-  const auto runs = profiler::summarize_trace(s.trace_path, windows, /*each=*/true);
+  const auto runs = analysis::summarize_trace(s.trace_path, windows, /*each=*/true);
   std::vector<std::vector<double>> per_device(devs);
   for (const auto& run : runs.each) {
     for (const auto& ov : run.devices) {
@@ -842,7 +842,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   rep.set_metadata("demo", demo_metadata(o, s, res, mine.allocators, bs));
   rep.write(s.report_path);
   res.report = rep.to_json();
-  const auto check = profiler::check_trace(s.trace_path);
+  const auto check = analysis::check_trace(s.trace_path);
   res.checks.push_back(demo_check{"trace passes `poolscope trace check`", check.ok(), 0,
                                   check.ok() ? "" : check.to_text()});
 

@@ -34,19 +34,8 @@
 #include <cstdint>
 #include <string>
 
+#include "poolscope/detail/cuda_check.hpp"  // POOLSCOPE_CUDA_CHECK
 #include "poolscope/error.hpp"
-
-/// Checks a cudaError_t-returning call; throws poolscope::cuda_error naming the call text,
-/// file:line and the CUDA error name. The runtime's last-error state is cleared first.
-///
-///   POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
-#define POOLSCOPE_CUDA_CHECK(call)                                                                 \
-  do {                                                                                             \
-    const ::cudaError_t poolscope_cuda_status_ = (call);                                           \
-    if (poolscope_cuda_status_ != ::cudaSuccess) [[unlikely]] {                                    \
-      ::poolscope::pool::detail::cudart::raise(poolscope_cuda_status_, #call, __FILE__, __LINE__); \
-    }                                                                                              \
-  } while (false)
 
 namespace poolscope::pool::detail::cudart {
 

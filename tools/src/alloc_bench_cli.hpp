@@ -2,12 +2,12 @@
 // poolscope_bench_alloc so both accept the same options and print the same output.
 //
 //   CLI::App app{"allocator benchmark"};
-//   poolscope::bench::alloc_bench_command cmd;
+//   poolscope::tools::alloc_bench_command cmd;
 //   cmd.add_options(app);
 //   CLI11_PARSE(app, argc, argv);
 //   return cmd.run(std::cout, std::cerr);
 //
-// Header-only so that the bench library itself does not depend on CLI11.
+// Header-only: compiled into both programs (the bench library itself needs no CLI11).
 // Thread safety: a plain value; run() runs the benchmark on the calling thread.
 #pragma once
 
@@ -16,12 +16,12 @@
 #include <ostream>
 #include <string>
 
+#include "cli_checks.hpp"
 #include "poolscope/bench/alloc_bench.hpp"
-#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 
-namespace poolscope::bench {
+namespace poolscope::tools {
 
 /// Options and action of the allocator benchmark command.
 class alloc_bench_command {
@@ -33,7 +33,7 @@ class alloc_bench_command {
                    "upstream resource (default: cuda with a GPU, else host)")
         ->check(CLI::IsMember(pool::resource_names()));
     app.add_option("--device", options_.device, "GPU ordinal for device resources")
-        ->check(poolscope::bench::non_negative_number());
+        ->check(poolscope::tools::non_negative_number());
     app.add_option("--allocators", options_.allocators,
                    "comma-separated strategies (default: all registered)")
         ->delimiter(',')
@@ -45,16 +45,16 @@ class alloc_bench_command {
         ->check(CLI::Range(1, 1024));
     app.add_option("--workloads", options_.workloads, "comma-separated workloads: A1..A5, H")
         ->delimiter(',')
-        ->check(CLI::IsMember(alloc_workload_names()));
+        ->check(CLI::IsMember(bench::alloc_workload_names()));
     app.add_flag("--quick", options_.quick, "a few seconds on host: fewer pairs, smaller A5");
     app.add_option("--seed", options_.seed, "seed of the random workloads (A2, A5)");
     app.add_option("--seconds", options_.seconds_per_row,
                    "time budget per row (default 1, quick 0.05)")
-        ->check(poolscope::bench::positive_number());
+        ->check(poolscope::tools::positive_number());
     app.add_option("--capacity-gib", options_.capacity_gib,
                    "cap the resource at this many GiB; 0 = none (default: 80 on host, none on a "
                    "GPU)")
-        ->check(poolscope::bench::non_negative_number());
+        ->check(poolscope::tools::non_negative_number());
     app.add_flag("--no-baselines", no_baselines_, "skip the raw resource rows");
     app.add_flag("--compare-thread-cache", options_.compare_thread_cache,
                  "also run each allocator that has a per-thread cache without it (rows '<name> "
@@ -70,7 +70,7 @@ class alloc_bench_command {
   /// device.
   int run(std::ostream& out, std::ostream& progress) {
     options_.baselines = !no_baselines_;
-    const alloc_bench_report rep = run_alloc_bench(options_, &progress);
+    const bench::alloc_bench_report rep = bench::run_alloc_bench(options_, &progress);
     if (json_path_ == "-") {
       rep.print_table(progress);
       out << rep.to_json() << '\n';
@@ -88,16 +88,16 @@ class alloc_bench_command {
     return rep.any_error() ? 3 : 0;
   }
 
-  [[nodiscard]] const alloc_bench_options& options() const noexcept { return options_; }
+  [[nodiscard]] const bench::alloc_bench_options& options() const noexcept { return options_; }
   /// The --json path ("" if none, "-" for stdout).
   [[nodiscard]] const std::string& json_path() const noexcept { return json_path_; }
   /// Sets the time budget per row (what --seconds sets).
   void set_seconds_per_row(double s) noexcept { options_.seconds_per_row = s; }
 
  private:
-  alloc_bench_options options_;
+  bench::alloc_bench_options options_;
   bool no_baselines_ = false;
   std::string json_path_;
 };
 
-}  // namespace poolscope::bench
+}  // namespace poolscope::tools

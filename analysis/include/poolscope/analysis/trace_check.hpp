@@ -2,11 +2,11 @@
 // holding the whole file) and validates them: what `poolscope trace check FILE` runs, and what
 // every test that writes a trace runs on it.
 //
-//   auto r = poolscope::profiler::check_trace("run.json.gz");
+//   auto r = poolscope::analysis::check_trace("run.json.gz");
 //   if (!r.ok()) std::cerr << r.to_text();       // one line per problem, naming the event
 //
 //   // Any consumer can stream the events the same way:
-//   poolscope::profiler::read_trace("run.json", [](std::uint64_t i, const nlohmann::json& e) {
+//   poolscope::analysis::read_trace("run.json", [](std::uint64_t i, const nlohmann::json& e) {
 //     if (e.value("ph", "") == "X") ...;
 //   });
 //
@@ -15,10 +15,10 @@
 // - every event is an object with a known phase ("ph") and the fields that phase needs: name,
 //   pid, tid (where the event sits on a thread), numeric ts; "dur" >= 0 for X (an X without dur is
 //   an unclosed slice); ts and ts + dur within max_trace_time_us of the origin; on X events of a
-//   device-activity category (classify_category), args "device" / "src_device" / "dst_device"
-//   integers from -1 to INT_MAX; an id for flows
-//   (s/t/f) and async events (b/e/n); counters (C) with a non-empty args object of numbers;
-//   metadata (M) with its args (name or sort_index);
+//   device-activity category (profiler::classify_category), args "device" / "src_device" /
+//   "dst_device" integers from -1 to INT_MAX; an id for flows (s/t/f) and async events (b/e/n);
+//   counters (C) with a non-empty args object of numbers; metadata (M) with its args (name or
+//   sort_index);
 // - slices nest per track: on one (pid, tid) two slices (X, or B/E pairs) are either disjoint or
 //   one contains the other; every B has its E;
 // - flows pair up: every "s" has an "f" with the same cat and id and vice versa, the end is not
@@ -44,11 +44,11 @@
 #include <string_view>
 #include <vector>
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 /// The largest |ts| and |ts + dur| (µs from the trace's origin; about 285 years) that
-/// check_trace and summarize_trace (overlap.hpp) take as times: in ns they fit 64 bits. Beyond
-/// it check_trace reports the event and summarize_trace leaves it out.
+/// check_trace and summarize_trace (trace_summary.hpp) take as times: in ns they fit 64 bits.
+/// Beyond it check_trace reports the event and summarize_trace leaves it out.
 inline constexpr double max_trace_time_us = 9e15;
 
 /// What read_trace saw besides the events.
@@ -108,4 +108,4 @@ struct trace_check_result {
 [[nodiscard]] trace_check_result check_trace_text(std::string_view json_text,
                                                   trace_check_options options = {});
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,4 +1,4 @@
-#include "poolscope/profiler/trace_check.hpp"
+#include "poolscope/analysis/trace_check.hpp"
 
 #include <algorithm>
 #include <array>
@@ -15,15 +15,16 @@
 #include <unordered_map>
 #include <utility>
 
-#include "detail/json_text.hpp"
+#include "detail/trace_json.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/detail/json_text.hpp"
 #include "poolscope/profiler/overlap.hpp"
 
 #ifdef POOLSCOPE_HAVE_ZLIB
 #include <zlib.h>
 #endif
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 namespace {
 
 using json = nlohmann::json;
@@ -345,196 +346,33 @@ class checker {
       issue(static_cast<std::int64_t>(index), "", std::nullopt, "event is not a JSON object");
       return;
     }
-    const auto name_it = e.find("name");
-    const std::string name =
-        name_it != e.end() && name_it->is_string() ? name_it->get<std::string>() : std::string();
-    std::optional<double> ts;
-    if (const auto it = e.find("ts"); it != e.end() && it->is_number()) {
-      ts = it->get<double>();
-    }
-    const auto idx = static_cast<std::int64_t>(index);
-    const auto fail = [&](const std::string& msg) { issue(idx, name, ts, msg); };
-
-    const auto ph_it = e.find("ph");
-    if (ph_it == e.end()) {
-      fail("missing field \"ph\"");
+    event_view v{e, index};
+    if (!read_common(v)) {
       return;
     }
-    if (!ph_it->is_string() || ph_it->get_ref<const std::string&>().size() != 1 ||
-        known_phases.find(ph_it->get_ref<const std::string&>()[0]) == std::string_view::npos) {
-      fail("unknown phase " + ph_it->dump());
-      return;
-    }
-    const char ph = ph_it->get_ref<const std::string&>()[0];
-    ++result_.phases[std::string(1, ph)];
-
-    if (name_it == e.end() && ph != 'E') {
-      fail("missing field \"name\"");
-    } else if (name_it != e.end() && !name_it->is_string()) {
-      fail("\"name\" is not a string");
-    }
-    const auto pid_it = e.find("pid");
-    if (pid_it == e.end()) {
-      fail("missing field \"pid\"");
-      return;
-    }
-    if (!pid_it->is_number_integer()) {
-      fail("\"pid\" is not an integer");
-      return;
-    }
-    const auto pid = pid_it->get<std::int64_t>();
-    const auto tid_it = e.find("tid");
-    std::optional<std::int64_t> tid;
-    if (tid_it != e.end()) {
-      if (!tid_it->is_number_integer()) {
-        fail("\"tid\" is not an integer");
-        return;
-      }
-      tid = tid_it->get<std::int64_t>();
-    }
-    const auto args_it = e.find("args");
-    if (args_it != e.end() && !args_it->is_object()) {
-      fail("\"args\" is not an object");
-    }
-    if (ph != 'M') {
-      if (e.find("ts") == e.end()) {
-        fail("missing field \"ts\"");
-        return;
-      }
-      if (!ts) {
-        fail("\"ts\" is not a number");
-        return;
-      }
-      // Beyond it the time has no 64-bit ns value: to_ns and the sums below would wrap.
-      if (!(std::fabs(*ts) <= max_trace_time_us)) {
-        fail("\"ts\" " + e.find("ts")->dump() + " is out of range (more than " + range_text() +
-             " from the origin)");
-        return;
-      }
-    }
-    std::string scope = "t";
-    if (ph == 'i' || ph == 'I') {
-      if (const auto it = e.find("s"); it != e.end()) {
-        if (!it->is_string() || (*it != "t" && *it != "p" && *it != "g")) {
-          fail("instant scope \"s\" must be \"t\", \"p\" or \"g\", not " + it->dump());
-        } else {
-          scope = it->get<std::string>();
-        }
-      }
-    }
-    const bool on_thread = ph == 'X' || ph == 'B' || ph == 'E' || ph == 's' || ph == 't' ||
-                           ph == 'f' || ((ph == 'i' || ph == 'I') && scope == "t");
-    if (on_thread && !tid) {
-      fail("missing field \"tid\"");
-      return;
-    }
-    if (ph != 'M') {
-      used_pids_.emplace(pid, index);
-      if (on_thread) {
-        used_threads_.emplace(track_key{pid, *tid}, index);
-      }
-    }
-    const std::uint32_t name_id = intern(name);
-    switch (ph) {
-      case 'X': {
-        const auto dur_it = e.find("dur");
-        if (dur_it == e.end()) {
-          fail("complete event (X) has no \"dur\": an unclosed slice");
-          return;
-        }
-        if (!dur_it->is_number()) {
-          fail("\"dur\" is not a number");
-          return;
-        }
-        const double dur = dur_it->get<double>();
-        if (dur < 0) {
-          fail("\"dur\" is negative");
-          return;
-        }
-        if (!(dur <= max_trace_time_us)) {
-          fail("\"dur\" " + dur_it->dump() + " is out of range (more than " + range_text() + ")");
-          return;
-        }
-        if (!(*ts + dur <= max_trace_time_us)) {
-          fail("slice ends past the range (ts + dur more than " + range_text() +
-               " from the origin)");
-          return;
-        }
-        // Device ids where `trace summary` reads them (device activity: a category it counts):
-        // an integer in [-1, INT_MAX]; it leaves other values out.
-        if (const auto cat_it = e.find("cat"); cat_it != e.end() && cat_it->is_string() &&
-                                               classify_category(cat_it->get<std::string>()) &&
-                                               args_it != e.end() && args_it->is_object()) {
-          for (const char* key : {"device", "src_device", "dst_device"}) {
-            const auto d = args_it->find(key);
-            if (d != args_it->end() && !detail::trace_device_id(*d)) {
-              fail(std::string("args \"") + key + "\" " + detail::json_shown(*d) +
-                   " is not a device (an integer from -1 to 2147483647)");
-              return;
-            }
-          }
-        }
-        const std::int64_t b = to_ns(*ts);
-        slices_[{pid, *tid}].push_back({b, b + to_ns(dur), index, name_id});
+    switch (v.ph) {
+      case 'X':
+        complete_slice(v);
         break;
-      }
       case 'B':
       case 'E':
-        stamps_[{pid, *tid}].push_back({to_ns(*ts), index, name_id, ph == 'B'});
+        stamps_[{v.pid, *v.tid}].push_back({to_ns(*v.ts), index, v.name_id, v.ph == 'B'});
         break;
-      case 'C': {
-        if (args_it == e.end() || !args_it->is_object() || args_it->empty()) {
-          fail("counter event (C) has no args: a counter needs at least one numeric value");
-          break;
-        }
-        for (const auto& [k, v] : args_it->items()) {
-          if (!v.is_number()) {
-            fail("counter arg \"" + k + "\" is not a number");
-          }
-        }
+      case 'C':
+        counter(v);
         break;
-      }
       case 's':
       case 't':
-      case 'f': {
-        const auto id = id_of(e);
-        if (!id) {
-          fail("flow event (" + std::string(1, ph) + ") has no \"id\"");
-          return;
-        }
-        bool enclosing = true;
-        if (ph == 'f') {
-          enclosing = false;
-          if (const auto it = e.find("bp"); it != e.end()) {
-            if (*it != "e") {
-              fail("flow binding point \"bp\" must be \"e\", not " + it->dump());
-            } else {
-              enclosing = true;
-            }
-          }
-        }
-        flow_points_.push_back({pid, *tid, to_ns(*ts), index, name_id, ph, enclosing});
-        if (ph != 't') {
-          pair_flow(e.value("cat", "") + '\x1f' + *id, ph == 's', index, name_id, to_ns(*ts));
-        }
+      case 'f':
+        flow(v);
         break;
-      }
       case 'b':
       case 'e':
-      case 'n': {
-        const auto id = id_of(e);
-        if (!id) {
-          fail("async event (" + std::string(1, ph) + ") has no \"id\"");
-          return;
-        }
-        if (ph != 'n') {
-          pair_async(e.value("cat", "") + '\x1f' + *id + '\x1f' + name, ph == 'b', index, name_id,
-                     to_ns(*ts));
-        }
+      case 'n':
+        async(v);
         break;
-      }
       case 'M':
-        metadata(e, idx, name, pid, tid, args_it == e.end() ? nullptr : &*args_it);
+        metadata(v);
         break;
       default:
         break;
@@ -577,6 +415,245 @@ class checker {
   }
 
  private:
+  // One event as visit reads it: the fields every phase has, read and checked once by
+  // read_common before the phase's own checks.
+  struct event_view {
+    event_view(const json& event, std::uint64_t at) : e(event), index(at) {}
+    const json& e;
+    std::uint64_t index = 0;
+    std::string name;          // "" when absent or not a string
+    std::optional<double> ts;  // µs, when "ts" is a number
+    char ph = 0;
+    std::int64_t pid = 0;
+    std::optional<std::int64_t> tid;
+    const json* args = nullptr;  // "args" when present (an object or not)
+    std::uint32_t name_id = 0;
+  };
+
+  // A problem of the event `v`, naming it.
+  void fail(const event_view& v, const std::string& message) {
+    issue(static_cast<std::int64_t>(v.index), v.name, v.ts, message);
+  }
+
+  // Reads and checks what every event needs: its phase, name, track and time. False (the
+  // problem reported) when the event cannot be placed on a track and in time; problems that
+  // leave it placeable are reported and reading goes on.
+  bool read_common(event_view& v) {
+    const json& e = v.e;
+    const auto name_it = e.find("name");
+    if (name_it != e.end() && name_it->is_string()) {
+      v.name = name_it->get<std::string>();
+    }
+    if (const auto it = e.find("ts"); it != e.end() && it->is_number()) {
+      v.ts = it->get<double>();
+    }
+    if (!read_phase(v)) {
+      return false;
+    }
+    if (name_it == e.end() && v.ph != 'E') {
+      fail(v, "missing field \"name\"");
+    } else if (name_it != e.end() && !name_it->is_string()) {
+      fail(v, "\"name\" is not a string");
+    }
+    if (!read_track(v)) {
+      return false;
+    }
+    if (const auto it = e.find("args"); it != e.end()) {
+      v.args = &*it;
+      if (!it->is_object()) {
+        fail(v, "\"args\" is not an object");
+      }
+    }
+    if (v.ph != 'M' && !read_time(v)) {
+      return false;
+    }
+    const bool on_thread = on_thread_track(v);
+    if (on_thread && !v.tid) {
+      fail(v, "missing field \"tid\"");
+      return false;
+    }
+    if (v.ph != 'M') {
+      used_pids_.emplace(v.pid, v.index);
+      if (on_thread) {
+        used_threads_.emplace(track_key{v.pid, *v.tid}, v.index);
+      }
+    }
+    v.name_id = intern(v.name);
+    return true;
+  }
+
+  // "ph": one known phase letter, counted.
+  bool read_phase(event_view& v) {
+    const auto it = v.e.find("ph");
+    if (it == v.e.end()) {
+      fail(v, "missing field \"ph\"");
+      return false;
+    }
+    if (!it->is_string() || it->get_ref<const std::string&>().size() != 1 ||
+        known_phases.find(it->get_ref<const std::string&>()[0]) == std::string_view::npos) {
+      fail(v, "unknown phase " + it->dump());
+      return false;
+    }
+    v.ph = it->get_ref<const std::string&>()[0];
+    ++result_.phases[std::string(1, v.ph)];
+    return true;
+  }
+
+  // "pid" (required) and "tid" (optional here; on_thread_track says where it is required):
+  // integers.
+  bool read_track(event_view& v) {
+    const auto pid_it = v.e.find("pid");
+    if (pid_it == v.e.end()) {
+      fail(v, "missing field \"pid\"");
+      return false;
+    }
+    if (!pid_it->is_number_integer()) {
+      fail(v, "\"pid\" is not an integer");
+      return false;
+    }
+    v.pid = pid_it->get<std::int64_t>();
+    if (const auto tid_it = v.e.find("tid"); tid_it != v.e.end()) {
+      if (!tid_it->is_number_integer()) {
+        fail(v, "\"tid\" is not an integer");
+        return false;
+      }
+      v.tid = tid_it->get<std::int64_t>();
+    }
+    return true;
+  }
+
+  // "ts": a number within max_trace_time_us of the origin.
+  bool read_time(const event_view& v) {
+    const auto it = v.e.find("ts");
+    if (it == v.e.end()) {
+      fail(v, "missing field \"ts\"");
+      return false;
+    }
+    if (!v.ts) {
+      fail(v, "\"ts\" is not a number");
+      return false;
+    }
+    // Beyond it the time has no 64-bit ns value: to_ns and the sums below would wrap.
+    if (!(std::fabs(*v.ts) <= max_trace_time_us)) {
+      fail(v, "\"ts\" " + it->dump() + " is out of range (more than " + range_text() +
+                  " from the origin)");
+      return false;
+    }
+    return true;
+  }
+
+  // Whether the event sits on a thread's track (slices, flows, thread-scoped instants), which
+  // needs a "tid". Checks an instant's scope "s" on the way.
+  bool on_thread_track(const event_view& v) {
+    if (v.ph == 'i' || v.ph == 'I') {
+      const auto it = v.e.find("s");
+      if (it == v.e.end()) {
+        return true;
+      }
+      if (!it->is_string() || (*it != "t" && *it != "p" && *it != "g")) {
+        fail(v, "instant scope \"s\" must be \"t\", \"p\" or \"g\", not " + it->dump());
+        return true;
+      }
+      return *it == "t";
+    }
+    return v.ph == 'X' || v.ph == 'B' || v.ph == 'E' || v.ph == 's' || v.ph == 't' || v.ph == 'f';
+  }
+
+  // X: a duration that keeps the slice in range, device ids where `trace summary` reads them.
+  void complete_slice(const event_view& v) {
+    const auto dur_it = v.e.find("dur");
+    if (dur_it == v.e.end()) {
+      fail(v, "complete event (X) has no \"dur\": an unclosed slice");
+      return;
+    }
+    if (!dur_it->is_number()) {
+      fail(v, "\"dur\" is not a number");
+      return;
+    }
+    const double dur = dur_it->get<double>();
+    if (dur < 0) {
+      fail(v, "\"dur\" is negative");
+      return;
+    }
+    if (!(dur <= max_trace_time_us)) {
+      fail(v, "\"dur\" " + dur_it->dump() + " is out of range (more than " + range_text() + ")");
+      return;
+    }
+    if (!(*v.ts + dur <= max_trace_time_us)) {
+      fail(v,
+           "slice ends past the range (ts + dur more than " + range_text() + " from the origin)");
+      return;
+    }
+    // Device ids where `trace summary` reads them (device activity: a category it counts): an
+    // integer in [-1, INT_MAX]; it leaves other values out.
+    if (const auto cat_it = v.e.find("cat");
+        cat_it != v.e.end() && cat_it->is_string() &&
+        profiler::classify_category(cat_it->get<std::string>()) && v.args != nullptr &&
+        v.args->is_object()) {
+      for (const char* key : {"device", "src_device", "dst_device"}) {
+        const auto d = v.args->find(key);
+        if (d != v.args->end() && !detail::trace_device_id(*d)) {
+          fail(v, std::string("args \"") + key + "\" " + profiler::detail::json_shown(*d) +
+                      " is not a device (an integer from -1 to 2147483647)");
+          return;
+        }
+      }
+    }
+    const std::int64_t b = to_ns(*v.ts);
+    slices_[{v.pid, *v.tid}].push_back({b, b + to_ns(dur), v.index, v.name_id});
+  }
+
+  // C: a non-empty args object of numbers.
+  void counter(const event_view& v) {
+    if (v.args == nullptr || !v.args->is_object() || v.args->empty()) {
+      fail(v, "counter event (C) has no args: a counter needs at least one numeric value");
+      return;
+    }
+    for (const auto& [k, value] : v.args->items()) {
+      if (!value.is_number()) {
+        fail(v, "counter arg \"" + k + "\" is not a number");
+      }
+    }
+  }
+
+  // s, t, f: an id; an f's binding point; the start and end paired by cat and id.
+  void flow(const event_view& v) {
+    const auto id = id_of(v.e);
+    if (!id) {
+      fail(v, "flow event (" + std::string(1, v.ph) + ") has no \"id\"");
+      return;
+    }
+    bool enclosing = true;
+    if (v.ph == 'f') {
+      enclosing = false;
+      if (const auto it = v.e.find("bp"); it != v.e.end()) {
+        if (*it != "e") {
+          fail(v, "flow binding point \"bp\" must be \"e\", not " + it->dump());
+        } else {
+          enclosing = true;
+        }
+      }
+    }
+    const std::int64_t ts = to_ns(*v.ts);
+    flow_points_.push_back({v.pid, *v.tid, ts, v.index, v.name_id, v.ph, enclosing});
+    if (v.ph != 't') {
+      pair_flow(v.e.value("cat", "") + '\x1f' + *id, v.ph == 's', v.index, v.name_id, ts);
+    }
+  }
+
+  // b, e, n: an id; begins and ends paired by cat, id and name.
+  void async(const event_view& v) {
+    const auto id = id_of(v.e);
+    if (!id) {
+      fail(v, "async event (" + std::string(1, v.ph) + ") has no \"id\"");
+      return;
+    }
+    if (v.ph != 'n') {
+      pair_async(v.e.value("cat", "") + '\x1f' + *id + '\x1f' + v.name, v.ph == 'b', v.index,
+                 v.name_id, to_ns(*v.ts));
+    }
+  }
+
   struct pending {
     std::uint64_t index;
     std::uint32_t name;
@@ -657,38 +734,39 @@ class checker {
     pair_generic(async_, key, is_start, index, name, ts, false);
   }
 
-  void metadata(const json& e, std::int64_t idx, const std::string& name, std::int64_t pid,
-                std::optional<std::int64_t> tid, const json* args) {
-    std::optional<double> no_ts;
+  // M: process and thread names and sort indices, with the args their kind needs.
+  void metadata(const event_view& v) {
+    const std::int64_t idx = static_cast<std::int64_t>(v.index);
+    const std::string& name = v.name;
+    const std::optional<double> no_ts;
     const bool is_name = name == "process_name" || name == "thread_name";
     const bool is_sort = name == "process_sort_index" || name == "thread_sort_index";
     if (!is_name && !is_sort) {
       return;  // other metadata (process_labels, ...) carries no structure we rely on
     }
     const bool thread = name.starts_with("thread_");
-    if (thread && !tid) {
+    if (thread && !v.tid) {
       issue(idx, name, no_ts, "thread metadata has no \"tid\"");
       return;
     }
     const char* key = is_name ? "name" : "sort_index";
-    if (args == nullptr || !args->is_object() || !args->contains(key)) {
+    if (v.args == nullptr || !v.args->is_object() || !v.args->contains(key)) {
       issue(idx, name, no_ts, std::string("metadata has no args.") + key);
       return;
     }
-    const json& v = (*args)[key];
-    if (is_name && !v.is_string()) {
+    const json& value = (*v.args)[key];
+    if (is_name && !value.is_string()) {
       issue(idx, name, no_ts, "metadata args.name is not a string");
       return;
     }
-    if (is_sort && !v.is_number_integer()) {
+    if (is_sort && !value.is_number_integer()) {
       issue(idx, name, no_ts, "metadata args.sort_index is not an integer");
       return;
     }
-    (void)e;
     if (name == "process_name") {
-      named_pids_.insert(pid);
+      named_pids_.insert(v.pid);
     } else if (name == "thread_name") {
-      named_threads_.insert({pid, *tid});
+      named_threads_.insert({v.pid, *v.tid});
     }
   }
 
@@ -873,4 +951,4 @@ trace_check_result check_trace_text(std::string_view json_text, trace_check_opti
                    [&](const trace_event_visitor& v) { (void)read_trace_text(json_text, v); });
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

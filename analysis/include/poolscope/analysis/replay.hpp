@@ -1,10 +1,10 @@
 // replay: run a recorded allocation log against any allocator and measure what it would do.
 //
-//   auto log = poolscope::profiler::read_event_log("run.jsonl");     // or RMM's CSV log
-//   poolscope::profiler::replay_options opt;
+//   auto log = poolscope::analysis::read_event_log("run.jsonl");     // or RMM's CSV log
+//   poolscope::analysis::replay_options opt;
 //   opt.progress = [](const replay_progress& p) { std::fprintf(stderr, "\r%zu/%zu", p.done,
 //                                                             p.total); return true; };
-//   auto r = poolscope::profiler::replay_on_host(log, "bfc", /*capacity=*/16ULL << 30, opt);
+//   auto r = poolscope::analysis::replay_on_host(log, "bfc", /*capacity=*/16ULL << 30, opt);
 //   std::cout << r.to_text();    // peak requested/reserved, ratio, upstream calls, failures,
 //                                // p50/p99 latency per operation
 //
@@ -34,12 +34,12 @@
 #include <string>
 #include <string_view>
 
+#include "poolscope/analysis/event_log.hpp"
 #include "poolscope/pool/allocator.hpp"
 #include "poolscope/pool/allocator_stats.hpp"
-#include "poolscope/profiler/event_log.hpp"
 #include "poolscope/stream_view.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 /// How far a replay is.
 struct replay_progress {
@@ -114,4 +114,4 @@ struct replay_result {
     std::size_t capacity = std::numeric_limits<std::size_t>::max(),
     const replay_options& options = {});
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,21 +1,13 @@
-// JSON helpers shared by the profiler's loaders and trace tools. Internal.
-// Nothing here throws beyond std::bad_alloc.
+// How trace readers take a trace's fields: shared by `trace check` and `trace summary`, so that
+// what one demands the other reads. Internal. Nothing here throws.
 #pragma once
 
 #include <climits>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <string>
 
-namespace poolscope::profiler::detail {
-
-/// `v` for a message: a scalar as its JSON text (invalid UTF-8 replaced), an array or an object by
-/// its type — dump() recurses once per level, and a crafted value may be nested 100,000 deep.
-inline std::string json_shown(const nlohmann::json& v) {
-  return v.is_structured() ? std::string("an ") + v.type_name()
-                           : v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
+namespace poolscope::analysis::detail {
 
 /// A trace's device id (args "device", "src_device", "dst_device"), as `trace summary` reads it
 /// and `trace check` demands it: an integer from -1 (the host) to INT_MAX; nullopt otherwise.
@@ -32,4 +24,4 @@ inline std::optional<int> trace_device_id(const nlohmann::json& v) noexcept {
   return std::nullopt;
 }
 
-}  // namespace poolscope::profiler::detail
+}  // namespace poolscope::analysis::detail

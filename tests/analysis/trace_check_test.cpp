@@ -1,19 +1,19 @@
 // check_trace on a valid trace and on a set of broken ones: each broken trace must be reported,
 // with the offending event named (index, name, ts).
-#include "poolscope/profiler/trace_check.hpp"
+#include "poolscope/analysis/trace_check.hpp"
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
 
-#include "trace_test_util.hpp"
+#include "profiler/trace_test_util.hpp"
 
 namespace {
 
-using poolscope::profiler::check_trace;
-using poolscope::profiler::check_trace_text;
-using poolscope::profiler::trace_check_result;
+using poolscope::analysis::check_trace;
+using poolscope::analysis::check_trace_text;
+using poolscope::analysis::trace_check_result;
 using poolscope::profiler::testing::temp_file;
 
 // Metadata naming pid 1 (tid 1, 2) and pid 100 (tid 7).

@@ -9,13 +9,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "poolscope/analysis/event_log.hpp"
+#include "poolscope/analysis/replay.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
-#include "poolscope/profiler/event_log.hpp"
-#include "poolscope/profiler/replay.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 namespace {
 
 using hooks::event_kind;
@@ -353,4 +353,4 @@ TEST(replay, rmm_csv_log_replays) {
 }
 
 }  // namespace
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

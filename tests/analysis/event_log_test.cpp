@@ -4,10 +4,10 @@
 
 #include <string>
 
+#include "poolscope/analysis/event_log.hpp"
 #include "poolscope/error.hpp"
-#include "poolscope/profiler/event_log.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 namespace {
 
 using hooks::event_kind;
@@ -206,7 +206,7 @@ TEST(event_log, actions_have_names) {
   for (auto k : {event_kind::pool_malloc, event_kind::pool_free, event_kind::device_alloc,
                  event_kind::device_free, event_kind::split, event_kind::merge, event_kind::release,
                  event_kind::oom, event_kind::limit_hit, event_kind::invalid_free}) {
-    EXPECT_EQ(parse_action(action_name(k)), k);
+    EXPECT_EQ(parse_action(profiler::action_name(k)), k);
   }
   EXPECT_THROW((void)parse_action("alloc"), invalid_argument);
   EXPECT_THROW((void)read_event_log("/nonexistent/log.jsonl"), runtime_error);
@@ -214,4 +214,4 @@ TEST(event_log, actions_have_names) {
 }
 
 }  // namespace
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -4,12 +4,12 @@
 #include <exception>
 #include <iostream>
 
-#include "poolscope/bench/alloc_bench_cli.hpp"
-#include "poolscope/bench/cli_checks.hpp"
+#include "alloc_bench_cli.hpp"
+#include "cli_checks.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"poolscope allocator benchmark: A1-A5 and hook costs, with raw-resource baselines"};
-  poolscope::bench::alloc_bench_command cmd;
+  poolscope::tools::alloc_bench_command cmd;
   cmd.add_options(app);
   // Scripts that drive every *_bench* program the Google Benchmark way pass this; here it is the
   // time budget per row.
@@ -17,7 +17,7 @@ int main(int argc, char** argv) {
   app.add_option("--benchmark_min_time", min_time,
                  "same as --seconds (for Google Benchmark "
                  "drivers)")
-      ->check(poolscope::bench::positive_number());
+      ->check(poolscope::tools::positive_number());
   try {
     app.parse(argc, argv);
     if (min_time > 0.0) {

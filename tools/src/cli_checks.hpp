@@ -2,7 +2,7 @@
 // NonNegativeNumber reject a bad value by printing the range they test, whose upper end is
 // DBL_MAX written out in 309 digits; these say what the option wants in words:
 //   --seconds: must be a number greater than 0, not '0'
-// Header-only (needs CLI11); used by `poolscope` and the benchmark programs.
+// Header-only (needs CLI11); used by `poolscope` and poolscope_bench_alloc.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-namespace poolscope::bench {
+namespace poolscope::tools {
 
 namespace cli_detail {
 
@@ -55,4 +55,4 @@ inline CLI::Validator on_off() {
       "1|0", "on_off");
 }
 
-}  // namespace poolscope::bench
+}  // namespace poolscope::tools

@@ -1,4 +1,4 @@
-#include "poolscope/profiler/replay.hpp"
+#include "poolscope/analysis/replay.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/pool/host_resource.hpp"
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 namespace {
 
@@ -262,4 +262,4 @@ std::string replay_result::to_json() const {
   return j.dump(2);
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

@@ -1,4 +1,4 @@
-#include "poolscope/profiler/event_log.hpp"
+#include "poolscope/analysis/event_log.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -9,7 +9,9 @@
 #include <sstream>
 #include <unordered_map>
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
+
+using profiler::action_name;
 
 parse_error::parse_error(std::string source, std::size_t line, const std::string& what)
     : runtime_error("poolscope: " + source + ":" + std::to_string(line) + ": " + what),
@@ -24,32 +26,6 @@ std::string_view to_string(log_format f) noexcept {
       return "jsonl_hook";
     case log_format::rmm_csv:
       return "rmm_csv";
-  }
-  return "unknown";
-}
-
-std::string_view action_name(hooks::event_kind k) noexcept {
-  switch (k) {
-    case hooks::event_kind::pool_malloc:
-      return "malloc";
-    case hooks::event_kind::pool_free:
-      return "free";
-    case hooks::event_kind::device_alloc:
-      return "device_alloc";
-    case hooks::event_kind::device_free:
-      return "device_free";
-    case hooks::event_kind::split:
-      return "split";
-    case hooks::event_kind::merge:
-      return "merge";
-    case hooks::event_kind::release:
-      return "release";
-    case hooks::event_kind::oom:
-      return "oom";
-    case hooks::event_kind::limit_hit:
-      return "limit_hit";
-    case hooks::event_kind::invalid_free:
-      return "invalid_free";
   }
   return "unknown";
 }
@@ -492,4 +468,4 @@ event_log read_event_log(const std::string& path) {
   return parse_event_log(in, path);
 }
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis

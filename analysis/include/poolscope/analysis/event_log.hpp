@@ -1,12 +1,13 @@
 // event_log: allocator event logs read back into records, for replay and analysis.
 //
-//   poolscope::profiler::event_log log = poolscope::profiler::read_event_log("run.jsonl");
+//   poolscope::analysis::event_log log = poolscope::analysis::read_event_log("run.jsonl");
 //   for (const auto& r : log.records) {
 //     if (r.kind == event_kind::pool_malloc) { ... r.ptr, r.size ... }
 //   }
 //
 // Formats read (detected from the first non-empty line):
-// - poolscope's recorder (recorder.hpp): JSON Lines, one event per line, fields seq, time_ns,
+// - poolscope's recorder (profiler/recorder.hpp): JSON Lines, one event per line, fields seq,
+// time_ns,
 //   thread, device, stream, allocator, allocator_id, action, phase, ptr, size, rounded; an
 //   optional first line {"format": "poolscope.events", ...} describes the file.
 // - poolscope's debug hook (hooks::jsonl_hook): JSON Lines with kind, phase, allocator_name,
@@ -32,8 +33,9 @@
 
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
+#include "poolscope/profiler/recorder.hpp"  // action_name
 
-namespace poolscope::profiler {
+namespace poolscope::analysis {
 
 /// A log could not be parsed: the message names the source and the line.
 class parse_error : public runtime_error {
@@ -80,9 +82,6 @@ struct event_log {
   std::vector<log_record> records;
 };
 
-/// The action name of a recorded event: "malloc", "free", "device_alloc", "device_free",
-/// "split", "merge", "release", "oom", "limit_hit", "invalid_free".
-[[nodiscard]] std::string_view action_name(hooks::event_kind k) noexcept;
 /// The kind of an action name; throws invalid_argument naming `name` if unknown.
 [[nodiscard]] hooks::event_kind parse_action(std::string_view name);
 
@@ -94,4 +93,4 @@ struct event_log {
 /// Reads and parses the log file at `path`. Throws runtime_error if it cannot be opened.
 [[nodiscard]] event_log read_event_log(const std::string& path);
 
-}  // namespace poolscope::profiler
+}  // namespace poolscope::analysis
