@@ -164,6 +164,24 @@ PY
     step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
       --json "$out/bench_darray.json"
   fi
+  # Across processes, one GPU per rank, NCCL between them (docs/multiprocess.md): the darray
+  # tests for several ranks, the demo (a trace and a report per rank), and D1 beside the same
+  # workload in one process on the same GPUs (the target: >= 0.9 x its time, eta >= 0.8).
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if command -v mpirun >/dev/null && [ "$ngpu" -ge 2 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    ranks=(mpirun -np "$ngpu" --oversubscribe)
+    step "darray tests across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" \
+      "$build/bin/poolscope_darray_tests" \
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+    step "demo across $ngpu ranks (cuda:1 each)" "$out/ranks.log" "${ranks[@]}" "$cli" demo \
+      --devices cuda:1 --repeat 10 --trace "$out/ranks_trace.json.gz" \
+      --report "$out/ranks_report.json"
+    step "bench D1, one process, $ngpu GPUs" "$out/ranks.log" "$cli" bench darray \
+      --devices "cuda:$ngpu" --only D1 --json "$out/bench_d1_one_process.json"
+    step "bench D1 across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" "$cli" bench darray \
+      --devices cuda:1 --only D1 --json "$out/bench_d1_ranks.json"
+  fi
 fi
 if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
