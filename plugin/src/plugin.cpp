@@ -19,9 +19,9 @@
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
-#include "poolscope/path_pattern.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
+#include "poolscope/profiler/output_path.hpp"
 #include "poolscope/profiler/recorder.hpp"
 #include "poolscope/profiler/snapshot_recorder.hpp"
 
@@ -79,7 +79,7 @@ struct env_profilers {
 /// Writes the snapshot to `pattern` (expanded). Never throws; false (logged) on failure.
 bool write_snapshot(const env_profilers& e, const std::string& pattern) noexcept {
   try {
-    const std::string path = poolscope::expand_path(pattern);
+    const std::string path = poolscope::profiler::expand_output_path(pattern);
     e.snapshot->write(path);
     return true;
   } catch (const std::exception& ex) {
@@ -150,7 +150,8 @@ void install_env_profilers() noexcept;
 /// first write) so that a run does not learn only at exit that its snapshot is lost.
 void install_snapshot(env_profilers& e, const char* pattern) noexcept {
   try {
-    const std::string problem = profile_path_problem(poolscope::expand_path(pattern), "");
+    const std::string problem =
+        profile_path_problem(poolscope::profiler::expand_output_path(pattern), "");
     if (!problem.empty()) {
       log_error(std::string("poolscope_alloc: POOLSCOPE_SNAPSHOT ignored: '") + pattern +
                 "': " + problem);

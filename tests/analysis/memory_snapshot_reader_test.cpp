@@ -146,6 +146,71 @@ TEST(snapshot_trace, a_trace_that_lost_its_start_counts_what_was_live_before_it)
   EXPECT_EQ(r.peak_requested, cut.figures.source_peak_live);
 }
 
+// A file as PyTorch writes it with stacks="all" (C++ frames before the Python ones), an oom, two
+// streams and a segment from before the first entry: read back through the pickle, each figure
+// against the one counted here by hand.
+TEST(snapshot_trace, native_frames_an_oom_and_two_streams_replay_to_the_hand_figures) {
+  constexpr std::uint64_t mib = 1U << 20;
+  constexpr std::uint64_t s1 = 0x11;
+  constexpr std::uint64_t s2 = 0x22;
+  memory_snapshot s;
+  s.stacks.push_back({{"c10::cuda::CUDACachingAllocator::Native::malloc", "??", 0},
+                      {"at::native::empty_cuda", "/opt/torch/lib/libtorch_cuda.so", 0},
+                      {"train_step", "train.py", 42}});
+  // At the end: segment A (stream 1, present before the trace: no segment_alloc) holds the block
+  // the trace allocates; segment C (stream 2) a block the trace never allocated.
+  profiler::snapshot_segment a;
+  a.address = 0x10000000;
+  a.total_size = 2 * mib;
+  a.stream = s1;
+  a.blocks = {{0x10000000, mib, 1000000, block_state::active_allocated, 1},
+              {0x10000000 + mib, mib, 0, block_state::inactive, 0}};
+  profiler::snapshot_segment c;
+  c.address = 0x30000000;
+  c.total_size = mib;
+  c.stream = s2;
+  c.blocks = {{0x30000000, mib / 2, 500000, block_state::active_allocated, 1},
+              {0x30000000 + mib / 2, mib / 2, 0, block_state::inactive, 0}};
+  s.segments = {a, c};
+  s.device_traces = {{
+      {trace_action::segment_alloc, 0x20000000, 4 * mib, s2, 100, 1},
+      {trace_action::alloc, 0x20000000, 3000000, s2, 101, 1},
+      {trace_action::alloc, 0x10000000, 1000000, s1, 102, 1},
+      {trace_action::oom, 123456, 8 * mib, s1, 103, 1},  // addr: the device's free bytes
+      {trace_action::free_requested, 0x20000000, 3000000, s2, 104, 1},
+      {trace_action::free_completed, 0x20000000, 3000000, s2, 105, 1},
+      {trace_action::segment_free, 0x20000000, 4 * mib, s2, 106, 0},
+  }};
+  const memory_snapshot back = parse_memory_snapshot(s.to_pickle(), "hand");
+  ASSERT_EQ(back, s);
+  EXPECT_EQ(back.stacks[1][0].filename, "??");
+
+  const snapshot_trace t = snapshot_trace_of(back, 0);
+  EXPECT_EQ(t.figures.allocs, 2U);
+  EXPECT_EQ(t.figures.frees, 1U);
+  EXPECT_EQ(t.figures.ooms, 1U);
+  EXPECT_EQ(t.figures.reserved_at_end, 3 * mib);    // A + C
+  EXPECT_EQ(t.figures.reserved_at_start, 3 * mib);  // B came and went in the trace
+  EXPECT_EQ(t.figures.source_peak_reserved, 7 * mib);
+  EXPECT_EQ(t.figures.blocks_before_trace, 1U);  // C's block
+  EXPECT_EQ(t.figures.bytes_before_trace, 500000U);
+  EXPECT_EQ(t.figures.source_peak_live, 500000U + 3000000U + 1000000U);
+  EXPECT_FALSE(t.figures.segments_inconsistent);
+  // The early block opens the log on its segment's stream; each entry keeps its own stream.
+  ASSERT_EQ(t.log.records.size(), 1U + 4U);
+  EXPECT_EQ(t.log.records[0].ptr, 0x30000000U);
+  EXPECT_EQ(t.log.records[0].stream, s2);
+  EXPECT_EQ(t.log.records[1].stream, s2);
+  EXPECT_EQ(t.log.records[2].stream, s1);
+  EXPECT_EQ(t.log.records[3].kind, hooks::event_kind::oom);
+
+  const replay_result r = replay_on_host(t.log, "naive");
+  EXPECT_EQ(r.recorded_failures, 1U);
+  EXPECT_EQ(r.failed_allocations, 0U);
+  EXPECT_EQ(r.unknown_frees, 0U);
+  EXPECT_EQ(r.peak_requested, t.figures.source_peak_live);
+}
+
 TEST(memory_snapshot_reader, what_poolscope_writes_reads_back_the_same) {
   const memory_snapshot s = parse_memory_snapshot(sample_bytes(), "sample");
   const std::string written = s.to_pickle();
