@@ -119,8 +119,9 @@ void print_table(std::ostream& out, const std::vector<analysis::replay_result>& 
 
 /// What the log itself says, the same on every strategy: frees of pointers that were not live
 /// (a double free, or a log that starts mid-run), mallocs of pointers still live (a lost free),
-/// records skipped, failures recorded, events the recorder dropped, blocks never freed (from a replay that failed no
-/// allocation: a failed block is not live). Nothing when the log is complete and consistent.
+/// records skipped, failures recorded, events the recorder dropped, blocks never freed (from a
+/// replay that failed no allocation: a failed block is not live). Nothing when the log is complete
+/// and consistent.
 void print_log_notes(std::ostream& out, const std::vector<analysis::replay_result>& results) {
   const analysis::replay_result& r = results.front();
   const auto whole = std::find_if(results.begin(), results.end(),
@@ -139,8 +140,7 @@ void print_log_notes(std::ostream& out, const std::vector<analysis::replay_resul
   note(r.skipped_records, "record skipped (another allocator's, or not a malloc or free)",
        "records skipped (another allocator's, or not a malloc or free)");
   note(r.recorded_failures, "allocation failure recorded", "allocation failures recorded");
-  note(r.dropped_events,
-       "event dropped by the recorder (its ring was full; the replay lacks it)",
+  note(r.dropped_events, "event dropped by the recorder (its ring was full; the replay lacks it)",
        "events dropped by the recorder (its ring was full; the replay lacks them)");
   if (whole != results.end()) {
     note(whole->live_at_end, "block never freed", "blocks never freed");
