@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   poolscope::tools::register_pools(app);
   poolscope::tools::register_bench(app);
   poolscope::tools::register_replay(app);
+  poolscope::tools::register_snapshot(app);
   poolscope::tools::register_report(app);
   poolscope::tools::register_trace(app);
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
