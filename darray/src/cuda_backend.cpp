@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -135,6 +136,43 @@ class cuda_event final : public detail::event_state {
   std::shared_ptr<event_pool> pool_;
   cudaEvent_t event_;
   mutable std::atomic<bool> done_{false};  // known complete: no more queries
+};
+
+// mpi_staging's copies on GPUs (between_ranks = mpi): cudaMemcpyAsync on each GPU's transfer
+// stream, then an event from the GPU's pool that the staging's worker waits for. Owned by the
+// backend; thread-safe (streams and event pools are).
+class staging_copies final : public detail::mpi_staging::device_copies {
+ public:
+  struct queue {
+    int ordinal = 0;
+    cudaStream_t stream = nullptr;  // the GPU's transfer stream
+    std::shared_ptr<event_pool> events;
+  };
+  explicit staging_copies(std::vector<queue> queues) noexcept : queues_(std::move(queues)) {}
+
+  [[nodiscard]] std::function<void()> enqueue_copy(int device, void* to, const void* from,
+                                                   std::size_t bytes, bool to_host) override {
+    const queue& q = queues_.at(static_cast<std::size_t>(device));
+    const device_guard guard(q.ordinal);
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(
+        to, from, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, q.stream));
+    auto done = std::make_shared<pooled_event>(q.events);
+    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(done->handle, q.stream));
+    return [done] { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(done->handle)); };
+  }
+
+ private:
+  // An event of a pool, given back when the last wait for it goes.
+  struct pooled_event {
+    explicit pooled_event(std::shared_ptr<event_pool> p)
+        : pool(std::move(p)), handle(pool->acquire()) {}
+    pooled_event(const pooled_event&) = delete;
+    pooled_event& operator=(const pooled_event&) = delete;
+    ~pooled_event() { pool->release(handle); }
+    std::shared_ptr<event_pool> pool;
+    cudaEvent_t handle;
+  };
+  std::vector<queue> queues_;
 };
 
 // Everything the backend holds for one GPU. Owned by the backend; not movable (mutexes).
@@ -366,7 +404,9 @@ class cuda_backend final : public backend {
   // With several ranks and NCCL between them: watches the NCCL work with other ranks (and may
   // abort comms_).
   std::unique_ptr<detail::nccl_watchdog> watchdog_;
-  // With several ranks and between_ranks = mpi: moves pieces between ranks (else null).
+  // With several ranks and between_ranks = mpi: moves pieces between ranks through the copies
+  // (else both null).
+  std::unique_ptr<staging_copies> staging_copies_;
   std::unique_ptr<detail::mpi_staging> staging_;
   /// Throws the watchdog's failure, if any: before NCCL is called on communicators it aborted,
   /// and after synchronizing (work with a failed rank may have ended without its data).
@@ -450,11 +490,13 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
     set_yield_to_copies(options.yield_to_copies);
     join_group(options.group);
     if (group()->size() > 1 && options.between_ranks == rank_transport::mpi) {
-      std::vector<int> ordinals;
+      std::vector<staging_copies::queue> queues;
       for (const auto& d : devices_) {
-        ordinals.push_back(d->ordinal);
+        queues.push_back({d->ordinal, d->streams[1], d->events});
       }
-      staging_ = std::make_unique<detail::mpi_staging>(group(), std::move(ordinals));
+      staging_copies_ = std::make_unique<staging_copies>(std::move(queues));
+      staging_ = std::make_unique<detail::mpi_staging>(group(), devices, *staging_copies_,
+                                                       pool::make_resource("pinned"));
     } else if (group()->size() > 1) {
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
@@ -488,6 +530,7 @@ void cuda_backend::release_all() noexcept {
   // The watchdog first (it polls the communicators); communicators it aborted are freed.
   // The MPI sends in flight finish while the streams their copies ran on still exist.
   staging_.reset();
+  staging_copies_.reset();
   const bool aborted = watchdog_ && watchdog_->aborted();
   watchdog_.reset();
   if (comms_adopted_ || aborted) {
@@ -934,9 +977,9 @@ void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_de
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
   const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
   if (sending) {
-    staging_->send(device, s, element_ptr<const void>(v, es), bytes, rank, tag, what);
+    staging_->send(device, element_ptr<const void>(v, es), bytes, rank, tag, what);
   } else {
-    staging_->receive(device, s, element_ptr<void>(v, es), bytes, rank, tag, what);
+    staging_->receive(device, element_ptr<void>(v, es), bytes, rank, tag, what);
   }
 }
 

@@ -1,16 +1,17 @@
-// mpi_staging (mpi_staging.hpp): GPU data between ranks through pinned host memory and MPI.
+// mpi_staging (mpi_staging.hpp): device data between ranks through host staging and MPI.
 #include "mpi_staging.hpp"
 
+#include <exception>
 #include <utility>
 
 #include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
 #include "poolscope/pool/factory.hpp"
 
 namespace poolscope::darray::detail {
 
-using seam::device_guard;
-using seam::log_failure;
-
+// Host memory from the pool, returned by whoever holds it last (a worker's job, or the caller
+// when a receive fails).
 struct mpi_staging::staging {
   staging(pool::allocator& pool, std::size_t bytes)
       : pool_(pool), bytes_(bytes), data_(pool.allocate(stream_view{}, bytes)) {}
@@ -25,25 +26,15 @@ struct mpi_staging::staging {
   void* data_;
 };
 
-namespace {
-// Blocks until `e` completes, then destroys it (also when the wait fails).
-void finish(cudaEvent_t e) {
-  const cudaError_t waited = cudaEventSynchronize(e);
-  log_failure("cudaEventDestroy", [e] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(e)); });
-  POOLSCOPE_DARRAY_CHECK(waited);
-}
-}  // namespace
-
-mpi_staging::mpi_staging(std::shared_ptr<process_group> group, std::vector<int> ordinals)
+mpi_staging::mpi_staging(std::shared_ptr<process_group> group, int devices, device_copies& copies,
+                         std::unique_ptr<pool::resource> host_memory)
     : group_(std::move(group)),
-      ordinals_(std::move(ordinals)),
-      pinned_(pool::make_resource("pinned")),
-      // A caching pool: pinning host memory costs milliseconds per large block, and a reshard's
-      // pieces come back with the same sizes.
-      pool_(pool::make_allocator("bfc", *pinned_)) {
-  for (std::size_t d = 0; d < ordinals_.size(); ++d) {
+      copies_(copies),
+      host_memory_(std::move(host_memory)),
+      pool_(pool::make_allocator("bfc", *host_memory_)) {
+  for (int d = 0; d < devices; ++d) {
     workers_.push_back(std::make_unique<ordered_worker>(
-        "darray " + group_->describe() + ", sends by MPI from GPU " + std::to_string(d)));
+        "darray " + group_->describe() + ", sends by MPI from device " + std::to_string(d)));
   }
 }
 
@@ -60,56 +51,44 @@ std::shared_ptr<mpi_staging::staging> mpi_staging::take(std::size_t bytes) {
   return std::make_shared<staging>(*pool_, bytes);
 }
 
-cudaEvent_t mpi_staging::mark(int ordinal, cudaStream_t s) {
-  const device_guard guard(ordinal);
-  cudaEvent_t e = nullptr;
-  POOLSCOPE_DARRAY_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  const cudaError_t recorded = cudaEventRecord(e, s);
-  if (recorded != cudaSuccess) {
-    log_failure("cudaEventDestroy", [e] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(e)); });
-    seam::raise(recorded, "cudaEventRecord(e, s)", __FILE__, __LINE__);
+ordered_worker& mpi_staging::worker(int device) {
+  if (device < 0 || static_cast<std::size_t>(device) >= workers_.size()) {
+    throw invalid_argument("darray mpi staging: device " + std::to_string(device) +
+                           " is not one of the " + std::to_string(workers_.size()) +
+                           " devices of this process");
   }
-  return e;
+  return *workers_[static_cast<std::size_t>(device)];
 }
 
-void mpi_staging::send(int device, cudaStream_t s, const void* src, std::size_t bytes, int peer,
-                       int tag, const std::string& what) {
-  const int ordinal = ordinals_.at(static_cast<std::size_t>(device));
+void mpi_staging::send(int device, const void* src, std::size_t bytes, int peer, int tag,
+                       const std::string& what) {
+  ordered_worker& w = worker(device);
   auto host = take(bytes);
-  {
-    const device_guard guard(ordinal);
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(host->data(), src, bytes, cudaMemcpyDeviceToHost, s));
-  }
-  const cudaEvent_t copied = mark(ordinal, s);
-  workers_[static_cast<std::size_t>(device)]->push(
-      [g = group_, host = std::move(host), copied, bytes, peer, tag, what] {
-        finish(copied);
-        try {
-          g->send(host->data(), bytes, peer, tag);
-        } catch (const std::exception& e) {
-          throw communication_error(what + ": " + e.what());
-        }
-      });
+  std::function<void()> copied = copies_.enqueue_copy(device, host->data(), src, bytes, true);
+  w.push([g = group_, host = std::move(host), copied = std::move(copied), bytes, peer, tag, what] {
+    copied();
+    try {
+      g->send(host->data(), bytes, peer, tag);
+    } catch (const std::exception& e) {
+      throw communication_error(what + ": " + e.what());  // check() reports it
+    }
+  });
 }
 
-void mpi_staging::receive(int device, cudaStream_t s, void* dst, std::size_t bytes, int peer,
-                          int tag, const std::string& what) {
-  const int ordinal = ordinals_.at(static_cast<std::size_t>(device));
+void mpi_staging::receive(int device, void* dst, std::size_t bytes, int peer, int tag,
+                          const std::string& what) {
+  ordered_worker& w = worker(device);
   auto host = take(bytes);
   try {
     group_->receive(host->data(), bytes, peer, tag);
-  } catch (const std::exception& e) {
+  } catch (const communication_error& e) {
     throw communication_error(what + ": " + e.what());
   }
-  {
-    const device_guard guard(ordinal);
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dst, host->data(), bytes, cudaMemcpyHostToDevice, s));
-  }
+  std::function<void()> copied = copies_.enqueue_copy(device, dst, host->data(), bytes, false);
   // The staging goes back to the pool once the copy has read it: the worker waits for that (in
-  // its order, behind the sends handed to it before, which wait only for GPU work and peers).
-  const cudaEvent_t copied = mark(ordinal, s);
-  workers_[static_cast<std::size_t>(device)]->push([host = std::move(host), copied]() mutable {
-    finish(copied);
+  // its order, behind the sends handed to it before, which wait only for device work and peers).
+  w.push([host = std::move(host), copied = std::move(copied)]() mutable {
+    copied();
     host.reset();
   });
 }
@@ -126,6 +105,10 @@ void mpi_staging::check() {
       throw communication_error(f->empty() ? std::string("darray: a send by MPI failed") : *f);
     }
   }
+}
+
+pool::allocator_stats mpi_staging::staging_stats() const {
+  return pool_->stats();
 }
 
 }  // namespace poolscope::darray::detail
