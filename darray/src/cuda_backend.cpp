@@ -964,14 +964,19 @@ std::string rank_transfer_text(bool sending, std::size_t bytes, int peer_device,
          (sending ? " to device " : " from device ") + std::to_string(peer_device) + " of rank " +
          std::to_string(rank);
 }
+
+// The scope of a transfer with another rank, by NCCL or by MPI.
+const profiler::scope_site& rank_transfer_site(bool sending) {
+  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
+  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
+  return sending ? send_site : receive_site;
+}
 }  // namespace
 
 void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
                                  int tag, bool sending) {
-  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
-  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
   const cudaStream_t s = stream(device, queue_kind::transfer);
-  const profiler::scope scope{sending ? send_site : receive_site, stream_view{s}};
+  const profiler::scope scope{rank_transfer_site(sending), stream_view{s}};
   check_ranks();
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
@@ -985,10 +990,8 @@ void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_de
 
 void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
                                   bool sending) {
-  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
-  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
   const cudaStream_t s = stream(device, queue_kind::transfer);
-  const profiler::scope scope{sending ? send_site : receive_site, stream_view{s}};
+  const profiler::scope scope{rank_transfer_site(sending), stream_view{s}};
   const device_guard guard(dev(device).ordinal);
   const std::lock_guard lock(nccl_mutex_);
   check_ranks();
