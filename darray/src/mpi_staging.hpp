@@ -9,10 +9,12 @@
 // A send: the copy from device memory into host staging is enqueued on the device's transfer
 // queue (so it starts once the data is ready there, and an event recorded on that queue
 // afterwards marks the source free to overwrite); the device's ordered_worker then waits for that
-// copy and sends the staging by MPI. A receive: done where it is issued — the MPI receive into
-// host staging on the calling thread, then the copy into device memory enqueued on the transfer
-// queue (what reads the piece is ordered after it by the queue). The staging of a receive goes
-// back to the pool once its copy has completed (the worker waits for it, in order).
+// copy and sends the staging by MPI, so the issuing thread waits neither for the device to produce
+// the data nor for the peer to take it, and goes on issuing. A receive: done where it is issued —
+// the MPI receive into host staging on the calling thread, then the copy into device memory
+// enqueued on the transfer queue (what reads the piece is ordered after it by the queue). The
+// staging of a receive goes back to the pool once its copy has completed (the worker waits for it,
+// in order).
 //
 // Why this cannot deadlock: every rank issues the same plan's transfers in the same order (the
 // executor), and nothing on a device ever waits for the host (the only waits are on events of
@@ -22,9 +24,8 @@
 // the worker for the same reason, and the worker reaches it: the jobs before it in that worker
 // are earlier transfers (or staging releases), complete; the copy it waits for is device work
 // that waits only on device work already enqueued. So the MPI send meets the posted receive and
-// that transfer completes; by induction every one does. (Sends made on the calling thread could
-// deadlock: two ranks each sending the other a message too large for MPI's eager protocol before
-// receiving.) The bound: each MPI wait is the group's (timeout, another rank's failure notice).
+// that transfer completes; by induction every one does. The bound: each MPI wait is the group's
+// (timeout, another rank's failure notice).
 //
 // Overlap: none guaranteed. A receive holds the issuing thread until its bytes arrive (the work
 // after it is enqueued later), and the bytes cross the host twice (PCIe both ways) rather than

@@ -1,12 +1,12 @@
 // mpi_staging (darray/src/mpi_staging.hpp), the CUDA backend's way between ranks by MPI, driven
 // here through host queues standing in for the GPUs' transfer streams: each copy runs on its
 // device's queue after the work enqueued there before it, as cudaMemcpyAsync on a stream does.
-// Under mpirun (ctest's darray.mpi tests) the ranks run one random plan of transfers, opening
-// with two large ones that cross (which deadlock when a send blocks the thread that issues the
-// plan), each source written by queue work enqueued just before its send (so a copy made before
-// its queue reached it would send stale bytes); every received byte is checked. Alone, the
-// failure paths: a send that fails is reported by check(), naming it; a receive that cannot be
-// made throws; either way the staging goes back to the pool.
+// Under mpirun (ctest's darray.mpi tests) the ranks run one random plan of transfers between
+// two devices each, small and large (beyond MPI's eager sizes), each source written by queue
+// work enqueued just before its send (so a copy made before its queue reached it would send
+// stale bytes); every received byte is checked. Alone: a send returns while its data is not yet
+// ready on the queue; a send that fails is reported by check(), naming it; a receive that cannot
+// be made throws; either way the staging goes back to the pool.
 #include "mpi_staging.hpp"
 
 #include <gtest/gtest.h>
@@ -90,6 +90,23 @@ TEST(mpi_staging, a_failed_send_is_reported_by_check_naming_it) {
   EXPECT_EQ(staging.staging_stats().allocations, 1U);
 }
 
+TEST(mpi_staging, a_send_returns_before_its_data_is_ready) {
+  host_queues queues(1);
+  mpi_staging staging(process_group::single(), 1, queues, host_memory());
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  queues.queue(0).push([opened] { opened.wait(); });  // the data's producer, held back
+  std::vector<std::int32_t> src(16, 7);
+  // Returns with its copy enqueued behind the held work (a send that waited here would hang).
+  staging.send(0, src.data(), src.size() * 4, 1, 0, "a held send");
+  EXPECT_EQ(queues.copies(), 1);
+  EXPECT_GT(staging.staging_stats().in_use, 0U);  // the staging waits with the send
+  open.set_value();
+  staging.drain();
+  EXPECT_THROW(staging.check(), communication_error);  // a group of one has no rank 1
+  EXPECT_EQ(staging.staging_stats().in_use, 0U);
+}
+
 TEST(mpi_staging, a_receive_that_cannot_be_made_throws_and_gives_back_its_staging) {
   host_queues queues(2);
   mpi_staging staging(process_group::single(), 2, queues, host_memory());
@@ -130,7 +147,7 @@ TEST(mpi_staging, a_random_plan_crosses_ranks_in_order) {
   std::printf("mpi_staging seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
   const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  // Two large transfers that cross first (8 MiB: far beyond MPI's eager sizes), then a mix.
+  // Two large transfers both ways first (8 MiB: far beyond MPI's eager sizes), then a mix.
   std::vector<planned> plan{{0, 0, 1, 0, std::size_t{2} << 20}, {1, 0, 0, 0, std::size_t{2} << 20}};
   for (int k = 0; k < 60; ++k) {
     planned p;
