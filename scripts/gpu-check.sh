@@ -190,9 +190,7 @@ PY
       -x CUDA_VISIBLE_DEVICES -x POOLSCOPE_TEST_BETWEEN_RANKS)
     step "darray tests, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" \
       "$build/bin/poolscope_darray_tests" \
-      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
-    step "darray GPU fault tests (NCCL and MPI)" "$out/ranks_mpi.log" \
-      "$build/bin/poolscope_darray_tests" --gtest_filter='darray_ranks_gpu_faults.*'
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1:mpi_staging.*'
     step "demo, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" demo \
       --devices cuda:1 --between-ranks mpi --repeat 5 --trace "$out/ranks_mpi_trace.json.gz" \
       --report "$out/ranks_mpi_report.json"
