@@ -36,6 +36,11 @@ void register_demo(CLI::App& app) {
   sub->add_option("--transport", o->transport, "how pieces move between GPUs")
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();
+  sub->add_option("--between-ranks", o->between_ranks,
+                  "how GPU data moves between ranks: nccl (a GPU of its own per rank) or mpi "
+                  "(staged through pinned host memory; ranks may share a GPU)")
+      ->check(CLI::IsMember({"nccl", "mpi"}))
+      ->capture_default_str();
   sub->add_option("--trace", o->trace_path, "Chrome trace to write (.gz compresses)")
       ->capture_default_str();
   sub->add_option("--report", o->report_path, "JSON report to write (not the --trace file)")
