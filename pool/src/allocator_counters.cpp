@@ -1,0 +1,56 @@
+// An allocator's counters (detail/allocator_counters.hpp): the paths off the usual one.
+#include "detail/allocator_counters.hpp"
+
+namespace poolscope::pool::detail {
+
+void allocator_counters::retire(thread_node& node) noexcept {
+  // The exiting thread's credit goes back to the totals, so that the bound of whichever thread
+  // counts next stays exact when it is alone; the counts stay in the shard, summed by exact().
+  auto& s = static_cast<counter_shard&>(node);
+  in_use_.settle(s.credit_in_use);
+  requested_.settle(s.credit_requested);
+}
+
+void allocator_counters::on_allocate_unsharded(std::size_t rounded,
+                                               std::size_t requested) noexcept {
+  unsharded_allocations_.fetch_add(1, std::memory_order_relaxed);
+  raise(peak_in_use, in_use_.add(rounded));
+  raise(peak_requested, requested_.add(requested));
+}
+
+void allocator_counters::on_free_unsharded(std::size_t rounded, std::size_t requested) noexcept {
+  unsharded_deallocations_.fetch_add(1, std::memory_order_relaxed);
+  in_use_.sub(rounded);
+  requested_.sub(requested);
+}
+
+allocator_counters::totals allocator_counters::exact() const {
+  // The published totals first, then the credits: under concurrent use the two are from nearby
+  // instants, and the caller clamps what it reports (allocator::stats).
+  std::size_t in_use = in_use_.published();
+  std::size_t requested = requested_.published();
+  totals t;
+  t.allocations = unsharded_allocations_.load(std::memory_order_relaxed);
+  t.deallocations = unsharded_deallocations_.load(std::memory_order_relaxed);
+  std::size_t credit_in_use = 0;
+  std::size_t credit_requested = 0;
+  shards_->for_each([&](const thread_node& node) {
+    const auto& s = static_cast<const counter_shard&>(node);
+    credit_in_use += s.credit_in_use;
+    credit_requested += s.credit_requested;
+    t.allocations += s.allocations;
+    t.deallocations += s.deallocations;
+  });
+  t.in_use = in_use > credit_in_use ? in_use - credit_in_use : 0;
+  t.requested = requested > credit_requested ? requested - credit_requested : 0;
+  return t;
+}
+
+std::size_t allocator_counters::in_use_bound() noexcept {
+  const std::size_t published = in_use_.published();
+  const auto* s = static_cast<const counter_shard*>(shards_->local());
+  const std::size_t own = s != nullptr ? static_cast<std::size_t>(s->credit_in_use) : 0;
+  return published > own ? published - own : 0;
+}
+
+}  // namespace poolscope::pool::detail
