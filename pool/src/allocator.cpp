@@ -74,12 +74,11 @@ void allocator::adopt(allocator& inner, adopted_upstream upstream) noexcept {
 }
 
 void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t alignment) {
-  // The usual request in one predicted branch: valid arguments (alignment a power of two up to
-  // max_alignment, 0 < bytes <= max_request_bytes), no hook, no limit. Each term is zero exactly
-  // then (the divisions are shifts); anything else takes allocate_checked, which checks them one
-  // by one in the contract's order.
-  const std::size_t unusual = (alignment & (alignment - 1)) | ((alignment - 1) / max_alignment) |
-                              ((bytes - 1) / max_request_bytes) |
+  // The usual request in one predicted branch: the default alignment, 0 < bytes <=
+  // max_request_bytes, no hook, no limit. Each term is zero exactly then (the division is a
+  // shift); anything else (another alignment included) takes allocate_checked, which checks the
+  // arguments one by one in the contract's order and serves the request the same way.
+  const std::size_t unusual = (alignment ^ max_alignment) | ((bytes - 1) / max_request_bytes) |
                               ~limit_.load(std::memory_order_relaxed) |
                               static_cast<std::size_t>(hooks::active());
   if (unusual != 0) [[unlikely]] {

@@ -11,14 +11,66 @@ void allocator_counters::retire(thread_node& node) noexcept {
   requested_.settle(s.credit_requested);
 }
 
-void allocator_counters::on_allocate_unsharded(std::size_t rounded,
-                                               std::size_t requested) noexcept {
-  unsharded_allocations_.fetch_add(1, std::memory_order_relaxed);
-  raise(peak_in_use, in_use_.add(rounded));
-  raise(peak_requested, requested_.add(requested));
+void allocator_counters::raise_peaks(std::int64_t in_use, std::int64_t requested) noexcept {
+  if (in_use > 0) {
+    raise_peak(peak_in_use, static_cast<std::size_t>(in_use));
+  }
+  if (requested > 0) {
+    raise_peak(peak_requested, static_cast<std::size_t>(requested));
+  }
 }
 
-void allocator_counters::on_free_unsharded(std::size_t rounded, std::size_t requested) noexcept {
+void allocator_counters::spend_beyond_credit(counter_shard& s, std::size_t rounded,
+                                             std::size_t requested) noexcept {
+  // Each credit pays what it can; a credit that falls short adds the rest to its total.
+  std::size_t bound_u = 0;
+  std::size_t bound_r = 0;
+  if (s.credit_in_use < rounded) {
+    bound_u = in_use_.spend_all(s.credit_in_use, rounded);
+  } else {
+    s.credit_in_use = s.credit_in_use - rounded;
+    bound_u = in_use_.published() - s.credit_in_use;
+  }
+  if (s.credit_requested < requested) {
+    bound_r = requested_.spend_all(s.credit_requested, requested);
+  } else {
+    s.credit_requested = s.credit_requested - requested;
+    bound_r = requested_.published() - s.credit_requested;
+  }
+  raise_peaks(static_cast<std::int64_t>(bound_u), static_cast<std::int64_t>(bound_r));
+}
+
+void allocator_counters::return_credit(counter_shard& s, std::size_t credit_in_use,
+                                       std::size_t credit_requested) noexcept {
+  // Past the cap, the whole credit goes back to the total: the thread's bound is exact again.
+  s.credit_in_use = credit_in_use;
+  s.credit_requested = credit_requested;
+  const std::size_t cap = credited_total::cap_for(in_use_.published());
+  if (credit_in_use > cap) {
+    in_use_.settle(s.credit_in_use);
+  }
+  if (credit_requested > cap) {
+    requested_.settle(s.credit_requested);
+  }
+}
+
+void allocator_counters::on_allocate_unslotted(std::size_t rounded,
+                                               std::size_t requested) noexcept {
+  if (shards_->claim() != nullptr) {
+    on_allocate(rounded, requested);  // the thread's table holds the shard now
+    return;
+  }
+  // No shard (no host memory for one, or the thread's exit has begun): the totals directly.
+  unsharded_allocations_.fetch_add(1, std::memory_order_relaxed);
+  raise_peaks(static_cast<std::int64_t>(in_use_.add(rounded)),
+              static_cast<std::int64_t>(requested_.add(requested)));
+}
+
+void allocator_counters::on_free_unslotted(std::size_t rounded, std::size_t requested) noexcept {
+  if (shards_->claim() != nullptr) {
+    on_free(rounded, requested);
+    return;
+  }
   unsharded_deallocations_.fetch_add(1, std::memory_order_relaxed);
   in_use_.sub(rounded);
   requested_.sub(requested);

@@ -103,8 +103,11 @@ thread_cache_adaptor::~thread_cache_adaptor() {
 
 // ---- requests -------------------------------------------------------------------------------
 
-[[gnu::always_inline]] inline thread_cache* thread_cache_adaptor::local_cache() noexcept {
-  return static_cast<thread_cache*>(detail::thread_registry::local(cache_key_, *registry_));
+// The calling thread's cache, claimed (made, or taken over) on its first call; null when it
+// cannot have one (no host memory, or its exit has begun). Out of line: the callers look the
+// thread's table up inline first.
+thread_cache* thread_cache_adaptor::claim_cache() noexcept {
+  return static_cast<thread_cache*>(registry_->claim());
 }
 
 // A request no cache serves: the inner allocator's strategy. Its refusal ({nullptr, 0}: upstream
@@ -118,9 +121,16 @@ thread_cache_adaptor::~thread_cache_adaptor() {
 
 block thread_cache_adaptor::do_allocate(stream_view stream, std::size_t bytes,
                                         std::size_t alignment) {
-  thread_cache* const c = local_cache();
-  if (c == nullptr || c->skip_resting()) {
-    return forward(stream, bytes, alignment);  // no cache here, or it rests
+  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  thread_cache* c = static_cast<thread_cache*>(slot.node);
+  if (slot.key != cache_key_) [[unlikely]] {
+    c = claim_cache();
+    if (c == nullptr) {
+      return forward(stream, bytes, alignment);  // no cache for this thread
+    }
+  }
+  if (c->skip_resting()) {
+    return forward(stream, bytes, alignment);
   }
   return serve(*c, stream, bytes, alignment);
 }
@@ -200,7 +210,11 @@ void thread_cache_adaptor::judge(thread_cache& c) noexcept {
 
 free_outcome thread_cache_adaptor::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                                                  std::size_t alignment) noexcept {
-  thread_cache* const c = local_cache();
+  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  thread_cache* c = static_cast<thread_cache*>(slot.node);
+  if (slot.key != cache_key_) [[unlikely]] {
+    c = claim_cache();
+  }
   // This thread's cache, if its filter counts the block (most frees of a random-size workload
   // are of blocks no cache recorded); the other threads' caches, if there are any (none while
   // one thread uses the adaptor); else the inner allocator.

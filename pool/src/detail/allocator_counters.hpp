@@ -59,35 +59,19 @@ class credited_total {
   static constexpr std::size_t min_credit_cap = std::size_t{4} << 20;
   static constexpr unsigned credit_cap_shift = 6;  // 1/64 of the total
 
-  /// Counts `bytes` allocated by the thread whose credit is `credit`; returns the upper bound
-  /// of the total afterwards (published minus this thread's credit).
-  [[gnu::always_inline]] std::size_t spend(single_writer<std::size_t>& credit,
-                                           std::size_t bytes) noexcept {
+  /// The credit past which a thread gives its credit back, for a total of `published`.
+  [[nodiscard]] static std::size_t cap_for(std::size_t published) noexcept {
+    return std::max(min_credit_cap, published >> credit_cap_shift);
+  }
+  /// Counts `bytes` allocated by a thread whose credit `credit` falls short of them: the credit
+  /// is spent and the rest added to the total. Returns the total afterwards (the thread's
+  /// bound: its credit is now 0).
+  std::size_t spend_all(single_writer<std::size_t>& credit, std::size_t bytes) noexcept {
     const std::size_t c = credit;
-    if (c >= bytes) {
-      const std::size_t left = c - bytes;
-      credit = left;
-      // Never below zero: a total read before another thread's update may trail this credit.
-      const std::size_t p = published_.load(std::memory_order_relaxed);
-      return p > left ? p - left : 0;
-    }
     credit = 0;
     return published_.fetch_add(bytes - c, std::memory_order_relaxed) + (bytes - c);
   }
-  /// Counts `bytes` freed by the thread whose credit is `credit`.
-  [[gnu::always_inline]] void refund(single_writer<std::size_t>& credit,
-                                     std::size_t bytes) noexcept {
-    const std::size_t c = credit + bytes;
-    const std::size_t cap =
-        std::max(min_credit_cap, published_.load(std::memory_order_relaxed) >> credit_cap_shift);
-    if (c > cap) [[unlikely]] {
-      published_.fetch_sub(c, std::memory_order_relaxed);
-      credit = 0;
-      return;
-    }
-    credit = c;
-  }
-  /// Gives a credit back to the total (a thread's exit: its shard waits for a later thread).
+  /// Gives a whole credit back to the total (past its cap, or at its thread's exit).
   void settle(single_writer<std::size_t>& credit) noexcept {
     published_.fetch_sub(credit, std::memory_order_relaxed);
     credit = 0;
@@ -118,25 +102,52 @@ class allocator_counters final : public thread_node_owner {
 
   /// Counts an allocation of `rounded` bytes for `requested`, and raises the peaks.
   [[gnu::always_inline]] void on_allocate(std::size_t rounded, std::size_t requested) noexcept {
-    auto* s = static_cast<counter_shard*>(thread_registry::local(shard_key_, *shards_));
-    if (s == nullptr) [[unlikely]] {
-      on_allocate_unsharded(rounded, requested);
+    const thread_slot& slot = thread_registry::slot(shard_key_);
+    if (slot.key != shard_key_) [[unlikely]] {
+      on_allocate_unslotted(rounded, requested);  // the shard, claimed (or none)
       return;
     }
+    auto* const s = static_cast<counter_shard*>(slot.node);
     s->allocations = s->allocations + 1;
-    raise(peak_in_use, in_use_.spend(s->credit_in_use, rounded));
-    raise(peak_requested, requested_.spend(s->credit_requested, requested));
+    const std::size_t cu = s->credit_in_use;
+    const std::size_t cr = s->credit_requested;
+    if ((cu < rounded) | (cr < requested)) [[unlikely]] {
+      spend_beyond_credit(*s, rounded, requested);
+      return;
+    }
+    const std::size_t left_u = cu - rounded;
+    const std::size_t left_r = cr - requested;
+    s->credit_in_use = left_u;
+    s->credit_requested = left_r;
+    // The bounds, compared signed: a total read before another thread's update may trail this
+    // thread's credit, and such a bound raises nothing.
+    const auto bound_u = static_cast<std::int64_t>(in_use_.published() - left_u);
+    const auto bound_r = static_cast<std::int64_t>(requested_.published() - left_r);
+    if ((bound_u > static_cast<std::int64_t>(peak_in_use.load(std::memory_order_relaxed))) |
+        (bound_r > static_cast<std::int64_t>(peak_requested.load(std::memory_order_relaxed))))
+        [[unlikely]] {
+      raise_peaks(bound_u, bound_r);
+    }
   }
   /// Counts a free of a block of `rounded` bytes allocated for `requested`.
   [[gnu::always_inline]] void on_free(std::size_t rounded, std::size_t requested) noexcept {
-    auto* s = static_cast<counter_shard*>(thread_registry::local(shard_key_, *shards_));
-    if (s == nullptr) [[unlikely]] {
-      on_free_unsharded(rounded, requested);
+    const thread_slot& slot = thread_registry::slot(shard_key_);
+    if (slot.key != shard_key_) [[unlikely]] {
+      on_free_unslotted(rounded, requested);  // the shard, claimed (or none)
       return;
     }
+    auto* const s = static_cast<counter_shard*>(slot.node);
     s->deallocations = s->deallocations + 1;
-    in_use_.refund(s->credit_in_use, rounded);
-    requested_.refund(s->credit_requested, requested);
+    const std::size_t cu = s->credit_in_use + rounded;
+    const std::size_t cr = s->credit_requested + requested;
+    // One cap for both credits, from the in-use total (requested bytes never exceed it).
+    const std::size_t cap = credited_total::cap_for(in_use_.published());
+    if ((cu > cap) | (cr > cap)) [[unlikely]] {
+      return_credit(*s, cu, cr);
+      return;
+    }
+    s->credit_in_use = cu;
+    s->credit_requested = cr;
   }
 
   /// The totals, exact for one instant when no other thread counts meanwhile (takes the
@@ -173,15 +184,14 @@ class allocator_counters final : public thread_node_owner {
     return std::make_unique<counter_shard>();
   }
   void retire(thread_node& node) noexcept override;
-  [[gnu::noinline]] void on_allocate_unsharded(std::size_t rounded, std::size_t requested) noexcept;
-  [[gnu::noinline]] void on_free_unsharded(std::size_t rounded, std::size_t requested) noexcept;
-  /// Raises `peak` to `bound` (one predicted compare when it is not a new high).
-  [[gnu::always_inline]] static void raise(std::atomic<std::size_t>& peak,
-                                           std::size_t bound) noexcept {
-    if (bound > peak.load(std::memory_order_relaxed)) [[unlikely]] {
-      raise_peak(peak, bound);
-    }
-  }
+  // The paths off the usual one (allocator_counters.cpp).
+  [[gnu::noinline]] void on_allocate_unslotted(std::size_t rounded, std::size_t requested) noexcept;
+  [[gnu::noinline]] void on_free_unslotted(std::size_t rounded, std::size_t requested) noexcept;
+  [[gnu::noinline]] void spend_beyond_credit(counter_shard& s, std::size_t rounded,
+                                             std::size_t requested) noexcept;
+  [[gnu::noinline]] void return_credit(counter_shard& s, std::size_t credit_in_use,
+                                       std::size_t credit_requested) noexcept;
+  [[gnu::noinline]] void raise_peaks(std::int64_t in_use, std::int64_t requested) noexcept;
 
   std::atomic<std::uint64_t> unsharded_allocations_{0}, unsharded_deallocations_{0};
 };

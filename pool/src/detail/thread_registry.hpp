@@ -88,6 +88,14 @@ class thread_registry : public std::enable_shared_from_this<thread_registry> {
     }
     return r.claim();
   }
+  /// The calling thread's node, now in its table; null when it cannot have one. Out of line:
+  /// for callers whose table lookup missed.
+  [[gnu::noinline]] thread_node* claim() noexcept;
+  /// The calling thread's table entry for registry key `key` (its node, when the entry's key is
+  /// `key`; else claim()).
+  [[nodiscard, gnu::always_inline]] static const thread_slot& slot(std::uint32_t key) noexcept {
+    return t_thread_slots[key % thread_slot_count];
+  }
   /// The key that names this registry in the threads' tables.
   [[nodiscard]] std::uint32_t key() const noexcept { return key_; }
   /// The first node of the list; walk it through `next`.
@@ -120,7 +128,6 @@ class thread_registry : public std::enable_shared_from_this<thread_registry> {
   [[nodiscard]] bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
 
  private:
-  [[gnu::noinline, gnu::cold]] thread_node* claim() noexcept;
   thread_node* take_locked();  // a free node, or a new one; may throw std::bad_alloc
 
   const std::uint32_t key_;

@@ -82,11 +82,11 @@ struct block {
   std::size_t rounded = 0;
 };
 
-/// What a strategy says of a deallocation.
+/// What a strategy says of a deallocation. Two words, so that it comes back in registers.
 struct free_outcome {
-  hooks::free_error error = hooks::free_error::none;
-  std::size_t rounded = 0;    ///< bytes taken back (0 if the free was ignored)
-  std::size_t requested = 0;  ///< bytes the block was allocated with (0 if unknown)
+  hooks::free_error error : 8 = hooks::free_error::none;
+  std::size_t rounded : 56 = 0;  ///< bytes taken back (0 if the free was ignored)
+  std::size_t requested = 0;     ///< bytes the block was allocated with (0 if unknown)
 };
 
 /// Abstract allocator. Public non-virtual methods validate, count, enforce the limit, retry on
