@@ -34,24 +34,10 @@
 #include <cstdint>
 #include <string>
 
+#include "poolscope/detail/cuda_check.hpp"  // POOLSCOPE_CUDA_CHECK
 #include "poolscope/error.hpp"
 
-/// Checks a cudaError_t-returning call; throws poolscope::cuda_error naming the call text,
-/// file:line and the CUDA error name. The runtime's last-error state is cleared first.
-///
-///   POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
-#define POOLSCOPE_CUDA_CHECK(call)                                                                 \
-  do {                                                                                             \
-    const ::cudaError_t poolscope_cuda_status_ = (call);                                           \
-    if (poolscope_cuda_status_ != ::cudaSuccess) [[unlikely]] {                                    \
-      ::poolscope::pool::detail::cudart::raise(poolscope_cuda_status_, #call, __FILE__, __LINE__); \
-    }                                                                                              \
-  } while (false)
-
 namespace poolscope::pool::detail::cudart {
-
-/// Clears the last-error state and throws cuda_error for `status` (not cudaSuccess).
-[[noreturn]] void raise(cudaError_t status, const char* call, const char* file, int line);
 
 /// Number of CUDA devices; 0 when there is no driver or no GPU. Never throws.
 [[nodiscard]] int device_count() noexcept;
