@@ -48,6 +48,19 @@ if(POOLSCOPE_BUILD_BENCH)
   poolscope_require(benchmark_FOUND "Google Benchmark" "On Debian/Ubuntu: apt-get install libbenchmark-dev.")
 endif()
 
+# Optional: MPI, for DistributedArrays across the processes of a launch (darray's process group;
+# the host devices' transfers between ranks). Absent -> every program runs as a group of one.
+option(POOLSCOPE_WITH_MPI "Use MPI when found (darray process groups across ranks)" ON)
+if(POOLSCOPE_WITH_MPI)
+  find_package(MPI QUIET COMPONENTS C)
+endif()
+if(MPI_C_FOUND)
+  message(STATUS "poolscope: MPI ${MPI_C_VERSION} found (launcher: ${MPIEXEC_EXECUTABLE})")
+else()
+  message(STATUS "poolscope: MPI not found; darray runs single-process (on Debian/Ubuntu: "
+                 "apt-get install libopenmpi-dev openmpi-bin)")
+endif()
+
 # Optional: stack unwinding and symbolization for the line profiler. Absent -> degrade gracefully.
 find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)

@@ -22,6 +22,9 @@ declare -A need=(
   [libdw-dev]=/usr/include/elfutils/libdwfl.h
   [libunwind-dev]=/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/pkgconfig/libunwind.pc
   [ccache]=/usr/bin/ccache
+  # MPI: DistributedArrays across the processes of a launch, and the tests that run under mpirun.
+  [libopenmpi-dev]=/usr/lib/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/openmpi/include/mpi.h
+  [openmpi-bin]=/usr/bin/mpirun
 )
 missing=()
 for pkg in "${!need[@]}"; do

@@ -164,6 +164,24 @@ PY
     step "bench darray (D1-D5)" "$out/bench_darray.log" "$cli" bench darray \
       --json "$out/bench_darray.json"
   fi
+  # Across processes, one GPU per rank, NCCL between them (docs/multiprocess.md): the darray
+  # tests for several ranks, the demo (a trace and a report per rank), and D1 beside the same
+  # workload in one process on the same GPUs (the target: >= 0.9 x its time, eta >= 0.8).
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  if command -v mpirun >/dev/null && [ "$ngpu" -ge 2 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    ranks=(mpirun -np "$ngpu" --oversubscribe)
+    step "darray tests across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" \
+      "$build/bin/poolscope_darray_tests" \
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+    step "demo across $ngpu ranks (cuda:1 each)" "$out/ranks.log" "${ranks[@]}" "$cli" demo \
+      --devices cuda:1 --repeat 10 --trace "$out/ranks_trace.json.gz" \
+      --report "$out/ranks_report.json"
+    step "bench D1, one process, $ngpu GPUs" "$out/ranks.log" "$cli" bench darray \
+      --devices "cuda:$ngpu" --only D1 --json "$out/bench_d1_one_process.json"
+    step "bench D1 across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" "$cli" bench darray \
+      --devices cuda:1 --only D1 --json "$out/bench_d1_ranks.json"
+  fi
 fi
 if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60
@@ -224,6 +242,15 @@ inside = [n['label'] for n in leaves if 'poolscope_alloc' in n['module'] or n['f
 print(f'{len(leaves)} call sites; inside the plug-in: {inside}')
 sys.exit(1 if inside or not leaves else 0)
 PY"
+fi
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  # Memory snapshots (docs/snapshot.md): PyTorch's and the plug-in's (every strategy) through
+  # torch.cuda._memory_viz, poolscope's against PyTorch's structure, and `poolscope replay` of
+  # PyTorch's against its max_memory_reserved().
+  # (The files go to /tmp: $OUT returns only a few.)
+  step "memory snapshots vs PyTorch" "$out/snapshot.log" \
+    python3 "$root/scripts/snapshot_gpu_check.py" "$build/lib/libpoolscope_alloc.so" \
+      --out /tmp/poolscope-gpu-check --poolscope "$build/bin/poolscope"
 fi
 if python3 -c "import cupy" 2>/dev/null && [ -f "$root/scripts/cupy_plugin_check.py" ]; then
   step "CuPy plug-in workload" "$out/plugin.log" \

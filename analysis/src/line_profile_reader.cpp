@@ -216,7 +216,7 @@ line_profile line_profile_from_json_document(const nlohmann::json& j) {
     p.events = get_u64(j, "events");
     p.unmatched_frees = get_u64(j, "unmatched_frees");
     p.truncated_stacks = get_u64(j, "truncated_stacks");
-    // Written since the profiler left contended events to the lock's holder; older files lack it.
+    // Optional on load (docs/line_profile.md): a document without it reads as 0.
     p.deferred_events = j.contains("deferred_events") ? get_u64(j, "deferred_events") : 0;
     p.peak_live = get_u64(j, "peak_live");
     p.peak_seq = get_u64(j, "peak_seq");

@@ -58,7 +58,10 @@ baseline_seconds summarize(std::vector<double> s) {
 // Wall time of `op` (which returns once its work is complete): one untimed warm-up, then `runs`.
 // Each run (the warm-up too) is a profiler scope named `scope` when one is given: a host slice of
 // that name in the trace of `--trace` (nothing is recorded without a timeline or profiler).
-baseline_seconds time_op(int runs, const std::function<void()>& op, std::string_view scope = {}) {
+// With `ranks` (a backend's group), each run starts after a barrier and a run's time is its
+// slowest rank's: each rank waits for its own devices only (a group of one: no barrier, its own).
+baseline_seconds time_op(int runs, const std::function<void()>& op, std::string_view scope = {},
+                         darray::process_group* ranks = nullptr) {
   const auto one = [&] {
     if (scope.empty()) {
       op();
@@ -68,12 +71,22 @@ baseline_seconds time_op(int runs, const std::function<void()>& op, std::string_
     }
   };
   one();
-  std::vector<double> s;
+  std::vector<std::int64_t> ns;
   for (int i = 0; i < std::max(runs, 1); ++i) {
+    if (ranks != nullptr) {
+      ranks->barrier();
+    }
     const auto t0 = std::chrono::steady_clock::now();
     one();
     const auto t1 = std::chrono::steady_clock::now();
-    s.push_back(std::chrono::duration<double>(t1 - t0).count());
+    ns.push_back(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count());
+  }
+  if (ranks != nullptr) {
+    ns = ranks->all_reduce(ns, darray::process_group::reduction::max);
+  }
+  std::vector<double> s;
+  for (const std::int64_t t : ns) {
+    s.push_back(static_cast<double>(t) * 1e-9);
   }
   return summarize(std::move(s));
 }
@@ -301,6 +314,7 @@ class bench_run {
       : o_(o), be_(std::move(be)), progress_(progress) {
     devs_ = be_->device_count();
     gpu_ = be_->is_gpu();
+    ranks_ = be_->group().get();
     n_ = o.n > 0 ? o.n : (gpu_ ? std::int64_t{1} << 29 : std::int64_t{1} << 20);
     mm_ = o.matmul_n > 0 ? o.matmul_n : (gpu_ ? 8192 : 256);
     how_ = o.transport == "peer"   ? darray::transport::peer
@@ -385,9 +399,10 @@ class bench_run {
     return make_baseline("memcpy", bytes, time_host_copies(links, runs));
   }
 
-  // The baselines of a reshard's links: raw copies, and on GPUs NCCL send/recv.
+  // The baselines of a reshard's links: raw copies, and on GPUs NCCL send/recv. Their calls move
+  // between one process's devices: none in a run of several ranks.
   void link_baselines(darray_workload_result& w, const std::vector<device_link>& links) const {
-    if (links.empty()) {
+    if (links.empty() || ranks_->size() > 1) {
       return;
     }
     w.baselines["peer"] = raw_copies(links, o_.repeat);
@@ -401,7 +416,7 @@ class bench_run {
     w.what = "1-D float32 A + C.reshard(A.index_map()), A at n/2, C at 0.7 n (2 devices)";
     const auto [a_map, c_map, a, b, c] = seed_arrays(n_);
     const auto t_add = time_op(
-        o_.repeat, [&] { (a + b).wait(); }, "bench.D1.add");
+        o_.repeat, [&] { (a + b).wait(); }, "bench.D1.add", ranks_);
     std::shared_ptr<const darray::reshard_plan> plan;
     const auto t_reshard = time_op(
         o_.repeat,
@@ -410,14 +425,14 @@ class bench_run {
           moved.wait();
           plan = moved.handle().last_reshard().plan;
         },
-        "bench.D1.reshard");
+        "bench.D1.reshard", ranks_);
     const auto t_fused = time_op(
         o_.repeat, [&] { (a + c.reshard(a.index_map(), reshard_options())).wait(); },
-        "bench.D1.fused");
+        "bench.D1.fused", ranks_);
     // The same with the reshard inside the op (maps differ; default reshard options): the adds
     // of the parts in place are enqueued once every link's first copy is (docs/darray.md).
     const auto t_inside = time_op(
-        o_.repeat, [&] { (a + c).wait(); }, "bench.D1.fused_inside");
+        o_.repeat, [&] { (a + c).wait(); }, "bench.D1.fused_inside", ranks_);
 
     // What must move, from the maps alone: each device's A range minus its C range.
     const auto ar = ranges_of(a_map, 0, devs_);
@@ -446,7 +461,7 @@ class bench_run {
     f["reshard_gbps"] = static_cast<double>(plan->bytes_remote) / t_reshard.best / 1e9;
 
     link_baselines(w, links_of(*plan));
-    if (devs_ > 1 && plan->bytes_remote > 0) {
+    if (devs_ > 1 && plan->bytes_remote > 0 && ranks_->size() == 1) {
       // The bare link between devices 0 and 1 with the same bytes: one way, and both at once.
       const auto bytes = static_cast<std::size_t>(plan->bytes_remote);
       w.baselines["peer_one_way"] = raw_copies({{0, 1, bytes}}, o_.repeat);
@@ -478,9 +493,10 @@ class bench_run {
           moved.wait();
           plan = moved.handle().last_reshard().plan;
         },
-        "bench.D2.reshard");
+        "bench.D2.reshard", ranks_);
     const auto t_fused = time_op(
-        o_.repeat, [&] { (x.reshard(cols, reshard_options()) + z).wait(); }, "bench.D2.fused");
+        o_.repeat, [&] { (x.reshard(cols, reshard_options()) + z).wait(); }, "bench.D2.fused",
+        ranks_);
 
     // Device d keeps the rows-block d x cols-block d square; the rest of its column block moves.
     const auto rr = ranges_of(rows, 0, devs_);
@@ -736,8 +752,10 @@ class bench_run {
     y1.wait();
     const auto replica = darray::array_mode::replica;
     const auto t = time_op(
-        o_.repeat, [&] { darray::matmul(x, y).change_mode(replica).wait(); }, "bench.D5.matmul");
-    const auto t1 = time_op(o_.repeat, [&] { darray::matmul(x1, y1).change_mode(replica).wait(); });
+        o_.repeat, [&] { darray::matmul(x, y).change_mode(replica).wait(); }, "bench.D5.matmul",
+        ranks_);
+    const auto t1 = time_op(
+        o_.repeat, [&] { darray::matmul(x1, y1).change_mode(replica).wait(); }, {}, ranks_);
     const double flop =
         2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(m);
     auto& f = w.figures;
@@ -757,6 +775,7 @@ class bench_run {
   std::ostream* progress_;
   int devs_ = 0;
   bool gpu_ = false;
+  darray::process_group* ranks_ = nullptr;  // be_'s group
   std::int64_t n_ = 0;
   std::int64_t mm_ = 0;
   darray::transport how_ = darray::transport::automatic;
@@ -1009,7 +1028,17 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   bo.transfers = o.transport == "peer"   ? darray::transport::peer
                  : o.transport == "nccl" ? darray::transport::nccl
                                          : darray::transport::automatic;
+  bo.group = o.group;
   auto be = darray::make_backend(o.devices, bo);
+  const bool ranks = be->group()->size() > 1;
+  // D3 and D4 measure the floors and copies of one process's CUDA calls: not across ranks.
+  const auto one_process_only = [](const std::string& w) { return w == "D3" || w == "D4"; };
+  for (const auto& w : o.only) {
+    if (ranks && one_process_only(w)) {
+      throw invalid_argument("poolscope bench darray: " + w +
+                             " measures one process's calls: run it without a launcher");
+    }
+  }
 
   darray_bench_report rep;
   rep.backend = be->name();
@@ -1038,7 +1067,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   }
   bench_trace trace(be, o.trace_path, cupti);
   for (const auto& name : all) {
-    if (o.only.empty() || std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {
+    if ((o.only.empty() && !(ranks && one_process_only(name))) ||
+        std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {
       const darray::backend_stats before = be->stats();
       rep.workloads.push_back(run.run(name));
       const darray::backend_stats after = be->stats();
@@ -1072,9 +1102,15 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
       << " (times include the tracing's cost; each run: poolscope trace summary " << rep.trace_path
       << " --range bench.D1.fused --each)\n";
   }
-  t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
-                : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread per "
-                  "link); targets apply to GPUs and are not checked\n");
+  if (ranks) {
+    t << be->group()->size()
+      << " ranks: each run starts after a barrier and takes its slowest rank's time; the "
+         "baselines (one process's calls) and D3, D4 need a run without a launcher\n";
+  } else {
+    t << (rep.gpu ? "baselines: raw CUDA / NCCL calls in this run\n"
+                  : "no GPU: host devices; the CUDA baselines are replaced by memcpy (one thread "
+                    "per link); targets apply to GPUs and are not checked\n");
+  }
   t << '\n';
   text_table table({"workload", "figure", "value", "baseline", "ratio", "target"}, 2);
   std::string last;

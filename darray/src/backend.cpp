@@ -251,6 +251,10 @@ buffer::buffer(std::shared_ptr<backend> owner, int device, void* ptr, std::size_
                std::vector<event> uses) noexcept
     : owner_(std::move(owner)), device_(device), ptr_(ptr), bytes_(bytes), uses_(std::move(uses)) {}
 
+int buffer::device() const noexcept {
+  return owner_->first_local_device() + device_;
+}
+
 buffer::~buffer() {
   owner_->defer_free(device_, ptr_, bytes_, std::move(uses_));
 }
@@ -292,23 +296,97 @@ std::string backend::label() const {
 }
 
 void backend::device_error(int device, const char* what) const {
+  if (group_ && group_->size() > 1 && device >= 0 && device < device_count()) {
+    throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
+                           " is rank " + std::to_string(rank_of(device)) + "'s, not this " +
+                           group_->describe() + "'s (devices " + std::to_string(first_local_) +
+                           ".." + std::to_string(first_local_ + local_count_ - 1) + ")");
+  }
   throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
                          " is not one of the " + std::to_string(device_count()) + " devices of " +
                          name());
 }
 
+std::string backend::name() const {
+  if (group_ && group_->size() > 1) {
+    return do_name() + " x " + std::to_string(group_->size()) + " ranks";
+  }
+  return do_name();
+}
+
 std::string backend::device_name(int device) const {
-  check_device(device, "device_name");
-  return do_device_name(device);
+  if (device < 0 || device >= device_count()) {
+    device_error(device, "device_name");
+  }
+  return device_names_[static_cast<std::size_t>(device)];
+}
+
+int backend::rank_of(int device) const {
+  if (device < 0 || device >= device_count()) {
+    device_error(device, "rank_of");
+  }
+  // The last rank whose first device is at or before `device` (ranks may hold no device).
+  const auto after = std::upper_bound(first_of_rank_.begin(), first_of_rank_.end() - 1, device);
+  return static_cast<int>(after - first_of_rank_.begin()) - 1;
+}
+
+int backend::first_device_of(int rank) const {
+  if (rank < 0 || rank >= group_->size()) {
+    throw invalid_argument("darray first_device_of: rank " + std::to_string(rank) +
+                           " is not one of the " + std::to_string(group_->size()) + " ranks");
+  }
+  return first_of_rank_[static_cast<std::size_t>(rank)];
+}
+
+void backend::join_group(std::shared_ptr<process_group> group) {
+  group_ = group ? std::move(group) : process_group::single();
+  local_count_ = do_device_count();
+  const auto counts = group_->size() > 1 && !group_->uses_mpi()
+                          // An adopted NCCL communicator: one GPU per rank, its rank's number.
+                          ? std::vector<std::int64_t>(static_cast<std::size_t>(group_->size()), 1)
+                          : group_->all_gather(std::int64_t{local_count_});
+  if (group_->size() > 1 && !group_->uses_mpi() && local_count_ != 1) {
+    throw invalid_argument("darray backend over " + group_->describe() +
+                           " adopted from an NCCL communicator: " + std::to_string(local_count_) +
+                           " devices here, and such a group has one GPU per rank");
+  }
+  first_of_rank_.assign(1, 0);
+  for (const std::int64_t c : counts) {
+    first_of_rank_.push_back(first_of_rank_.back() + static_cast<int>(c));
+  }
+  first_local_ = first_of_rank_[static_cast<std::size_t>(group_->rank())];
+  device_total_ = first_of_rank_.back();
+  device_names_.clear();
+  for (int d = 0; d < local_count_; ++d) {
+    device_names_.push_back(do_device_name(d));
+  }
+  if (group_->size() > 1 && group_->uses_mpi()) {
+    // One text per rank: its devices' names, each ended by a newline.
+    std::string mine;
+    for (const auto& n : device_names_) {
+      mine += n + '\n';
+    }
+    device_names_.clear();
+    for (const std::string& theirs : group_->all_gather(mine)) {
+      for (std::size_t at = 0, end = 0; (end = theirs.find('\n', at)) != std::string::npos;
+           at = end + 1) {
+        device_names_.push_back(theirs.substr(at, end - at));
+      }
+    }
+  } else if (group_->size() > 1) {
+    device_names_.assign(static_cast<std::size_t>(device_total_), do_device_name(0));
+  }
 }
 
 pool::allocator& backend::allocator(int device) {
-  check_device(device, "allocator");
-  return do_allocator(device);
+  return do_allocator(local(device, "allocator"));
 }
 
 std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
-  check_device(device, "allocate");
+  return allocate_on(local(device, "allocate"), bytes);
+}
+
+std::shared_ptr<buffer> backend::allocate_on(int device, std::size_t bytes) {
   if (bytes == 0) {
     throw invalid_argument("darray allocate: 0 bytes requested on device " +
                            std::to_string(device));
@@ -335,9 +413,9 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes) {
 }
 
 std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes, queue_kind first_use) {
-  check_device(device, "allocate");
+  device = local(device, "allocate");
   if (bytes == 0 || deferred_count_.load(std::memory_order_relaxed) == 0) {
-    return allocate(device, bytes);  // (which refuses 0 bytes)
+    return allocate_on(device, bytes);  // (which refuses 0 bytes)
   }
   // The uses of a buffer dropped with them pending on the queue of the new work come before it
   // in that queue's order: the memory can be written by the new work at once.
@@ -361,7 +439,7 @@ std::shared_ptr<buffer> backend::allocate(int device, std::size_t bytes, queue_k
     }
   }
   if (p == nullptr) {
-    return allocate(device, bytes);
+    return allocate_on(device, bytes);
   }
   try {
     // The uses still pending are all on the new work's queue: they stay the buffer's (the new
@@ -382,7 +460,7 @@ backend::queue_tracks& backend::tracks() {
     return tracks_;
   }
   std::call_once(tracks_once_, [this] {
-    const auto n = static_cast<std::size_t>(device_count()) * 2;
+    const auto n = static_cast<std::size_t>(do_device_count()) * 2;
     tracks_.track = std::make_unique<queue_track[]>(n);
     tracks_.waited = std::make_unique<std::atomic<std::uint64_t>[]>(n * n);
     for (std::size_t i = 0; i < n * n; ++i) {
@@ -447,7 +525,7 @@ int backend::own_queue_key(const event& e) const noexcept {
 }
 
 event backend::record(int device, queue_kind q) {
-  check_device(device, "record");
+  device = local(device, "record");
   queue_track& t = tracks().track[static_cast<std::size_t>(queue_key(device, q))];
   // Sequences follow the order of the records on the queue, also when threads record at once.
   const std::lock_guard lock(t.record_mutex);
@@ -473,7 +551,7 @@ void raise_to(std::atomic<std::uint64_t>& a, std::uint64_t v) noexcept {
 }  // namespace
 
 void backend::wait(int device, queue_kind q, const event& e) {
-  check_device(device, "wait");
+  device = local(device, "wait");
   if (e.empty()) {
     return;
   }
@@ -557,13 +635,14 @@ void check_view(const view& v, const char* what) {
 
 void backend::copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
                    const view& src, int src_device, transport how) {
-  check_device(dst_device, "copy (destination)");
-  check_device(src_device, "copy (source)");
   if (queue_device != dst_device && queue_device != src_device) {
     throw invalid_argument("darray copy: queue device " + std::to_string(queue_device) +
                            " is neither the source " + std::to_string(src_device) +
                            " nor the destination " + std::to_string(dst_device));
   }
+  dst_device = local(dst_device, "copy (destination)");
+  src_device = local(src_device, "copy (source)");
+  queue_device = local(queue_device, "copy (queue)");
   check_view(dst, "copy");
   check_view(src, "copy");
   check_same_extents(dst, src, "copy");
@@ -580,30 +659,49 @@ void backend::copy(int queue_device, queue_kind q, dtype t, const view& dst, int
 
 void backend::copy_group(dtype t, const std::vector<transfer>& list, transport how) {
   std::vector<transfer> moving;
+  std::vector<rank_transfer> between;
   moving.reserve(list.size());
   for (std::size_t i = 0; i < list.size(); ++i) {
     const transfer& x = list[i];
-    check_device(x.dst_device, "copy_group (destination)");
-    check_device(x.src_device, "copy_group (source)");
     if (x.dst_device == x.src_device) {
       throw invalid_argument("darray copy_group: transfer " + std::to_string(i) + " has device " +
                              std::to_string(x.src_device) +
                              " on both sides (a group moves between devices)");
     }
+    if (is_local(x.src_device) != is_local(x.dst_device)) {
+      // One side on another rank: this rank's side is a send or a receive.
+      const bool sending = is_local(x.src_device);
+      const view& mine = sending ? x.src : x.dst;
+      const int peer = sending ? x.dst_device : x.src_device;
+      rank_transfer y =
+          between_ranks(sending ? x.src_device : x.dst_device, mine, peer, sending, "copy_group");
+      if (mine.size() != 0) {
+        between.push_back(std::move(y));
+      }
+      continue;
+    }
+    transfer y = x;
+    y.dst_device = local(x.dst_device, "copy_group (destination)");
+    y.src_device = local(x.src_device, "copy_group (source)");
     check_view(x.dst, "copy_group");
     check_view(x.src, "copy_group");
     check_same_extents(x.dst, x.src, "copy_group");
     if (x.dst.size() != 0) {
-      moving.push_back(x);
+      moving.push_back(y);
     }
   }
-  if (!moving.empty()) {
-    do_copy_group(t, moving, how);
+  if (!moving.empty() || !between.empty()) {
+    do_copy_group(t, moving, between, how);
+  }
+  for (const rank_transfer& x : between) {
+    count_between_ranks(static_cast<std::uint64_t>(x.data.size()) * size_of(t));
   }
 }
 
-void backend::do_copy_group(dtype t, const std::vector<transfer>& list, transport how) {
+void backend::do_copy_group(dtype t, const std::vector<transfer>& list,
+                            const std::vector<rank_transfer>& between, transport how) {
   copy_one_by_one(t, list, how == transport::nccl ? transport::peer : how);
+  exchange_one_by_one(t, between);
 }
 
 void backend::copy_one_by_one(dtype t, const std::vector<transfer>& list, transport how) {
@@ -616,9 +714,69 @@ void backend::copy_one_by_one(dtype t, const std::vector<transfer>& list, transp
     const std::pair<int, int> link{x.src_device, x.dst_device};
     if (std::find(links.begin(), links.end(), link) == links.end()) {
       links.push_back(link);
-      wait(x.dst_device, queue_kind::transfer, record(x.src_device, queue_kind::transfer));
+      wait(global_device(x.dst_device), queue_kind::transfer,
+           record(global_device(x.src_device), queue_kind::transfer));
     }
   }
+}
+
+void backend::exchange_one_by_one(dtype t, const std::vector<rank_transfer>& between) {
+  for (const rank_transfer& x : between) {
+    if (x.sending) {
+      do_send(x.device, t, x.data, x.peer_device, x.peer_rank, x.tag);
+    } else {
+      do_receive(x.device, t, x.data, x.peer_device, x.peer_rank, x.tag);
+    }
+  }
+}
+
+backend::rank_transfer backend::between_ranks(int device, const view& v, int peer_device,
+                                              bool sending, const char* what) const {
+  const int l = local(device, what);
+  if (peer_device < 0 || peer_device >= device_count() || is_local(peer_device)) {
+    throw invalid_argument(
+        std::string("darray ") + what + ": peer device " + std::to_string(peer_device) +
+        (is_local(peer_device)
+             ? " is this process's (copy() moves within it)"
+             : " is not one of the " + std::to_string(device_count()) + " devices of " + name()));
+  }
+  check_view(v, what);
+  if (!v.contiguous()) {
+    throw invalid_argument(std::string("darray ") + what +
+                           ": a transfer between ranks needs a contiguous view (pack it first)");
+  }
+  const int peer_local = peer_device - first_device_of(rank_of(peer_device));
+  // Messages between two devices carry the pair in their tag: each pair's messages are sent by
+  // one queue and received by one queue, in the order of the plans, so they match in order.
+  const int from = sending ? l : peer_local;
+  const int to = sending ? peer_local : l;
+  if (from >= max_devices_per_rank || to >= max_devices_per_rank) {
+    throw invalid_argument(std::string("darray ") + what + ": a rank holds more than " +
+                           std::to_string(max_devices_per_rank) +
+                           " devices (transfers between ranks tell at most that many apart)");
+  }
+  return rank_transfer{
+      v, l, peer_device, rank_of(peer_device), from * max_devices_per_rank + to, sending};
+}
+
+void backend::exchange(dtype t, const rank_transfer& x) {
+  if (x.data.size() == 0) {
+    return;
+  }
+  if (x.sending) {
+    do_send(x.device, t, x.data, x.peer_device, x.peer_rank, x.tag);
+  } else {
+    do_receive(x.device, t, x.data, x.peer_device, x.peer_rank, x.tag);
+  }
+  count_between_ranks(static_cast<std::uint64_t>(x.data.size()) * size_of(t));
+}
+
+void backend::send(int device, dtype t, const view& src, int peer_device) {
+  exchange(t, between_ranks(device, src, peer_device, true, "send"));
+}
+
+void backend::receive(int device, dtype t, const view& dst, int peer_device) {
+  exchange(t, between_ranks(device, dst, peer_device, false, "receive"));
 }
 
 bool backend::groups_transfers(const reshard_plan& plan, transport how) const {
@@ -638,7 +796,7 @@ bool backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
 }
 
 void backend::upload(int device, dtype t, const view& dst, const view& host_src) {
-  check_device(device, "upload");
+  device = local(device, "upload");
   check_view(dst, "upload");
   check_view(host_src, "upload");
   check_same_extents(dst, host_src, "upload");
@@ -649,7 +807,7 @@ void backend::upload(int device, dtype t, const view& dst, const view& host_src)
 }
 
 void backend::download(int device, dtype t, const view& host_dst, const view& src) {
-  check_device(device, "download");
+  device = local(device, "download");
   check_view(host_dst, "download");
   check_view(src, "download");
   check_same_extents(host_dst, src, "download");
@@ -660,7 +818,7 @@ void backend::download(int device, dtype t, const view& host_dst, const view& sr
 }
 
 void backend::fill(int device, queue_kind q, dtype t, const view& dst, scalar value) {
-  check_device(device, "fill");
+  device = local(device, "fill");
   check_view(dst, "fill");
   if (dst.size() == 0) {
     return;
@@ -670,7 +828,7 @@ void backend::fill(int device, queue_kind q, dtype t, const view& dst, scalar va
 
 void backend::unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
                     const view& src) {
-  check_device(device, "unary");
+  device = local(device, "unary");
   check_view(dst, "unary");
   check_view(src, "unary");
   check_same_extents(dst, src, "unary");
@@ -682,7 +840,7 @@ void backend::unary(int device, queue_kind q, dtype t, unary_op op, const view& 
 
 void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                      const view& a, const view& b, const scalar* a_scalar, const scalar* b_scalar) {
-  check_device(device, "binary");
+  device = local(device, "binary");
   check_view(dst, "binary");
   if (a_scalar != nullptr && b_scalar != nullptr) {
     throw invalid_argument("darray binary: both operands are scalars");
@@ -703,7 +861,7 @@ void backend::binary(int device, queue_kind q, dtype t, binary_op op, const view
 
 void backend::binary_parts(int device, queue_kind q, dtype t, binary_op op,
                            const std::vector<binary_part>& parts) {
-  check_device(device, "binary_parts");
+  device = local(device, "binary_parts");
   bool any_empty = false;
   for (const binary_part& p : parts) {
     check_view(p.dst, "binary_parts");
@@ -736,7 +894,7 @@ void backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
 
 void backend::accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                          const view& src) {
-  check_device(device, "accumulate");
+  device = local(device, "accumulate");
   check_view(acc, "accumulate");
   check_view(src, "accumulate");
   check_same_extents(acc, src, "accumulate");
@@ -748,7 +906,7 @@ void backend::accumulate(int device, queue_kind q, dtype t, reduce_op op, const 
 
 void backend::reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                      const view& src, int axis) {
-  check_device(device, "reduce");
+  device = local(device, "reduce");
   check_view(acc, "reduce");
   check_view(src, "reduce");
   if (axis >= static_cast<int>(src.rank)) {
@@ -776,7 +934,7 @@ void backend::reduce(int device, queue_kind q, dtype t, reduce_op op, const view
 
 void backend::gemm_accumulate(int device, queue_kind q, dtype t, const view& c, const view& a,
                               const view& b) {
-  check_device(device, "gemm");
+  device = local(device, "gemm");
   check_view(c, "gemm");
   check_view(a, "gemm");
   check_view(b, "gemm");
@@ -828,6 +986,8 @@ backend_stats backend::stats() const {
   s.kernel_graphs_made = get(counters_.kernel_graphs_made);
   s.kernel_graph_updates = get(counters_.kernel_graph_updates);
   s.parts_visited = get(counters_.parts_visited);
+  s.copies_between_ranks = get(counters_.copies_between_ranks);
+  s.bytes_between_ranks = get(counters_.bytes_between_ranks);
   return s;
 }
 
@@ -838,7 +998,7 @@ void backend::start_issuers(const backend_options& options, int automatic) {
         ": must be -1 (automatic), 0 (none) or a thread count");
   }
   const int wanted = options.issue_threads == -1 ? automatic : options.issue_threads;
-  const int helpers = std::min(wanted, device_count() - 1);
+  const int helpers = std::min(wanted, do_device_count() - 1);
   if (helpers > 0) {
     issuers_ = std::make_unique<detail::fork_join>(static_cast<std::size_t>(helpers));
   }
@@ -856,6 +1016,11 @@ void backend::count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept {
     counters_.copies_local.fetch_add(1, relaxed);
     counters_.bytes_local.fetch_add(bytes, relaxed);
   }
+}
+
+void backend::count_between_ranks(std::uint64_t bytes) noexcept {
+  counters_.copies_between_ranks.fetch_add(1, std::memory_order_relaxed);
+  counters_.bytes_between_ranks.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void backend::count_op() noexcept {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <climits>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -17,6 +18,7 @@
 
 #include "cuda_seam.hpp"
 #include "kernels.hpp"
+#include "nccl_watchdog.hpp"
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
@@ -237,7 +239,9 @@ using detail::site_of;
 // backend.hpp; every enqueue returns at once except upload, download and synchronize.
 class cuda_backend final : public backend {
  public:
-  cuda_backend(int devices, const backend_options& options);
+  /// GPUs first_ordinal .. first_ordinal + devices - 1 (CUDA's ordinals), as this process's
+  /// devices of options.group.
+  cuda_backend(int devices, int first_ordinal, const backend_options& options);
   ~cuda_backend() override;
 
  private:
@@ -261,7 +265,14 @@ class cuda_backend final : public backend {
   void do_synchronize() override;
   void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
                const view& src, int src_device, transport how) override;
-  void do_copy_group(dtype t, const std::vector<transfer>& list, transport how) override;
+  void do_copy_group(dtype t, const std::vector<transfer>& list,
+                     const std::vector<rank_transfer>& between, transport how) override;
+  void do_send(int device, dtype t, const view& src, int peer_device, int peer_rank,
+               int tag) override;
+  void do_receive(int device, dtype t, const view& dst, int peer_device, int peer_rank,
+                  int tag) override;
+  /// do_send / do_receive: one ncclSend or ncclRecv on the transfer stream, watched.
+  void nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank, bool sending);
   [[nodiscard]] bool do_groups_automatically(const reshard_plan& plan) const override;
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override;
   void do_download(int device, dtype t, const view& host_dst, const view& src) override;
@@ -320,9 +331,15 @@ class cuda_backend final : public backend {
                     int dst_device, int src_device, device_guard& current);
   void copy_nccl(int queue_device, cudaStream_t s, std::size_t es, const transfer& x);
   /// ncclSend / ncclRecv of every transfer (contiguous views) in one group, each side on its
-  /// device's transfer stream. The caller holds nccl_mutex_ and called ensure_comms().
-  void nccl_group(std::size_t es, const std::vector<transfer>& list);
-  void copy_3d_peer(cudaStream_t s, void* dst, int dst_device, const void* src, int src_device,
+  /// device's transfer stream, with this rank's sides of `between`. The caller holds nccl_mutex_
+  /// and called ensure_comms().
+  void nccl_group(std::size_t es, const std::vector<transfer>& list,
+                  const std::vector<rank_transfer>& between = {});
+  /// The communicators of a group of several ranks (ncclCommInitRank over every rank's GPUs,
+  /// the unique id broadcast from rank 0), or the one adopted from the application.
+  void join_rank_comms();
+  // Between the GPUs of CUDA ordinals dst_ordinal and src_ordinal.
+  void copy_3d_peer(cudaStream_t s, void* dst, int dst_ordinal, const void* src, int src_ordinal,
                     const pitched& p);
   void ensure_comms();
   cublasHandle_t blas_handle(int device, queue_kind q);
@@ -333,15 +350,25 @@ class cuda_backend final : public backend {
   transport default_transport_ = transport::automatic;
   std::mutex nccl_mutex_;
   std::vector<ncclComm_t> comms_;
+  bool comms_adopted_ = false;  // comms_ is the application's: never finalized or destroyed here
+  // With several ranks: watches the NCCL work with other ranks (and may abort comms_).
+  std::unique_ptr<detail::nccl_watchdog> watchdog_;
+  /// Throws the watchdog's failure, if any: before NCCL is called on communicators it aborted,
+  /// and after synchronizing (work with a failed rank may have ended without its data).
+  void check_ranks() const {
+    if (watchdog_) {
+      watchdog_->check();
+    }
+  }
 };
 
-cuda_backend::cuda_backend(int devices, const backend_options& options)
+cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options& options)
     : default_transport_(options.transfers) {
   try {
     const auto n = static_cast<std::size_t>(devices);
     for (std::size_t i = 0; i < n; ++i) {
       auto state = std::make_unique<device_state>();
-      state->ordinal = static_cast<int>(i);
+      state->ordinal = first_ordinal + static_cast<int>(i);
       const device_guard guard(state->ordinal);
       cudaDeviceProp prop{};
       POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, state->ordinal));
@@ -378,12 +405,12 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
         }
         int can = 0;
         POOLSCOPE_DARRAY_CHECK(
-            cudaDeviceCanAccessPeer(&can, static_cast<int>(i), static_cast<int>(j)));
+            cudaDeviceCanAccessPeer(&can, devices_[i]->ordinal, devices_[j]->ordinal));
         if (can == 0) {
           continue;
         }
-        const device_guard guard(static_cast<int>(i));
-        const cudaError_t s = cudaDeviceEnablePeerAccess(static_cast<int>(j), 0);
+        const device_guard guard(devices_[i]->ordinal);
+        const cudaError_t s = cudaDeviceEnablePeerAccess(devices_[j]->ordinal, 0);
         if (s != cudaSuccess) {
           (void)cudaGetLastError();
         }
@@ -403,6 +430,13 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
     // small ops slower (docs/perf.md, "Issuing threads"): with graphs the default is none.
     start_issuers(options, options.kernel_graphs ? 0 : devices - 1);
     set_yield_to_copies(options.yield_to_copies);
+    join_group(options.group);
+    if (group()->size() > 1) {
+      // Collective: every rank makes its communicators now, not at its first transfer (which
+      // other ranks reach at other times, or never).
+      join_rank_comms();
+      watchdog_ = std::make_unique<detail::nccl_watchdog>(comms_, !comms_adopted_, group());
+    }
   } catch (...) {
     release_all();
     throw;
@@ -427,6 +461,12 @@ void cuda_backend::release_all() noexcept {
   // The communicators first, finalized together (one thread drives every device: one group)
   // before each is destroyed, as NCCL asks: a communicator destroyed unfinalized may leave its
   // proxy threads behind, and the process then hung at exit in about one run in ten.
+  // The watchdog first (it polls the communicators); communicators it aborted are freed.
+  const bool aborted = watchdog_ && watchdog_->aborted();
+  watchdog_.reset();
+  if (comms_adopted_ || aborted) {
+    comms_.clear();
+  }
   if (!comms_.empty()) {
     log_failure("ncclCommFinalize", [this] {
       POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
@@ -502,6 +542,7 @@ void cuda_backend::do_synchronize() {
       POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
     }
   }
+  check_ranks();
 }
 
 void cuda_backend::order_after(cudaStream_t waiter, cudaStream_t s, int device) {
@@ -528,7 +569,7 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
   const auto bytes = static_cast<std::uint64_t>(dst.size()) * es;
   const cudaStream_t s = stream(queue_device, q);
   // Deferred: a small copy between peers launched as a kept graph needs no device switch.
-  device_guard guard(queue_device, std::defer_lock);
+  device_guard guard(dev(queue_device).ordinal, std::defer_lock);
   const profiler::scope scope{dev(src_device).copy_sites[static_cast<std::size_t>(dst_device)],
                               stream_view{s}};
   std::array<view, 2> v{dst, src};
@@ -569,13 +610,13 @@ void cuda_backend::copy_within(const detail::launch_target& on, std::size_t es,
   detail::launch_copy(on, es, v[0], v[1]);
 }
 
-void cuda_backend::copy_3d_peer(cudaStream_t s, void* dst, int dst_device, const void* src,
-                                int src_device, const pitched& p) {
+void cuda_backend::copy_3d_peer(cudaStream_t s, void* dst, int dst_ordinal, const void* src,
+                                int src_ordinal, const pitched& p) {
   cudaMemcpy3DPeerParms parms{};
   parms.srcPtr = make_cudaPitchedPtr(const_cast<void*>(src), p.src_pitch, p.width, p.height);
-  parms.srcDevice = src_device;
+  parms.srcDevice = src_ordinal;
   parms.dstPtr = make_cudaPitchedPtr(dst, p.dst_pitch, p.width, p.height);
-  parms.dstDevice = dst_device;
+  parms.dstDevice = dst_ordinal;
   parms.extent = make_cudaExtent(p.width, p.height, 1);
   POOLSCOPE_DARRAY_CHECK(cudaMemcpy3DPeerAsync(&parms, s));
 }
@@ -598,7 +639,8 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
       return;
     }
     current.engage();
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, s));
+    POOLSCOPE_DARRAY_CHECK(
+        cudaMemcpyPeerAsync(dst, dev(dst_device).ordinal, src, dev(src_device).ordinal, bytes, s));
     return;
   }
   current.engage();  // every other way below runs with the queue's device current
@@ -608,7 +650,7 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
       POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(dst, p->dst_pitch, src, p->src_pitch, p->width,
                                                p->height, cudaMemcpyDefault, s));
     } else {
-      copy_3d_peer(s, dst, dst_device, src, src_device, *p);
+      copy_3d_peer(s, dst, dev(dst_device).ordinal, src, dev(src_device).ordinal, *p);
     }
     return;
   }
@@ -658,9 +700,9 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
       src_off += idx[d] * v[1].stride[d];
     }
     copy_3d_peer(s, static_cast<std::byte*>(dst) + dst_off * static_cast<std::int64_t>(es),
-                 dst_device,
+                 dev(dst_device).ordinal,
                  static_cast<const std::byte*>(src) + src_off * static_cast<std::int64_t>(es),
-                 src_device, p);
+                 dev(src_device).ordinal, p);
     std::size_t d = outer;
     for (; d > 0; --d) {
       if (++idx[d - 1] < v[0].extent[d - 1]) {
@@ -681,7 +723,7 @@ void cuda_backend::ensure_comms() {
   const int n = static_cast<int>(devices_.size());
   std::vector<int> ordinals(devices_.size());
   for (int i = 0; i < n; ++i) {
-    ordinals[static_cast<std::size_t>(i)] = i;
+    ordinals[static_cast<std::size_t>(i)] = dev(i).ordinal;
   }
   std::vector<ncclComm_t> comms(devices_.size(), nullptr);
   // ncclCommInitAll may leave another device current: restore ours.
@@ -707,17 +749,66 @@ void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, std::size_t es, c
   order_after(s, recv_stream, x.dst_device);
 }
 
-void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list) {
+void cuda_backend::join_rank_comms() {
+  if (void* adopted = group()->nccl_communicator(); adopted != nullptr) {
+    // process_group::adopt_nccl: one GPU per rank, the communicator's rank is the group's.
+    comms_.assign(1, static_cast<ncclComm_t>(adopted));
+    comms_adopted_ = true;
+    return;
+  }
+  ncclUniqueId id{};
+  if (group()->rank() == 0) {
+    POOLSCOPE_DARRAY_CHECK(ncclGetUniqueId(&id));
+  }
+  group()->broadcast(&id, sizeof id, 0);
+  std::vector<ncclComm_t> comms(devices_.size(), nullptr);
+  int current = 0;
+  POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&current));
+  // One thread initializes every GPU of this rank: one group, as NCCL asks.
+  POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
+  ncclResult_t r = ncclSuccess;
+  for (std::size_t i = 0; i < devices_.size() && r == ncclSuccess; ++i) {
+    const cudaError_t set = cudaSetDevice(devices_[i]->ordinal);
+    if (set != cudaSuccess) {
+      (void)ncclGroupEnd();
+      detail::seam::raise(set, "cudaSetDevice(ordinal)", __FILE__, __LINE__);
+    }
+    r = ncclCommInitRank(&comms[i], device_count(), id, global_device(static_cast<int>(i)));
+  }
+  const ncclResult_t ended = ncclGroupEnd();
+  POOLSCOPE_DARRAY_CHECK(cudaSetDevice(current));
+  POOLSCOPE_DARRAY_CHECK(r);
+  POOLSCOPE_DARRAY_CHECK(ended);
+  comms_ = std::move(comms);
+}
+
+void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
+                              const std::vector<rank_transfer>& between) {
   POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
   try {
+    // NCCL peers are ranks of the communicator: the devices' numbers over every rank.
     for (const transfer& x : list) {
       const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
       POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
-                                      x.dst_device, comms_[static_cast<std::size_t>(x.src_device)],
+                                      global_device(x.dst_device),
+                                      comms_[static_cast<std::size_t>(x.src_device)],
                                       stream(x.src_device, queue_kind::transfer)));
-      POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8, x.src_device,
+      POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
+                                      global_device(x.src_device),
                                       comms_[static_cast<std::size_t>(x.dst_device)],
                                       stream(x.dst_device, queue_kind::transfer)));
+    }
+    for (const rank_transfer& x : between) {
+      const auto bytes = static_cast<std::size_t>(x.data.size()) * es;
+      const ncclComm_t comm = comms_[static_cast<std::size_t>(x.device)];
+      const cudaStream_t s = stream(x.device, queue_kind::transfer);
+      if (x.sending) {
+        POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
+                                        x.peer_device, comm, s));
+      } else {
+        POOLSCOPE_DARRAY_CHECK(
+            ncclRecv(element_ptr<void>(x.data, es), bytes, ncclUint8, x.peer_device, comm, s));
+      }
     }
   } catch (...) {
     (void)ncclGroupEnd();
@@ -726,25 +817,84 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list)
   POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
 }
 
-void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list, transport how) {
+void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
+                                 const std::vector<rank_transfer>& between, transport how) {
   const bool nccl = how == transport::nccl ||
                     (how == transport::automatic && default_transport_ != transport::peer);
   const bool contiguous = std::all_of(list.begin(), list.end(), [](const transfer& x) {
     return x.dst.contiguous() && x.src.contiguous();
   });
   if (!nccl || !contiguous) {
+    // Copy engines within the process; NCCL with the other ranks, one call per transfer.
     copy_one_by_one(t, list, transport::peer);
+    exchange_one_by_one(t, between);
     return;
   }
   static const profiler::scope_site site{"darray.nccl_group", category::darray_transfer};
   const profiler::scope scope{site};
   const std::size_t es = size_of(t);
   const std::lock_guard lock(nccl_mutex_);
+  check_ranks();
   ensure_comms();
-  nccl_group(es, list);
+  if (between.empty()) {
+    nccl_group(es, list, between);
+  } else {
+    {
+      const detail::nccl_watchdog::host_call call(*watchdog_, "a transfer group with other ranks");
+      nccl_group(es, list, between);
+    }
+    std::vector<int> watched;
+    for (const rank_transfer& x : between) {
+      if (std::find(watched.begin(), watched.end(), x.device) == watched.end()) {
+        watched.push_back(x.device);
+        watchdog_->watch(dev(x.device).ordinal, stream(x.device, queue_kind::transfer),
+                         "a transfer group with other ranks");
+      }
+    }
+  }
   for (const transfer& x : list) {
     count_copy(true, static_cast<std::uint64_t>(x.dst.size()) * es, true);
   }
+}
+
+void cuda_backend::do_send(int device, dtype t, const view& src, int peer_device, int rank,
+                           int /*tag*/) {
+  nccl_with_rank(device, t, src, peer_device, rank, true);
+}
+
+void cuda_backend::do_receive(int device, dtype t, const view& dst, int peer_device, int rank,
+                              int /*tag*/) {
+  nccl_with_rank(device, t, dst, peer_device, rank, false);
+}
+
+void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
+                                  bool sending) {
+  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
+  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
+  const cudaStream_t s = stream(device, queue_kind::transfer);
+  const profiler::scope scope{sending ? send_site : receive_site, stream_view{s}};
+  const device_guard guard(dev(device).ordinal);
+  const std::lock_guard lock(nccl_mutex_);
+  check_ranks();
+  ensure_comms();
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::size_t>(v.size()) * es;
+  const std::string what = std::string(sending ? "a send of " : "a receive of ") +
+                           format_bytes(bytes) + (sending ? " to device " : " from device ") +
+                           std::to_string(peer_device) + " of rank " + std::to_string(rank);
+  {
+    const detail::nccl_watchdog::host_call call(*watchdog_, what);
+    // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
+    const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
+    if (sending) {
+      POOLSCOPE_DARRAY_CHECK(
+          ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+    } else {
+      POOLSCOPE_DARRAY_CHECK(
+          ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+    }
+  }
+  watchdog_->watch(dev(device).ordinal, s, what);
 }
 
 bool cuda_backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
@@ -783,7 +933,7 @@ void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& h
   static const profiler::scope_site site{"darray.upload", category::darray_transfer};
   device_state& d = dev(device);
   const cudaStream_t s = d.streams[1];
-  const device_guard guard(device);
+  const device_guard guard(dev(device).ordinal);
   const profiler::scope scope{site, stream_view{s}};
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(dst.size()) * es;
@@ -825,7 +975,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
   static const profiler::scope_site site{"darray.download", category::darray_transfer};
   device_state& d = dev(device);
   const cudaStream_t s = d.streams[1];
-  const device_guard guard(device);
+  const device_guard guard(dev(device).ordinal);
   const profiler::scope scope{site, stream_view{s}};
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(src.size()) * es;
@@ -837,6 +987,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
                                            element_ptr<const void>(v[1], es), bytes,
                                            cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
     return;
   }
   if (const auto p = as_pitched(v, es)) {
@@ -844,6 +995,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
                                              element_ptr<const void>(v[1], es), p->src_pitch,
                                              p->width, p->height, cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
     return;
   }
   // Dense host bytes (the destination itself when dense), from the device view made dense.
@@ -857,12 +1009,14 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
     POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, element_ptr<const void>(v[1], es), bytes,
                                            cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
   } else {
     const staging_buffer tmp(*d.allocator, s, bytes);
     detail::launch_copy(target(device, queue_kind::transfer), es,
                         view::dense(tmp.data(), v[1].extents()), v[1]);
     POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, tmp.data(), bytes, cudaMemcpyDeviceToHost, s));
     POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    check_ranks();  // the data may come from a rank that failed
   }
   if (!packed.empty()) {
     host_strided_copy(v[0], es, packed.data(), false);
@@ -874,7 +1028,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
 void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, scalar value,
                            bool yielding) {
   static const profiler::scope_site site{"darray.fill", category::darray_compute};
-  device_guard guard(device, std::defer_lock);
+  device_guard guard(dev(device).ordinal, std::defer_lock);
   const profiler::scope scope{site, stream_view{stream(device, q)}};
   detail::launch_fill(map_target(device, q, yielding, guard), t, dst, value);
   count_op();
@@ -882,7 +1036,7 @@ void cuda_backend::do_fill(int device, queue_kind q, dtype t, const view& dst, s
 
 void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, const view& dst,
                             const view& src, bool yielding) {
-  device_guard guard(device, std::defer_lock);
+  device_guard guard(dev(device).ordinal, std::defer_lock);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   detail::launch_unary(map_target(device, q, yielding, guard), t, op, dst, src);
   count_op();
@@ -891,7 +1045,7 @@ void cuda_backend::do_unary(int device, queue_kind q, dtype t, unary_op op, cons
 void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, const view& dst,
                              const view& a, const view& b, const scalar* a_scalar,
                              const scalar* b_scalar, bool yielding) {
-  device_guard guard(device, std::defer_lock);
+  device_guard guard(dev(device).ordinal, std::defer_lock);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   detail::launch_binary(map_target(device, q, yielding, guard), t, op, dst, a, b, a_scalar,
                         b_scalar);
@@ -900,7 +1054,7 @@ void cuda_backend::do_binary(int device, queue_kind q, dtype t, binary_op op, co
 
 void cuda_backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op op,
                                    const std::vector<binary_part>& parts, bool yielding) {
-  device_guard guard(device, std::defer_lock);
+  device_guard guard(dev(device).ordinal, std::defer_lock);
   const profiler::scope scope{site_of(op), stream_view{stream(device, q)}};
   const detail::launch_target on = map_target(device, q, yielding, guard);
   if (detail::launch_binary_parts(on, t, op, parts)) {
@@ -915,7 +1069,7 @@ void cuda_backend::do_binary_parts(int device, queue_kind q, dtype t, binary_op 
 
 void cuda_backend::do_accumulate(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                                  const view& src) {
-  const device_guard guard(device);
+  const device_guard guard(dev(device).ordinal);
   const profiler::scope scope{accumulate_site(op), stream_view{stream(device, q)}};
   detail::launch_accumulate(target(device, q), t, op, acc, src);
   count_op();
@@ -923,7 +1077,7 @@ void cuda_backend::do_accumulate(int device, queue_kind q, dtype t, reduce_op op
 
 void cuda_backend::do_reduce(int device, queue_kind q, dtype t, reduce_op op, const view& acc,
                              const view& src, int axis) {
-  const device_guard guard(device);
+  const device_guard guard(dev(device).ordinal);
   const profiler::scope scope{reduce_site(op), stream_view{stream(device, q)}};
   device_state& d = dev(device);
   // The scratch of this queue: launches of two threads on one queue must not interleave.
@@ -962,7 +1116,7 @@ std::int64_t leading_dimension(const view& v) noexcept {
 void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const view& c,
                                       const view& a, const view& b) {
   static const profiler::scope_site site{"darray.gemm", category::darray_compute};
-  const device_guard guard(device);
+  const device_guard guard(dev(device).ordinal);
   const profiler::scope scope{site, stream_view{stream(device, q)}};
   const std::int64_t m = c.extent[0];
   const std::int64_t n = c.extent[1];
@@ -1004,6 +1158,54 @@ void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const v
 
 }  // namespace
 
+namespace {
+// The first GPU (CUDA ordinal) of this rank's `n`, with `available` visible here. Where every rank
+// of a host sees all its GPUs, they take them in turn (local rank k: k n .. k n + n - 1); where
+// there are too few for that, each rank is taken to see its own (CUDA_VISIBLE_DEVICES per rank,
+// srun --gpus-per-task) and takes the first n. Collective: the ranks then compare the GPUs' UUIDs,
+// and every rank refuses two ranks of a host on one GPU (NCCL needs a GPU of its own per rank).
+int first_gpu_of_rank(process_group& g, int n, int available) {
+  const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
+  std::string mine = g.host_name();
+  for (int d = first; d < first + n; ++d) {
+    cudaDeviceProp prop{};
+    POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, d));
+    char hex[3];
+    mine += ' ';
+    for (const char byte : prop.uuid.bytes) {
+      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(byte));
+      mine += hex;
+    }
+  }
+  const std::vector<std::string> all = g.all_gather(mine);
+  const auto words = [](const std::string& line) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0, end = 0; at < line.size(); at = end + 1) {
+      end = std::min(line.find(' ', at), line.size());
+      out.push_back(line.substr(at, end - at));
+    }
+    return out;
+  };
+  // Every rank checks every pair, so that all refuse alike.
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const std::vector<std::string> one = words(all[r]);
+    for (std::size_t q = 0; q < r; ++q) {
+      const std::vector<std::string> other = words(all[q]);
+      for (std::size_t i = 1; i < one.size(); ++i) {
+        if (other.front() == one.front() &&
+            std::find(other.begin() + 1, other.end(), one[i]) != other.end()) {
+          throw invalid_argument("darray cuda backend: ranks " + std::to_string(q) + " and " +
+                                 std::to_string(r) + " of host " + one.front() +
+                                 " would use the same GPU (UUID " + one[i] +
+                                 "): NCCL needs a GPU of its own per rank");
+        }
+      }
+    }
+  }
+  return first;
+}
+}  // namespace
+
 std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& options) {
   std::string reason;
   const int available = detail::seam::device_count(&reason);
@@ -1014,7 +1216,15 @@ std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& o
     throw invalid_argument("darray cuda backend: devices = " + std::to_string(devices) +
                            " (expected -1 for all, or 1.." + std::to_string(available) + ")");
   }
-  return std::make_shared<cuda_backend>(devices < 0 ? available : devices, options);
+  const int n = devices < 0 ? available : devices;
+  int first = 0;
+  if (options.group && options.group->nccl_communicator() != nullptr) {
+    // An adopted NCCL communicator's GPU is the one current when it was made (the application's).
+    POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&first));
+  } else if (options.group && options.group->size() > 1) {
+    first = first_gpu_of_rank(*options.group, n, available);
+  }
+  return std::make_shared<cuda_backend>(n, first, options);
 }
 
 }  // namespace poolscope::darray

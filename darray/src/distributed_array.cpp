@@ -42,6 +42,7 @@ using detail::chunks_of;
 using detail::completed;
 using detail::dense_buffer;
 using detail::execute_reshard;
+using detail::gathered;
 using detail::map_check;
 using detail::refs_of;
 using detail::view_of;
@@ -86,12 +87,15 @@ std::shared_ptr<array_state> identity_partial(const array_state& from, shape_t s
   const std::vector<int> devices = from.map.devices();
   const int device = devices.empty() ? 0 : devices.front();
   const box b = box::full(out->shape);
-  auto o = dense_buffer(be, device, b, from.type, queue_kind::compute);
-  be.fill(device, queue_kind::compute, from.type, view::dense(o->data(), b.extents()), identity);
-  const event e = be.record(device, queue_kind::compute);
-  o->add_use(e);
   out->map.add(device, b);
-  out->chunks.push_back(chunk{device, b, {chunk_part{b, o, b, e}}});
+  out->chunks.push_back(chunk{device, b, {}});
+  if (be.is_local(device)) {
+    auto o = dense_buffer(be, device, b, from.type, queue_kind::compute);
+    be.fill(device, queue_kind::compute, from.type, view::dense(o->data(), b.extents()), identity);
+    const event e = be.record(device, queue_kind::compute);
+    o->add_use(e);
+    out->chunks.back().parts.push_back(chunk_part{b, o, b, e});
+  }
   return out;
 }
 
@@ -194,23 +198,35 @@ array_handle array_handle::from_host(std::shared_ptr<backend> be, dtype t, const
     throw invalid_argument("darray from_host: no backend");
   }
   check_shape(shape, t, "from_host");
-  if (static_cast<std::int64_t>(elements) != element_count(shape)) {
+  // With several ranks rank 0's values are read: the others may pass none.
+  const bool ranks = be->group()->size() > 1;
+  const bool reads = !ranks || be->group()->rank() == 0;
+  if (static_cast<std::int64_t>(elements) != element_count(shape) && (reads || elements != 0)) {
     throw invalid_argument("darray from_host: " + std::to_string(elements) +
                            " host elements for shape " + shape_string(shape) + " of " +
-                           std::to_string(element_count(shape)));
+                           std::to_string(element_count(shape)) +
+                           (ranks ? " (ranks but 0 may pass none: rank 0's are read)" : ""));
   }
   map.validate(shape, be->device_count());
+  // With several ranks, rank 0 uploads every chunk, those of other ranks to its first device
+  // (device 0), from where a reshard sends them on.
+  darray::index_map staged;
+  if (ranks) {
+    for (const chunk_ref& c : map.chunks()) {
+      staged.add(be->rank_of(c.device) == 0 ? c.device : 0, c.region);
+    }
+  }
   auto s = std::make_shared<array_state>();
   s->be = be;
   s->type = t;
   s->shape = shape;
-  s->map = map;
-  s->chunks = chunks_of(map);
+  s->map = ranks ? staged : map;
+  s->chunks = chunks_of(s->map);
   const box whole = box::full(shape);
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast): upload only reads the host view
   void* host = const_cast<void*>(data);
   for (auto& c : s->chunks) {
-    if (c.region.empty()) {
+    if (c.region.empty() || !be->is_local(c.device)) {
       continue;
     }
     auto buf = dense_buffer(*be, c.device, c.region, t);
@@ -218,7 +234,12 @@ array_handle array_handle::from_host(std::shared_ptr<backend> be, dtype t, const
                view::of_box(host, whole, c.region));
     c.parts.push_back(chunk_part{c.region, std::move(buf), c.region, {}});
   }
-  return array_handle(std::move(s));
+  if (s->map == map) {
+    return array_handle(std::move(s));
+  }
+  auto moved = execute_reshard(*s, map, {}, map_check::none);
+  moved->info = reshard_info{};  // built, not resharded
+  return array_handle(std::move(moved));
 }
 
 array_handle array_handle::full(std::shared_ptr<backend> be, dtype t, scalar value,
@@ -235,7 +256,7 @@ array_handle array_handle::full(std::shared_ptr<backend> be, dtype t, scalar val
   s->map = map;
   s->chunks = chunks_of(map);
   for (auto& c : s->chunks) {
-    if (c.region.empty()) {
+    if (c.region.empty() || !be->is_local(c.device)) {
       continue;
     }
     auto buf = dense_buffer(*be, c.device, c.region, t, queue_kind::compute);
@@ -253,7 +274,8 @@ void array_handle::to_host(void* out, std::size_t elements) const {
     throw invalid_argument("darray to_host: room for " + std::to_string(elements) +
                            " elements, the array has " + std::to_string(count));
   }
-  const auto s = completed(state_);
+  const backend& be = *state().be;
+  const auto s = be.group()->size() > 1 ? gathered(state_) : completed(state_);
   const box whole = box::full(s->shape);
   for (const auto& c : s->chunks) {
     for (const auto& p : c.parts) {
@@ -270,6 +292,12 @@ void array_handle::chunk_to_host(std::size_t index, void* out, std::size_t eleme
     throw invalid_argument("darray chunk_to_host: room for " + std::to_string(elements) +
                            " elements, chunk " + std::to_string(index) + " has " +
                            std::to_string(c.region.size()));
+  }
+  if (!s.be->is_local(c.device)) {
+    throw invalid_argument("darray chunk_to_host: chunk " + std::to_string(index) +
+                           " is on device " + std::to_string(c.device) + " of rank " +
+                           std::to_string(s.be->rank_of(c.device)) + ", not of this " +
+                           s.be->group()->describe() + " (to_host gathers every chunk)");
   }
   for (const auto& p : c.parts) {
     p.ready.wait();
@@ -329,7 +357,7 @@ std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> output_buffers(back
   std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> outputs;
   outputs.reserve(s.chunks.size());
   for (std::size_t j = 0; j < s.chunks.size(); ++j) {
-    if (!s.chunks[j].region.empty()) {
+    if (!s.chunks[j].region.empty() && be.is_local(s.chunks[j].device)) {
       outputs.emplace_back(
           j, dense_buffer(be, s.chunks[j].device, s.chunks[j].region, s.type, queue_kind::compute));
     }
@@ -585,6 +613,11 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
       continue;
     }
     const box out_box = axis ? drop_axis(c.region, *axis) : box{};
+    if (!be.is_local(c.device)) {  // another rank's partial result
+      out->map.add(c.device, out_box);
+      out->chunks.push_back(chunk{c.device, out_box, {}});
+      continue;
+    }
     auto o = dense_buffer(be, c.device, out_box, s->type, queue_kind::compute);
     be.fill(c.device, queue_kind::compute, s->type, view::dense(o->data(), out_box.extents()),
             identity(op, s->type));
@@ -697,6 +730,11 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
     const box& blk = tasks[t].a_block;
     const box c_box{{blk.dims[0], slice{0, n}}};
     const int d = ac.device;
+    if (!be.is_local(d)) {  // another rank's block
+      out->map.add(d, c_box);
+      out->chunks.push_back(chunk{d, c_box, {}});
+      continue;
+    }
     auto o = dense_buffer(be, d, c_box, x->type, queue_kind::compute);
     be.fill(d, queue_kind::compute, x->type, view::dense(o->data(), c_box.extents()),
             scalar::of(0));

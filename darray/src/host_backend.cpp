@@ -661,22 +661,24 @@ class work_queue {
 // Host backend. Thread-safe as backend.hpp says: each queue's push is locked.
 class host_backend final : public backend {
  public:
-  host_backend(int devices, const backend_options& options) : options_(options) {
+  host_backend(int devices, const backend_options& options) : options_(options), count_(devices) {
+    // First: the queues and the traces name the devices by their number over every rank.
+    join_group(options.group);
     const std::string res = options.resource.empty() ? "host" : options.resource;
     for (int d = 0; d < devices; ++d) {
       auto dev = std::make_unique<fake_device>();
       // Plain host memory named for its device ("host:0"), so that the allocators' names in
       // traces and reports ("bfc/host:0") say whose pool each is.
       if (res == "host") {
-        dev->resource =
-            std::make_unique<pool::host_resource>(std::numeric_limits<std::size_t>::max(), d);
+        dev->resource = std::make_unique<pool::host_resource>(
+            std::numeric_limits<std::size_t>::max(), global_device(d));
       } else {
         dev->resource = pool::make_resource(res, d);
       }
       dev->allocator = pool::make_allocator(options.allocator, *dev->resource);
       auto tl = [this] { return attached_timeline(); };
-      dev->compute = std::make_unique<work_queue>(d, queue_kind::compute, tl);
-      dev->transfer = std::make_unique<work_queue>(d, queue_kind::transfer, tl);
+      dev->compute = std::make_unique<work_queue>(global_device(d), queue_kind::compute, tl);
+      dev->transfer = std::make_unique<work_queue>(global_device(d), queue_kind::transfer, tl);
       devices_.push_back(std::move(dev));
     }
     start_issuers(options, 0);  // an enqueue here is a queue push: nothing to overlap
@@ -697,12 +699,11 @@ class host_backend final : public backend {
 
   // detail::enqueue_failing_host_task.
   void enqueue_failing(int device, queue_kind q, const std::string& what) {
-    if (device < 0 || device >= device_count()) {
+    if (!is_local(device)) {
       throw invalid_argument("darray enqueue_failing_host_task: device " + std::to_string(device) +
-                             " is not one of the " + std::to_string(device_count()) +
-                             " devices of " + name());
+                             " is not one of this process's devices of " + name());
     }
-    push(device, q, "darray.failing", [what] { throw runtime_error(what); });
+    push(device - first_local_device(), q, "darray.failing", [what] { throw runtime_error(what); });
   }
 
  private:
@@ -736,11 +737,11 @@ class host_backend final : public backend {
     return n.empty() ? fallback : n;
   }
 
-  std::string do_name() const override { return "host:" + std::to_string(devices_.size()); }
-  int do_device_count() const noexcept override { return static_cast<int>(devices_.size()); }
+  std::string do_name() const override { return "host:" + std::to_string(count_); }
+  int do_device_count() const noexcept override { return count_; }
   bool do_is_gpu() const noexcept override { return false; }
   std::string do_device_name(int device) const override {
-    return "host device " + std::to_string(device);
+    return "host device " + std::to_string(global_device(device));
   }
   pool::allocator& do_allocator(int device) override {
     return *devices_[static_cast<std::size_t>(device)]->allocator;
@@ -809,10 +810,33 @@ class host_backend final : public backend {
     // time on the sender too, as CUPTI's peer copies are. A copy is a transfer on either queue
     // (small pieces run on the receiver's compute queue), as the CUDA backend's ranges say. Its
     // label ("darray.copy 0->1 0.25 MiB") is made only when traced (or failing).
+    const int to = peer ? global_device(dst_device) : -1;
+    const int from = peer ? global_device(src_device) : -1;
     push(
-        queue_device, q, "darray.copy", [t, dst, src] { dispatch<copy_fn>(t, dst, src); },
-        peer ? dst_device : -1, "darray.transfer", peer ? src_device : -1, peer ? dst_device : -1,
-        bytes, true);
+        queue_device, q, "darray.copy", [t, dst, src] { dispatch<copy_fn>(t, dst, src); }, to,
+        "darray.transfer", from, to, bytes, true);
+  }
+
+  // A transfer with another rank: MPI on the device's transfer worker, which polls it until done
+  // (process_group bounds the wait by its timeout; a failure fails the task like any other).
+  // Traced like a copy between devices, with both ends ("darray.send 0->3 0.25 MiB").
+  void do_send(int device, dtype t, const view& src, int peer_device, int peer_rank,
+               int tag) override {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(src.size()) * size_of(t);
+    const void* data = static_cast<const std::byte*>(src.base) + src.offset * size_of(t);
+    push(
+        device, queue_kind::transfer, "darray.send",
+        [g = group(), data, bytes, peer_rank, tag] { g->send(data, bytes, peer_rank, tag); },
+        global_device(device), "darray.transfer", global_device(device), peer_device, bytes, true);
+  }
+  void do_receive(int device, dtype t, const view& dst, int peer_device, int peer_rank,
+                  int tag) override {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(dst.size()) * size_of(t);
+    void* data = static_cast<std::byte*>(dst.base) + dst.offset * size_of(t);
+    push(
+        device, queue_kind::transfer, "darray.receive",
+        [g = group(), data, bytes, peer_rank, tag] { g->receive(data, bytes, peer_rank, tag); },
+        global_device(device), "darray.transfer", peer_device, global_device(device), bytes, true);
   }
 
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override {
@@ -882,6 +906,7 @@ class host_backend final : public backend {
   }
 
   backend_options options_;
+  int count_;
   std::vector<std::unique_ptr<fake_device>> devices_;
 };
 

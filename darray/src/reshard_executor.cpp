@@ -176,12 +176,53 @@ std::uint64_t alias_received(const chunk& from, part_range added, const box& reg
   return added.second - added.first;
 }
 
+// The elements `region` of a source chunk `from` on this process's device that piece `m` reads,
+// as one contiguous view there for a transfer to another rank: the part's own memory when one
+// part holds them contiguously, else packed into a new dense buffer (`packed`) on the device's
+// transfer queue. That queue first waits for every part read; their buffers are added to `read`.
+view outgoing_region(backend& be, dtype t, const chunk& from, source_parts& reads, std::size_t m,
+                     const box& region, std::shared_ptr<buffer>& packed,
+                     std::vector<std::shared_ptr<buffer>>& read) {
+  const int d = from.device;
+  std::vector<std::pair<const chunk_part*, box>> pieces;
+  reads.visit(m, [&](std::size_t part, const box& r) {
+    const chunk_part& q = from.parts[part];
+    be.wait(d, queue_kind::transfer, q.ready);
+    read.push_back(q.storage);
+    pieces.emplace_back(&q, r);
+  });
+  if (pieces.size() == 1 && pieces.front().second == region) {
+    const view whole = view_of(*pieces.front().first, region);
+    if (whole.contiguous()) {
+      return whole;
+    }
+  }
+  packed = dense_buffer(be, d, region, t);
+  for (const auto& [q, r] : pieces) {
+    be.copy(d, queue_kind::transfer, t, view::of_box(packed->data(), region, r), d, view_of(*q, r),
+            d);
+  }
+  return view::dense(packed->data(), region.extents());
+}
+
+// Which side of piece `p` this process holds: both (a copy within the process), the source
+// only (a send to another rank), the destination only (a receive), or neither (another rank's
+// piece: nothing to do here).
+enum class side : std::uint8_t { both, source, destination, neither };
+side side_of(const backend& be, const piece& p) {
+  const bool src = be.is_local(p.src_device);
+  const bool dst = be.is_local(p.dst_device);
+  return src && dst ? side::both : src ? side::source : dst ? side::destination : side::neither;
+}
+
 // The remote pieces of a replica-mode reshard as one backend::copy_group (NCCL: one grouped
-// call, every link at once). NCCL moves contiguous bytes only, so a strided side goes through a
-// dense staging buffer: packed on the sender's transfer queue before the group, unpacked on the
-// receiver's after it. Every piece is complete when its receiver's transfer queue passes the
-// group (no piece can be computed on earlier). Local pieces alias the source, as piece by piece,
-// and from_dst pieces the received parts of their destination chunk once the group is issued.
+// call, every link at once, those with other ranks too). NCCL moves contiguous bytes only, so a
+// strided side goes through a dense staging buffer: packed on the sender's transfer queue before
+// the group, unpacked on the receiver's after it. Every piece is complete when its receiver's
+// transfer queue passes the group (no piece can be computed on earlier). Local pieces alias the
+// source, as piece by piece, and from_dst pieces the received parts of their destination chunk
+// once the group is issued. A piece with another rank is one transfer of its whole region (that
+// rank does not know this one's parts); one between two other ranks is theirs alone.
 template <typename DenseOf>
 void send_as_group(const array_state& src, array_state& out, const reshard_plan& plan,
                    transport how, DenseOf&& dense_of) {
@@ -191,51 +232,69 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   source_parts reads(src, plan);
   reserve_parts(out, plan, reads);
   std::vector<part_range> added(plan.pieces.size());
+  // One per transfer of the group (same index): what its ends hold on to, and (received here)
+  // the part it makes.
   struct arrival {
     std::size_t piece;
     std::size_t dst_chunk;
     box region;
-    std::shared_ptr<buffer> target;
-    std::shared_ptr<buffer> source;    // the sender's storage
-    std::shared_ptr<buffer> packed;    // its piece packed densely, or null
-    std::shared_ptr<buffer> received;  // staging to unpack from, or null
+    std::shared_ptr<buffer> target;                // null: not received here
+    std::vector<std::shared_ptr<buffer>> sources;  // the sender's storage read (sent from here)
+    std::shared_ptr<buffer> packed;                // the piece packed densely, or null
+    std::shared_ptr<buffer> received;              // staging to unpack from, or null
     view unpack_to;
-    int src_device;
   };
   std::vector<arrival> arrivals;
   std::vector<backend::transfer> group;
+  // The landing view of a piece (or part) received here, through staging when strided.
+  const auto landing_of = [&](arrival& a, const chunk& dst) {
+    view landing = view::of_box(a.target->data(), dst.region, a.region);
+    if (!landing.contiguous()) {
+      a.received = dense_buffer(be, dst.device, a.region, src.type);
+      a.unpack_to = landing;
+      landing = view::dense(a.received->data(), a.region.extents());
+    }
+    return landing;
+  };
   for (std::size_t m = 0; m < plan.pieces.size(); ++m) {
     const piece& p = plan.pieces[m];
-    if (p.from_dst) {
-      continue;  // after the group: the parts it reads are made there
+    const side mine = side_of(be, p);
+    if (p.from_dst || mine == side::neither) {
+      continue;  // from_dst: after the group (the parts it reads are made there)
     }
     chunk& dst = out.chunks[p.dst_chunk];
     const chunk& from = src.chunks[p.src_chunk];
+    if (mine == side::source) {
+      arrival a{m, p.dst_chunk, p.region, nullptr, {}, nullptr, nullptr, {}};
+      const view sent =
+          outgoing_region(be, src.type, from, reads, m, p.region, a.packed, a.sources);
+      group.push_back(backend::transfer{view{}, dst.device, sent, from.device});
+      arrivals.push_back(std::move(a));
+      continue;
+    }
+    if (mine == side::destination) {
+      arrival a{m, p.dst_chunk, p.region, dense_of(p.dst_chunk), {}, nullptr, nullptr, {}};
+      group.push_back(backend::transfer{landing_of(a, dst), dst.device, view{}, from.device});
+      arrivals.push_back(std::move(a));
+      continue;
+    }
     reads.visit(m, [&](std::size_t part, const box& region) {
       const chunk_part& q = from.parts[part];
       if (p.local) {
         dst.parts.push_back(chunk_part{region, q.storage, q.storage_box, q.ready});
         return;
       }
-      const auto& target = dense_of(p.dst_chunk);
-      arrival a{m, p.dst_chunk, region, target, q.storage, nullptr, nullptr, {}, from.device};
-      const shape_t extents = region.extents();
+      arrival a{m, p.dst_chunk, region, dense_of(p.dst_chunk), {q.storage}, nullptr, nullptr, {}};
       view sent = view_of(q, region);
       be.wait(from.device, queue_kind::transfer, q.ready);
       if (!sent.contiguous()) {
         a.packed = dense_buffer(be, from.device, region, src.type);
-        const view packed = view::dense(a.packed->data(), extents);
+        const view packed = view::dense(a.packed->data(), region.extents());
         be.copy(from.device, queue_kind::transfer, src.type, packed, from.device, sent,
                 from.device);
         sent = packed;
       }
-      view landing = view::of_box(target->data(), dst.region, region);
-      if (!landing.contiguous()) {
-        a.received = dense_buffer(be, dst.device, region, src.type);
-        a.unpack_to = landing;
-        landing = view::dense(a.received->data(), extents);
-      }
-      group.push_back(backend::transfer{landing, dst.device, sent, from.device});
+      group.push_back(backend::transfer{landing_of(a, dst), dst.device, sent, from.device});
       arrivals.push_back(std::move(a));
     });
   }
@@ -247,23 +306,31 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
       be.copy(d, queue_kind::transfer, src.type, a.unpack_to, d, group[i].dst, d);
     }
   }
-  // One event per device involved, after the group (and the unpacks) on its transfer queue.
+  // One event per device of this process involved, after the group (and the unpacks) on its
+  // transfer queue.
   std::map<int, event> after;
   for (const auto& x : group) {
     for (const int d : {x.src_device, x.dst_device}) {
-      if (after.find(d) == after.end()) {
+      if (be.is_local(d) && after.find(d) == after.end()) {
         after.emplace(d, be.record(d, queue_kind::transfer));
       }
     }
   }
   for (std::size_t i = 0; i < arrivals.size(); ++i) {
     const arrival& a = arrivals[i];
-    const event& sent = after.at(a.src_device);
-    const event& arrived = after.at(group[i].dst_device);
-    a.source->add_use(sent);
-    if (a.packed) {
-      a.packed->add_use(sent);
+    if (!a.sources.empty()) {
+      const event& sent = after.at(group[i].src_device);
+      for (const auto& b : a.sources) {
+        b->add_use(sent);
+      }
+      if (a.packed) {
+        a.packed->add_use(sent);
+      }
     }
+    if (!a.target) {
+      continue;  // sent to another rank
+    }
+    const event& arrived = after.at(group[i].dst_device);
     a.target->add_use(arrived);
     if (a.received) {
       a.received->add_use(arrived);
@@ -285,6 +352,9 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
       last_sent = m;
       continue;
     }
+    if (!be.is_local(p.dst_device)) {
+      continue;  // another rank's
+    }
     check_follows(plan, m, last_sent);
     visited += alias_received(out.chunks[p.src_chunk], added[last_sent], p.region,
                               out.chunks[p.dst_chunk]);
@@ -292,9 +362,64 @@ void send_as_group(const array_state& src, array_state& out, const reshard_plan&
   be.count_parts_visited(visited);
 }
 
+// This rank's side of piece `p` whose destination is another rank's: its region sent whole, on
+// the transfer queue of the source chunk `from`'s device.
+void send_piece(backend& be, dtype t, const chunk& from, source_parts& reads, std::size_t m,
+                const piece& p) {
+  std::shared_ptr<buffer> packed;
+  std::vector<std::shared_ptr<buffer>> read;
+  const view sent = outgoing_region(be, t, from, reads, m, p.region, packed, read);
+  be.send(from.device, t, sent, p.dst_device);
+  const event e = be.record(from.device, queue_kind::transfer);
+  for (const auto& b : read) {
+    b->add_use(e);
+  }
+  if (packed) {
+    packed->add_use(e);
+  }
+}
+
+// This rank's side of piece `p` whose source is another rank's: its region received whole on
+// the transfer queue of `dst`'s device, into `target` (dst's dense buffer) or, where the region
+// is strided there, into staging unpacked on the same queue. Returns the part it makes.
+chunk_part receive_piece(backend& be, dtype t, const chunk& dst,
+                         const std::shared_ptr<buffer>& target, const piece& p) {
+  const int d = dst.device;
+  const view landing = view::of_box(target->data(), dst.region, p.region);
+  std::shared_ptr<buffer> staging;
+  if (landing.contiguous()) {
+    be.receive(d, t, landing, p.src_device);
+  } else {
+    staging = dense_buffer(be, d, p.region, t);
+    const view staged = view::dense(staging->data(), p.region.extents());
+    be.receive(d, t, staged, p.src_device);
+    be.copy(d, queue_kind::transfer, t, landing, d, staged, d);
+  }
+  const event e = be.record(d, queue_kind::transfer);
+  target->add_use(e);
+  if (staging) {
+    staging->add_use(e);
+  }
+  return chunk_part{p.region, target, dst.region, e};
+}
+
+// A partial source's piece from another rank: received whole into staging on the transfer queue
+// of `dst`'s device, then combined into `acc` (the piece's region of dst's dense buffer) on its
+// compute queue. Returns the staging buffer (the compute's last use of it is recorded later).
+std::shared_ptr<buffer> receive_contribution(backend& be, dtype t, reduce_op op, const chunk& dst,
+                                             const view& acc, const piece& p) {
+  const int d = dst.device;
+  auto staging = dense_buffer(be, d, p.region, t);
+  const view staged = view::dense(staging->data(), p.region.extents());
+  be.receive(d, t, staged, p.src_device);
+  be.wait(d, queue_kind::compute, be.record(d, queue_kind::transfer));
+  be.accumulate(d, queue_kind::compute, t, op, acc, staged);
+  return staging;
+}
+
 // Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
-// backend's copy-kernel size, cuda_backend.cpp): on 2 x H100 a cross-device event and wait cost
-// D3's fused op more than the copy is worth overlapping (docs/darray.md "Reshard").
+// backend's copy-kernel size, cuda_backend.cpp): a cross-device event and wait cost a small fused
+// op more than overlapping the copy gains (docs/perf.md, "Small pieces pulled by the receiver").
 constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
 
 }  // namespace
@@ -361,7 +486,10 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   // A small piece is pulled by the receiver on its compute queue, where the work that reads it
   // runs: no event between queues (or devices) to record and wait for, and on a GPU one copy
   // kernel's launch (a few microseconds of compute-queue time at most).
-  const auto pulled = [](const piece& p) { return p.bytes <= pull_on_compute_bytes; };
+  // Pieces with other ranks are never pulled: they are received on the transfer queue.
+  const auto pulled = [&be](const piece& p) {
+    return p.bytes <= pull_on_compute_bytes && side_of(be, p) == side::both;
+  };
   if (!accumulate) {
     // A chunk whose every remote piece is pulled is written by no other queue.
     pulled_only.assign(out->chunks.size(), 1);
@@ -385,11 +513,16 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   std::size_t queues_waiting = 0;
   std::vector<std::size_t> local_parts;
   bool in_place_called = accumulate || !in_place;
+  // (A piece with another rank is issued by this rank's side of it.)
   const auto issuing_device = [&](const piece& p) {
-    return static_cast<std::size_t>(options.issue_on == copy_queue::source ? p.src_device
-                                                                           : p.dst_device);
+    const side mine = side_of(be, p);
+    const bool source =
+        mine == side::both ? options.issue_on == copy_queue::source : mine == side::source;
+    return static_cast<std::size_t>(source ? p.src_device : p.dst_device);
   };
-  const auto copied = [&](const piece& p) { return !p.local && !p.from_dst && !pulled(p); };
+  const auto copied = [&](const piece& p) {
+    return !p.local && !p.from_dst && !pulled(p) && side_of(be, p) != side::neither;
+  };
   if (!in_place_called) {
     for (const piece& p : plan.pieces) {
       if (copied(p)) {
@@ -420,15 +553,38 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   const auto execute_piece = [&](std::size_t m) {
     const piece& p = plan.pieces[m];
     chunk& dst = out->chunks[p.dst_chunk];
+    const side mine = side_of(be, p);
     if (p.from_dst) {
-      // The plan puts it after the piece it reads, so the parts it aliases are there.
-      check_follows(plan, m, last_sent);
-      visited += alias_received(out->chunks[p.src_chunk], last_added, p.region, dst);
+      if (mine != side::neither) {
+        // The plan puts it after the piece it reads, so the parts it aliases are there.
+        check_follows(plan, m, last_sent);
+        visited += alias_received(out->chunks[p.src_chunk], last_added, p.region, dst);
+      }
       return;
     }
     last_sent = m;
     last_added.first = dst.parts.size();
+    last_added.second = last_added.first;
+    if (mine == side::neither) {
+      return;  // between other ranks
+    }
     const chunk& from = src.chunks[p.src_chunk];
+    if (mine != side::both) {
+      const profiler::scope piece_scope{piece_site};
+      if (mine == side::source) {
+        send_piece(be, src.type, from, reads, m, p);
+      } else if (!accumulate) {
+        dst.parts.push_back(receive_piece(be, src.type, dst, dense_of(p.dst_chunk), p));
+        last_added.second = dst.parts.size();
+        ++out->info.transfers;
+      } else {
+        const view acc = view::of_box(dense_of(p.dst_chunk)->data(), dst.region, p.region);
+        used[p.dst_chunk].push_back(
+            receive_contribution(be, src.type, op_of(src.mode), dst, acc, p));
+        ++out->info.transfers;
+      }
+      return;
+    }
     reads.visit(m, [&](std::size_t part, const box& region) {
       const chunk_part& q = from.parts[part];
       if (!accumulate && p.local) {
@@ -502,7 +658,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   if (accumulate) {
     for (std::size_t j = 0; j < out->chunks.size(); ++j) {
       chunk& c = out->chunks[j];
-      if (c.region.empty()) {
+      if (c.region.empty() || !be.is_local(c.device)) {
         continue;
       }
       const auto& target = dense_of(j);
@@ -523,6 +679,18 @@ std::shared_ptr<const array_state> completed(const std::shared_ptr<const array_s
     return s;
   }
   return execute_reshard(*s, s->map.deduplicated(), {}, map_check::cover);
+}
+
+std::shared_ptr<const array_state> gathered(const std::shared_ptr<const array_state>& s) {
+  const backend& be = *s->be;
+  darray::index_map all;
+  for (int r = 0; r < be.group()->size(); ++r) {
+    all.add(be.first_device_of(r), box::full(s->shape));
+  }
+  if (s->mode == array_mode::replica && s->map == all) {
+    return s;
+  }
+  return execute_reshard(*s, all, {}, map_check::none);
 }
 
 }  // namespace poolscope::darray::detail

@@ -41,4 +41,8 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
 /// The state of `s`, completed to replica mode if it is partial.
 std::shared_ptr<const array_state> completed(const std::shared_ptr<const array_state>& s);
 
+/// The array of `s` whole on the first device of every rank (completed on the way if partial):
+/// what to_host reads when several ranks share the array.
+std::shared_ptr<const array_state> gathered(const std::shared_ptr<const array_state>& s);
+
 }  // namespace poolscope::darray::detail

@@ -18,6 +18,12 @@
  *   POOLSCOPE_PROFILE   = FILE   write the line profile (JSON, docs/line_profile.md) at exit;
  *                                checked then: a FILE that cannot be written, or that is the
  *                                POOLSCOPE_RECORD file, is refused with one log line
+ *   POOLSCOPE_SNAPSHOT  = FILE   record a PyTorch memory snapshot (docs/snapshot.md) and write
+ *                                it at exit and on poolscope_snapshot(); %p (pid) and %r (rank)
+ *                                in FILE are expanded at each write; checked at the first use
+ *   POOLSCOPE_SNAPSHOT_MAX_ENTRIES = N   trace entries kept per device (default 100000)
+ * In a Python process the line profile's and the snapshot's stacks hold the Python frames
+ * (file, function, line) in place of the interpreter's.
  * With POOLSCOPE_RESOURCE=host the device argument is only a key selecting one of up to
  * POOLSCOPE_ALLOC_MAX_DEVICES independent pools. An unknown name is logged once (stderr,
  * "[poolscope error] ...") and every later poolscope_malloc on that device returns NULL.
@@ -68,6 +74,12 @@ POOLSCOPE_ALLOC_API const char* poolscope_stats_json(int device);
 /** Returns the device's cached memory to its resource; a negative device means every device.
  *  Returns the bytes released. */
 POOLSCOPE_ALLOC_API size_t poolscope_release_cached(int device);
+
+/** Writes the memory snapshot recorded since the first allocation (POOLSCOPE_SNAPSHOT must be
+ *  set then) to `path`, or to POOLSCOPE_SNAPSHOT's FILE when `path` is NULL; %p and %r are
+ *  expanded. Returns 0, or -1 (and logs why) when recording is off or the file cannot be
+ *  written. Thread-safe; allocations on other threads go on meanwhile. */
+POOLSCOPE_ALLOC_API int poolscope_snapshot(const char* path);
 
 /** The library version, "major.minor.patch". */
 POOLSCOPE_ALLOC_API const char* poolscope_version(void);

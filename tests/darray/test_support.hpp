@@ -11,10 +11,22 @@
 #include <set>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include <memory>
+
 #include "poolscope/darray/backend.hpp"
+#include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/geometry.hpp"
+#include "poolscope/darray/process_group.hpp"
 
 namespace poolscope::darray::test_support {
+
+/// The process group of the test program: MPI_COMM_WORLD when a launcher started it (mpirun: the
+/// tests written for several ranks run on each, SPMD), else a group of one.
+inline std::shared_ptr<process_group> test_group() {
+  return process_group::from_launcher();
+}
 
 /// Seed of the randomized tests: POOLSCOPE_TEST_SEED if set, else `fallback`.
 inline std::uint64_t test_seed(std::uint64_t fallback = 20240611) {
@@ -106,6 +118,54 @@ T reference_pow(T a, T b) {
   }
   return static_cast<T>(
       std::clamp<wide>(r, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+}
+
+/// The elements of `b` in a host array `h` of `shape`, in b's row-major order (what chunk_to_host
+/// gives for a chunk of box b).
+inline std::vector<std::int64_t> elements_of(const std::vector<std::int64_t>& h,
+                                             const shape_t& shape, const box& b) {
+  std::vector<std::int64_t> out;
+  if (b.empty()) {
+    return out;
+  }
+  out.reserve(static_cast<std::size_t>(b.size()));
+  std::vector<std::int64_t> at(b.rank());
+  for (std::size_t a = 0; a < b.rank(); ++a) {
+    at[a] = b.dims[a].start;
+  }
+  while (true) {
+    std::int64_t lin = 0;
+    for (std::size_t a = 0; a < b.rank(); ++a) {
+      lin = lin * shape[a] + at[a];
+    }
+    out.push_back(h[static_cast<std::size_t>(lin)]);
+    std::size_t a = b.rank();
+    while (a > 0) {
+      --a;
+      at[a] += b.dims[a].step;
+      if (at[a] < b.dims[a].stop) {
+        break;
+      }
+      at[a] = b.dims[a].start;
+      if (a == 0) {
+        return out;
+      }
+    }
+  }
+}
+
+/// Every chunk of `x` this process holds against the host array `h` (chunk access, so a chunk
+/// that is wrong where a replica on another chunk is right is caught).
+inline void expect_chunks_match(const distributed_array<std::int64_t>& x,
+                                const std::vector<std::int64_t>& h) {
+  for (std::size_t k = 0; k < x.chunks().size(); ++k) {
+    if (!x.handle().owner()->is_local(x.chunks()[k].device)) {
+      continue;  // another rank's: that rank checks it
+    }
+    EXPECT_EQ(x.chunk_to_host(k), elements_of(h, x.shape(), x.chunks()[k].region))
+        << "chunk " << k << " (device " << x.chunks()[k].device << ", box "
+        << x.chunks()[k].region.to_string() << ")";
+  }
 }
 
 }  // namespace poolscope::darray::test_support

@@ -4,6 +4,8 @@
 //   EXPECT_EQ(r.exit_code, 0) << r.err;
 //
 // Output goes through temporary files (no pipes, so a chatty child cannot block on a full pipe).
+// With a timeout the child runs in a process group of its own, ended (SIGTERM, then SIGKILL) when
+// the time is up: a child that hangs fails the test instead of hanging it.
 // Not thread-safe with concurrent setenv; fine for tests.
 #pragma once
 
@@ -12,13 +14,17 @@
 #include <unistd.h>
 
 #include <fcntl.h>
+#include <signal.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern char** environ;
@@ -26,8 +32,9 @@ extern char** environ;
 namespace poolscope::testing {
 
 struct process_result {
-  int exit_code = -1;  ///< the exit status, or -1 if the child did not exit normally
-  int signal = 0;      ///< the terminating signal, if any
+  int exit_code = -1;      ///< the exit status, or -1 if the child did not exit normally
+  int signal = 0;          ///< the terminating signal, if any
+  bool timed_out = false;  ///< ended because the timeout passed
   std::string out;
   std::string err;
 };
@@ -52,9 +59,45 @@ inline std::string read_file(const std::string& path) {
   return s.str();
 }
 
+namespace detail {
+// Waits for `pid`; after `timeout` (0: none) ends its process group and notes it in `r`.
+inline int wait_child(pid_t pid, std::chrono::seconds timeout, process_result& r) {
+  int status = 0;
+  if (timeout.count() == 0) {
+    pid_t w = 0;
+    do {
+      w = ::waitpid(pid, &status, 0);
+    } while (w < 0 && errno == EINTR);
+    return w < 0 ? -1 : status;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int signal_sent = 0;;) {
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) {
+      return status;
+    }
+    if (w < 0 && errno != EINTR) {
+      return -1;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline && signal_sent == 0) {
+      r.timed_out = true;
+      ::kill(-pid, SIGTERM);
+      signal_sent = 1;
+    } else if (now >= deadline + std::chrono::seconds(5) && signal_sent == 1) {
+      ::kill(-pid, SIGKILL);
+      signal_sent = 2;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+}  // namespace detail
+
 /// Runs argv[0] with `args`; `env` entries are set (or overridden) in the child's environment.
+/// `timeout` (0: none) bounds how long the child (and its children) may run.
 inline process_result run_process(const std::vector<std::string>& argv,
-                                  const std::map<std::string, std::string>& env = {}) {
+                                  const std::map<std::string, std::string>& env = {},
+                                  std::chrono::seconds timeout = std::chrono::seconds(0)) {
   process_result r;
   const std::string out_path = temp_path("poolscope-out");
   const std::string err_path = temp_path("poolscope-err");
@@ -86,15 +129,18 @@ inline process_result run_process(const std::vector<std::string>& argv,
   }
   cargv.push_back(nullptr);
   pid_t pid = 0;
-  const int rc = posix_spawn(&pid, cargv[0], &fa, nullptr, cargv.data(), envp.data());
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  if (timeout.count() > 0) {  // a group of its own, to end with everything it started
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+  }
+  const int rc = posix_spawn(&pid, cargv[0], &fa, &attr, cargv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&fa);
   if (rc == 0) {
-    int status = 0;
-    pid_t w = 0;
-    do {
-      w = ::waitpid(pid, &status, 0);
-    } while (w < 0 && errno == EINTR);
-    if (w < 0) {
+    const int status = detail::wait_child(pid, timeout, r);
+    if (status < 0) {
       r.err = "waitpid failed";
     } else if (WIFEXITED(status)) {
       r.exit_code = WEXITSTATUS(status);

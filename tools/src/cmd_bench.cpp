@@ -13,8 +13,10 @@
 #include "commands.hpp"
 #include "devices_option.hpp"
 #include "host_memory.hpp"
+#include "launch.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/memory_access.hpp"
+#include "poolscope/darray/process_group.hpp"
 #include "poolscope/error.hpp"
 
 namespace poolscope::tools {
@@ -148,14 +150,27 @@ void register_bench(CLI::App& app) {
                    "driver, markers; add runtime to see every CUDA call an op makes")
       ->capture_default_str();
   darray_cmd->callback([d] {
-    check_file_arguments("poolscope bench darray", {{"--json", d->json_path, true},
-                                                    {"--trace", d->options.trace_path, true}});
-    check_darray_bench_memory(d->options);
-    const auto rep = bench::run_darray_bench(d->options, &std::cerr);
-    // With the JSON on stdout, stdout holds nothing else.
-    rep.print_table(d->json_path == "-" ? std::cerr : std::cout);
-    if (!d->json_path.empty()) {
-      write_output("poolscope bench darray", "--json", d->json_path, rep.to_json() + "\n");
+    // Under a launcher every rank runs it over the devices of every rank; rank 0 prints and
+    // writes the JSON, each rank its own trace.
+    const auto group = darray::process_group::from_launcher();
+    agree_on_arguments(*group, "poolscope bench darray", "");
+    bench::darray_bench_options o = d->options;
+    o.group = group;
+    o.trace_path = rank_output_path(o.trace_path, *group);
+    const bool prints = group->rank() == 0;
+    bench::darray_bench_report rep;
+    on_every_rank(*group, "poolscope bench darray", [&] {
+      check_file_arguments("poolscope bench darray",
+                           {{"--json", d->json_path, true}, {"--trace", o.trace_path, true}});
+      check_darray_bench_memory(o);
+      rep = bench::run_darray_bench(o, prints ? &std::cerr : nullptr);
+    });
+    if (prints) {
+      // With the JSON on stdout, stdout holds nothing else.
+      rep.print_table(d->json_path == "-" ? std::cerr : std::cout);
+      if (!d->json_path.empty()) {
+        write_output("poolscope bench darray", "--json", d->json_path, rep.to_json() + "\n");
+      }
     }
     if (rep.any_error()) {
       throw CLI::RuntimeError(3);

@@ -1,5 +1,5 @@
 // `poolscope demo`: the distributed-array demo (see darray_demo.hpp). Exit code 2 when a check
-// against the host fails.
+// against the host fails (on any rank, under a launcher: every rank exits so).
 #include <iostream>
 #include <memory>
 
@@ -7,6 +7,8 @@
 #include "commands.hpp"
 #include "darray_demo.hpp"
 #include "devices_option.hpp"
+#include "launch.hpp"
+#include "poolscope/darray/process_group.hpp"
 #include "poolscope/pool/factory.hpp"
 
 namespace poolscope::tools {
@@ -63,7 +65,11 @@ void register_demo(CLI::App& app) {
                   "flows")
       ->capture_default_str();
   sub->callback([o] {
-    const darray_demo_result r = run_darray_demo(*o, &std::cerr);
+    const auto group = darray::process_group::from_launcher();
+    agree_on_arguments(*group, "poolscope demo", "");
+    darray_demo_result r;
+    on_every_rank(*group, "poolscope demo",
+                  [&] { r = run_darray_demo(*o, group->rank() == 0 ? &std::cerr : nullptr); });
     std::cout << r.text;
     if (!r.ok()) {
       throw CLI::RuntimeError(2);

@@ -15,8 +15,14 @@
 // min(T_reshard, T_add), docs/design.md §4 (D1): 1 when the fused op costs no more than the longer
 // of its parts; n/a (NaN, null in the report) when the reshard moves nothing. Thread safety:
 // run_darray_demo runs on the calling thread. The result is a plain value.
+//
+// Under a launcher (mpirun -np N poolscope demo --devices host:K) every rank runs it (SPMD): the
+// arrays spread over the devices of every rank, each rank checks what to_host gathers against
+// the host, writes its own trace and report (t.json -> t.rank<r>.json; %r and %p in a path are
+// the rank and the pid), and rank 0 prints the summary of every rank's part.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -73,8 +79,11 @@ struct darray_demo_result {
   /// per device: the median overlap ratio over the timed fused runs (NaN: unknown, or no run
   /// moved data there)
   std::vector<double> overlap_median;
-  nlohmann::json report;  ///< what was written to report_path
-  std::string text;       ///< the printed summary (last line sums it up)
+  /// Per rank (one entry without a launcher): its failed checks (every rank runs them all).
+  std::vector<std::size_t> failed_per_rank;
+  nlohmann::json report;  ///< what this rank wrote to its report
+  std::string text;  ///< the printed summary (last line sums it up); rank 0's only ("" on others)
+  /// Every check of every rank passed.
   [[nodiscard]] bool ok() const;
 };
 

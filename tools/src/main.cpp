@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "launch.hpp"
+#include "poolscope/darray/process_group.hpp"
 #include "poolscope/error.hpp"
 
 #ifndef POOLSCOPE_VERSION
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   poolscope::tools::register_pools(app);
   poolscope::tools::register_bench(app);
   poolscope::tools::register_replay(app);
+  poolscope::tools::register_snapshot(app);
   poolscope::tools::register_report(app);
   poolscope::tools::register_trace(app);
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
@@ -71,9 +74,22 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+      if (e.get_exit_code() == 0 || !poolscope::tools::runs_on_every_rank(argc, argv)) {
+        return app.exit(e);
+      }
+      // Under a launcher the other ranks wait for this one's word on its arguments: the refusal
+      // is every rank's, in the same words (agree_on_arguments throws it here too).
+      const auto group = poolscope::darray::process_group::from_launcher();
+      try {
+        poolscope::tools::agree_on_arguments(*group, command_name(app), e.what());
+      } catch (const poolscope::invalid_argument& refused) {
+        std::fprintf(stderr, "%s\n", refused.what());
+      }
+      return e.get_exit_code();
+    }
   } catch (const poolscope::out_of_memory& e) {
     // An allocator's own report: what was asked, what the pool held, why it failed.
     std::fprintf(stderr, "%s: %s\n", command_name(app).c_str(), e.what());

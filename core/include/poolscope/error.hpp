@@ -71,6 +71,14 @@ class device_unavailable : public runtime_error {
   using runtime_error::runtime_error;
 };
 
+/// Communication between the ranks of a process group failed: an MPI or NCCL call between ranks,
+/// a rank that did not answer within the group's timeout, or one that reported its own failure.
+/// The message names this rank, the peer and what was being done.
+class communication_error : public runtime_error {
+ public:
+  using runtime_error::runtime_error;
+};
+
 /// What the allocator held when a request failed; carried by out_of_memory.
 struct oom_context {
   std::size_t requested = 0;             ///< bytes asked for

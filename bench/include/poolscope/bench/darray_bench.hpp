@@ -37,10 +37,13 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "poolscope/darray/process_group.hpp"
 
 namespace poolscope::bench {
 
@@ -72,6 +75,10 @@ struct darray_bench_options {
   /// "all" or a list of kernels, copies, memsets, memory, sync, runtime, driver, markers). Add
   /// "runtime" to see each CUDA call an op makes, and how long it held the host.
   std::string cupti_kinds = "kernels,copies,memsets,markers";
+  /// The ranks the backend spans (null: a group of one). With several, each timed run starts
+  /// after a barrier and takes its slowest rank's time; the raw baselines (one process's calls)
+  /// and D3, D4 are left out.
+  std::shared_ptr<darray::process_group> group;
 };
 
 /// One baseline: what was timed, on how many bytes, and how fast.

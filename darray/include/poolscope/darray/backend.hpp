@@ -33,6 +33,14 @@
 // wrap as two's complement. Reductions of floating types may differ between backends by rounding
 // only (the order of additions differs).
 //
+// Processes: a backend is built over a process group (backend_options::group; a group of one by
+// default) and numbers the devices of every rank, rank by rank: device_count() counts them all,
+// and this process holds [first_local_device(), first_local_device() + local_device_count()).
+// Building a backend over a group of several ranks is collective (every rank builds one, with the
+// same spec shape). Work is enqueued on this process's devices only (others throw
+// invalid_argument); send() and receive() move data between ranks (host devices: MPI on the
+// transfer worker; GPUs: NCCL on the transfer stream), each rank enqueuing its own side in the
+// same order as every other rank (the executor issues a plan's pieces in plan order).
 // Ownership: the backend owns its devices' queues, allocators and worker threads; buffers and
 // events keep the backend state they need alive. Thread safety: enqueue methods may be called
 // from several threads at once; calls of different threads on one queue interleave in some order,
@@ -57,6 +65,7 @@
 #include "poolscope/darray/fork_join.hpp"
 #include "poolscope/darray/geometry.hpp"
 #include "poolscope/darray/planner.hpp"
+#include "poolscope/darray/process_group.hpp"
 #include "poolscope/pool/allocator.hpp"
 #include "poolscope/spin_lock.hpp"
 
@@ -201,13 +210,14 @@ class buffer {
   ~buffer();
   [[nodiscard]] void* data() const noexcept { return ptr_; }
   [[nodiscard]] std::size_t bytes() const noexcept { return bytes_; }
-  [[nodiscard]] int device() const noexcept { return device_; }
+  /// The device (of the backend's numbering) the memory is on.
+  [[nodiscard]] int device() const noexcept;
   /// Work that reads or writes this buffer: the memory is not reused before `e` completes.
   void add_use(const event& e);
 
  private:
   std::shared_ptr<backend> owner_;
-  int device_;
+  int device_;  // the index among the owner's local devices
   void* ptr_;
   std::size_t bytes_;
   spin_lock uses_lock_;  // guards uses_ (a few instructions under it)
@@ -246,6 +256,8 @@ struct backend_options {
   /// is faster for it (docs/perf.md, "Compute yields to copies out of its device";
   /// docs/darray.md). Host backends only count it.
   bool yield_to_copies = true;
+  /// The processes whose devices the backend numbers (null: a group of one, this process).
+  std::shared_ptr<process_group> group;
 };
 
 /// What a backend did.
@@ -275,11 +287,14 @@ struct backend_stats {
   /// reshards read and write (count_parts_visited): the host-side bookkeeping, which grows as
   /// O(P log P) in the parts P of a chunk (tests bound it; the time of an op follows it).
   std::uint64_t parts_visited = 0;
+  /// Transfers to or from devices of other ranks this process made (each side counts its own).
+  std::uint64_t copies_between_ranks = 0;
+  std::uint64_t bytes_between_ranks = 0;
 };
 
 /// Every figure of backend_stats with its name, in declaration order: what reports write (the
 /// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
-inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 13>
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 15>
     backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
                           {"copies_peer", &backend_stats::copies_peer},
                           {"bytes_local", &backend_stats::bytes_local},
@@ -292,7 +307,9 @@ inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_st
                           {"compute_yielding", &backend_stats::compute_yielding},
                           {"kernel_graphs_made", &backend_stats::kernel_graphs_made},
                           {"kernel_graph_updates", &backend_stats::kernel_graph_updates},
-                          {"parts_visited", &backend_stats::parts_visited}}};
+                          {"parts_visited", &backend_stats::parts_visited},
+                          {"copies_between_ranks", &backend_stats::copies_between_ranks},
+                          {"bytes_between_ranks", &backend_stats::bytes_between_ranks}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
@@ -303,19 +320,37 @@ class backend : public std::enable_shared_from_this<backend> {
   backend& operator=(const backend&) = delete;
   virtual ~backend() = default;
 
-  /// "host:2", "cuda:2".
-  [[nodiscard]] std::string name() const { return do_name(); }
+  /// "host:2", "cuda:2" (this process's devices; with several ranks "host:2 x 3 ranks").
+  [[nodiscard]] std::string name() const;
   /// This backend's number in the process (1, 2, ... in order of creation): it tells apart two
   /// backends of one name in messages ("host:2 #1", "host:2 #3").
   [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
   /// name() and id(): "host:2 #1".
   [[nodiscard]] std::string label() const;
-  [[nodiscard]] int device_count() const noexcept { return do_device_count(); }
+  /// The devices of every rank of group().
+  [[nodiscard]] int device_count() const noexcept { return device_total_; }
   [[nodiscard]] bool is_gpu() const noexcept { return do_is_gpu(); }
-  /// "NVIDIA H200", "host device 1".
+  /// "NVIDIA H200", "host device 1" (any rank's device: the names are gathered when the backend
+  /// is built).
   [[nodiscard]] std::string device_name(int device) const;
-  /// The pool allocator of `device` (its stats, limit, release).
+  /// The pool allocator of `device` (its stats, limit, release). This process's devices only.
   [[nodiscard]] pool::allocator& allocator(int device);
+
+  /// The processes this backend spans (never null).
+  [[nodiscard]] const std::shared_ptr<process_group>& group() const noexcept { return group_; }
+  /// The devices of this process: [first_local_device(), first_local_device() +
+  /// local_device_count()).
+  [[nodiscard]] int local_device_count() const noexcept { return local_count_; }
+  [[nodiscard]] int first_local_device() const noexcept { return first_local_; }
+  [[nodiscard]] bool is_local(int device) const noexcept {
+    return device >= first_local_ && device - first_local_ < local_count_;
+  }
+  /// The rank holding `device`. Throws invalid_argument naming a device outside
+  /// [0, device_count()).
+  [[nodiscard]] int rank_of(int device) const;
+  /// The first device of `rank` (every rank holds at least one). Throws invalid_argument naming
+  /// a rank outside the group.
+  [[nodiscard]] int first_device_of(int rank) const;
 
   /// `bytes` (> 0) of memory on `device`, from its allocator. Frees completed deferred buffers
   /// first — for a small request (< 1 MiB) only once 64 buffers or 64 MiB wait, and half as many
@@ -334,6 +369,9 @@ class backend : public std::enable_shared_from_this<backend> {
   /// stats and hooks count it in use throughout (stats().buffers_reused counts these).
   [[nodiscard]] std::shared_ptr<buffer> allocate(int device, std::size_t bytes,
                                                  queue_kind first_use);
+  /// The most devices one rank may hold in a group of several (transfers between ranks tag their
+  /// messages with the pair of devices).
+  static constexpr int max_devices_per_rank = 64;
   /// How many of the buffers dropped last allocate(device, bytes, first_use) looks at.
   static constexpr std::size_t reuse_scan = 8;
 
@@ -361,7 +399,9 @@ class backend : public std::enable_shared_from_this<backend> {
     view src;
     int src_device = 0;
   };
-  /// Copies every transfer of `list` (each between two devices, equal extents) as one group:
+  /// Copies every transfer of `list` (each between two devices, equal extents) as one group. A
+  /// transfer with one side on another rank is this rank's send or receive of it (see send();
+  /// the other side's view is ignored, and that rank's group holds the matching transfer). Else:
   /// with NCCL one grouped call, every send and receive at once (`how` nccl, or automatic on a
   /// backend whose transfers default to NCCL; views must then be contiguous, else the group goes
   /// by copy engines); otherwise the copies one after another on the senders' transfer queues.
@@ -374,6 +414,17 @@ class backend : public std::enable_shared_from_this<backend> {
   /// backend's choice (CUDA: when its default transport is NCCL, for the reasons in
   /// docs/darray.md "Transports"; host devices: never).
   [[nodiscard]] bool groups_transfers(const reshard_plan& plan, transport how) const;
+  /// Sends `src` (contiguous, on this process's `device`) to `peer_device` of another rank, on
+  /// the transfer queue of `device` after the work enqueued there so far: an event recorded there
+  /// afterwards marks `src` free to overwrite. The peer's rank enqueues the matching receive();
+  /// sends and receives between two devices pair up in the order they are enqueued. Throws
+  /// invalid_argument naming a device of this process as the peer, or a strided view.
+  void send(int device, dtype t, const view& src, int peer_device);
+  /// Receives into `dst` (contiguous, on this process's `device`) what `peer_device` of another
+  /// rank sends, on the transfer queue of `device`: an event recorded there afterwards marks the
+  /// data arrived. A failure or a peer silent for the group's timeout fails the queue's task
+  /// (communication_error, reported as a failed task is).
+  void receive(int device, dtype t, const view& dst, int peer_device);
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).
   void upload(int device, dtype t, const view& dst, const view& host_src);
@@ -451,9 +502,28 @@ class backend : public std::enable_shared_from_this<backend> {
   }
 
  protected:
+  /// For implementations: a transfer of a group with another rank, seen from this one.
+  struct rank_transfer {
+    view data;       ///< this side's: the source when sending, the destination when receiving
+    int device = 0;  ///< this process's (local index)
+    int peer_device = 0;
+    int peer_rank = 0;
+    int tag = 0;
+    bool sending = false;
+  };
+  /// For implementations: each of `between` by do_send / do_receive, in order.
+  void exchange_one_by_one(dtype t, const std::vector<rank_transfer>& between);
   /// For implementations: a group without a grouped transport: each copy on its sender's
   /// transfer queue (by `how`), then each receiver's transfer queue ordered after its senders'.
   void copy_one_by_one(dtype t, const std::vector<transfer>& list, transport how);
+  /// For implementations, at the end of the constructor (collective over `group`, null: a group
+  /// of one): numbers the devices of every rank, this one's from first_local_device(), and
+  /// gathers their names. Throws communication_error when another rank fails meanwhile.
+  void join_group(std::shared_ptr<process_group> group);
+  /// For implementations: the global number of this process's device `local`.
+  [[nodiscard]] int global_device(int local) const noexcept { return first_local_ + local; }
+  /// For implementations: counts a transfer to or from another rank in stats().
+  void count_between_ranks(std::uint64_t bytes) noexcept;
   /// For implementations: the attached timeline (may be null).
   [[nodiscard]] profiler::timeline* attached_timeline() const noexcept;
   /// For implementations, from the constructor: starts the issuing threads of issue_each as
@@ -479,14 +549,26 @@ class backend : public std::enable_shared_from_this<backend> {
 
  private:
   friend class buffer;
+  /// allocate() on this process's device `device` (local index).
+  [[nodiscard]] std::shared_ptr<buffer> allocate_on(int device, std::size_t bytes);
   void defer_free(int device, void* ptr, std::size_t bytes, std::vector<event> uses) noexcept;
-  void check_device(int device, const char* what) const {
-    if (device < 0 || device >= device_count()) [[unlikely]] {
+  /// The index among this process's devices of `device` (what the do_* methods and the state
+  /// below take); throws invalid_argument naming a device of another rank or of none.
+  [[nodiscard]] int local(int device, const char* what) const {
+    const int l = device - first_local_;
+    if (l < 0 || l >= local_count_) [[unlikely]] {
       device_error(device, what);
     }
+    return l;
   }
-  /// Throws check_device's error for `device`.
+  /// Throws local()'s error for `device`.
   [[noreturn]] void device_error(int device, const char* what) const;
+  /// The checks of send() and receive() (and copy_group's transfers with another rank): the
+  /// transfer as this rank sees it, with the tag of the pair's messages.
+  [[nodiscard]] rank_transfer between_ranks(int device, const view& v, int peer_device,
+                                            bool sending, const char* what) const;
+  /// send() or receive() of `x` (nothing when empty), counted in stats().
+  void exchange(dtype t, const rank_transfer& x);
 
   [[nodiscard]] virtual std::string do_name() const = 0;
   [[nodiscard]] virtual int do_device_count() const noexcept = 0;
@@ -501,8 +583,16 @@ class backend : public std::enable_shared_from_this<backend> {
   virtual void do_synchronize() = 0;
   virtual void do_copy(int queue_device, queue_kind q, dtype t, const view& dst, int dst_device,
                        const view& src, int src_device, transport how) = 0;
-  /// Default: copy_one_by_one.
-  virtual void do_copy_group(dtype t, const std::vector<transfer>& list, transport how);
+  /// `list`: the transfers within this process (local devices); `between`: those with another
+  /// rank. Default: copy_one_by_one, then exchange_one_by_one.
+  virtual void do_copy_group(dtype t, const std::vector<transfer>& list,
+                             const std::vector<rank_transfer>& between, transport how);
+  /// send() and receive() on this process's `device` (local), `peer_device` (global) of
+  /// `peer_rank`; `tag` tells the pair's messages from other pairs' (MPI).
+  virtual void do_send(int device, dtype t, const view& src, int peer_device, int peer_rank,
+                       int tag) = 0;
+  virtual void do_receive(int device, dtype t, const view& dst, int peer_device, int peer_rank,
+                          int tag) = 0;
   /// groups_transfers for transport::automatic. Default: never.
   [[nodiscard]] virtual bool do_groups_automatically(const reshard_plan& plan) const;
   virtual void do_upload(int device, dtype t, const view& dst, const view& host_src) = 0;
@@ -591,9 +681,19 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> kernel_graphs_made{0};
     std::atomic<std::uint64_t> kernel_graph_updates{0};
     std::atomic<std::uint64_t> parts_visited{0};
+    std::atomic<std::uint64_t> copies_between_ranks{0};
+    std::atomic<std::uint64_t> bytes_between_ranks{0};
   };
   bool yield_to_copies_ = false;
   std::uint64_t id_;
+
+  // The group and the numbering of its devices (join_group): a group of one until then.
+  std::shared_ptr<process_group> group_;
+  int first_local_ = 0;
+  int local_count_ = 0;
+  int device_total_ = 0;
+  std::vector<int> first_of_rank_;         // per rank, then device_total_
+  std::vector<std::string> device_names_;  // of every device, in device order
 
   std::once_flag tracks_once_;
   // Set (release) once tracks_ is built: tracks()'s fast path.

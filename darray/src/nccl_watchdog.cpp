@@ -1,0 +1,160 @@
+// The NCCL watchdog (nccl_watchdog.hpp).
+#include "nccl_watchdog.hpp"
+
+#include <utility>
+
+#include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+
+namespace poolscope::darray::detail {
+
+namespace {
+constexpr auto poll_every = std::chrono::milliseconds(50);
+
+std::string seconds_of(std::chrono::steady_clock::duration d) {
+  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
+}
+}  // namespace
+
+nccl_watchdog::nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
+                             std::shared_ptr<process_group> group)
+    : comms_(std::move(comms)),
+      abort_comms_(abort_comms),
+      group_(std::move(group)),
+      timeout_(group_->timeout()),
+      thread_([this] { loop(); }) {}
+
+nccl_watchdog::~nccl_watchdog() {
+  {
+    const std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  thread_.join();
+  for (const pending& p : pending_) {
+    seam::log_failure("cudaEventDestroy",
+                      [&p] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(p.done)); });
+  }
+}
+
+nccl_watchdog::host_call::host_call(nccl_watchdog& w, std::string what) : w_(w) {
+  const std::lock_guard lock(w_.mutex_);
+  w_.call_since_ = std::chrono::steady_clock::now();
+  w_.call_what_ = std::move(what);
+}
+
+nccl_watchdog::host_call::~host_call() {
+  const std::lock_guard lock(w_.mutex_);
+  w_.call_since_ = {};
+}
+
+void nccl_watchdog::watch(int ordinal, cudaStream_t s, std::string what) {
+  const seam::device_guard guard(ordinal);
+  cudaEvent_t e = nullptr;
+  POOLSCOPE_DARRAY_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(e, s);
+  if (recorded != cudaSuccess) {
+    (void)cudaEventDestroy(e);
+    seam::raise(recorded, "cudaEventRecord(e, s)", __FILE__, __LINE__);
+  }
+  const std::lock_guard lock(mutex_);
+  pending_.push_back(pending{ordinal, e, std::chrono::steady_clock::now(), std::move(what)});
+}
+
+void nccl_watchdog::check() const {
+  const std::lock_guard lock(mutex_);
+  if (failure_) {
+    throw communication_error("darray " + group_->describe() + ": " + *failure_);
+  }
+}
+
+std::optional<std::string> nccl_watchdog::poll() {
+  for (std::size_t i = 0; i < comms_.size(); ++i) {
+    ncclResult_t async = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comms_[i], &async);
+    if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
+      return std::string("NCCL reports ") +
+             ::poolscope::detail::api_status<ncclResult_t>::name(r != ncclSuccess ? r : async) +
+             " on this rank's GPU " + std::to_string(i);
+    }
+  }
+  if (auto f = group_->poll_failure()) {
+    return f;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  const std::lock_guard lock(mutex_);
+  if (call_since_ != std::chrono::steady_clock::time_point{} && now - call_since_ > timeout_) {
+    return "an NCCL call (" + call_what_ + ") has waited " + seconds_of(now - call_since_) +
+           " for its peer (POOLSCOPE_RANK_TIMEOUT sets the bound)";
+  }
+  while (!pending_.empty()) {
+    pending& p = pending_.front();
+    const cudaError_t q = cudaEventQuery(p.done);
+    if (q == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      if (now - p.since > timeout_) {
+        return p.what + " has not completed in " + seconds_of(now - p.since) +
+               " (POOLSCOPE_RANK_TIMEOUT sets the bound)";
+      }
+      break;
+    }
+    (void)cudaEventDestroy(p.done);
+    const std::string what = p.what;
+    pending_.pop_front();
+    if (q != cudaSuccess) {
+      (void)cudaGetLastError();
+      return what + " failed: " + cudaGetErrorName(q);
+    }
+  }
+  return std::nullopt;
+}
+
+void nccl_watchdog::fail(const std::string& why) noexcept {
+  {
+    const std::lock_guard lock(mutex_);
+    if (failure_) {
+      return;
+    }
+    try {
+      failure_ = why;
+    } catch (...) {
+      return;  // no memory for the message: the next poll tries again
+    }
+  }
+  poolscope::log(log_level::error, "darray cuda backend: " + why +
+                                       (abort_comms_ ? "; aborting its NCCL communicators" : ""));
+  group_->fail(why);
+  if (abort_comms_) {
+    // Without a lock: a thread may be blocked inside NCCL (in a call waiting for the peer, under
+    // the backend's NCCL mutex), and the abort is what releases it.
+    for (ncclComm_t c : comms_) {
+      seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_DARRAY_CHECK(ncclCommAbort(c)); });
+    }
+    aborted_.store(true, std::memory_order_release);
+  }
+}
+
+void nccl_watchdog::loop() noexcept {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    stop_cv_.wait_for(lock, poll_every, [this] { return stop_; });
+    if (stop_ || failure_) {
+      continue;  // after a failure: nothing more to find, wait to be stopped
+    }
+    lock.unlock();
+    std::optional<std::string> found;
+    try {
+      found = poll();
+    } catch (const std::exception& e) {
+      found = std::string("the NCCL watchdog failed: ") + e.what();
+    } catch (...) {
+      found = "the NCCL watchdog failed";
+    }
+    if (found) {
+      fail(*found);
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace poolscope::darray::detail
