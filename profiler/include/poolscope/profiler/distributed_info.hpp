@@ -33,9 +33,9 @@ namespace poolscope::profiler {
 struct distributed_info {
   int rank = 0;
   int world_size = 1;
-  std::string backend = "mpi";       ///< what joins the ranks ("mpi", "nccl")
-  std::string host;                  ///< "": this machine's host name
-  std::vector<std::string> devices;  ///< the rank's devices, as its program names them
+  std::string backend = "mpi";         ///< what joins the ranks ("mpi", "nccl")
+  std::string host{};                  ///< "": this machine's host name
+  std::vector<std::string> devices{};  ///< the rank's devices, as its program names them
 };
 
 /// The local clock (hooks::now_ns) read just before entering and just after leaving one barrier.

@@ -122,11 +122,11 @@ struct timeline_options {
   std::size_t max_pending_chunks = 16;                   ///< chunks queued for the writer thread
   std::size_t max_pending_links = std::size_t{1} << 16;  ///< API calls / device ops awaiting
                                                          ///< their other half, NVTX ranges open
-  std::string process_name;  ///< the host process's name ("": "host: <program> (pid N)")
+  std::string process_name{};  ///< the host process's name ("": "host: <program> (pid N)")
   /// One rank of several (distributed_info.hpp): written as the trace's top-level
   /// "distributedInfo" {backend, rank, world_size, host, devices, clock_sync}, which
   /// `poolscope trace merge` and Holistic Trace Analysis read. Unset: no such member.
-  std::optional<distributed_info> distributed;
+  std::optional<distributed_info> distributed{};
 };
 
 /// Calls, total and longest time of one host slice name and category.
