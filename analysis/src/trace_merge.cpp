@@ -96,6 +96,12 @@ std::optional<std::int64_t> integer_of(const nlohmann::json& j, const char* key)
   return it->get<std::int64_t>();
 }
 
+// A string member, or "" when absent or not a string.
+std::string string_of(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 // ts (µs, three decimals) as ns, as trace summary reads it.
 std::optional<std::int64_t> time_ns(const nlohmann::json& e, const char* key) {
   const auto it = e.find(key);
@@ -185,7 +191,7 @@ void survey(rank_input& in, std::map<std::pair<int, int>, std::vector<transfer_s
     if (!e.is_object()) {
       return;
     }
-    const std::string ph = e.value("ph", std::string());
+    const std::string ph = string_of(e, "ph");
     const auto pid = integer_of(e, "pid");
     const auto tid = integer_of(e, "tid");
     const auto name = e.find("name");
@@ -247,7 +253,7 @@ void survey(rank_input& in, std::map<std::pair<int, int>, std::vector<transfer_s
     }
     in.rank = static_cast<int>(*rank);
     in.world_size = static_cast<int>(*size);
-    in.host = di->value("host", std::string());
+    in.host = string_of(*di, "host");
     in.pid = integer_of(*di, "pid");
     if (const auto d = di->find("devices"); d != di->end() && d->is_array()) {
       for (const auto& x : *d) {
@@ -404,7 +410,7 @@ std::uint64_t copy_events(profiler::trace_writer& w, const rank_input& in, int w
   std::uint64_t copied = 0;
   std::string out;
   (void)read_trace(in.file, [&](std::uint64_t, const nlohmann::json& event) {
-    if (!event.is_object() || event.value("ph", std::string()) == "M") {
+    if (!event.is_object() || string_of(event, "ph") == "M") {
       return;  // metadata: the rank's process and threads are named anew
     }
     nlohmann::json e = event;
@@ -416,7 +422,7 @@ std::uint64_t copy_events(profiler::trace_writer& w, const rank_input& in, int w
         if (tid) {
           e["tid"] = in.moved_tids.at({*pid, *tid});
         }
-        if (e.value("ph", std::string()) == "C" && e.contains("name") && e["name"].is_string()) {
+        if (string_of(e, "ph") == "C" && e.contains("name") && e["name"].is_string()) {
           e["name"] = track_label(in, *pid) + ": " + e["name"].get<std::string>();
         }
       }

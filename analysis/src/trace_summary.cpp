@@ -534,11 +534,17 @@ class summarizer {
     if (m == od->end() || !m->is_object()) {
       return;
     }
+    // Figures of the wrong type read as 0 (`trace check` does not look into otherData).
+    const auto integer = [&m](const char* key) {
+      const auto it = m->find(key);
+      return it != m->end() && it->is_number_integer() ? it->get<std::int64_t>() : 0;
+    };
     trace_summary::clock_skew c;
-    c.measured = m->value("clocks_measured", false);
-    c.max_skew_ns = m->value("max_skew_ns", std::int64_t{0});
-    c.max_uncertainty_ns = m->value("max_uncertainty_ns", std::int64_t{0});
-    c.max_same_host_offset_ns = m->value("max_same_host_offset_ns", std::int64_t{0});
+    const auto measured = m->find("clocks_measured");
+    c.measured = measured != m->end() && measured->is_boolean() && measured->get<bool>();
+    c.max_skew_ns = integer("max_skew_ns");
+    c.max_uncertainty_ns = integer("max_uncertainty_ns");
+    c.max_same_host_offset_ns = integer("max_same_host_offset_ns");
     s_.clock = c;
   }
 
