@@ -21,7 +21,6 @@
 #include "poolscope/log.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
-#include "poolscope/profiler/output_path.hpp"
 #include "poolscope/profiler/recorder.hpp"
 
 #ifndef POOLSCOPE_VERSION_STRING
@@ -64,10 +63,8 @@ void log_error(const std::string& message) noexcept {
 }
 
 /// Profilers chosen by the environment: POOLSCOPE_RECORD=FILE (the allocator event log) and
-/// POOLSCOPE_PROFILE=FILE (the line profile as JSON, written at exit); in either, %r is the
-/// launcher's rank and %p the pid (profiler/output_path.hpp), so the ranks of one launch write
-/// apart. Installed process-wide once, before the first pool is built; never destroyed (blocks
-/// may be freed during exit).
+/// POOLSCOPE_PROFILE=FILE (the line profile as JSON, written at exit). Installed process-wide
+/// once, before the first pool is built; never destroyed (blocks may be freed during exit).
 struct env_profilers {
   std::unique_ptr<poolscope::profiler::recorder> recorder;
   std::unique_ptr<poolscope::profiler::line_profiler> line_profiler;
@@ -125,29 +122,11 @@ std::string profile_path_problem(const std::string& path, const std::string& rec
   return {};
 }
 
-// The environment's output path `name` with %r and %p expanded; "" when unset, or (logged)
-// when its pattern is bad.
-std::string env_output_path(const char* name) noexcept {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    return {};
-  }
-  try {
-    return poolscope::profiler::expand_output_path(v);
-  } catch (const std::exception& ex) {
-    log_error(std::string("poolscope_alloc: ") + name + " ignored: " + ex.what());
-  } catch (...) {
-  }
-  return {};
-}
-
 void install_env_profilers() noexcept {
-  const std::string record_path = env_output_path("POOLSCOPE_RECORD");
-  const std::string profile_path = env_output_path("POOLSCOPE_PROFILE");
-  const char* record = record_path.c_str();
-  const char* profile = profile_path.c_str();
-  const bool want_record = !record_path.empty();
-  bool want_profile = !profile_path.empty();
+  const char* record = std::getenv("POOLSCOPE_RECORD");
+  const char* profile = std::getenv("POOLSCOPE_PROFILE");
+  const bool want_record = record != nullptr && *record != '\0';
+  bool want_profile = profile != nullptr && *profile != '\0';
   if (!want_record && !want_profile) {
     return;
   }
