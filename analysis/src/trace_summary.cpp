@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string_view>
 #include <tuple>
 
 #include "detail/trace_json.hpp"
 #include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_merge.hpp"
 #include "poolscope/error.hpp"
 
 namespace poolscope::analysis {
@@ -55,7 +57,9 @@ std::string device_text(const device_overlap& d, const std::vector<op_summary>& 
                         const std::vector<op_summary>& copies, std::size_t top) {
   std::string out;
   char line[512];
-  const std::string who = d.device < 0 ? std::string("host") : "device " + std::to_string(d.device);
+  const std::string who =
+      (d.rank >= 0 ? "rank " + std::to_string(d.rank) + " " : std::string()) +
+      (d.device < 0 ? std::string("host") : "device " + std::to_string(d.device));
   std::snprintf(line, sizeof line, "%s: window %s, busy %s (%s), idle %s\n", who.c_str(),
                 format_ns(static_cast<double>(d.window_ns)).c_str(),
                 format_ns(static_cast<double>(d.busy_ns)).c_str(),
@@ -80,7 +84,7 @@ std::string device_text(const device_overlap& d, const std::vector<op_summary>& 
   out += line;
   std::size_t shown = 0;
   for (const op_summary& k : kernels) {
-    if (k.device != d.device || shown == top) {
+    if (k.device != d.device || k.rank != d.rank || shown == top) {
       continue;
     }
     if (shown++ == 0) {
@@ -97,7 +101,7 @@ std::string device_text(const device_overlap& d, const std::vector<op_summary>& 
   }
   shown = 0;
   for (const op_summary& c : copies) {
-    if (c.device != d.device || shown == top) {
+    if (c.device != d.device || c.rank != d.rank || shown == top) {
       continue;
     }
     if (shown++ == 0) {
@@ -151,8 +155,11 @@ std::string ranges_text(const std::vector<trace_summary::window_overlap>& each,
   out += line;
   out += "      #           start          length";
   for (const device_overlap& d : devices) {
-    std::snprintf(line, sizeof line, "  %9s", ("device " + std::to_string(d.device)).c_str());
-    out += d.device < 0 ? "       host" : line;
+    const std::string who = d.rank >= 0 ? "r" + std::to_string(d.rank) + " dev " +
+                                              (d.device < 0 ? "host" : std::to_string(d.device))
+                                        : "device " + std::to_string(d.device);
+    std::snprintf(line, sizeof line, "  %9s", who.c_str());
+    out += d.device < 0 && d.rank < 0 ? "       host" : line;
   }
   out += "  pools grew\n";
   for (std::size_t w = 0; w < each.size(); ++w) {
@@ -162,8 +169,9 @@ std::string ranges_text(const std::vector<trace_summary::window_overlap>& each,
                   format_ns(static_cast<double>(r.window.length())).c_str());
     out += line;
     for (const device_overlap& d : devices) {
-      const auto it = std::find_if(r.devices.begin(), r.devices.end(),
-                                   [&](const device_overlap& x) { return x.device == d.device; });
+      const auto it = std::find_if(
+          r.devices.begin(), r.devices.end(),
+          [&](const device_overlap& x) { return x.device == d.device && x.rank == d.rank; });
       if (it == r.devices.end() || it->transfer_ns == 0) {
         std::snprintf(line, sizeof line, "  %9s", "-");
       } else {
@@ -186,6 +194,43 @@ std::string ranges_text(const std::vector<trace_summary::window_overlap>& each,
   return out;
 }
 
+// A merged trace's per-rank overlap and its clocks' skew.
+std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
+                       const std::optional<trace_summary::clock_skew>& clock) {
+  std::string out;
+  char line[512];
+  if (!ranks.empty()) {
+    out += "per rank (share of transfer time with compute running on the rank's devices):\n";
+  }
+  for (const trace_summary::rank_overlap& r : ranks) {
+    std::snprintf(line, sizeof line,
+                  "  rank %d: %zu device(s), compute %s, transfer %s, both active %s; overlap "
+                  "ratio %.3f\n",
+                  r.rank, r.devices, format_ns(static_cast<double>(r.compute_ns)).c_str(),
+                  format_ns(static_cast<double>(r.transfer_ns)).c_str(),
+                  format_ns(static_cast<double>(r.both_ns)).c_str(), r.overlap_ratio);
+    out += line;
+  }
+  if (clock) {
+    if (!clock->measured) {
+      out += "clocks: skew not measured for every rank (taken as 0)\n";
+    } else if (clock->max_skew_ns == 0 && clock->max_uncertainty_ns == 0) {
+      out += "clocks: every rank on one host, one clock (its barriers measured up to " +
+             format_ns(static_cast<double>(clock->max_same_host_offset_ns)) + ")\n";
+    } else {
+      out += "clocks: ranks aligned to the first rank's; estimated skew between hosts " +
+             format_ns(static_cast<double>(clock->max_skew_ns)) + ", within +-" +
+             format_ns(static_cast<double>(clock->max_uncertainty_ns)) + " after alignment";
+      if (clock->max_same_host_offset_ns != 0) {
+        out += "; ranks of one host share its clock (barriers measured up to " +
+               format_ns(static_cast<double>(clock->max_same_host_offset_ns)) + ")";
+      }
+      out += "\n";
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string trace_summary::to_text(std::size_t top) const {
@@ -193,20 +238,30 @@ std::string trace_summary::to_text(std::size_t top) const {
   char line[512];
   std::uint64_t total_transfer = 0;
   std::uint64_t total_both = 0;
-  for (const device_overlap& d : devices) {
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const device_overlap& d = devices[i];
+    if (d.rank >= 0 && (i == 0 || devices[i - 1].rank != d.rank)) {
+      const auto r = std::find_if(ranks.begin(), ranks.end(),
+                                  [&](const rank_overlap& x) { return x.rank == d.rank; });
+      out += (r != ranks.end() && !r->name.empty() ? r->name : "rank " + std::to_string(d.rank)) +
+             ":\n";
+    }
     out += device_text(d, kernels, copies, top);
     total_transfer += d.transfer_ns;
     total_both += d.both_ns;
   }
+  out += ranks_text(ranks, clock);
   out += api_calls_text(api_calls, top);
   if (!each.empty()) {
     out += ranges_text(each, devices);
   }
   std::snprintf(
       line, sizeof line,
-      "%zu device(s), %llu events, window %s%s; transfer %s, %s of it overlapped with "
+      "%zu device(s)%s, %llu events, window %s%s; transfer %s, %s of it overlapped with "
       "compute\n",
-      devices.size(), static_cast<unsigned long long>(events),
+      devices.size(),
+      ranks.empty() ? "" : (" of " + std::to_string(ranks.size()) + " ranks").c_str(),
+      static_cast<unsigned long long>(events),
       format_ns(!windows.empty() ? static_cast<double>(total_length(windows))
                 : window_end_ns >= window_begin_ns
                     ? static_cast<double>(interval{window_begin_ns, window_end_ns}.length())
@@ -274,16 +329,34 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
     dj["top_kernels"] = nlohmann::json::array();
     dj["top_copies"] = nlohmann::json::array();
     for (const op_summary& k : kernels) {
-      if (k.device == d.device && dj["top_kernels"].size() < top) {
+      if (k.device == d.device && k.rank == d.rank && dj["top_kernels"].size() < top) {
         dj["top_kernels"].push_back(k.to_json());
       }
     }
     for (const op_summary& c : copies) {
-      if (c.device == d.device && dj["top_copies"].size() < top) {
+      if (c.device == d.device && c.rank == d.rank && dj["top_copies"].size() < top) {
         dj["top_copies"].push_back(c.to_json());
       }
     }
     j["devices"].push_back(std::move(dj));
+  }
+  if (!ranks.empty()) {
+    j["ranks"] = nlohmann::json::array();
+    for (const rank_overlap& r : ranks) {
+      j["ranks"].push_back({{"rank", r.rank},
+                            {"name", r.name},
+                            {"devices", r.devices},
+                            {"compute_ns", r.compute_ns},
+                            {"transfer_ns", r.transfer_ns},
+                            {"both_ns", r.both_ns},
+                            {"overlap_ratio", r.overlap_ratio}});
+    }
+  }
+  if (clock) {
+    j["clock"] = {{"measured", clock->measured},
+                  {"max_skew_ns", clock->max_skew_ns},
+                  {"max_uncertainty_ns", clock->max_uncertainty_ns},
+                  {"max_same_host_offset_ns", clock->max_same_host_offset_ns}};
   }
   j["top_api_calls"] = nlohmann::json::array();
   for (const op_summary& a : api_calls) {
@@ -334,6 +407,7 @@ struct event_fields {
   const nlohmann::json* args = nullptr;  // null unless an object
   std::optional<int> device;
   std::optional<int> peer[2];  // src_device, dst_device
+  int rank = -1;               // the rank of its pid in a merged trace
 };
 
 // summarize_trace's work: add() takes the events one at a time, finish() sorts the sums.
@@ -343,8 +417,8 @@ class summarizer {
  public:
   summarizer(const std::vector<interval>* windows, bool each)
       : windows_(windows),
-        per_window_(each && windows != nullptr ? windows->size() : 0),
-        growth_(per_window_.size()) {}
+        window_count_(each && windows != nullptr ? windows->size() : 0),
+        growth_(window_count_) {}
 
   void add(const nlohmann::json& e) {
     event_fields f;
@@ -364,26 +438,24 @@ class summarizer {
     }
   }
 
-  trace_summary finish(std::uint64_t events) && {
+  trace_summary finish(std::uint64_t events, const nlohmann::json& other) && {
     s_.events = events;
     if (windows_ != nullptr) {
       lo_ = windows_->front().begin_ns;
       hi_ = windows_->back().end_ns;
       s_.windows = *windows_;
-      analyzer_.set_windows(*windows_);
-      for (std::size_t w = 0; w < per_window_.size(); ++w) {
-        per_window_[w].set_window((*windows_)[w].begin_ns, (*windows_)[w].end_ns);
-        s_.each.push_back({(*windows_)[w], per_window_[w].analyze(), growth_[w].allocs,
-                           growth_[w].bytes, growth_[w].ns});
+      for (std::size_t w = 0; w < window_count_; ++w) {
+        s_.each.push_back({(*windows_)[w], {}, growth_[w].allocs, growth_[w].bytes, growth_[w].ns});
       }
-    } else if (lo_ <= hi_) {
-      analyzer_.set_window(lo_, hi_);
+    }
+    for (auto& [rank, rs] : ranks_) {
+      finish_rank(rank, rs);
     }
     if (lo_ <= hi_) {
       s_.window_begin_ns = lo_;
       s_.window_end_ns = hi_;
     }
-    s_.devices = analyzer_.analyze();
+    read_clock(other);
     s_.kernels = sorted_by_total(std::move(kernels_));
     s_.copies = sorted_by_total(std::move(copies_));
     s_.api_calls = sorted_by_total(std::move(api_calls_));
@@ -391,6 +463,91 @@ class summarizer {
   }
 
  private:
+  // One rank's devices (a trace of one process: rank -1, every device).
+  struct rank_state {
+    overlap_analyzer analyzer;
+    std::vector<overlap_analyzer> per_window;
+    std::set<int> own;  // devices its events name as theirs ("device")
+    // The other end of its peer copies: counted only where that device is its own (a copy with
+    // another rank is that rank's transfer, on its own trace).
+    struct peer_end {
+      int device;
+      activity_class cls;
+      interval part;
+      std::uint64_t ops;
+      std::size_t window;
+    };
+    std::vector<peer_end> peer_ends;
+  };
+
+  rank_state& state_of(int rank) {
+    rank_state& rs = ranks_[rank];
+    rs.per_window.resize(window_count_);
+    return rs;
+  }
+
+  void finish_rank(int rank, rank_state& rs) {
+    for (const rank_state::peer_end& p : rs.peer_ends) {
+      if (rs.own.contains(p.device)) {
+        rs.analyzer.add(p.device, p.cls, p.part.begin_ns, p.part.end_ns, p.ops);
+        if (!rs.per_window.empty()) {
+          rs.per_window[p.window].add(p.device, p.cls, p.part.begin_ns, p.part.end_ns);
+        }
+      }
+    }
+    if (windows_ != nullptr) {
+      rs.analyzer.set_windows(*windows_);
+      for (std::size_t w = 0; w < rs.per_window.size(); ++w) {
+        rs.per_window[w].set_window((*windows_)[w].begin_ns, (*windows_)[w].end_ns);
+        for (device_overlap d : rs.per_window[w].analyze()) {
+          d.rank = rank;
+          s_.each[w].devices.push_back(d);
+        }
+      }
+    } else if (lo_ <= hi_) {
+      rs.analyzer.set_window(lo_, hi_);
+    }
+    trace_summary::rank_overlap total{rank, process_names_[rank], 0, 0, 0, 0, 0.0};
+    for (device_overlap d : rs.analyzer.analyze()) {
+      d.rank = rank;
+      ++total.devices;
+      total.compute_ns += d.compute_ns;
+      total.transfer_ns += d.transfer_ns;
+      total.both_ns += d.both_ns;
+      s_.devices.push_back(d);
+    }
+    if (rank >= 0) {
+      total.overlap_ratio = total.transfer_ns != 0 ? static_cast<double>(total.both_ns) /
+                                                         static_cast<double>(total.transfer_ns)
+                                                   : 0.0;
+      s_.ranks.push_back(std::move(total));
+    }
+  }
+
+  // A merged trace's clock alignment (otherData.merged, trace_merge.cpp).
+  void read_clock(const nlohmann::json& other) {
+    const auto od = other.find("otherData");
+    if (od == other.end() || !od->is_object()) {
+      return;
+    }
+    const auto m = od->find("merged");
+    if (m == od->end() || !m->is_object()) {
+      return;
+    }
+    // Figures of the wrong type read as 0 (`trace check` does not look into otherData).
+    const auto integer = [&m](const char* key) {
+      const auto it = m->find(key);
+      return it != m->end() && it->is_number_integer() ? it->get<std::int64_t>() : 0;
+    };
+    trace_summary::clock_skew c;
+    const auto measured = m->find("clocks_measured");
+    c.measured = measured != m->end() && measured->is_boolean() && measured->get<bool>();
+    c.max_skew_ns = integer("max_skew_ns");
+    c.max_uncertainty_ns = integer("max_uncertainty_ns");
+    c.max_same_host_offset_ns = integer("max_same_host_offset_ns");
+    s_.clock = c;
+  }
+
   // Per window of `each`: the pools' upstream allocations in it and the host time they took.
   struct growth_in {
     std::uint64_t allocs = 0;
@@ -429,6 +586,7 @@ class summarizer {
       return false;
     }
     if (*ph == "M") {
+      note_rank_name(e);
       return false;  // metadata: names of processes and threads, no time
     }
     f.complete = *ph == "X";
@@ -453,11 +611,30 @@ class summarizer {
     if (const auto it = e.find("args"); it != e.end() && it->is_object()) {
       f.args = &*it;
     }
+    if (const auto it = e.find("pid"); it != e.end() && it->is_number_integer()) {
+      f.rank = rank_of_pid(it->get<std::int64_t>()).value_or(-1);
+    }
     if (f.cls && f.args != nullptr && !read_devices(f)) {
       ++s_.malformed;
       return false;
     }
     return true;
+  }
+
+  // The name of a merged trace's rank process (a process_name of a rank pid).
+  void note_rank_name(const nlohmann::json& e) {
+    const auto pid = e.find("pid");
+    const auto name = e.find("name");
+    const auto args = e.find("args");
+    if (pid == e.end() || !pid->is_number_integer() || name == e.end() || *name != "process_name" ||
+        args == e.end() || !args->is_object()) {
+      return;
+    }
+    const auto rank = rank_of_pid(pid->get<std::int64_t>());
+    const auto n = args->find("name");
+    if (rank && n != args->end() && n->is_string()) {
+      process_names_[*rank] = n->get<std::string>();
+    }
   }
 
   // "ts" and, for X events, "dur": numbers whose begin and end lie in the range.
@@ -583,22 +760,29 @@ class summarizer {
       return;
     }
     std::uint64_t dur = 0;
+    rank_state& rs = state_of(f.rank);
+    rs.own.insert(*f.device);
     for (std::size_t i = 0; i < parts_.size(); ++i) {
       const interval& p = parts_[i];
       dur += p.length();
       const std::uint64_t ops = i == 0 ? 1 : 0;  // one slice, however many parts
-      const auto add_on = [&](int on) {
-        analyzer_.add(on, *f.cls, p.begin_ns, p.end_ns, ops);
-        if (!per_window_.empty()) {
-          per_window_[where_[i]].add(on, *f.cls, p.begin_ns, p.end_ns);  // one op in each window
-        }
-      };
-      add_on(*f.device);
+      rs.analyzer.add(*f.device, *f.cls, p.begin_ns, p.end_ns, ops);
+      if (!rs.per_window.empty()) {
+        rs.per_window[where_[i]].add(*f.device, *f.cls, p.begin_ns, p.end_ns);  // one op each
+      }
       // A peer copy is transfer time on both of its devices (see timeline.cpp).
       if (f.peer[0] && f.peer[1]) {
         for (const std::optional<int>& other : f.peer) {
-          if (*other != *f.device) {
-            add_on(*other);
+          if (*other == *f.device) {
+            continue;
+          }
+          if (f.rank < 0) {
+            rs.analyzer.add(*other, *f.cls, p.begin_ns, p.end_ns, ops);
+            if (!rs.per_window.empty()) {
+              rs.per_window[where_[i]].add(*other, *f.cls, p.begin_ns, p.end_ns);
+            }
+          } else {
+            rs.peer_ends.push_back({*other, *f.cls, p, ops, where_[i]});
           }
         }
       }
@@ -613,22 +797,24 @@ class summarizer {
     if (!kernel && cat != "memcpy" && cat != "memset") {
       return;
     }
-    op_summary& o = (kernel ? kernels_ : copies_)[{*f.device, name, cat}];
+    op_summary& o = (kernel ? kernels_ : copies_)[{f.rank, *f.device, name, cat}];
     o.name = name;
     o.category = cat;
     o.device = *f.device;
+    o.rank = f.rank;
     o.add(dur, bytes);
   }
 
   const std::vector<interval>* windows_;
+  std::size_t window_count_;  // windows analysed alone (`each`)
   trace_summary s_;
-  overlap_analyzer analyzer_;
-  std::vector<overlap_analyzer> per_window_;
+  std::map<int, rank_state> ranks_;  // by rank; -1 for a trace of one process
+  std::map<int, std::string> process_names_;
   std::vector<growth_in> growth_;
   std::vector<interval> parts_;     // an event's parts that count
   std::vector<std::size_t> where_;  // the window of each part (0 without windows)
-  std::map<std::tuple<int, std::string, std::string>, op_summary> kernels_;
-  std::map<std::tuple<int, std::string, std::string>, op_summary> copies_;
+  std::map<std::tuple<int, int, std::string, std::string>, op_summary> kernels_;
+  std::map<std::tuple<int, int, std::string, std::string>, op_summary> copies_;
   std::map<std::pair<std::string, std::string>, op_summary> api_calls_;  // (name, api)
   std::int64_t lo_ = INT64_MAX;
   std::int64_t hi_ = INT64_MIN;
@@ -638,7 +824,7 @@ trace_summary summarize(const std::string& path, const std::vector<interval>* wi
   summarizer s(windows, each);
   const trace_read_info info =
       read_trace(path, [&s](std::uint64_t, const nlohmann::json& e) { s.add(e); });
-  return std::move(s).finish(info.events);
+  return std::move(s).finish(info.events, info.other);
 }
 
 }  // namespace

@@ -87,13 +87,17 @@ std::vector<interval> intersect_intervals(std::span<const interval> a,
 }
 
 nlohmann::json device_overlap::to_json() const {
-  return {{"device", device},           {"window_ns", window_ns},
-          {"first_ns", first_ns},       {"last_ns", last_ns},
-          {"compute_ns", compute_ns},   {"transfer_ns", transfer_ns},
-          {"other_ns", other_ns},       {"both_ns", both_ns},
-          {"busy_ns", busy_ns},         {"idle_ns", idle_ns},
-          {"compute_ops", compute_ops}, {"transfer_ops", transfer_ops},
-          {"other_ops", other_ops},     {"overlap_ratio", overlap_ratio}};
+  nlohmann::json j = {{"device", device},           {"window_ns", window_ns},
+                      {"first_ns", first_ns},       {"last_ns", last_ns},
+                      {"compute_ns", compute_ns},   {"transfer_ns", transfer_ns},
+                      {"other_ns", other_ns},       {"both_ns", both_ns},
+                      {"busy_ns", busy_ns},         {"idle_ns", idle_ns},
+                      {"compute_ops", compute_ops}, {"transfer_ops", transfer_ops},
+                      {"other_ops", other_ops},     {"overlap_ratio", overlap_ratio}};
+  if (rank >= 0) {
+    j["rank"] = rank;
+  }
+  return j;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -213,6 +217,9 @@ nlohmann::json op_summary::to_json() const {
   nlohmann::json j = {{"name", name},     {"category", category}, {"device", device},
                       {"count", count},   {"total_ns", total_ns}, {"mean_ns", mean_ns()},
                       {"min_ns", min_ns}, {"max_ns", max_ns}};
+  if (rank >= 0) {
+    j["rank"] = rank;
+  }
   if (category == "memcpy" || category == "memset" || bytes != 0) {
     j["bytes"] = bytes;
     j["gbps"] = gbps();

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "poolscope/error.hpp"
+#include "poolscope/profiler/distributed_info.hpp"
 
 #ifndef POOLSCOPE_VERSION
 #define POOLSCOPE_VERSION "unknown"
@@ -27,14 +28,6 @@ std::string read_first_line(const char* path) {
   std::string s;
   std::getline(f, s);
   return s;
-}
-
-std::string hostname() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) {
-    return {};
-  }
-  return buf;
 }
 
 }  // namespace
@@ -101,7 +94,7 @@ json run_report::to_json() const {
   json run = metadata_;
   run["program"] = read_first_line("/proc/self/comm");
   run["pid"] = static_cast<long long>(::getpid());
-  run["hostname"] = hostname();
+  run["hostname"] = host_name();
   run["poolscope_version"] = POOLSCOPE_VERSION;
   run["clock"] = "CLOCK_MONOTONIC";
   run["start_ns"] = s.start_ns;

@@ -69,6 +69,22 @@ std::string default_process_name() {
   return "host: " + comm + " (pid " + std::to_string(::getpid()) + ")";
 }
 
+// The "distributedInfo" member up to its clock_sync array: "distributedInfo":{...,"clock_sync":
+std::string distributed_head(const distributed_info& d) {
+  std::string out = "\"distributedInfo\":{\"backend\":";
+  append_trace_string(out, d.backend);
+  out += ",\"rank\":" + std::to_string(d.rank) + ",\"world_size\":" + std::to_string(d.world_size);
+  out += ",\"host\":";
+  append_trace_string(out, d.host.empty() ? host_name() : d.host);
+  out += ",\"pid\":" + std::to_string(::getpid()) + ",\"devices\":[";
+  for (std::size_t i = 0; i < d.devices.size(); ++i) {
+    out += i == 0 ? "" : ",";
+    append_trace_string(out, d.devices[i]);
+  }
+  out += "],\"clock_sync\":";
+  return out;
+}
+
 std::string demangle(std::string_view mangled) {
   const std::string s(mangled);
   int status = 0;
@@ -116,6 +132,11 @@ struct timeline::impl {
   std::deque<std::pair<std::string, std::uint64_t>> queue;
   std::vector<std::string> spare;
   std::string other_data;  // stop()'s otherData text (reserved at start())
+  // The "distributedInfo" member as stop() writes it (made whole by start() and each
+  // add_clock_sync, so stop() allocates nothing for it); "" without options.distributed.
+  std::string distributed_member;
+  std::string distributed_head;  // the member up to its clock_sync array
+  std::string clock_sync;        // the clock_sync array's items, comma-joined
   bool stopping = false;
 
   // Tracks named so far.
@@ -784,6 +805,10 @@ void timeline::start() {
     m.current = m.take_spare();
     m.spare.reserve(2);          // the writer thread gives chunks back without allocating
     m.other_data.reserve(1024);  // stop() writes otherData there
+    if (options_.distributed) {
+      m.distributed_head = distributed_head(*options_.distributed);
+      m.distributed_member = m.distributed_head + "[]}";
+    }
     m.name_process(host_pid,
                    options_.process_name.empty() ? default_process_name() : options_.process_name,
                    0);
@@ -912,7 +937,7 @@ void timeline::stop() noexcept {
         "empty");
   }
   try {
-    m.writer->close_text(other);
+    m.writer->close_text(other, m.distributed_member);
   } catch (const std::exception& e) {
     std::lock_guard lock(m.mutex);
     m.write_failed(e.what(), "could not finish");
@@ -921,6 +946,37 @@ void timeline::stop() noexcept {
   m.stats.bytes_written = m.writer->bytes();
   m.overlap.set_window(static_cast<std::int64_t>(m.origin), static_cast<std::int64_t>(m.stop_ns));
   m.ph = impl::phase::stopped;
+}
+
+void timeline::add_clock_sync(std::string_view label, std::span<const clock_sync_round> rounds) {
+  if (!options_.distributed) {
+    throw logic_error("poolscope: add_clock_sync on a timeline without options.distributed");
+  }
+  if (label.empty() || rounds.empty()) {
+    throw invalid_argument("poolscope: add_clock_sync '" + std::string(label) + "' with " +
+                           std::to_string(rounds.size()) +
+                           " rounds (a label and a round at least)");
+  }
+  std::string item = "{\"label\":";
+  append_trace_string(item, label);
+  item += ",\"rounds\":[";
+  for (std::size_t i = 0; i < rounds.size(); ++i) {
+    item += (i == 0 ? "[" : ",[") + std::to_string(rounds[i].before_ns) + "," +
+            std::to_string(rounds[i].after_ns) + "]";
+  }
+  item += "]}";
+  impl& m = *impl_;
+  std::lock_guard lock(m.mutex);
+  if (m.ph == impl::phase::stopping || m.ph == impl::phase::stopped) {
+    throw logic_error("poolscope: add_clock_sync '" + std::string(label) +
+                      "' after the timeline stopped");
+  }
+  std::string clock_sync = m.clock_sync + (m.clock_sync.empty() ? "" : ",") + item;
+  std::string member =
+      (m.distributed_head.empty() ? distributed_head(*options_.distributed) : m.distributed_head) +
+      "[" + clock_sync + "]}";
+  m.clock_sync = std::move(clock_sync);
+  m.distributed_member = std::move(member);
 }
 
 bool timeline::running() const noexcept {

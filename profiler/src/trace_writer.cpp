@@ -450,7 +450,7 @@ void trace_writer::close(const nlohmann::json& other_data) {
   close_text(other);
 }
 
-void trace_writer::close_text(std::string_view other_data_json) {
+void trace_writer::close_text(std::string_view other_data_json, std::string_view more_members) {
   if (sink_ == nullptr) {
     return;
   }
@@ -458,6 +458,10 @@ void trace_writer::close_text(std::string_view other_data_json) {
   try {
     append_raw("\n],\"displayTimeUnit\":\"ns\",\"otherData\":");
     append_raw(other_data_json);
+    if (!more_members.empty()) {
+      append_raw(",");
+      append_raw(more_members);
+    }
     append_raw("}\n");
     drain();
   } catch (...) {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,8 @@ TEST(cli_darray_demo_ranks, three_ranks_check_everything_and_write_a_trace_each)
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // One summary (rank 0's), counting every rank's checks.
   EXPECT_EQ(r.out.find("summary:"), r.out.rfind("summary:")) << r.out;
-  EXPECT_NE(r.out.find("30 checks passed (10 on each of 3 ranks)"), std::string::npos) << r.out;
+  // Each rank's 10 checks and the merged trace's (rank 0 merges, every rank counts it).
+  EXPECT_NE(r.out.find("33 checks passed (11 on each of 3 ranks)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("host:1 x 3 ranks (rank 0: host device 0, rank 1: host device 1, rank "
                        "2: host device 2)"),
             std::string::npos)
@@ -77,6 +79,19 @@ TEST(cli_darray_demo_ranks, three_ranks_check_everything_and_write_a_trace_each)
     EXPECT_EQ(demo.at("bytes_moved").get<std::int64_t>(), 2 * 4000 * 4);
     EXPECT_GT(demo.at("backend_stats").at("bytes_between_ranks").get<std::int64_t>(), 0);
   }
+  // Rank 0 joined them into t.json: valid, a process per rank named after it.
+  const std::string merged = (dir / "t.json").string();
+  const auto check = poolscope::analysis::check_trace(merged);
+  EXPECT_TRUE(check.ok()) << check.to_text();
+  std::set<std::string> processes;
+  (void)poolscope::analysis::read_trace(merged, [&](std::uint64_t, const json& e) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
+      processes.insert(e.at("args").at("name").get<std::string>());
+    }
+  });
+  ASSERT_EQ(processes.size(), 3U);
+  EXPECT_EQ(processes.begin()->rfind("rank 0: ", 0), 0U) << *processes.begin();
+  EXPECT_NE(r.out.find("trace of every rank: " + merged), std::string::npos) << r.out;
   std::filesystem::remove_all(dir);
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "cli_checks.hpp"
+#include "output_option.hpp"
 #include "poolscope/bench/alloc_bench.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
@@ -62,7 +63,8 @@ class alloc_bench_command {
                  "unbiased (rows '<name> -bias')");
     app.add_option("--json", json_path_,
                    "also write the results as JSON to this file ('-': stdout, the table then "
-                   "going to stderr)");
+                   "going to stderr)")
+        ->transform(output_path_option());
   }
 
   /// Runs the benchmark: table and summary line to `out`, progress to `progress`, JSON to the

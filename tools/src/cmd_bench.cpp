@@ -14,6 +14,7 @@
 #include "devices_option.hpp"
 #include "host_memory.hpp"
 #include "launch.hpp"
+#include "output_option.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/memory_access.hpp"
 #include "poolscope/darray/process_group.hpp"
@@ -143,9 +144,11 @@ void register_bench(CLI::App& app) {
   darray_cmd->add_option("--only", d->options.only, "comma-separated workloads: D1,D2,D3,D4,D5")
       ->delimiter(',')
       ->check(CLI::IsMember(bench::darray_workload_names()));
-  darray_cmd->add_option("--json", d->json_path,
-                         "also write the results as JSON to this file ('-': stdout, the table "
-                         "then goes to stderr)");
+  darray_cmd
+      ->add_option("--json", d->json_path,
+                   "also write the results as JSON to this file ('-': stdout, the table "
+                   "then goes to stderr)")
+      ->transform(output_path_option());
   darray_cmd->add_option("--trace", d->options.trace_path,
                          "write a Chrome trace of the runs (.gz compresses; on GPUs with CUPTI's "
                          "kernels, copies, memsets and markers); times then include its cost");

@@ -6,6 +6,7 @@
 #include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "commands.hpp"
+#include "output_option.hpp"
 #include "pools_demo.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
@@ -41,7 +42,8 @@ void register_pools(CLI::App& app) {
       ->check(CLI::IsMember(pool::allocator_names()));
   sub->add_option("--json", cmd->json_path,
                   "also write the report as JSON to this file ('-': stdout, the text then goes "
-                  "to stderr)");
+                  "to stderr)")
+      ->transform(output_path_option());
   sub->callback([cmd] {
     check_file_arguments("poolscope pools", {{"--json", cmd->json_path, true}});
     const demo_report rep = run_demo(cmd->options, &std::cerr);

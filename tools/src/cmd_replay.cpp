@@ -28,6 +28,7 @@
 #include "byte_size.hpp"
 #include "cli_checks.hpp"
 #include "cli_files.hpp"
+#include "output_option.hpp"
 #include "poolscope/analysis/event_log.hpp"
 #include "poolscope/analysis/memory_snapshot_reader.hpp"
 #include "poolscope/analysis/replay.hpp"
@@ -400,7 +401,8 @@ void register_replay(CLI::App& app) {
                   "request twice)");
   sub->add_option("--json", cmd->json_path,
                   "also write the results as JSON to this file ('-': stdout, the table then goes "
-                  "to stderr)");
+                  "to stderr)")
+      ->transform(output_path_option());
   sub->add_flag("!--no-progress", cmd->progress, "no progress bar on stderr");
   sub->callback([cmd] { run_replay(*cmd); });
 }

@@ -2,11 +2,14 @@
 // (profiler/line_profile.hpp, docs/line_profile.md) prints as its text tree, or as folded stacks
 // with --folded; a function-profile JSON (profiler/function_profiler.hpp) prints as its table; a
 // run report (profiler/report.hpp, `poolscope demo --report`) prints the profiles it holds.
-// Which one the file is, is found from its content.
+// Which one the file is, is found from its content. Several files (the profiles of the ranks of one
+// launch: POOLSCOPE_PROFILE=p.%r.json, `poolscope demo --report` under mpirun) are shown side by
+// side and summed (analysis/rank_profiles.hpp).
 //
 //   poolscope report alloc.json --threshold 1M
 //   poolscope report alloc.json --folded --metric rounded > alloc.folded
 //   poolscope report scopes.json
+//   poolscope report r.rank0.json r.rank1.json r.rank2.json
 //
 // Exit codes: 0, or 1 with a message naming the file if it cannot be read or is neither kind.
 #include <fstream>
@@ -17,11 +20,14 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "byte_size.hpp"
+#include "cli_checks.hpp"
 #include "poolscope/analysis/line_profile_reader.hpp"
+#include "poolscope/analysis/rank_profiles.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
@@ -32,7 +38,9 @@ namespace poolscope::tools {
 namespace {
 
 struct report_command {
-  std::string file;
+  std::vector<std::string> files;
+  std::string file;  // the one being read
+  std::size_t top = 10;
   std::string threshold = "0";
   bool show_live = false;
   bool folded = false;
@@ -113,18 +121,125 @@ void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_
   }
 }
 
-void run_report(const report_command& cmd) {
-  const std::size_t threshold = parse_byte_size(cmd.threshold);
-  const profiler::profile_metric metric = profiler::parse_profile_metric(cmd.metric);
-  std::ifstream in(cmd.file, std::ios::binary);
+nlohmann::json read_document(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
   if (!in) {
-    throw runtime_error("poolscope report: cannot open '" + cmd.file + "'");
+    throw runtime_error("poolscope report: cannot open '" + file + "'");
   }
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  const nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json doc = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) {
-    throw invalid_argument("poolscope report: '" + cmd.file + "' is not a JSON object");
+    throw invalid_argument("poolscope report: '" + file + "' is not a JSON object");
   }
+  return doc;
+}
+
+// One rank's profiles, and what to call it.
+struct rank_profiles {
+  std::string label;
+  std::optional<profiler::function_profile> function;
+  std::optional<profiler::line_profile> line;
+};
+
+// The profiles `cmd.file` holds; its label is "rank R" when it says which rank wrote it (a run
+// report of the demo under a launcher), else "#i".
+rank_profiles load_rank(const report_command& cmd, std::size_t i) {
+  const nlohmann::json doc = read_document(cmd.file);
+  rank_profiles r;
+  r.label = "#" + std::to_string(i + 1);
+  const auto format = doc.find("format");
+  const auto schema = doc.find("schema");
+  if (format != doc.end() && *format == "poolscope.line_profile") {
+    r.line = parse_line_profile(cmd, doc, "");
+  } else if (schema != doc.end() && *schema == profiler::report_schema) {
+    const auto run = doc.find("run");
+    if (run != doc.end() && run->is_object()) {
+      const auto demo = run->find("demo");
+      if (demo != run->end() && demo->is_object()) {
+        const auto rank = demo->find("rank");
+        if (rank != demo->end() && rank->is_number_integer()) {
+          r.label = "rank " + std::to_string(rank->get<std::int64_t>());
+        }
+      }
+    }
+    const nlohmann::json& profiles = doc.value("profiles", nlohmann::json::object());
+    if (profiles.is_object() && profiles.contains("function")) {
+      r.function = parse_function_profile(cmd, profiles["function"], " (profiles.function)");
+    }
+    if (profiles.is_object() && profiles.contains("line")) {
+      r.line = parse_line_profile(cmd, profiles["line"], " (profiles.line)");
+    }
+  } else if (doc.contains("scopes")) {
+    r.function = parse_function_profile(cmd, doc, "");
+  }
+  if (!r.function && !r.line) {
+    throw invalid_argument("poolscope report: '" + cmd.file +
+                           "' holds no function or line profile");
+  }
+  return r;
+}
+
+// Several ranks' profiles: those every file holds, side by side, then summed.
+void report_ranks(const report_command& cmd, std::size_t threshold,
+                  profiler::profile_metric metric) {
+  std::vector<rank_profiles> ranks;
+  for (std::size_t i = 0; i < cmd.files.size(); ++i) {
+    report_command one = cmd;
+    one.file = cmd.files[i];
+    ranks.push_back(load_rank(one, i));
+  }
+  std::vector<std::string> labels;
+  std::vector<profiler::function_profile> functions;
+  std::vector<profiler::line_profile> lines;
+  for (const rank_profiles& r : ranks) {
+    labels.push_back(r.label);
+    if (r.function) {
+      functions.push_back(*r.function);
+    }
+    if (r.line) {
+      lines.push_back(*r.line);
+    }
+  }
+  const bool all_functions = functions.size() == ranks.size() && !cmd.folded;
+  const bool all_lines = lines.size() == ranks.size();
+  if (!all_functions && !all_lines) {
+    throw invalid_argument("poolscope report: the " + std::to_string(ranks.size()) +
+                           " files hold no profile kind in common (a line profile in each, or "
+                           "a function profile in each" +
+                           (cmd.folded ? std::string(": --folded needs line profiles)") : ")"));
+  }
+  if (cmd.folded) {
+    std::cout << analysis::sum_profiles(lines).to_folded(metric);
+    return;
+  }
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    std::cout << (i == 0 ? "profiles: " : ", ") << labels[i] << " " << cmd.files[i];
+  }
+  std::cout << "\n";
+  if (all_functions) {
+    std::cout << "\nfunction profiles side by side (calls, inclusive CPU time):\n"
+              << analysis::side_by_side(labels, functions, cmd.top)
+              << "\nfunction profiles summed over " << ranks.size() << " ranks:\n"
+              << analysis::sum_profiles(functions).to_table();
+  }
+  if (all_lines) {
+    std::cout << "\nline profiles side by side (used, acquired bytes below each call site):\n"
+              << analysis::side_by_side(labels, lines, cmd.top) << "\nline profiles summed over "
+              << ranks.size() << " ranks:\n";
+    print_line_profile(cmd, analysis::sum_profiles(lines), threshold, metric);
+  }
+}
+
+void run_report(report_command cmd) {
+  const std::size_t threshold = parse_byte_size(cmd.threshold);
+  const profiler::profile_metric metric = profiler::parse_profile_metric(cmd.metric);
+  if (cmd.files.size() > 1) {
+    report_ranks(cmd, threshold, metric);
+    std::cout.flush();
+    return;
+  }
+  cmd.file = cmd.files.front();
+  const nlohmann::json doc = read_document(cmd.file);
   const auto string_field = [&doc](const char* key) {
     const auto it = doc.find(key);
     return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -158,7 +273,11 @@ void register_report(CLI::App& app) {
       "report",
       "render a saved report: a line-profile JSON as its text tree (or folded stacks), a "
       "function-profile JSON as its table, a run report as the profiles it holds");
-  sub->add_option("file", cmd->file, "the JSON report")->required();
+  sub->add_option("files", cmd->files,
+                  "the JSON report; several (the ranks' of one launch): side by side and summed")
+      ->required();
+  sub->add_option("--top", cmd->top, "several files: scopes and call sites side by side")
+      ->check(poolscope::tools::non_negative_number());
   sub->add_option("--threshold", cmd->threshold,
                   "line profile: leave out call sites below this many used and acquired bytes "
                   "(suffixes K, M, G: 1M)");

@@ -1,13 +1,15 @@
-// `poolscope trace check FILE` and `poolscope trace summary FILE`: the CLI over the profiler's
-// trace checker and summary (profiler/trace_check.hpp, profiler/overlap.hpp; docs/trace.md).
+// `poolscope trace check FILE`, `poolscope trace summary FILE` and `poolscope trace merge -o OUT
+// FILE...`: the CLI over the trace checker, summary and merge (analysis/trace_check.hpp,
+// trace_summary.hpp, trace_merge.hpp; docs/trace.md).
 //
 //   poolscope trace check run.json.gz          # exit 0 and "OK: ..." or exit 1 and the problems
 //   poolscope trace summary run.json.gz --top 5 --json summary.json
 //   poolscope trace summary trace.json --range demo.fused   # only while the fused op ran
 //   poolscope trace summary trace.json --range demo.fused --each   # and each run's overlap
+//   poolscope trace merge -o t.json t.rank0.json t.rank1.json      # one timeline of the ranks
 //
-// Exit codes: check: 0 valid, 1 problems found (listed, each naming its event); summary: 0, or 1
-// with a message if the file cannot be read or parsed.
+// Exit codes: check: 0 valid, 1 problems found (listed, each naming its event); summary and
+// merge: 0, or 1 with a message if a file cannot be read, parsed or written.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -19,7 +21,9 @@
 
 #include "cli_checks.hpp"
 #include "cli_files.hpp"
+#include "output_option.hpp"
 #include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_merge.hpp"
 #include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/error.hpp"
 
@@ -35,7 +39,24 @@ struct trace_command {
   std::string json_path;
   std::vector<std::string> ranges;
   bool each = false;
+  std::vector<std::string> inputs;  ///< merge
+  std::string output;               ///< merge
+  bool quiet_merge = false;
 };
+
+void run_merge(const trace_command& cmd) {
+  std::vector<file_argument> files;
+  for (std::size_t i = 0; i < cmd.inputs.size(); ++i) {
+    files.push_back({"FILE " + std::to_string(i + 1), cmd.inputs[i], false});
+  }
+  files.push_back({"-o", cmd.output, true});
+  check_file_arguments("poolscope trace merge", files);
+  const analysis::merge_result r = analysis::merge_traces(cmd.inputs, cmd.output);
+  if (!cmd.quiet_merge) {
+    std::cout << r.to_text();
+  }
+  std::cout.flush();
+}
 
 void run_check(const trace_command& cmd) {
   const analysis::trace_check_result r =
@@ -127,10 +148,11 @@ void run_summary(const trace_command& cmd) {
 
 }  // namespace
 
-/// `poolscope trace check|summary FILE`.
+/// `poolscope trace check|summary FILE`, `poolscope trace merge -o OUT FILE...`.
 void register_trace(CLI::App& app) {
   auto* trace = app.add_subcommand(
-      "trace", "check or summarise a Chrome trace written by poolscope's timeline (plain or .gz)");
+      "trace",
+      "check, summarise or merge Chrome traces written by poolscope's timeline (plain or .gz)");
   trace->require_subcommand(1);
 
   auto check_cmd = std::make_shared<trace_command>();
@@ -155,9 +177,11 @@ void register_trace(CLI::App& app) {
       ->add_option("--top", summary_cmd->top,
                    "kernels and copies listed per device, and CUDA API calls")
       ->check(poolscope::tools::non_negative_number());
-  summary->add_option("--json", summary_cmd->json_path,
-                      "also write the summary as JSON to this file ('-': stdout, the text then "
-                      "goes to stderr)");
+  summary
+      ->add_option("--json", summary_cmd->json_path,
+                   "also write the summary as JSON to this file ('-': stdout, the text then "
+                   "goes to stderr)")
+      ->transform(output_path_option());
   auto* range = summary->add_option(
       "--range", summary_cmd->ranges,
       "count only the time inside every slice of this name (a scope such as demo.fused, an NVTX "
@@ -168,6 +192,20 @@ void register_trace(CLI::App& app) {
                  "count as one)")
       ->needs(range);
   summary->callback([summary_cmd] { run_summary(*summary_cmd); });
+
+  auto merge_cmd = std::make_shared<trace_command>();
+  auto* merge = trace->add_subcommand(
+      "merge",
+      "join the traces of the ranks of one launch (t.rank0.json t.rank1.json ...) into one "
+      "trace: a process per rank, clocks aligned to rank 0's from the samples each rank took "
+      "around barriers, flows from each reshard piece's send to its receive");
+  merge->add_option("-o,--output", merge_cmd->output, "the merged trace to write (.gz compresses)")
+      ->required()
+      ->transform(output_path_option());
+  merge->add_option("files", merge_cmd->inputs, "the ranks' traces (.json or .json.gz)")
+      ->required();
+  merge->add_flag("-q,--quiet", merge_cmd->quiet_merge, "print nothing");
+  merge->callback([merge_cmd] { run_merge(*merge_cmd); });
 }
 
 }  // namespace poolscope::tools

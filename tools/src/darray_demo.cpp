@@ -9,8 +9,10 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -20,6 +22,7 @@
 #include "host_memory.hpp"
 #include "launch.hpp"
 #include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_merge.hpp"
 #include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/text_table.hpp"
@@ -30,6 +33,7 @@
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/hooks/hook.hpp"
+#include "poolscope/profiler/distributed_info.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
 #include "poolscope/profiler/report.hpp"
@@ -593,6 +597,74 @@ std::vector<rank_part> gather_parts(const demo_setup& s, const rank_part& mine) 
   return out;
 }
 
+// --- one trace of every rank ---
+
+// What rank 0 wrote of every rank's trace: the merged trace (`poolscope trace merge`).
+struct merged_trace {
+  std::string path;
+  std::string summary;  ///< rank 0's: its events, flows and clock skew ("" on the other ranks)
+};
+
+// Who this rank is and its devices, for its trace's distributedInfo (none with one rank).
+std::optional<profiler::distributed_info> rank_info(const demo_setup& s) {
+  if (s.group->size() == 1) {
+    return std::nullopt;
+  }
+  profiler::distributed_info d;
+  d.rank = s.group->rank();
+  d.world_size = s.group->size();
+  d.backend = s.gpu ? "nccl" : "mpi";
+  for (int i = 0; i < s.be->local_device_count(); ++i) {
+    d.devices.push_back(s.be->device_name(s.be->first_local_device() + i));
+  }
+  return d;
+}
+
+// Samples this rank's clock around barriers of every rank, into its trace (collective).
+void sync_clocks(const demo_setup& s, profiler::timeline& tl, std::string_view label) {
+  if (s.group->size() > 1) {
+    tl.add_clock_sync(label, profiler::sample_barriers([&] { s.group->barrier(); }));
+  }
+}
+
+// Rank 0 joins every rank's trace into the one --trace names, and checks it (collective: called
+// once every rank has written its own). Every rank adds the outcome to its checks, so a merge
+// that fails fails every rank.
+merged_trace merge_rank_traces(const darray_demo_options& o, const demo_setup& s,
+                               darray_demo_result& res) {
+  merged_trace m;
+  m.path = merged_output_path(o.trace_path);
+  const std::vector<std::string> paths = s.group->all_gather(s.trace_path);
+  std::string problem;  // rank 0's: "" when the merged trace is valid
+  if (s.group->rank() == 0) {
+    try {
+      const analysis::merge_result r = analysis::merge_traces(paths, m.path);
+      const auto check = analysis::check_trace(m.path);
+      if (!check.ok()) {
+        problem = check.to_text();
+      }
+      m.summary = std::to_string(check.events) + " events, a process per rank, " +
+                  std::to_string(r.flows) + " piece flows between ranks; " +
+                  (!r.clocks_measured ? std::string("clocks not sampled")
+                   : r.max_skew_ns == 0 && r.max_uncertainty_ns == 0
+                       ? fmt("one host, one clock (barriers measured up to %.1f us)",
+                             static_cast<double>(r.max_same_host_offset_ns) / 1e3)
+                       : fmt("clock skew %.1f us", static_cast<double>(r.max_skew_ns) / 1e3) +
+                             fmt(", aligned to within %.1f us",
+                                 static_cast<double>(r.max_uncertainty_ns) / 1e3));
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  const std::string verdict =
+      s.group->all_gather(s.group->rank() == 0 ? (problem.empty() ? "ok" : "x" + problem) : "")
+          .front();
+  res.checks.push_back(demo_check{"merged trace of " + std::to_string(s.group->size()) +
+                                      " ranks passes `poolscope trace check`",
+                                  verdict == "ok", 0, verdict == "ok" ? "" : verdict.substr(1)});
+  return m;
+}
+
 // Each device's figure from the rank holding it.
 std::vector<double> per_device(const demo_setup& s, const std::vector<rank_part>& parts,
                                std::vector<double> rank_part::*which) {
@@ -750,13 +822,16 @@ void write_profiles(std::ostream& t, const std::string& scope_table,
 
 // The outputs and the summary line.
 void write_footer(std::ostream& t, const demo_setup& s, const darray_demo_result& res,
-                  const std::vector<rank_part>& parts, bool device_activity) {
+                  const std::vector<rank_part>& parts, const merged_trace& merged,
+                  bool device_activity) {
   if (parts.size() == 1) {
     t << "\n  trace: " << parts[0].trace_path << " (" << parts[0].trace_events
       << " events; open in Perfetto)"
       << ", report: " << parts[0].report_path << "\n";
   } else {
-    t << "\n  traces, one per rank (open each in Perfetto):";
+    t << "\n  trace of every rank: " << merged.path << " (" << merged.summary
+      << "; open in Perfetto, or poolscope trace summary " << merged.path << ")";
+    t << "\n  traces, one per rank:";
     for (std::size_t r = 0; r < parts.size(); ++r) {
       t << "\n    rank " << r << ": " << parts[r].trace_path << " (" << parts[r].trace_events
         << " events), report " << parts[r].report_path;
@@ -802,11 +877,13 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   darray_demo_result res;
   profiler::timeline_options to;
   to.trace_path = s.trace_path;
+  to.distributed = rank_info(s);
   to.cupti = s.gpu && o.cupti;
   to.cupti_settings = s.cupti;
   profiler::timeline tl{to};
   profiler::line_profiler lines;
   tl.start();
+  sync_clocks(s, tl, "start");
   s.be->set_timeline(&tl);
   profiler::function_profiler scopes;
   fused_windows windows;
@@ -824,6 +901,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   }
   scopes.stop();
   s.be->set_timeline(nullptr);
+  sync_clocks(s, tl, "end");
   tl.stop();
 
   auto rep = profiler::run_report::from(tl);
@@ -849,6 +927,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   res.checks.push_back(demo_check{"trace passes `poolscope trace check`", check.ok(), 0,
                                   check.ok() ? "" : check.to_text()});
 
+  const merged_trace merged = s.group->size() > 1 ? merge_rank_traces(o, s, res) : merged_trace{};
   mine.overlap = res.overlap;
   mine.overlap_median = res.overlap_median;
   mine.failed = static_cast<std::size_t>(
@@ -857,9 +936,6 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   mine.trace_events = check.events;
   mine.report_path = s.report_path;
   const std::vector<rank_part> parts = gather_parts(s, mine);
-  // Every rank's trace is written now (gather_parts follows each rank's writing). Here, on rank 0,
-  // `poolscope trace merge` is to join them into the one trace named by --trace, a process per
-  // rank on one clock; until it exists each rank's trace stands alone and the summary lists them.
   for (const rank_part& p : parts) {
     res.failed_per_rank.push_back(p.failed);
   }
@@ -874,7 +950,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   write_checks(t, s, res);
   write_allocators(t, o, parts, bs);
   write_profiles(t, scopes.report().to_table(), line_profile);
-  write_footer(t, s, res, parts, device_activity);
+  write_footer(t, s, res, parts, merged, device_activity);
   res.text = t.str();
   return res;
 }

@@ -52,6 +52,22 @@ std::string rank_output_path(const std::string& path, const darray::process_grou
   return profiler::per_rank_path(expanded, g.rank());
 }
 
+std::string merged_output_path(const std::string& path) {
+  std::string pattern;
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 1 < path.size() && path[i + 1] == 'r') {
+      pattern += "merged";
+      ++i;
+    } else if (path[i] == '%' && i + 1 < path.size() && path[i + 1] == '%') {
+      pattern += "%%";
+      ++i;
+    } else {
+      pattern += path[i];
+    }
+  }
+  return profiler::expand_output_path(pattern);
+}
+
 void on_every_rank(darray::process_group& g, const std::string& command,
                    const std::function<void()>& body) {
   try {

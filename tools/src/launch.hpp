@@ -35,6 +35,11 @@ void agree_on_arguments(darray::process_group& g, const std::string& command,
 /// rank writes over another's.
 [[nodiscard]] std::string rank_output_path(const std::string& path, const darray::process_group& g);
 
+/// The file the ranks' traces are merged into (`poolscope demo --trace` under a launcher): `path`
+/// with %p expanded, and %r, which would name one rank, as "merged" (t.%r.json -> t.merged.json;
+/// t.json stays t.json).
+[[nodiscard]] std::string merged_output_path(const std::string& path);
+
 /// Runs `body`. If it throws, the other ranks are told this one failed (their next wait throws,
 /// naming this rank and the error), a watchdog ends the whole launch (MPI_Abort) should this rank
 /// still be alive one group timeout later (a rank stuck in MPI's own shutdown), and the exception

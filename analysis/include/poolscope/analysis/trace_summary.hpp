@@ -61,7 +61,31 @@ struct trace_summary {
   std::uint64_t upstream_ns = 0;
   std::int64_t window_begin_ns = 0;  ///< ts of the earliest event (ns since the trace origin)
   std::int64_t window_end_ns = 0;    ///< end of the latest event
+  /// Per device (a merged trace: per rank and device, by rank, each with its `rank`).
   std::vector<profiler::device_overlap> devices;
+  /// A trace merged across ranks (trace_merge.hpp): each rank's share of transfer time with
+  /// compute running on its devices (their sums); empty for the trace of one process.
+  struct rank_overlap {
+    int rank = 0;
+    std::string name;  ///< its process's name in the merged trace
+    std::size_t devices = 0;
+    std::uint64_t compute_ns = 0;
+    std::uint64_t transfer_ns = 0;
+    std::uint64_t both_ns = 0;
+    double overlap_ratio = 0.0;  ///< both_ns / transfer_ns; 0 without transfers
+  };
+  std::vector<rank_overlap> ranks;
+  /// A merged trace's clock alignment, from its otherData.merged: the largest offset found
+  /// between a rank's clock and the reference's, and the largest uncertainty left after
+  /// aligning them.
+  struct clock_skew {
+    bool measured = false;                ///< every rank's clock was sampled
+    std::int64_t max_skew_ns = 0;         ///< between ranks of different hosts (shifted)
+    std::int64_t max_uncertainty_ns = 0;  ///< of those shifts
+    /// Measured between ranks of one host, which share its clock (not shifted).
+    std::int64_t max_same_host_offset_ns = 0;
+  };
+  std::optional<clock_skew> clock;
   std::vector<profiler::op_summary>
       kernels;  ///< every (device, kernel name), by total time, descending
   std::vector<profiler::op_summary>
@@ -79,7 +103,9 @@ struct trace_summary {
 
 /// Reads the trace at `path` (plain or gzip, streamed) and summarises its device activity: X
 /// events whose cat profiler::classify_category knows, on the device in their args "device" (events
-/// without one are not counted; events with unreadable fields are counted in `malformed`). Throws
+/// without one are not counted; events with unreadable fields are counted in `malformed`). In a
+/// trace merged across ranks (pids rank_pid(r), trace_merge.hpp) each rank's devices count apart,
+/// and a copy with another rank counts as transfer time on this rank's end only. Throws
 /// runtime_error if the file cannot be read or parsed. With a `window` (ns since the trace's
 /// origin, as `ts` * 1000), only the parts of the slices inside it count and it is the window of
 /// every device (an op's overlap, not the whole run's).

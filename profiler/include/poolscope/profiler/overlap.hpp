@@ -75,6 +75,7 @@ struct interval {
 /// The analysis of one device (device -1: host-side work that named no device).
 struct device_overlap {
   int device = 0;
+  int rank = -1;  ///< in a trace merged across ranks, the rank holding the device; else -1
   std::uint64_t window_ns = 0;    ///< the run's window
   std::int64_t first_ns = 0;      ///< start of the device's first activity
   std::int64_t last_ns = 0;       ///< end of its last activity
@@ -143,6 +144,7 @@ struct op_summary {
   std::string name;      ///< kernel name, or "Memcpy HtoD", "Memset", ...
   std::string category;  ///< "kernel", "nccl", "memcpy", "memset"
   int device = 0;
+  int rank = -1;  ///< in a trace merged across ranks, the rank that ran it; else -1
   std::uint64_t count = 0;
   std::uint64_t total_ns = 0;
   std::uint64_t min_ns = 0;

@@ -62,12 +62,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/cupti_collector.hpp"
+#include "poolscope/profiler/distributed_info.hpp"
 #include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/trace_writer.hpp"
 
@@ -119,7 +122,11 @@ struct timeline_options {
   std::size_t max_pending_chunks = 16;                   ///< chunks queued for the writer thread
   std::size_t max_pending_links = std::size_t{1} << 16;  ///< API calls / device ops awaiting
                                                          ///< their other half, NVTX ranges open
-  std::string process_name;  ///< the host process's name ("": "host: <program> (pid N)")
+  std::string process_name{};  ///< the host process's name ("": "host: <program> (pid N)")
+  /// One rank of several (distributed_info.hpp): written as the trace's top-level
+  /// "distributedInfo" {backend, rank, world_size, host, devices, clock_sync}, which
+  /// `poolscope trace merge` and Holistic Trace Analysis read. Unset: no such member.
+  std::optional<distributed_info> distributed{};
 };
 
 /// Calls, total and longest time of one host slice name and category.
@@ -213,6 +220,11 @@ class timeline {
   /// Adds a device activity record (what the CUPTI collector delivers; tests feed synthetic
   /// ones). Timestamps on the hooks::now_ns clock. Never throws; may wait for the writer.
   void add_device_activity(const device_activity& a) noexcept;
+
+  /// Adds clock samples taken around barriers (sample_barriers), under `label` ("start", "end"),
+  /// to the trace's distributedInfo.clock_sync. Throws logic_error without options().distributed,
+  /// or once stop() has begun; invalid_argument for an empty `label` or no rounds.
+  void add_clock_sync(std::string_view label, std::span<const clock_sync_round> rounds);
 
   /// A snapshot of the summaries (final after stop()).
   [[nodiscard]] timeline_summary summary() const;

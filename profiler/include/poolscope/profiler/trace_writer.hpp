@@ -165,8 +165,10 @@ class trace_writer {
   /// The writer accepts nothing afterwards. Throws runtime_error if a write fails.
   void close(const nlohmann::json& other_data = nullptr);
   /// close() with otherData given as JSON text (an object, written as is; the caller vouches for
-  /// it). Builds no string of its own: usable with the host out of memory.
-  void close_text(std::string_view other_data_json);
+  /// it), and `more_members`: further top-level members as JSON text (`"key":value` pairs joined
+  /// by commas, "" for none; a rank's "distributedInfo"). Builds no string of its own: usable
+  /// with the host out of memory.
+  void close_text(std::string_view other_data_json, std::string_view more_members = {});
 
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   [[nodiscard]] bool compressed() const noexcept { return gzip_; }
