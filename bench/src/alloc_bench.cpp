@@ -20,6 +20,7 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/pool/thread_cache_adaptor.hpp"
 
 namespace poolscope::bench {
@@ -452,6 +453,17 @@ std::string make_summary(const alloc_bench_report& rep, const std::vector<std::s
   return s.str();
 }
 
+/// host_vmm with its default granule and address range (raised to hold `capacity`), mapping at
+/// most `capacity` bytes.
+std::unique_ptr<pool::resource> make_host_vmm(std::size_t capacity) {
+  pool::host_vmm_options vo;
+  vo.capacity = capacity;
+  if (capacity != SIZE_MAX) {
+    vo.address_range_bytes = std::max(vo.address_range_bytes, 2 * capacity);
+  }
+  return std::make_unique<pool::host_vmm_resource>(vo);
+}
+
 /// The allocator of a row: `strategy` as make_allocator composes it (a thread cache in front of
 /// bfc and best_fit), or without the cache (`cached` false, rows "-tc"), or with no lock biased
 /// towards a thread (`bias` false, rows "-bias": the caches' locks and bfc's pool lock).
@@ -630,8 +642,22 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
   pool::resource* res = main_resource.get();
   if (cap_gib > 0) {
     rep.capacity = static_cast<std::size_t>(cap_gib * static_cast<double>(GiB));
-    capped = std::make_unique<capped_resource>(*main_resource, *rep.capacity);
-    res = capped.get();
+    if (rep.resource == "host_vmm") {
+      // Capped by its own mapping budget: behind a wrapper, bfc would not see a virtual resource.
+      main_resource = make_host_vmm(*rep.capacity);
+      res = main_resource.get();
+    } else {
+      capped = std::make_unique<capped_resource>(*main_resource, *rep.capacity);
+      res = capped.get();
+    }
+  }
+  // bfc over the virtual-memory twin of the resource, beside the other rows.
+  const std::string vmm_name = on_device ? "vmm" : "host_vmm";
+  std::unique_ptr<pool::resource> vmm_resource;
+  if (o.vmm_rows && rep.resource != "vmm" && rep.resource != "host_vmm" &&
+      contains(allocators, std::string("bfc"))) {
+    vmm_resource = on_device ? pool::make_resource("vmm", o.device)
+                             : make_host_vmm(rep.capacity.value_or(SIZE_MAX));
   }
   std::vector<std::pair<std::string, std::unique_ptr<pool::resource>>> baselines;
   if (o.baselines) {
@@ -699,6 +725,9 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
       std::vector<variant> variants;
       for (const std::string& a : allocators) {
         variants.push_back({a, true, true});
+        if (a == "bfc" && vmm_resource) {
+          variants.push_back({"bfc over " + vmm_name, true, true});
+        }
         if (o.compare_thread_cache && (a == "bfc" || a == "best_fit")) {
           variants.push_back({a + " -tc", false, true});
           variants.push_back({a + " -bias", true, false});
@@ -714,7 +743,9 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
         }
         std::unique_ptr<pool::allocator> alloc;
         try {
-          alloc = make_variant(a.substr(0, a.find(' ')), *res, cached, bias);
+          const bool over_vmm = a.find(" over ") != std::string::npos;
+          alloc =
+              make_variant(a.substr(0, a.find(' ')), over_vmm ? *vmm_resource : *res, cached, bias);
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));

@@ -41,6 +41,10 @@ std::string allocator_stats::to_json() const {
       {"largest_free_block", largest_free_block},
       {"fragmentation", fragmentation},
       {"limit", limit == SIZE_MAX ? nlohmann::json(nullptr) : nlohmann::json(limit)},
+      {"virtual_bytes", virtual_bytes},
+      {"mapped_free_bytes", mapped_free_bytes},
+      {"maps", maps},
+      {"unmaps", unmaps},
   };
   return j.dump();
 }
@@ -349,6 +353,8 @@ bool allocator::reports_itself(hooks::event_kind kind) const noexcept {
       return true;
     case hooks::event_kind::device_alloc:
     case hooks::event_kind::device_free:
+    case hooks::event_kind::segment_map:
+    case hooks::event_kind::segment_unmap:
     case hooks::event_kind::limit_hit:
       return accounts_ != this;
     default:

@@ -1004,9 +1004,9 @@ void timeline::lost_host_events(std::uint64_t host_slices) noexcept {
 }
 
 namespace {
-// The pre event of the upstream call (device_alloc, device_free) this thread is in, if any: its
-// post event makes the call a slice. An upstream allocation that fails raises no post event; the
-// next pre replaces it.
+// The pre event of the upstream call (device_alloc, device_free, segment_map, segment_unmap) this
+// thread is in, if any: its post event makes the call a slice. An upstream allocation that fails
+// raises no post event; the next pre replaces it.
 struct upstream_call {
   const void* timeline = nullptr;
   std::uint64_t allocator_id = 0;
@@ -1016,7 +1016,8 @@ struct upstream_call {
 thread_local upstream_call t_upstream;
 
 bool is_upstream_call(hooks::event_kind k) noexcept {
-  return k == hooks::event_kind::device_alloc || k == hooks::event_kind::device_free;
+  return k == hooks::event_kind::device_alloc || k == hooks::event_kind::device_free ||
+         k == hooks::event_kind::segment_map || k == hooks::event_kind::segment_unmap;
 }
 }  // namespace
 

@@ -22,6 +22,7 @@
 #include "poolscope/hooks/counting_hook.hpp"
 #include "poolscope/pool/allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/virtual_resource.hpp"
 
 namespace poolscope::pool::testing {
 namespace {
@@ -56,6 +57,9 @@ bool gpu_present() {
 std::optional<std::size_t> resource_bytes(const resource& r) {
   if (const auto* h = dynamic_cast<const host_resource*>(&r)) {
     return h->allocated_bytes();
+  }
+  if (const auto* v = dynamic_cast<const virtual_resource*>(&r)) {
+    return v->allocated_bytes();
   }
   if (const auto* w = dynamic_cast<const accounting_resource*>(&r)) {
     return w->allocated_bytes();
@@ -787,6 +791,8 @@ REGISTER_TYPED_TEST_SUITE_P(
 // One line per allocator list in allocator_types.hpp. GPU lists skip (SetUp) without a GPU.
 INSTANTIATE_TYPED_TEST_SUITE_P(host, allocator_conformance, host_allocators);
 INSTANTIATE_TYPED_TEST_SUITE_P(cuda, allocator_conformance, cuda_allocators);
+INSTANTIATE_TYPED_TEST_SUITE_P(host_vmm, allocator_conformance, host_vmm_allocators);
+INSTANTIATE_TYPED_TEST_SUITE_P(vmm, allocator_conformance, vmm_allocators);
 INSTANTIATE_TYPED_TEST_SUITE_P(cuda_async, allocator_conformance, cuda_async_allocators);
 
 }  // namespace poolscope::pool::testing

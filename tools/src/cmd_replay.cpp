@@ -3,6 +3,7 @@
 // prints what each would have done, side by side (profiler/replay.hpp; docs/event_log.md).
 //
 //   poolscope replay run.jsonl --allocators naive,bfc --capacity 80G --json replay.json
+//   poolscope replay run.jsonl --resource host,host_vmm    # peak physical memory over each
 //
 // Exit codes: 0, or 1 with a message naming the file and line if the log cannot be read or
 // parsed, or naming the strategy/resource that cannot be built. Failed allocations under the
@@ -27,6 +28,7 @@
 #include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/profiler/event_log.hpp"
 #include "poolscope/profiler/replay.hpp"
 
@@ -37,7 +39,7 @@ namespace {
 struct replay_command {
   std::string file;
   std::vector<std::string> allocators;
-  std::string resource = "host";
+  std::vector<std::string> resources{"host"};
   int device = 0;
   std::string capacity;
   std::string only_allocator;
@@ -63,7 +65,8 @@ std::function<bool(const profiler::replay_progress&)> progress_bar(const std::st
 }
 
 profiler::replay_result replay_one(const replay_command& cmd, const profiler::event_log& log,
-                                   const std::string& strategy, std::size_t capacity) {
+                                   const std::string& resource, const std::string& strategy,
+                                   std::size_t capacity) {
   profiler::replay_options opt;
   opt.only_allocator = cmd.only_allocator;
   constexpr std::size_t long_log = std::size_t{1} << 17;
@@ -71,11 +74,22 @@ profiler::replay_result replay_one(const replay_command& cmd, const profiler::ev
     opt.progress = progress_bar(strategy);
     opt.progress_every = std::max<std::size_t>(log.records.size() / 100, 1);
   }
-  if (cmd.resource == "host") {
+  if (resource == "host") {
     return profiler::replay_on_host(log, strategy, capacity, opt);
   }
+  if (resource == "host_vmm") {
+    // The capacity is its mapping budget (reserved counts mapped bytes); nothing is touched, so
+    // the host needs none of the memory mapped.
+    pool::host_vmm_options vo;
+    vo.capacity = capacity;
+    vo.address_range_bytes = capacity == SIZE_MAX ? std::size_t{1} << 40
+                                                  : std::max(vo.address_range_bytes, 2 * capacity);
+    pool::host_vmm_resource res{vo};
+    auto alloc = pool::make_allocator(strategy, res);
+    return profiler::replay(log, *alloc, opt);
+  }
   // Device resources: the capacity becomes the allocator's limit (in-use and reserved bytes).
-  auto res = pool::make_resource(cmd.resource, cmd.device);
+  auto res = pool::make_resource(resource, cmd.device);
   auto alloc = pool::make_allocator(strategy, *res);
   alloc->set_limit(capacity);
   return profiler::replay(log, *alloc, opt);
@@ -164,12 +178,16 @@ void run_replay(const replay_command& cmd) {
 
   std::vector<profiler::replay_result> results;
   results.reserve(strategies.size());
-  for (const auto& s : strategies) {
-    results.push_back(replay_one(cmd, log, s, capacity));
+  std::string resources;
+  for (const auto& r : cmd.resources) {
+    resources += (resources.empty() ? "" : ", ") + r;
+    for (const auto& s : strategies) {
+      results.push_back(replay_one(cmd, log, r, s, capacity));
+    }
   }
 
   text << "replay of " << cmd.file << " (" << profiler::to_string(log.format) << ", "
-       << log.records.size() << " records) on " << cmd.resource;
+       << log.records.size() << " records) on " << resources;
   if (!cmd.capacity.empty()) {
     text << ", capacity " << format_bytes(capacity);
   }
@@ -206,7 +224,8 @@ void run_replay(const replay_command& cmd) {
     j["log"] = cmd.file;
     j["format"] = std::string(profiler::to_string(log.format));
     j["records"] = log.records.size();
-    j["resource"] = cmd.resource;
+    j["resource"] = cmd.resources.size() == 1 ? nlohmann::ordered_json(cmd.resources.front())
+                                              : nlohmann::ordered_json(cmd.resources);
     j["capacity"] =
         cmd.capacity.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(capacity);
     auto& arr = j["results"] = nlohmann::ordered_json::array();
@@ -231,8 +250,12 @@ void register_replay(CLI::App& app) {
                   "comma-separated strategies (default: all registered)")
       ->delimiter(',')
       ->check(CLI::IsMember(pool::allocator_names()));
-  sub->add_option("--resource", cmd->resource, "upstream resource (default: host)")
-      ->check(CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async"}));
+  sub->add_option("--resource", cmd->resources,
+                  "comma-separated upstream resources, each replayed under every strategy "
+                  "(default: host; host_vmm and vmm: reserved is the memory physically mapped)")
+      ->delimiter(',')
+      ->check(
+          CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async", "vmm", "host_vmm"}));
   sub->add_option("--device", cmd->device, "GPU ordinal for device resources")
       ->check(poolscope::bench::non_negative_number());
   sub->add_option("--capacity", cmd->capacity,
