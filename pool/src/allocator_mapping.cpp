@@ -9,15 +9,10 @@ namespace poolscope::pool {
 
 bool allocator::upstream_map(virtual_resource& vm, stream_view stream, void* ptr,
                              std::size_t bytes) {
-  detail::allocator_counters& c = *accounts_->counters_;
-  const std::size_t lim = accounts_->limit();
-  if (lim != SIZE_MAX && c.reserved.load(std::memory_order_relaxed) + bytes > lim) {
-    c.limit_hits.fetch_add(1, std::memory_order_relaxed);
-    if (hooks::active()) [[unlikely]] {
-      emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
-    }
+  if (refuses_reserve(stream, bytes)) {
     return false;
   }
+  detail::allocator_counters& c = *accounts_->counters_;
   const bool hooked = hooks::active();
   if (hooked) [[unlikely]] {
     emit(hooks::event_kind::segment_map, hooks::event_phase::pre, stream, ptr, bytes, 0);

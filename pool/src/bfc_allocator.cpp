@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
 
 #include "detail/bfc_structures.hpp"
@@ -750,6 +751,45 @@ std::string bfc_allocator::check_invariants() const {
   if (listed != free_chunks || listed_bytes != free_bytes) {
     return "class lists hold " + std::to_string(listed) + " chunks, segments " +
            std::to_string(free_chunks);
+  }
+  if (vm_ == nullptr) {
+    return {};
+  }
+  // Over a virtual resource: the live chunks on each granule, counted again here, agree with the
+  // granule map; a granule a live chunk touches is mapped (as the map and the resource see it);
+  // the mapped granules add up to what the map says.
+  const detail::granule_map& g = *st.granules;
+  const std::size_t unit = g.granularity();
+  std::map<std::uintptr_t, std::uint32_t> on;  // granule index -> live chunks touching it
+  std::size_t mapped = 0;
+  std::size_t mapped_free = 0;
+  for (const bfc_segment* head : st.segments) {
+    for (const bfc_segment* s = head; s != nullptr; s = s->next) {
+      for (const bfc_chunk* c = s->first; c != nullptr; c = c->next) {
+        for (std::uintptr_t i = address(c->addr) / unit;
+             !c->is_free && i <= (address(c->addr) + c->size - 1) / unit; ++i) {
+          ++on[i];
+        }
+      }
+      for (const char* p = s->base; p < s->base + s->size; p += unit) {
+        const auto it = on.find(address(p) / unit);
+        const std::uint32_t live = it != on.end() ? it->second : 0;
+        if (g.chunks_on(p) != live) {
+          return "granule " + at(p) + ": the map counts " + std::to_string(g.chunks_on(p)) +
+                 " live chunks on it, the segment " + std::to_string(live);
+        }
+        if (live != 0 && (!g.is_mapped(p) || !vm_->is_mapped(p))) {
+          return "granule " + at(p) + ": a live chunk touches it, but it is not mapped";
+        }
+        mapped += g.is_mapped(p) ? unit : 0;
+        mapped_free += g.is_mapped(p) && live == 0 ? unit : 0;
+      }
+    }
+  }
+  if (mapped != g.mapped() || mapped_free != g.mapped_free()) {
+    return "the map says " + std::to_string(g.mapped()) + " B mapped (" +
+           std::to_string(g.mapped_free()) + " B free), the segments hold " +
+           std::to_string(mapped) + " (" + std::to_string(mapped_free) + ")";
   }
   return {};
 }

@@ -82,15 +82,6 @@ CUdevice device_handle(int device) {
   return dev;
 }
 
-template <typename F>
-void logged(F&& f) noexcept {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    log(log_level::error, e.what());
-  }
-}
-
 }  // namespace
 
 namespace cudrv {

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hooks/recording_hook.hpp"
@@ -22,6 +24,7 @@
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
+#include "poolscope/pool/factory.hpp"
 #include "poolscope/pool/host_vmm_resource.hpp"
 
 namespace poolscope::pool::testing {
@@ -343,6 +346,77 @@ TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped) {
 
 TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped_without_hysteresis) {
   random_operations_keep_every_live_byte_mapped(no_hysteresis(), 0);
+}
+
+// Threads share one host_vmm: bfc over it (through its thread caches and without), and the
+// plain-resource face beside it. Granules are mapped and unmapped under contention; every block
+// stays intact while live; at the end nothing is mapped.
+TEST(host_vmm_concurrency, pools_and_plain_blocks_share_one_resource) {
+  constexpr int threads = 8;
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 3000 : 30000);
+  host_vmm_resource r{small_options()};
+  bfc_allocator bare{r, no_hysteresis()};
+  auto cached = make_allocator("bfc", r);
+  std::atomic<int> broken{0};
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t));
+    struct held {
+      void* p;
+      std::size_t bytes;
+      int where;  // 0: bare pool, 1: cached pool, 2: the resource itself
+    };
+    std::vector<held> mine;
+    const auto value = static_cast<unsigned char>(t + 1);
+    const auto give_back = [&](const held& h) {
+      const auto* c = static_cast<const unsigned char*>(h.p);
+      if (c[0] != value || c[h.bytes - 1] != value || c[h.bytes / 2] != value) {
+        broken.fetch_add(1);
+      }
+      if (h.where == 2) {
+        r.deallocate({}, h.p, h.bytes);
+      } else {
+        (h.where == 0 ? static_cast<allocator&>(bare) : *cached).deallocate({}, h.p, h.bytes);
+      }
+    };
+    for (std::uint64_t op = 0; op < ops; ++op) {
+      if (mine.empty() || (mine.size() < 24 && rng() % 2 == 0)) {
+        const int where = static_cast<int>(rng() % 3);
+        const std::size_t bytes = log_uniform(rng, 1, where == 2 ? 256 << 10 : 4 << 20);
+        void* p = where == 2   ? r.try_allocate({}, bytes)
+                  : where == 0 ? bare.allocate({}, bytes)
+                               : cached->allocate({}, bytes);
+        if (p == nullptr) {
+          broken.fetch_add(1);
+          continue;
+        }
+        std::memset(p, value, bytes);
+        mine.push_back({p, bytes, where});
+      } else {
+        const std::size_t i = rng() % mine.size();
+        give_back(mine[i]);
+        mine[i] = mine.back();
+        mine.pop_back();
+      }
+    }
+    for (const held& h : mine) {
+      give_back(h);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back(worker, t);
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  EXPECT_EQ(broken.load(), 0) << "a live block was overwritten, or an allocation failed";
+  EXPECT_EQ(bare.check_invariants(), "");
+  EXPECT_EQ(bare.stats().reserved, 0U) << "no hysteresis: nothing stays mapped";
+  cached->release_cached();
+  EXPECT_EQ(cached->stats().reserved, 0U);
+  EXPECT_EQ(r.mapped_bytes(), 0U);
+  EXPECT_EQ(r.allocated_bytes(), 0U);
 }
 
 }  // namespace

@@ -41,10 +41,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
 #include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
 
 /// Checks a cudaError_t-returning call; throws poolscope::cuda_error naming the call text,
 /// file:line and the CUDA error name. The runtime's last-error state is cleared first.
@@ -69,6 +71,23 @@
       ::poolscope::pool::detail::cudrv::raise(poolscope_cu_status_, #call, __FILE__, __LINE__); \
     }                                                                                           \
   } while (false)
+
+namespace poolscope::pool::detail {
+
+/// Runs `f` in a noexcept context (release functions, destructors): an exception is logged at
+/// error level, never thrown.
+template <typename F>
+void logged(F&& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    log(log_level::error, e.what());
+  } catch (...) {
+    log(log_level::error, "poolscope: unknown failure while releasing CUDA resources");
+  }
+}
+
+}  // namespace poolscope::pool::detail
 
 namespace poolscope::pool::detail::cudrv {
 

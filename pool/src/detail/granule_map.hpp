@@ -106,6 +106,10 @@ class granule_map {
     release_free(p, n, unmap_run);
   }
 
+  /// Live chunks touching the granule that holds `p`.
+  [[nodiscard]] std::uint32_t chunks_on(const char* p) const noexcept {
+    return state_[first_of(p)] & ref_mask;
+  }
   /// True if the granule holding `p` is mapped.
   [[nodiscard]] bool is_mapped(const char* p) const noexcept {
     return (state_[first_of(p)] & mapped_bit) != 0;

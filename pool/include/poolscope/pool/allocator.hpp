@@ -218,6 +218,8 @@ class allocator {
   [[gnu::noinline]] block allocate_after_refusal(stream_view stream, std::size_t bytes,
                                                  std::size_t alignment);
   void check_limit(stream_view stream, std::size_t bytes, std::size_t limit);
+  /// True (counted as a limit hit, and reported) if `bytes` more reserved would pass the limit.
+  [[nodiscard]] bool refuses_reserve(stream_view stream, std::size_t bytes) noexcept;
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
   [[gnu::cold]] void report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
                                          free_outcome outcome) noexcept;

@@ -174,8 +174,10 @@ class bfc_allocator final : public allocator {
 
   /// Debug aid: walks every segment, chunk, size-class list and the live table and checks
   /// that they agree (chunks tile their segment, no two free neighbours, each free chunk in the
-  /// right sorted class list and bitmap, counters exact). Returns "" when consistent, else a
-  /// description of the first violation. Takes the mutex; O(chunks + size classes).
+  /// right sorted class list and bitmap, counters exact; over a virtual resource also that every
+  /// granule a live chunk touches is mapped and the granule counts are exact). Returns "" when
+  /// consistent, else a description of the first violation. Takes the mutex; O(chunks + size
+  /// classes), plus O(granules of the segments) over a virtual resource.
   [[nodiscard]] std::string check_invariants() const;
 
   /// The pool lock's bias now (bfc_options::lock_bias). Thread-safe; a snapshot.
@@ -228,6 +230,7 @@ class bfc_allocator final : public allocator {
   void unmap_chunk(state& st, stream_view stream, const detail::bfc_chunk* c) noexcept;  // locked
   /// A live chunk whose granules could not be mapped goes back to the index.
   void uncarve(state& st, stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
+  /// A large request's chunk from the last large segment grown in place; {} if it cannot grow.
   block grow_in_place(stream_view stream, std::size_t rounded, std::size_t bytes);
   [[nodiscard]] void* acquire_range(stream_view stream, std::size_t bytes);
   std::size_t release_range(stream_view stream, void* base, std::size_t bytes) noexcept;
