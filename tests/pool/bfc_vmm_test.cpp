@@ -135,6 +135,29 @@ TEST(bfc_over_host_vmm, the_mapping_follows_live_bytes) {
   EXPECT_EQ(r.counts().address_bytes, 0U);
 }
 
+TEST(bfc_over_host_vmm, the_large_pool_grows_in_place_as_one_range) {
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, no_hysteresis()};
+  void* x = a.allocate({}, std::size_t{12} << 20);
+  void* y = a.allocate({}, std::size_t{30} << 20);  // no fit: the segment grows
+  void* z = a.allocate({}, std::size_t{3} << 20);
+  std::vector<bfc_segment_info> segs = a.segments();
+  ASSERT_EQ(segs.size(), 1U) << "three large requests, one range";
+  EXPECT_GE(segs[0].bytes, std::size_t{45} << 20);
+  EXPECT_EQ(static_cast<char*>(y), static_cast<char*>(x) + (std::size_t{12} << 20));
+  EXPECT_EQ(a.check_invariants(), "");
+  // Freed, x and y merge with each other across what used to be the segment's end.
+  a.deallocate({}, x, std::size_t{12} << 20);
+  a.deallocate({}, y, std::size_t{30} << 20);
+  void* w = a.allocate({}, std::size_t{40} << 20);
+  EXPECT_EQ(w, x) << "the 42 MiB freed in front of z serve a 40 MiB request";
+  EXPECT_EQ(a.segments().size(), 1U);
+  EXPECT_EQ(a.stats().reserved, (std::size_t{43} << 20)) << "40 + 3 MiB live, all of it mapped";
+  a.deallocate({}, w, std::size_t{40} << 20);
+  a.deallocate({}, z, std::size_t{3} << 20);
+  EXPECT_EQ(a.check_invariants(), "");
+}
+
 TEST(bfc_over_host_vmm, a_cached_pair_maps_nothing_within_the_hysteresis) {
   host_vmm_resource r{small_options()};
   bfc_options o;
@@ -350,11 +373,11 @@ TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped_without_hy
 
 // Threads share one host_vmm: bfc over it (through its thread caches and without), and the
 // plain-resource face beside it. Granules are mapped and unmapped under contention; every block
-// stays intact while live; at the end nothing is mapped.
+// stays intact while live (its first, middle and last bytes); at the end nothing is mapped.
 TEST(host_vmm_concurrency, pools_and_plain_blocks_share_one_resource) {
   constexpr int threads = 8;
   const std::uint64_t seed = test_seed();
-  const std::uint64_t ops = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 3000 : 30000);
+  const std::uint64_t ops = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 1000 : 4000);
   host_vmm_resource r{small_options()};
   bfc_allocator bare{r, no_hysteresis()};
   auto cached = make_allocator("bfc", r);
@@ -390,7 +413,10 @@ TEST(host_vmm_concurrency, pools_and_plain_blocks_share_one_resource) {
           broken.fetch_add(1);
           continue;
         }
-        std::memset(p, value, bytes);
+        // Its first, middle and last bytes: each in a granule that must be mapped (and not
+        // another thread's block).
+        auto* c = static_cast<unsigned char*>(p);
+        c[0] = c[bytes / 2] = c[bytes - 1] = value;
         mine.push_back({p, bytes, where});
       } else {
         const std::size_t i = rng() % mine.size();
