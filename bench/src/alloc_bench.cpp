@@ -579,6 +579,11 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   rep.hooks = h;
 }
 
+/// The upstream column: resource allocations, or the map calls of a pool over a virtual resource.
+std::string upstream_cell(const pool::allocator_stats& s) {
+  return s.maps != 0 ? std::to_string(s.maps) + "m" : std::to_string(s.upstream_allocs);
+}
+
 }  // namespace
 
 std::vector<std::string> alloc_workload_names() {
@@ -798,12 +803,13 @@ void alloc_bench_report::print_table(std::ostream& out) const {
                r.batch == 0 ? "-" : std::to_string(r.batch), format_ns(r.ns.median),
                format_ns(r.ns.p99), r.peak_requested ? format_size(*r.peak_requested) : "-",
                r.peak_reserved ? format_size(*r.peak_reserved) : "-",
-               r.ratio ? format_ratio(*r.ratio) : "-",
-               r.stats ? std::to_string(r.stats->upstream_allocs) : "-", r.note});
+               r.ratio ? format_ratio(*r.ratio) : "-", r.stats ? upstream_cell(*r.stats) : "-",
+               r.note});
   }
   t.print(out);
-  out << "ns per pair (allocate + deallocate); upstream = resource allocations made by the "
-         "allocator; [raw] = the resource called directly\n";
+  out << "ns per pair (allocate + deallocate), over a virtual resource including the map and "
+         "unmap calls made; upstream = resource allocations made by the allocator, or over a "
+         "virtual resource the map calls (\"m\"); [raw] = the resource called directly\n";
   out << summary << '\n';
 }
 

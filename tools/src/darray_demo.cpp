@@ -171,6 +171,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   };
   darray::backend_options bo;
   bo.allocator = o.allocator;
+  bo.resource = o.resource;
   bo.kernel_graphs = o.kernel_graphs;
   bo.yield_to_copies = o.yield_to_copies;
   if (o.transport == "auto") {
