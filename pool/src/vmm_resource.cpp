@@ -26,17 +26,27 @@ class cuda_mapping final : public detail::physical_mapping {
 
   [[nodiscard]] std::size_t granularity() const noexcept override { return granule_; }
   [[nodiscard]] int device() const noexcept override { return device_; }
+  // The driver calls act in the calling thread's current context: each runs with the device's
+  // primary context current (a device_guard), whichever thread a pool calls from.
   void* reserve_range(std::size_t bytes) override {
+    const detail::cudart::device_guard guard{device_};
     return detail::cudrv::address_reserve(bytes, granule_);
   }
   void release_range(void* base, std::size_t bytes) noexcept override {
-    detail::cudrv::address_free(base, bytes);
+    detail::logged([&] {
+      const detail::cudart::device_guard guard{device_};
+      detail::cudrv::address_free(base, bytes);
+    });
   }
   bool map(void* ptr, std::size_t bytes) override {
+    const detail::cudart::device_guard guard{device_};
     return detail::cudrv::map(ptr, bytes, granule_, device_, access_);
   }
   void unmap(void* ptr, std::size_t bytes) noexcept override {
-    detail::cudrv::unmap(ptr, bytes, granule_);
+    detail::logged([&] {
+      const detail::cudart::device_guard guard{device_};
+      detail::cudrv::unmap(ptr, bytes, granule_);
+    });
   }
 
  private:
@@ -48,6 +58,7 @@ class cuda_mapping final : public detail::physical_mapping {
 std::unique_ptr<detail::physical_mapping> checked_cuda_mapping(int device,
                                                                const vmm_options& options) {
   detail::cudrv::require_vmm(device, "vmm_resource");
+  const detail::cudart::device_guard guard{device};
   return std::make_unique<cuda_mapping>(device, options.peer_access);
 }
 
