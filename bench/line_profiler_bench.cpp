@@ -15,7 +15,7 @@
 // the profiler - pair with no hook) / 2: two of a pair's four events do work, malloc post and
 // free pre; this includes the hook registry's dispatch), alone and with every thread at once.
 // Times are CPU times (per thread where threads run at once).
-// Target (DESIGN.md §5): <= 0.3 us per event with a 16-frame stack.
+// Target (docs/perf.md "Targets"): <= 0.3 us per event with a 16-frame stack.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>

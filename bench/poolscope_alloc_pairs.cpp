@@ -1,4 +1,4 @@
-// poolscope_alloc_pairs: the A1, A2 and A3 loops of `poolscope bench alloc` (DESIGN.md §4) for
+// poolscope_alloc_pairs: the A1, A2 and A3 loops of `poolscope bench alloc` (docs/design.md §4) for
 // a fixed number of pairs, untimed, so that a simulator counts the same work on every run.
 // Instructions per pair are the difference of two runs over the difference of their pair counts
 // (set-up and tear-down cancel):

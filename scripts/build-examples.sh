@@ -14,5 +14,6 @@ cmake --build "$ex_build" -j2
 out=$(mktemp -d /tmp/poolscope-examples-out-XXXXXX)
 # No LD_LIBRARY_PATH: the installed libraries and programs find each other through their RUNPATHs.
 "$ex_build/profile_workload" "$out"
+"$ex_build/host_only"
 "$ex_build/distributed_add"
 echo "examples OK (outputs in $out)"

@@ -60,8 +60,7 @@ step "configure+build (sm_90)" "$out/build.log" bash -c "
   grep -E 'error|FAILED' "$out/build.log" | head -40; }
 
 # 120 s per test: the longest takes seconds; a hang fails its test instead of the whole call (the
-# CUDA randomized darray test hung at process exit 3-4 times in 90 runs in the sixth session, and
-# not since the seventh session's changes: docs/perf.md).
+# CUDA randomized darray test has hung at process exit: docs/perf.md, "A hang at process exit").
 if [ "$only" = darray ]; then
   # The CUDA backend's own tests are named cuda_backend_* (and run again under memcheck below).
   step "ctest darray+tools+profiler GPU timing (GPUs present)" "$out/tests.log" \
@@ -101,8 +100,8 @@ if [ "$only" != pools ]; then
   # and the gemm share memory within a block). NCCL's own kernels are left out of racecheck: their
   # flag-based protocols read as races to it. initcheck is not run: NCCL's send kernel reads a
   # send buffer rounded up to 16 bytes, so every NCCL transfer reports, and with NCCL's kernels
-  # left out the bytes they deliver read as never written (docs/perf.md, thirty-third session,
-  # run D).
+  # left out the bytes they deliver read as never written (docs/perf.md, "compute-sanitizer and
+  # NCCL").
   for tool in memcheck racecheck synccheck; do
     skip=()
     [ "$tool" = racecheck ] && skip=(--kernel-name-exclude kns=nccl)
@@ -111,10 +110,10 @@ if [ "$only" != pools ]; then
       --error-exitcode 99 "$build/bin/poolscope_darray_tests" --gtest_filter="$gpu_tests"
   done
   # The demos compared below run after a warm-up demo and keep the best of 10 rounds each, and
-  # CUPTI on and off run twice in turn (on, off, on, off): a fresh 4-GPU host ran its first demo
-  # processes 13-29 % slower than the same command later — once only the first, once the first
-  # two — which read as CUPTI's cost (docs/perf.md, twenty-seventh and twenty-eighth sessions).
-  # Each mode's figure is the better of its two processes.
+  # CUPTI on and off run twice in turn (on, off, on, off): a fresh host can run its first demo
+  # processes much slower than the same command later, sometimes more than one, which would read
+  # as CUPTI's cost (docs/perf.md, "Fresh hosts' first processes"). Each mode's figure is the
+  # better of its two processes.
   step "demo warm-up (cuda, not compared)" "$out/demo.log" "$cli" demo --devices cuda \
     --no-cupti --repeat 1 --trace /tmp/demo_warmup.json --report /tmp/demo_warmup_report.json
   demo_step() {  # label trace report [demo options...]

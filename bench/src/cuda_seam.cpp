@@ -15,45 +15,24 @@
 #include <thread>
 #include <utility>
 
+#include "poolscope/detail/cuda_check.hpp"
+#include "poolscope/detail/cuda_check_nccl.hpp"
 #include "poolscope/error.hpp"
-
-#define POOLSCOPE_BENCH_CUDA_CHECK(call)                                                      \
-  do {                                                                                        \
-    const cudaError_t poolscope_err_ = (call);                                                \
-    if (poolscope_err_ != cudaSuccess) {                                                      \
-      ::poolscope::detail::throw_api_error("CUDA", static_cast<int>(poolscope_err_),          \
-                                           cudaGetErrorName(poolscope_err_), #call, __FILE__, \
-                                           __LINE__);                                         \
-    }                                                                                         \
-  } while (0)
-
-#define POOLSCOPE_BENCH_NCCL_CHECK(call)                                                        \
-  do {                                                                                          \
-    const ncclResult_t poolscope_res_ = (call);                                                 \
-    if (poolscope_res_ != ncclSuccess) {                                                        \
-      ::poolscope::detail::throw_api_error("NCCL", static_cast<int>(poolscope_res_),            \
-                                           ncclGetErrorString(poolscope_res_), #call, __FILE__, \
-                                           __LINE__);                                           \
-    }                                                                                           \
-  } while (0)
 
 namespace poolscope::bench::detail {
 
 int device_count() noexcept {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky "no device" error for later callers
-    return 0;
-  }
-  return n;
+  // (succeeded clears the "no device" error for later callers)
+  return ::poolscope::detail::succeeded(cudaGetDeviceCount(&n)) ? n : 0;
 }
 
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  POOLSCOPE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 
 void copy_to_host(void* dst, const void* src, std::size_t bytes) {
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  POOLSCOPE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
 }  // namespace poolscope::bench::detail
@@ -65,7 +44,7 @@ namespace {
 // Restores the calling thread's current device on scope exit.
 class current_device_guard {
  public:
-  current_device_guard() { POOLSCOPE_BENCH_CUDA_CHECK(cudaGetDevice(&previous_)); }
+  current_device_guard() { POOLSCOPE_CUDA_CHECK(cudaGetDevice(&previous_)); }
   current_device_guard(const current_device_guard&) = delete;
   current_device_guard& operator=(const current_device_guard&) = delete;
   ~current_device_guard() { (void)cudaSetDevice(previous_); }
@@ -78,10 +57,10 @@ class current_device_guard {
 class device_memory {
  public:
   device_memory(int device, std::size_t bytes) : device_(device) {
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 1)));
+    POOLSCOPE_CUDA_CHECK(cudaSetDevice(device));
+    POOLSCOPE_CUDA_CHECK(cudaMalloc(&ptr_, std::max<std::size_t>(bytes, 1)));
     // Touch the pages so the first timed copy does not pay for their mapping.
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaMemset(ptr_, 1, std::max<std::size_t>(bytes, 1)));
+    POOLSCOPE_CUDA_CHECK(cudaMemset(ptr_, 1, std::max<std::size_t>(bytes, 1)));
   }
   device_memory(device_memory&& o) noexcept
       : device_(o.device_), ptr_(std::exchange(o.ptr_, nullptr)) {}
@@ -105,8 +84,8 @@ class device_memory {
 class device_stream {
  public:
   explicit device_stream(int device) : device_(device) {
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    POOLSCOPE_CUDA_CHECK(cudaSetDevice(device));
+    POOLSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   device_stream(device_stream&& o) noexcept
       : device_(o.device_), stream_(std::exchange(o.stream_, nullptr)) {}
@@ -132,8 +111,8 @@ class device_stream {
 class device_event {
  public:
   explicit device_event(int device) {
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+    POOLSCOPE_CUDA_CHECK(cudaSetDevice(device));
+    POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
   }
   device_event(device_event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
   device_event(const device_event&) = delete;
@@ -154,7 +133,7 @@ class device_event {
 class nccl_comms {
  public:
   explicit nccl_comms(int devices) : comms_(static_cast<std::size_t>(devices), nullptr) {
-    POOLSCOPE_BENCH_NCCL_CHECK(ncclCommInitAll(comms_.data(), devices, nullptr));
+    POOLSCOPE_CUDA_CHECK(ncclCommInitAll(comms_.data(), devices, nullptr));
   }
   nccl_comms(const nccl_comms&) = delete;
   nccl_comms& operator=(const nccl_comms&) = delete;
@@ -179,23 +158,23 @@ void enable_peer_access(int accessor, int owner) {
     return;
   }
   int can = 0;
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, accessor, owner));
+  POOLSCOPE_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, accessor, owner));
   if (can == 0) {
     return;  // cudaMemcpyPeerAsync then stages through the host: still the raw copy
   }
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(accessor));
+  POOLSCOPE_CUDA_CHECK(cudaSetDevice(accessor));
   const cudaError_t e = cudaDeviceEnablePeerAccess(owner, 0);
   if (e == cudaErrorPeerAccessAlreadyEnabled) {
     (void)cudaGetLastError();  // enabled earlier (by darray's backend, say): not an error here
     return;
   }
-  POOLSCOPE_BENCH_CUDA_CHECK(e);
+  POOLSCOPE_CUDA_CHECK(e);
 }
 
 void synchronize_all(const std::vector<device_stream>& streams) {
   for (const auto& s : streams) {
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(s.device()));
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamSynchronize(s.get()));
+    POOLSCOPE_CUDA_CHECK(cudaSetDevice(s.device()));
+    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s.get()));
   }
 }
 
@@ -235,15 +214,15 @@ baseline_seconds time_peer_copies(const std::vector<device_link>& links, int rep
     dst.emplace_back(l.dst, l.bytes);
     streams.emplace_back(l.src);
   }
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  POOLSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
   return time_repeated(
       repeat,
       [&] {
         for (std::size_t i = 0; i < links.size(); ++i) {
           const auto& l = links[i];
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(l.src));
-          POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyPeerAsync(dst[i].get(), l.dst, src[i].get(), l.src,
-                                                         l.bytes, streams[i].get()));
+          POOLSCOPE_CUDA_CHECK(cudaSetDevice(l.src));
+          POOLSCOPE_CUDA_CHECK(cudaMemcpyPeerAsync(dst[i].get(), l.dst, src[i].get(), l.src,
+                                                   l.bytes, streams[i].get()));
         }
       },
       [&] { synchronize_all(streams); });
@@ -266,20 +245,18 @@ baseline_seconds time_nccl_send_recv(const std::vector<device_link>& links, int 
   return time_repeated(
       repeat,
       [&] {
-        POOLSCOPE_BENCH_NCCL_CHECK(ncclGroupStart());
+        POOLSCOPE_CUDA_CHECK(ncclGroupStart());
         bool group_open = true;
         try {
           for (std::size_t i = 0; i < links.size(); ++i) {
             const auto& l = links[i];
-            POOLSCOPE_BENCH_NCCL_CHECK(ncclSend(src[i].get(), l.bytes, ncclUint8, l.dst,
-                                                comms[l.src],
-                                                streams[static_cast<std::size_t>(l.src)].get()));
-            POOLSCOPE_BENCH_NCCL_CHECK(ncclRecv(dst[i].get(), l.bytes, ncclUint8, l.src,
-                                                comms[l.dst],
-                                                streams[static_cast<std::size_t>(l.dst)].get()));
+            POOLSCOPE_CUDA_CHECK(ncclSend(src[i].get(), l.bytes, ncclUint8, l.dst, comms[l.src],
+                                          streams[static_cast<std::size_t>(l.src)].get()));
+            POOLSCOPE_CUDA_CHECK(ncclRecv(dst[i].get(), l.bytes, ncclUint8, l.src, comms[l.dst],
+                                          streams[static_cast<std::size_t>(l.dst)].get()));
           }
           group_open = false;
-          POOLSCOPE_BENCH_NCCL_CHECK(ncclGroupEnd());
+          POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
         } catch (...) {
           if (group_open) {
             (void)ncclGroupEnd();  // close the group; the first error is the one reported
@@ -296,13 +273,13 @@ baseline_seconds time_d2d_copy(int device, std::size_t bytes, int repeat) {
   const device_memory dst(device, bytes);
   std::vector<device_stream> streams;
   streams.emplace_back(device);
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+  POOLSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
   return time_repeated(
       repeat,
       [&] {
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes,
-                                                   cudaMemcpyDeviceToDevice, streams[0].get()));
+        POOLSCOPE_CUDA_CHECK(cudaSetDevice(device));
+        POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice,
+                                             streams[0].get()));
       },
       [&] { synchronize_all(streams); });
 }
@@ -330,9 +307,9 @@ struct graph_pair {
 // each, up to 1024 blocks of 256), and its executable (made on that GPU).
 std::unique_ptr<graph_pair> kernel_graph(int device, const void* kernel, void** args,
                                          std::size_t items) {
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(device));
+  POOLSCOPE_CUDA_CHECK(cudaSetDevice(device));
   auto g = std::make_unique<graph_pair>();
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphCreate(&g->graph, 0));
+  POOLSCOPE_CUDA_CHECK(cudaGraphCreate(&g->graph, 0));
   constexpr std::size_t threads = 256;
   cudaKernelNodeParams p{};
   p.func = const_cast<void*>(kernel);
@@ -341,8 +318,8 @@ std::unique_ptr<graph_pair> kernel_graph(int device, const void* kernel, void** 
   p.blockDim = dim3(static_cast<unsigned>(threads));
   p.kernelParams = args;
   cudaGraphNode_t node = nullptr;
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphAddKernelNode(&node, g->graph, nullptr, 0, &p));
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  POOLSCOPE_CUDA_CHECK(cudaGraphAddKernelNode(&node, g->graph, nullptr, 0, &p));
+  POOLSCOPE_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
   return g;
 }
 
@@ -389,28 +366,28 @@ struct floor_state {
                                    static_cast<float*>(bufs[i].get()), n));
       }
     }
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    POOLSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   /// Makes GPU d current where the floor's calls need it: a memset does; a graph launch and an
   /// event record take any GPU's stream (as the op launches its kept graphs).
   void select(int d) const {
     if (call != floor_call::kernel_graph) {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      POOLSCOPE_CUDA_CHECK(cudaSetDevice(d));
     }
   }
   /// GPU d's call and event (a memset with GPU d current: see select).
   void issue(int d, std::size_t bytes) {
     const auto i = static_cast<std::size_t>(d);
     if (call == floor_call::kernel_graph) {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(graphs[i]->exec, streams[i].get()));
+      POOLSCOPE_CUDA_CHECK(cudaGraphLaunch(graphs[i]->exec, streams[i].get()));
     } else {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
+      POOLSCOPE_CUDA_CHECK(cudaMemsetAsync(bufs[i].get(), 0, bytes, streams[i].get()));
     }
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
+    POOLSCOPE_CUDA_CHECK(cudaEventRecord(events[i].get(), streams[i].get()));
   }
   void wait_all() {
     for (const auto& e : events) {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaEventSynchronize(e.get()));
+      POOLSCOPE_CUDA_CHECK(cudaEventSynchronize(e.get()));
     }
   }
 };
@@ -446,26 +423,26 @@ struct async_floor::state : floor_state {
         c.graph = copy_graph(l.src, c.src.get(), c.dst.get(), l.bytes);
       }
     }
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaDeviceSynchronize());
+    POOLSCOPE_CUDA_CHECK(cudaDeviceSynchronize());
   }
   /// The copies (or their graphs), each followed by its event on the source GPU's stream.
   void issue_copies() {
     for (const copy& c : copies) {
       select(c.link.src);
       if (c.graph != nullptr) {
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(c.graph->exec, c.stream.get()));
+        POOLSCOPE_CUDA_CHECK(cudaGraphLaunch(c.graph->exec, c.stream.get()));
       } else {
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaMemcpyPeerAsync(c.dst.get(), c.link.dst, c.src.get(),
-                                                       c.link.src, c.link.bytes, c.stream.get()));
+        POOLSCOPE_CUDA_CHECK(cudaMemcpyPeerAsync(c.dst.get(), c.link.dst, c.src.get(), c.link.src,
+                                                 c.link.bytes, c.stream.get()));
       }
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(c.done.get(), c.stream.get()));
+      POOLSCOPE_CUDA_CHECK(cudaEventRecord(c.done.get(), c.stream.get()));
     }
   }
   /// GPU d's stream waits for the copies it receives.
   void wait_for_copies(int d) {
     for (const copy& c : copies) {
       if (c.link.dst == d) {
-        POOLSCOPE_BENCH_CUDA_CHECK(
+        POOLSCOPE_CUDA_CHECK(
             cudaStreamWaitEvent(streams[static_cast<std::size_t>(d)].get(), c.done.get(), 0));
       }
     }
@@ -481,10 +458,10 @@ async_floor::async_floor(int devices, std::size_t bytes, const std::vector<devic
 
 async_floor::~async_floor() {
   int previous = 0;
-  const bool known = cudaGetDevice(&previous) == cudaSuccess;
+  const bool known = ::poolscope::detail::succeeded(cudaGetDevice(&previous));
   state_.reset();  // each buffer, stream and event selects its own device to go
   if (known) {
-    (void)cudaSetDevice(previous);
+    (void)::poolscope::detail::succeeded(cudaSetDevice(previous));
   }
 }
 
@@ -520,7 +497,7 @@ baseline_seconds time_async_floor_threaded(int devices, std::size_t bytes, int r
   const auto issuer = [&](int d) {
     std::uint64_t seen = 0;
     try {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      POOLSCOPE_CUDA_CHECK(cudaSetDevice(d));
       while (!stop.load(std::memory_order_acquire)) {
         const std::uint64_t r = round.load(std::memory_order_acquire);
         if (r == seen) {
@@ -586,7 +563,7 @@ class capture_guard {
   capture_guard& operator=(const capture_guard&) = delete;
   ~capture_guard() {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess &&
+    if (::poolscope::detail::succeeded(cudaStreamIsCapturing(stream_, &status)) &&
         status != cudaStreamCaptureStatusNone) {
       cudaGraph_t partial = nullptr;
       (void)cudaStreamEndCapture(stream_, &partial);
@@ -614,31 +591,31 @@ baseline_seconds time_graph_floor(int devices, std::size_t bytes, int repeat) {
   const cudaStream_t first = st.streams[0].get();
   graph_pair g;
   {
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(0));
+    POOLSCOPE_CUDA_CHECK(cudaSetDevice(0));
     const capture_guard capture(first);
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamBeginCapture(first, cudaStreamCaptureModeThreadLocal));
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(fork.get(), first));
+    POOLSCOPE_CUDA_CHECK(cudaStreamBeginCapture(first, cudaStreamCaptureModeThreadLocal));
+    POOLSCOPE_CUDA_CHECK(cudaEventRecord(fork.get(), first));
     for (int d = 0; d < devices; ++d) {
       const auto i = static_cast<std::size_t>(d);
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(d));
+      POOLSCOPE_CUDA_CHECK(cudaSetDevice(d));
       if (d > 0) {  // GPU d's stream joins the capture by waiting for GPU 0's
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamWaitEvent(st.streams[i].get(), fork.get(), 0));
+        POOLSCOPE_CUDA_CHECK(cudaStreamWaitEvent(st.streams[i].get(), fork.get(), 0));
       }
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaMemsetAsync(st.bufs[i].get(), 0, bytes, st.streams[i].get()));
+      POOLSCOPE_CUDA_CHECK(cudaMemsetAsync(st.bufs[i].get(), 0, bytes, st.streams[i].get()));
       if (d > 0) {
-        POOLSCOPE_BENCH_CUDA_CHECK(cudaEventRecord(joins[i - 1].get(), st.streams[i].get()));
+        POOLSCOPE_CUDA_CHECK(cudaEventRecord(joins[i - 1].get(), st.streams[i].get()));
       }
     }
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaSetDevice(0));
+    POOLSCOPE_CUDA_CHECK(cudaSetDevice(0));
     for (const device_event& j : joins) {
-      POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamWaitEvent(first, j.get(), 0));
+      POOLSCOPE_CUDA_CHECK(cudaStreamWaitEvent(first, j.get(), 0));
     }
-    POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamEndCapture(first, &g.graph));
+    POOLSCOPE_CUDA_CHECK(cudaStreamEndCapture(first, &g.graph));
   }
-  POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  POOLSCOPE_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
   return time_repeated(
-      repeat, [&] { POOLSCOPE_BENCH_CUDA_CHECK(cudaGraphLaunch(g.exec, first)); },
-      [&] { POOLSCOPE_BENCH_CUDA_CHECK(cudaStreamSynchronize(first)); });
+      repeat, [&] { POOLSCOPE_CUDA_CHECK(cudaGraphLaunch(g.exec, first)); },
+      [&] { POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(first)); });
 }
 
 }  // namespace poolscope::bench::detail

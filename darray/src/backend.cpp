@@ -281,6 +281,16 @@ void buffer::add_use(const event& e) {
 
 // --- backend ---
 
+backend::backend()
+    : id_([] {
+        static std::atomic<std::uint64_t> made{0};
+        return made.fetch_add(1, std::memory_order_relaxed) + 1;
+      }()) {}
+
+std::string backend::label() const {
+  return name() + " #" + std::to_string(id_);
+}
+
 void backend::device_error(int device, const char* what) const {
   throw invalid_argument(std::string("darray ") + what + ": device " + std::to_string(device) +
                          " is not one of the " + std::to_string(device_count()) + " devices of " +
@@ -817,6 +827,7 @@ backend_stats backend::stats() const {
   s.compute_yielding = get(counters_.compute_yielding);
   s.kernel_graphs_made = get(counters_.kernel_graphs_made);
   s.kernel_graph_updates = get(counters_.kernel_graph_updates);
+  s.parts_visited = get(counters_.parts_visited);
   return s;
 }
 
@@ -1027,8 +1038,8 @@ void backend::collect_deferred(bool all) noexcept {
   }
   // A partial pass took only buffers whose uses are all complete: nothing to wait for. A full
   // one waits for the uses not known complete (after synchronize(), none: each cudaEvent wait
-  // is a driver call even on a completed event, and a chain of small ops collected one per op
-  // and device — 1.9 cudaEventSynchronize per A + B on 2 GPUs in D3's chain, docs/perf.md).
+  // is a driver call even on a completed event, which a chain of small ops would pay per op
+  // and device: docs/perf.md, "Completed events are not waited for").
   for (auto& d : done) {
     if (all) {
       for (const auto& e : d.uses) {

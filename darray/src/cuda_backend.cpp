@@ -30,10 +30,10 @@ using detail::seam::device_guard;
 using detail::seam::log_failure;
 using profiler::category;
 
-/// transport::automatic moves pieces between GPUs with the copy engines: measured on 2 x H200
-/// (docs/perf.md, bench D1, 409.6 MiB) raw cudaMemcpyPeerAsync reaches 394.7 GB/s against
-/// 359.7 GB/s for NCCL send/recv of the same bytes, and NCCL's kernels take SMs from the compute
-/// a reshard should overlap with. NCCL is used when asked for (transport::nccl).
+/// transport::automatic moves pieces between GPUs with the copy engines: raw cudaMemcpyPeerAsync
+/// moves D1's bytes faster than NCCL send/recv (docs/perf.md, "Copy engines by default, NCCL on
+/// request"), and NCCL's kernels take SMs from the compute a reshard should overlap with. NCCL is
+/// used when asked for (transport::nccl).
 constexpr bool automatic_uses_nccl = false;
 
 /// Events kept for reuse per device; more are destroyed when released.
@@ -296,8 +296,9 @@ class cuda_backend final : public backend {
   }
   // target() for an element-wise task: fewer blocks when it yields to a copy out of its device;
   // `current` (deferred) makes the device current only for a call that needs it, so a kernel
-  // graph launched as it is, the common case, switches no device (twice per GPU an op, 0.4-0.6 us
-  // of a 2-GPU op's 5-7 us chained: docs/perf.md, 32nd session).
+  // graph launched as it is, the common case, switches no device (a switch there and back per
+  // GPU is a quarter of a chained op's bookkeeping: docs/perf.md, "No device switch for a kept
+  // graph").
   [[nodiscard]] detail::launch_target map_target(int device, queue_kind q, bool yielding,
                                                  device_guard& current) const noexcept {
     detail::launch_target on = target(device, q);
@@ -396,12 +397,10 @@ cuda_backend::cuda_backend(int devices, const backend_options& options)
         }
       }
     }
-    // Launched plainly, a kernel costs about 4 us of host time per GPU: issuing each GPU's share
-    // of an op from a thread of its own overlaps those calls (1-3.5 us off D3's A + B on
-    // 2 x H200). Through a graph a launch costs 1.6 us, and a second thread in the driver slows
-    // the first's calls: on the 2 x H100 hosts measured since, the helper cost D3's chained A + B
-    // 1.3-4 us per op and the single op 0.7-4 us (docs/perf.md, nineteenth session), so with
-    // graphs the default is none.
+    // Launched plainly, a kernel costs the host several µs per GPU: issuing each GPU's share of
+    // an op from a thread of its own overlaps those calls. Through a graph a launch costs a third
+    // of that, and a second thread in the driver slows the first's calls, so the helpers make
+    // small ops slower (docs/perf.md, "Issuing threads"): with graphs the default is none.
     start_issuers(options, options.kernel_graphs ? 0 : devices - 1);
     set_yield_to_copies(options.yield_to_copies);
   } catch (...) {
@@ -592,7 +591,8 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
     detail::launch_target on{s, dev(queue_device).sm_count, dev(queue_device).graphs.get()};
     if (bytes <= small_peer_copy_bytes && on.graphs != nullptr && peer(queue_device, other)) {
       // A few KiB: the copy kernel reading (or writing) the other GPU's memory, launched as a
-      // graph, costs the host 1.6 us against 5.2 us for cudaMemcpyPeerAsync on the lent hosts.
+      // graph, costs the host a third of a cudaMemcpyPeerAsync (docs/perf.md, "Kernels launched
+      // as graphs").
       on.current = &current;
       detail::launch_copy(on, es, v[0], v[1]);
       return;
@@ -748,10 +748,11 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list, tra
 }
 
 bool cuda_backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
-  // Measured on 4 x H200 (docs/darray.md "Transports"): one NCCL group moves an all-to-all
-  // reshard alone 9 % faster than piece-by-piece copy engines, but an op fused with it 5 % slower
-  // (nothing computes before the whole group lands), and a reshard where each GPU sends to one
-  // peer 2.3 x slower. So automatic stays with copy engines unless the backend defaults to NCCL.
+  // One NCCL group moves an all-to-all reshard alone somewhat faster than piece-by-piece copy
+  // engines, but an op fused with it is slower (nothing computes before the whole group lands),
+  // and a reshard where each GPU sends to one peer much slower (docs/perf.md, "Copy engines by
+  // default, NCCL on request"). So automatic stays with copy engines unless the backend defaults
+  // to NCCL.
   return default_transport_ == transport::nccl;
 }
 

@@ -10,16 +10,16 @@
 // - A stream passed to a call of another device is an error of the caller (the runtime reports
 //   cudaErrorInvalidResourceHandle); cudaStreamWaitEvent and cudaMemcpyPeerAsync may mix devices.
 //   cudaGraphLaunch and cudaEventRecord take a stream of any device, whichever is current (the
-//   graph and the event being the stream's device's): run on 2 x H100 with compute-sanitizer,
-//   docs/perf.md, 32nd session; the backend launches kept graphs that way (device_guard's
-//   std::defer_lock).
+//   graph and the event being the stream's device's; checked on GPUs under compute-sanitizer:
+//   docs/perf.md, "No device switch for a kept graph"); the backend launches kept graphs that
+//   way (device_guard's std::defer_lock).
 //
 // Error conventions
 // - Every call returning cudaError_t, cublasStatus_t or ncclResult_t is checked with
-//   POOLSCOPE_DARRAY_CHECK, which throws poolscope::cuda_error carrying the API ("CUDA", "cuBLAS",
-//   "NCCL"), the call's source text, file:line, the library's error name and numeric code. For
-//   CUDA the runtime's last-error state is cleared first, so a failure never leaks into a later
-//   cudaGetLastError().
+//   POOLSCOPE_DARRAY_CHECK (the project's POOLSCOPE_CUDA_CHECK), which throws poolscope::cuda_error
+//   carrying the API ("CUDA", "cuBLAS", "NCCL"), the call's source text, file:line, the library's
+//   error name and numeric code. For CUDA the runtime's last-error state is cleared first, so a
+//   failure never leaks into a later cudaGetLastError().
 // - Kernel launches are checked by their own call's status (cudaLaunchKernel, cudaGraphLaunch:
 //   kernels.cu has no <<<...>>>); faults inside a kernel surface at the next synchronizing call.
 // - Release paths (destructors, deferred frees) are noexcept: they run the call through
@@ -37,61 +37,18 @@
 #include <mutex>
 #include <string>
 
+#include "poolscope/detail/cuda_check.hpp"
+#include "poolscope/detail/cuda_check_cublas.hpp"
+#include "poolscope/detail/cuda_check_nccl.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
 
 namespace poolscope::darray::detail::seam {
 
-/// The name of an NCCL result ("ncclUnhandledCudaError", ...).
-[[nodiscard]] inline const char* nccl_result_name(ncclResult_t r) noexcept {
-  switch (r) {
-    case ncclSuccess:
-      return "ncclSuccess";
-    case ncclUnhandledCudaError:
-      return "ncclUnhandledCudaError";
-    case ncclSystemError:
-      return "ncclSystemError";
-    case ncclInternalError:
-      return "ncclInternalError";
-    case ncclInvalidArgument:
-      return "ncclInvalidArgument";
-    case ncclInvalidUsage:
-      return "ncclInvalidUsage";
-    case ncclRemoteError:
-      return "ncclRemoteError";
-    case ncclInProgress:
-      return "ncclInProgress";
-    default:
-      return "ncclUnknownResult";
-  }
-}
-
-/// Throws cuda_error for a failed CUDA runtime call (after clearing the last-error state).
-[[noreturn]] inline void raise(cudaError_t s, const char* call, const char* file, int line) {
-  (void)cudaGetLastError();
-  ::poolscope::detail::throw_api_error("CUDA", static_cast<int>(s), cudaGetErrorName(s), call, file,
-                                       line);
-}
-/// Throws cuda_error for a failed cuBLAS call.
-[[noreturn]] inline void raise(cublasStatus_t s, const char* call, const char* file, int line) {
-  ::poolscope::detail::throw_api_error("cuBLAS", static_cast<int>(s), cublasGetStatusName(s), call,
-                                       file, line);
-}
-/// Throws cuda_error for a failed NCCL call.
-[[noreturn]] inline void raise(ncclResult_t s, const char* call, const char* file, int line) {
-  ::poolscope::detail::throw_api_error("NCCL", static_cast<int>(s), nccl_result_name(s), call, file,
-                                       line);
-}
-
-/// True if `s` is the library's success value.
-[[nodiscard]] constexpr bool succeeded(cudaError_t s) noexcept {
-  return s == cudaSuccess;
-}
-[[nodiscard]] constexpr bool succeeded(cublasStatus_t s) noexcept {
-  return s == CUBLAS_STATUS_SUCCESS;
-}
-[[nodiscard]] constexpr bool succeeded(ncclResult_t s) noexcept {
-  return s == ncclSuccess;
+/// Throws cuda_error for a failed call (poolscope/detail/cuda_check.hpp).
+template <typename Status>
+[[noreturn]] void raise(Status s, const char* call, const char* file, int line) {
+  ::poolscope::detail::raise_api_error(s, call, file, line);
 }
 
 /// Runs `f` (which may throw) and logs instead of throwing: for destructors and release paths.
@@ -109,11 +66,10 @@ void log_failure(const char* what, F&& f) noexcept {
 /// Number of CUDA devices; 0 when there is no driver or no GPU (the reason in `reason`).
 [[nodiscard]] inline int device_count(std::string* reason = nullptr) noexcept {
   int n = 0;
-  const cudaError_t s = cudaGetDeviceCount(&n);
-  if (s != cudaSuccess) {
-    (void)cudaGetLastError();
+  if (const char* error = nullptr;
+      !::poolscope::detail::succeeded(cudaGetDeviceCount(&n), &error)) {
     if (reason != nullptr) {
-      *reason = cudaGetErrorName(s);
+      *reason = error;
     }
     return 0;
   }
@@ -125,19 +81,8 @@ void log_failure(const char* what, F&& f) noexcept {
 
 }  // namespace poolscope::darray::detail::seam
 
-/// Checks a call returning cudaError_t, cublasStatus_t or ncclResult_t; throws
-/// poolscope::cuda_error naming the call text, file:line and the library's error name.
-///
-///   POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
-///   POOLSCOPE_DARRAY_CHECK(cublasSgemm(h, ...));
-#define POOLSCOPE_DARRAY_CHECK(call)                                                            \
-  do {                                                                                          \
-    const auto poolscope_darray_status_ = (call);                                               \
-    if (!::poolscope::darray::detail::seam::succeeded(poolscope_darray_status_)) [[unlikely]] { \
-      ::poolscope::darray::detail::seam::raise(poolscope_darray_status_, #call, __FILE__,       \
-                                               __LINE__);                                       \
-    }                                                                                           \
-  } while (false)
+/// darray's name for POOLSCOPE_CUDA_CHECK (cudaError_t, cublasStatus_t, ncclResult_t).
+#define POOLSCOPE_DARRAY_CHECK(call) POOLSCOPE_CUDA_CHECK(call)
 
 namespace poolscope::darray::detail::seam {
 

@@ -1,5 +1,6 @@
-// The executor: builds arrays, runs reshard plans and ops on a backend, one enqueue at a time,
-// with per-part events so that work waits only on the data it reads. See distributed_array.hpp.
+// The ops of distributed arrays: build arrays, and enqueue elementwise ops, reductions and matmul
+// on a backend, with per-part events so that work waits only on the data it reads (reshards:
+// reshard_executor.cpp). See distributed_array.hpp.
 #include "poolscope/darray/distributed_array.hpp"
 
 #include <algorithm>
@@ -9,8 +10,10 @@
 #include <string>
 #include <utility>
 
+#include "box_index.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/scope.hpp"
+#include "reshard_executor.hpp"
 #include "scope_sites.hpp"
 
 namespace poolscope::darray {
@@ -31,40 +34,20 @@ std::string_view to_string(array_mode m) noexcept {
   return "?";
 }
 
-namespace detail {
-struct array_state {
-  std::shared_ptr<backend> be;
-  dtype type = dtype::f32;
-  shape_t shape;
-  darray::index_map map;
-  array_mode mode = array_mode::replica;
-  std::vector<chunk> chunks;  // in map.chunks() order
-  reshard_info info;
-};
-}  // namespace detail
-
 namespace {
 
 using detail::array_state;
+using detail::bytes_of;
+using detail::chunks_of;
+using detail::completed;
+using detail::dense_buffer;
+using detail::execute_reshard;
+using detail::map_check;
+using detail::refs_of;
+using detail::view_of;
 using profiler::category;
 
 using detail::site_of;
-
-reduce_op op_of(array_mode m) {
-  switch (m) {
-    case array_mode::sum:
-      return reduce_op::sum;
-    case array_mode::prod:
-      return reduce_op::prod;
-    case array_mode::max:
-      return reduce_op::max;
-    case array_mode::min:
-      return reduce_op::min;
-    case array_mode::replica:
-      break;
-  }
-  throw logic_error("darray: a replica array has no reduction");
-}
 
 array_mode mode_of(reduce_op op) noexcept {
   switch (op) {
@@ -86,54 +69,6 @@ std::string shape_string(const shape_t& s) {
     out += (i ? ", " : "") + std::to_string(s[i]);
   }
   return out + (s.size() == 1 ? ",)" : ")");
-}
-
-std::vector<chunk_ref> refs_of(const std::vector<chunk>& chunks) {
-  std::vector<chunk_ref> out;
-  out.reserve(chunks.size());
-  std::map<int, std::size_t> next;
-  for (const auto& c : chunks) {
-    out.push_back(chunk_ref{c.device, next[c.device]++, c.region});
-  }
-  return out;
-}
-
-// Empty chunks for every box of `map`, in map.chunks() order.
-std::vector<chunk> chunks_of(const darray::index_map& map) {
-  std::vector<chunk> out;
-  for (const auto& r : map.chunks()) {
-    out.push_back(chunk{r.device, r.region, {}});
-  }
-  return out;
-}
-
-view view_of(const chunk_part& p, const box& region) {
-  return view::of_box(p.storage->data(), p.storage_box, region);
-}
-
-// The bytes of `elements` of `t`, or nullopt when they exceed INT64_MAX (the planner and the
-// backends count bytes in int64, and a size_t product would wrap around to a small buffer).
-std::optional<std::int64_t> bytes_of(std::int64_t elements, dtype t) noexcept {
-  std::int64_t bytes = 0;
-  if (__builtin_mul_overflow(elements, static_cast<std::int64_t>(size_of(t)), &bytes)) {
-    return std::nullopt;
-  }
-  return bytes;
-}
-
-// A buffer for `b` of `t` on `device`. `first_use`: the queue of `device` the buffer is first
-// written on (work enqueued after this call), which lets the backend hand over a buffer dropped
-// with its uses pending on that queue (backend::allocate); nullopt when it is not known.
-std::shared_ptr<buffer> dense_buffer(backend& be, int device, const box& b, dtype t,
-                                     std::optional<queue_kind> first_use = std::nullopt) {
-  // box::size() saturates at INT64_MAX, which bytes_of rejects too.
-  const std::optional<std::int64_t> bytes = bytes_of(b.size(), t);
-  if (!bytes) {
-    throw invalid_argument("darray: a chunk " + b.to_string() + " of " + std::string(to_string(t)) +
-                           " holds more than INT64_MAX bytes");
-  }
-  const auto n = static_cast<std::size_t>(std::max<std::int64_t>(*bytes, 1));
-  return first_use ? be.allocate(device, n, *first_use) : be.allocate(device, n);
 }
 
 // The result of a reduction of nothing (a sum over an axis of extent 0, a matmul whose inner
@@ -185,381 +120,14 @@ void check_shape(const shape_t& shape, dtype t, const std::string& what) {
 void check_pair(const array_state& a, const array_state& b, const char* what) {
   if (a.be != b.be) {
     throw invalid_argument(std::string("darray ") + what +
-                           ": operands live on different backends (" + a.be->name() + " and " +
-                           b.be->name() + ")");
+                           ": operands live on different backends (" + a.be->label() + " and " +
+                           b.be->label() + ")");
   }
   if (a.type != b.type) {
     throw invalid_argument(std::string("darray ") + what + ": dtypes " +
                            std::string(to_string(a.type)) + " and " +
                            std::string(to_string(b.type)) + " differ");
   }
-}
-
-// How execute_reshard checks a target map it has not planned for before.
-enum class map_check {
-  none,    ///< the map of an existing array (valid by construction)
-  cover,   ///< validate: bounds, devices, and every element covered
-  bounds,  ///< validate without the cover check (matmul's row requests)
-};
-
-// The plan of resharding `src` into `dst_map`: the backend's cached one, or a new one (after
-// checking the map as `check` says) that the cache then keeps.
-std::shared_ptr<const reshard_plan> plan_for(const array_state& src,
-                                             const darray::index_map& dst_map,
-                                             const std::vector<chunk>& dst_chunks, map_check check,
-                                             const plan_options& po) {
-  backend& be = *src.be;
-  const bool covering = check != map_check::bounds;
-  auto src_refs = refs_of(src.chunks);
-  if (auto cached = be.plans().find(src_refs, src.shape, dst_map, covering, po)) {
-    return cached;
-  }
-  if (check != map_check::none) {
-    dst_map.validate(src.shape, be.device_count(), covering);
-  }
-  auto plan = std::make_shared<const reshard_plan>(plan_reshard(src_refs, refs_of(dst_chunks), po));
-  be.plans().insert(plan_key{std::move(src_refs), src.shape, dst_map, covering, po}, plan);
-  return plan;
-}
-
-// Adds to `dst` the parts of `from`, an earlier destination chunk of the same reshard on the same
-// device, inside `region` (a from_dst piece): what crossed to the device once, into `from`, is read
-// where it landed (no copy), each part ready when its piece has arrived.
-void alias_received(const chunk& from, const box& region, chunk& dst) {
-  for (const chunk_part& q : from.parts) {
-    auto r = intersect(q.region, region);
-    if (r && !r->empty()) {
-      dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
-    }
-  }
-}
-
-// The remote pieces of a replica-mode reshard as one backend::copy_group (NCCL: one grouped
-// call, every link at once). NCCL moves contiguous bytes only, so a strided side goes through a
-// dense staging buffer: packed on the sender's transfer queue before the group, unpacked on the
-// receiver's after it. Every piece is complete when its receiver's transfer queue passes the
-// group (no piece can be computed on earlier). Local pieces alias the source, as piece by piece,
-// and from_dst pieces the received parts of their destination chunk once the group is issued.
-template <typename DenseOf>
-void send_as_group(const array_state& src, array_state& out, const reshard_plan& plan,
-                   transport how, DenseOf&& dense_of) {
-  static const profiler::scope_site group_site{"darray.transfer_group", category::darray_transfer};
-  const profiler::scope group_scope{group_site};
-  backend& be = *src.be;
-  struct arrival {
-    std::size_t dst_chunk;
-    box region;
-    std::shared_ptr<buffer> target;
-    std::shared_ptr<buffer> source;    // the sender's storage
-    std::shared_ptr<buffer> packed;    // its piece packed densely, or null
-    std::shared_ptr<buffer> received;  // staging to unpack from, or null
-    view unpack_to;
-    int src_device;
-  };
-  std::vector<arrival> arrivals;
-  std::vector<backend::transfer> group;
-  for (const piece& p : plan.pieces) {
-    if (p.from_dst) {
-      continue;  // after the group: the parts it reads are made there
-    }
-    chunk& dst = out.chunks[p.dst_chunk];
-    const chunk& from = src.chunks[p.src_chunk];
-    for (const chunk_part& q : from.parts) {
-      auto r = intersect(q.region, p.region);
-      if (!r || r->empty()) {
-        continue;
-      }
-      if (p.local) {
-        dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
-        continue;
-      }
-      const auto& target = dense_of(p.dst_chunk);
-      arrival a{p.dst_chunk, *r, target, q.storage, nullptr, nullptr, {}, from.device};
-      const shape_t extents = r->extents();
-      view sent = view_of(q, *r);
-      be.wait(from.device, queue_kind::transfer, q.ready);
-      if (!sent.contiguous()) {
-        a.packed = dense_buffer(be, from.device, *r, src.type);
-        const view packed = view::dense(a.packed->data(), extents);
-        be.copy(from.device, queue_kind::transfer, src.type, packed, from.device, sent,
-                from.device);
-        sent = packed;
-      }
-      view landing = view::of_box(target->data(), dst.region, *r);
-      if (!landing.contiguous()) {
-        a.received = dense_buffer(be, dst.device, *r, src.type);
-        a.unpack_to = landing;
-        landing = view::dense(a.received->data(), extents);
-      }
-      group.push_back(backend::transfer{landing, dst.device, sent, from.device});
-      arrivals.push_back(std::move(a));
-    }
-  }
-  be.copy_group(src.type, group, how);
-  for (std::size_t i = 0; i < arrivals.size(); ++i) {
-    const arrival& a = arrivals[i];
-    if (a.received) {
-      const int d = group[i].dst_device;
-      be.copy(d, queue_kind::transfer, src.type, a.unpack_to, d, group[i].dst, d);
-    }
-  }
-  // One event per device involved, after the group (and the unpacks) on its transfer queue.
-  std::map<int, event> after;
-  for (const auto& x : group) {
-    for (const int d : {x.src_device, x.dst_device}) {
-      if (after.find(d) == after.end()) {
-        after.emplace(d, be.record(d, queue_kind::transfer));
-      }
-    }
-  }
-  for (std::size_t i = 0; i < arrivals.size(); ++i) {
-    const arrival& a = arrivals[i];
-    const event& sent = after.at(a.src_device);
-    const event& arrived = after.at(group[i].dst_device);
-    a.source->add_use(sent);
-    if (a.packed) {
-      a.packed->add_use(sent);
-    }
-    a.target->add_use(arrived);
-    if (a.received) {
-      a.received->add_use(arrived);
-    }
-    out.chunks[a.dst_chunk].parts.push_back(
-        chunk_part{a.region, a.target, out.chunks[a.dst_chunk].region, arrived});
-    ++out.info.transfers;
-  }
-  for (const piece& p : plan.pieces) {
-    if (p.from_dst) {
-      alias_received(out.chunks[p.src_chunk], p.region, out.chunks[p.dst_chunk]);
-    }
-  }
-}
-
-// Chunks of fewer elements than this compute all their parts in one task (binary ops).
-constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
-// Remote pieces of at most this many bytes are copied on the receiver's compute queue (the CUDA
-// backend's copy-kernel size, cuda_backend.cpp): on 2 x H100 a cross-device event and wait cost
-// D3's fused op more than the copy is worth overlapping (docs/darray.md "Reshard").
-constexpr std::int64_t pull_on_compute_bytes = std::int64_t{64} << 10;
-
-// Called by execute_reshard with the new state and, per destination chunk, how many of its
-// first parts are in place (taken from the source on the device, no copy); may enqueue work on
-// those parts.
-using in_place_ready = std::function<void(const array_state&, const std::vector<std::size_t>&)>;
-
-// Runs the plan of a reshard of `src` into `dst_map`, returning the new state. A map not planned
-// for before is first checked as `check` says.
-// `in_place` (optional; replica sources moved piece by piece only) is called once, as soon as
-// every queue that copies a piece (not a pulled one) has its first copy enqueued, or at the end:
-// so compute on the data already in place (a fused op's) is enqueued while the first copies
-// run, instead of after the host has issued every piece (the later pieces queue behind those
-// copies anyway, which take far longer than their issue), and, with every piece issued, still
-// before the compute on what the pieces bring. The plan puts local pieces first, so their parts
-// are each chunk's first.
-std::shared_ptr<array_state> execute_reshard(const array_state& src,
-                                             const darray::index_map& dst_map,
-                                             const reshard_options& options, map_check check,
-                                             const in_place_ready& in_place = nullptr) {
-  static const profiler::scope_site reshard_site{"darray.reshard", category::darray_transfer};
-  static const profiler::scope_site piece_site{"darray.piece", category::darray_transfer};
-  const profiler::scope op_scope{reshard_site};
-  backend& be = *src.be;
-  const bool accumulate = src.mode != array_mode::replica;
-  plan_options po;
-  po.element_size = size_of(src.type);
-  // A group's pieces are not split: nothing computes on a part before the whole group lands, and
-  // NCCL moves one large send per link faster than several (docs/darray.md "Transports").
-  po.split_bytes = options.how == transport::nccl ? 0 : options.split_bytes;
-  po.accumulate = accumulate;
-  auto out = std::make_shared<array_state>();
-  out->be = src.be;
-  out->type = src.type;
-  out->shape = src.shape;
-  out->map = dst_map;
-  out->mode = array_mode::replica;
-  out->chunks = chunks_of(dst_map);
-  out->info.plan = plan_for(src, dst_map, out->chunks, check, po);
-  const reshard_plan& plan = *out->info.plan;
-
-  std::vector<std::shared_ptr<buffer>> dense(out->chunks.size());
-  // Destination chunks written only by pulls on their device's compute queue (set below).
-  std::vector<char> pulled_only;
-  auto dense_of = [&](std::size_t j) -> const std::shared_ptr<buffer>& {
-    if (!dense[j]) {
-      const chunk& c = out->chunks[j];
-      // Accumulated into on the compute queue (filled there first), or written there by pulls
-      // alone: a buffer dropped with its uses pending on that queue may serve (stream order).
-      const bool compute_first = accumulate || (j < pulled_only.size() && pulled_only[j] != 0);
-      dense[j] = dense_buffer(be, c.device, c.region, src.type,
-                              compute_first ? std::optional(queue_kind::compute) : std::nullopt);
-      if (accumulate) {
-        be.fill(c.device, queue_kind::compute, src.type,
-                view::dense(dense[j]->data(), c.region.extents()),
-                identity(op_of(src.mode), src.type));
-      }
-    }
-    return dense[j];
-  };
-
-  if (!accumulate && be.groups_transfers(plan, options.how)) {
-    send_as_group(src, *out, plan, options.how, dense_of);
-    return out;
-  }
-
-  // A small piece is pulled by the receiver on its compute queue, where the work that reads it
-  // runs: no event between queues (or devices) to record and wait for, and on a GPU one copy
-  // kernel's launch (a few microseconds of compute-queue time at most).
-  const auto pulled = [](const piece& p) { return p.bytes <= pull_on_compute_bytes; };
-  if (!accumulate) {
-    // A chunk whose every remote piece is pulled is written by no other queue.
-    pulled_only.assign(out->chunks.size(), 1);
-    for (const piece& p : plan.pieces) {
-      if (!p.local && !p.from_dst && !pulled(p)) {
-        pulled_only[p.dst_chunk] = 0;
-      }
-    }
-  }
-  std::vector<std::vector<std::shared_ptr<buffer>>> used(out->chunks.size());
-  // For in_place: per device, whether its issuing queue copies a piece (1) and has one enqueued
-  // (2); the queues still waiting for their first copy; each chunk's parts in place.
-  std::vector<char> copying;
-  std::size_t queues_waiting = 0;
-  std::vector<std::size_t> local_parts;
-  bool in_place_called = accumulate || !in_place;
-  const auto issuing_device = [&](const piece& p) {
-    return static_cast<std::size_t>(options.issue_on == copy_queue::source ? p.src_device
-                                                                           : p.dst_device);
-  };
-  const auto copied = [&](const piece& p) { return !p.local && !p.from_dst && !pulled(p); };
-  if (!in_place_called) {
-    for (const piece& p : plan.pieces) {
-      if (copied(p)) {
-        const std::size_t qd = issuing_device(p);
-        copying.resize(std::max(copying.size(), qd + 1), 0);
-        if (copying[qd] == 0) {
-          copying[qd] = 1;
-          ++queues_waiting;
-        }
-      }
-    }
-  }
-  const auto note_local_parts = [&] {
-    if (local_parts.empty()) {
-      local_parts.reserve(out->chunks.size());
-      for (const chunk& c : out->chunks) {
-        local_parts.push_back(c.parts.size());
-      }
-    }
-  };
-  const auto call_in_place = [&] {
-    if (!in_place_called) {
-      in_place_called = true;
-      note_local_parts();
-      in_place(*out, local_parts);
-    }
-  };
-  const auto execute_piece = [&](const piece& p) {
-    chunk& dst = out->chunks[p.dst_chunk];
-    if (p.from_dst) {
-      // The plan puts it after the piece it reads, so the parts it aliases are there.
-      alias_received(out->chunks[p.src_chunk], p.region, dst);
-      return;
-    }
-    const chunk& from = src.chunks[p.src_chunk];
-    for (const chunk_part& q : from.parts) {
-      auto r = intersect(q.region, p.region);
-      if (!r || r->empty()) {
-        continue;
-      }
-      if (!accumulate && p.local) {
-        // Already on the device: the new chunk reads the source's buffer (no copy).
-        dst.parts.push_back(chunk_part{*r, q.storage, q.storage_box, q.ready});
-        continue;
-      }
-      const int d = dst.device;
-      // The queue that issues the copy: the sender's or the receiver's transfer queue.
-      const int qd = options.issue_on == copy_queue::source ? from.device : d;
-      if (!accumulate) {
-        const profiler::scope piece_scope{piece_site};
-        const auto& target = dense_of(p.dst_chunk);
-        const bool pull = pulled(p);
-        const int on = pull ? d : qd;
-        const queue_kind via = pull ? queue_kind::compute : queue_kind::transfer;
-        be.wait(on, via, q.ready);
-        be.copy(on, via, src.type, view::of_box(target->data(), dst.region, *r), d, view_of(q, *r),
-                from.device, options.how);
-        const event e = be.record(on, via);
-        q.storage->add_use(e);
-        target->add_use(e);
-        dst.parts.push_back(chunk_part{*r, target, dst.region, e});
-        ++out->info.transfers;
-        continue;
-      }
-      // Partial source: combine every contribution into the destination's dense buffer.
-      const auto& target = dense_of(p.dst_chunk);
-      const reduce_op op = op_of(src.mode);
-      const view acc = view::of_box(target->data(), dst.region, *r);
-      if (p.local) {
-        be.wait(d, queue_kind::compute, q.ready);
-        be.accumulate(d, queue_kind::compute, src.type, op, acc, view_of(q, *r));
-        used[p.dst_chunk].push_back(q.storage);
-      } else {
-        const profiler::scope piece_scope{piece_site};
-        auto staging = dense_buffer(be, d, *r, src.type);
-        const view staged = view::dense(staging->data(), r->extents());
-        be.wait(qd, queue_kind::transfer, q.ready);
-        be.copy(qd, queue_kind::transfer, src.type, staged, d, view_of(q, *r), from.device,
-                options.how);
-        const event arrived = be.record(qd, queue_kind::transfer);
-        q.storage->add_use(arrived);
-        be.wait(d, queue_kind::compute, arrived);
-        be.accumulate(d, queue_kind::compute, src.type, op, acc, staged);
-        used[p.dst_chunk].push_back(std::move(staging));
-        ++out->info.transfers;
-      }
-    }
-  };
-  for (const piece& p : plan.pieces) {
-    bool last_first_copy = false;  // the last queue to start copying starts with this piece
-    if (!in_place_called) {
-      if (!p.local || p.from_dst) {
-        note_local_parts();  // the local pieces are done
-      }
-      if (copied(p) && copying[issuing_device(p)] == 1) {
-        copying[issuing_device(p)] = 2;
-        last_first_copy = --queues_waiting == 0;
-      }
-    }
-    execute_piece(p);
-    if (last_first_copy) {
-      call_in_place();
-    }
-  }
-  call_in_place();
-  if (accumulate) {
-    for (std::size_t j = 0; j < out->chunks.size(); ++j) {
-      chunk& c = out->chunks[j];
-      if (c.region.empty()) {
-        continue;
-      }
-      const auto& target = dense_of(j);
-      const event e = be.record(c.device, queue_kind::compute);
-      target->add_use(e);
-      for (const auto& u : used[j]) {
-        u->add_use(e);
-      }
-      c.parts.push_back(chunk_part{c.region, target, c.region, e});
-    }
-  }
-  return out;
-}
-
-// The state of `h`, completed to replica mode if it is partial.
-std::shared_ptr<const array_state> completed(const std::shared_ptr<const array_state>& s) {
-  if (s->mode == array_mode::replica) {
-    return s;
-  }
-  return execute_reshard(*s, s->map.deduplicated(), {}, map_check::cover);
 }
 
 }  // namespace
@@ -732,6 +300,9 @@ array_handle array_handle::change_mode(array_mode m) const {
 }
 
 namespace {
+// Chunks of fewer elements than this compute all their parts in one task (binary ops).
+constexpr std::int64_t batch_parts_below = std::int64_t{1} << 20;
+
 // A new replica-mode state on `s`'s backend, dtype, shape and map, with empty chunks.
 std::shared_ptr<array_state> same_layout(const array_state& s) {
   auto out = std::make_shared<array_state>();
@@ -771,25 +342,26 @@ std::vector<std::pair<std::size_t, std::shared_ptr<buffer>>> output_buffers(back
 // came from a reshard) go before any device's parts that wait for a copy; a small chunk (`whole`)
 // has all its parts done in round 0, so a small op is one pass over the devices however many
 // parts it has. parts(k): job k's part count; work(k, first, last): enqueue its parts [first,
-// last) (all of them for a whole chunk).
+// last) (all of them for a whole chunk). Each later round hands issue_each only the jobs with a
+// part left (in job order), so the rounds cost the parts, not the rounds times the chunks.
 template <typename Parts, typename Whole, typename Work>
 void issue_in_rounds(backend& be, std::size_t jobs, Parts parts, Whole whole, Work work) {
-  std::size_t rounds = 1;
+  be.issue_each(jobs, [&](std::size_t k) {
+    if (whole(k)) {
+      work(k, std::size_t{0}, parts(k));
+    } else if (parts(k) > 0) {
+      work(k, std::size_t{0}, std::size_t{1});
+    }
+  });
+  std::vector<std::size_t> left;  // the large jobs with parts after this round's
   for (std::size_t k = 0; k < jobs; ++k) {
-    if (!whole(k)) {
-      rounds = std::max(rounds, parts(k));
+    if (!whole(k) && parts(k) > 1) {
+      left.push_back(k);
     }
   }
-  for (std::size_t round = 0; round < rounds; ++round) {
-    be.issue_each(jobs, [&](std::size_t k) {
-      if (whole(k)) {
-        if (round == 0) {
-          work(k, std::size_t{0}, parts(k));
-        }
-      } else if (round < parts(k)) {
-        work(k, round, round + 1);
-      }
-    });
+  for (std::size_t round = 1; !left.empty(); ++round) {
+    be.issue_each(left.size(), [&](std::size_t i) { work(left[i], round, round + 1); });
+    std::erase_if(left, [&](std::size_t k) { return parts(k) <= round + 1; });
   }
 }
 
@@ -798,6 +370,12 @@ std::shared_ptr<array_state> map_parts(const array_state& s, Enqueue enqueue) {
   backend& be = *s.be;
   auto out = same_layout(s);
   const auto jobs = output_buffers(be, s);
+  std::uint64_t visited = 0;
+  for (std::size_t j = 0; j < s.chunks.size(); ++j) {
+    visited += s.chunks[j].parts.size();
+    out->chunks[j].parts.reserve(s.chunks[j].parts.size());
+  }
+  be.count_parts_visited(visited);
   issue_in_rounds(
       be, jobs.size(), [&](std::size_t k) { return s.chunks[jobs[k].first].parts.size(); },
       [&](std::size_t k) { return s.chunks[jobs[k].first].region.size() < batch_parts_below; },
@@ -860,6 +438,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
     box region;
   };
   std::vector<std::size_t> parts_done(jobs.size(), 0);
+  std::uint64_t visited = 0;
   // Enqueues the compute of the right parts of `ys` not yet done; with `in_place` (each chunk's
   // count of leading parts in place), only those, and only for chunks large enough to compute
   // part by part (a small chunk's parts go in one task once all have arrived, below).
@@ -876,16 +455,21 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
         continue;
       }
       const auto& parts = ys.chunks[j].parts;
+      const auto& left = x->chunks[j].parts;
+      const std::size_t from = parts_done[k];
       const std::size_t end = in_place != nullptr ? (*in_place)[j] : parts.size();
-      for (std::size_t i = parts_done[k]; i < end; ++i) {
-        for (const auto& pa : x->chunks[j].parts) {
-          auto r = intersect(pa.region, parts[i].region);
-          if (r && !r->empty()) {
-            pairs.push_back(pair_part{&pa, &parts[i], std::move(*r)});
-          }
-        }
-      }
+      // Each right part with the left parts it meets, in the right parts' order (arrival).
+      visited += detail::for_each_meeting(
+          left.size(), [&](std::size_t i) -> const box& { return left[i].region; }, end - from,
+          [&](std::size_t i) -> const box& { return parts[from + i].region; },
+          [&](std::size_t l, std::size_t r, box common) {
+            pairs.push_back(pair_part{&left[l], &parts[from + r], std::move(common)});
+          });
       parts_done[k] = end;
+      // One output part per pair (room made once: a chunk of many parts would otherwise grow
+      // its list by copies).
+      auto& made = out->chunks[j].parts;
+      made.reserve(made.size() + (pairs.size() - begin[k]));
     }
     begin[jobs.size()] = pairs.size();
     issue_in_rounds(
@@ -942,6 +526,7 @@ array_handle array_handle::binary(binary_op op, const array_handle& a, const arr
   }
   out->info = y->info;
   issue(*y, nullptr);
+  be.count_parts_visited(visited);
   return array_handle(std::move(out));
 }
 
@@ -993,6 +578,7 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
   out->mode = mode_of(op);
   out->shape = std::move(out_shape);
   const auto owned = owned_regions(refs_of(s->chunks));
+  std::uint64_t visited = s->chunks.size();
   for (std::size_t i = 0; i < s->chunks.size(); ++i) {
     const chunk& c = s->chunks[i];
     if (owned[i].empty() || c.region.empty()) {
@@ -1003,20 +589,19 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
     be.fill(c.device, queue_kind::compute, s->type, view::dense(o->data(), out_box.extents()),
             identity(op, s->type));
     std::vector<std::shared_ptr<buffer>> used;
-    for (const auto& own : owned[i]) {
-      for (const auto& q : c.parts) {
-        auto r = intersect(own, q.region);
-        if (!r || r->empty()) {
-          continue;
-        }
-        be.wait(c.device, queue_kind::compute, q.ready);
-        const view acc = axis ? view::of_box(o->data(), out_box, drop_axis(*r, *axis))
-                              : view::dense(o->data(), {});
-        be.reduce(c.device, queue_kind::compute, s->type, op, acc, view_of(q, *r),
-                  axis ? static_cast<int>(*axis) : -1);
-        used.push_back(q.storage);
-      }
-    }
+    // Each owned region with the parts it meets, in the owned regions' order, then the parts'.
+    visited += detail::for_each_meeting(
+        c.parts.size(), [&](std::size_t k) -> const box& { return c.parts[k].region; },
+        owned[i].size(), [&](std::size_t k) -> const box& { return owned[i][k]; },
+        [&](std::size_t k, std::size_t, const box& r) {
+          const chunk_part& q = c.parts[k];
+          be.wait(c.device, queue_kind::compute, q.ready);
+          const view acc = axis ? view::of_box(o->data(), out_box, drop_axis(r, *axis))
+                                : view::dense(o->data(), {});
+          be.reduce(c.device, queue_kind::compute, s->type, op, acc, view_of(q, r),
+                    axis ? static_cast<int>(*axis) : -1);
+          used.push_back(q.storage);
+        });
     const event e = be.record(c.device, queue_kind::compute);
     o->add_use(e);
     for (const auto& u : used) {
@@ -1028,6 +613,7 @@ array_handle array_handle::reduce(reduce_op op, std::optional<std::size_t> axis)
   // chunks must be in map.chunks() order (by device, then position).
   std::stable_sort(out->chunks.begin(), out->chunks.end(),
                    [](const chunk& l, const chunk& r) { return l.device < r.device; });
+  be.count_parts_visited(visited);
   return array_handle(std::move(out));
 }
 
@@ -1073,19 +659,30 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
   // Where each owned block of `a` needs rows of `b`: one destination chunk per block.
   const auto owned = owned_regions(refs_of(x->chunks));
   darray::index_map need;
+  // An owned block of a chunk of `a`, with the chunk's parts inside it (part index, region).
   struct task {
     std::size_t a_chunk;
     box a_block;
+    std::vector<std::pair<std::size_t, box>> a_parts;
   };
   std::vector<task> tasks;
+  std::uint64_t visited = x->chunks.size();
   for (std::size_t i = 0; i < x->chunks.size(); ++i) {
+    const std::size_t first = tasks.size();
     for (const auto& o : owned[i]) {
       if (o.empty()) {
         continue;
       }
       need.add(x->chunks[i].device, box{{o.dims[1], slice{0, n}}});
-      tasks.push_back(task{i, o});
+      tasks.push_back(task{i, o, {}});
     }
+    const auto& parts = x->chunks[i].parts;
+    visited += detail::for_each_meeting(
+        parts.size(), [&](std::size_t k) -> const box& { return parts[k].region; },
+        tasks.size() - first, [&](std::size_t t) -> const box& { return tasks[first + t].a_block; },
+        [&](std::size_t k, std::size_t t, box common) {
+          tasks[first + t].a_parts.emplace_back(k, std::move(common));
+        });
   }
   const auto rows = execute_reshard(*y, need, {}, map_check::bounds);
 
@@ -1104,35 +701,34 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
     be.fill(d, queue_kind::compute, x->type, view::dense(o->data(), c_box.extents()),
             scalar::of(0));
     std::vector<std::shared_ptr<buffer>> used;
-    // Rows of b in arrival order: each block multiplies as soon as it is there.
-    for (const auto& pb : rows->chunks[t].parts) {
-      for (const auto& pa : ac.parts) {
-        auto ra = intersect(pa.region, blk);
-        if (!ra || ra->empty()) {
-          continue;
-        }
-        const slice k = intersect(ra->dims[1], pb.region.dims[0]);
-        if (k.empty()) {
-          continue;
-        }
-        be.wait(d, queue_kind::compute, pa.ready);
-        be.wait(d, queue_kind::compute, pb.ready);
-        // A gemm needs unit column strides: a strided k (the columns of a) or strided columns
-        // of b (and so of c) go as one gemm per index.
-        for (const slice& kr : unit_runs(k)) {
-          for (const slice& cols : unit_runs(pb.region.dims[1])) {
-            const box a_box{{ra->dims[0], kr}};
-            const box b_box{{kr, cols}};
-            const box out_box{{ra->dims[0], cols}};
-            be.gemm_accumulate(d, queue_kind::compute, x->type,
-                               view::of_box(o->data(), c_box, out_box), view_of(pa, a_box),
-                               view_of(pb, b_box));
+    // Rows of b in arrival order: each block multiplies as soon as it is there, with the parts of
+    // a whose columns (the inner axis) meet its rows.
+    const auto& a_parts = tasks[t].a_parts;
+    const auto& b_parts = rows->chunks[t].parts;
+    visited += detail::for_each_meeting(
+        a_parts.size(), [&](std::size_t i) { return box{{a_parts[i].second.dims[1]}}; },
+        b_parts.size(), [&](std::size_t i) { return box{{b_parts[i].region.dims[0]}}; },
+        [&](std::size_t ia, std::size_t ib, const box& inner) {
+          const chunk_part& pa = ac.parts[a_parts[ia].first];
+          const box& ra = a_parts[ia].second;
+          const chunk_part& pb = b_parts[ib];
+          be.wait(d, queue_kind::compute, pa.ready);
+          be.wait(d, queue_kind::compute, pb.ready);
+          // A gemm needs unit column strides: a strided k (the columns of a) or strided columns
+          // of b (and so of c) go as one gemm per index.
+          for (const slice& kr : unit_runs(inner.dims[0])) {
+            for (const slice& cols : unit_runs(pb.region.dims[1])) {
+              const box a_box{{ra.dims[0], kr}};
+              const box b_box{{kr, cols}};
+              const box out_box{{ra.dims[0], cols}};
+              be.gemm_accumulate(d, queue_kind::compute, x->type,
+                                 view::of_box(o->data(), c_box, out_box), view_of(pa, a_box),
+                                 view_of(pb, b_box));
+            }
           }
-        }
-        used.push_back(pa.storage);
-        used.push_back(pb.storage);
-      }
-    }
+          used.push_back(pa.storage);
+          used.push_back(pb.storage);
+        });
     const event e = be.record(d, queue_kind::compute);
     o->add_use(e);
     for (const auto& u : used) {
@@ -1143,6 +739,7 @@ array_handle array_handle::matmul(const array_handle& a, const array_handle& b) 
   }
   std::stable_sort(out->chunks.begin(), out->chunks.end(),
                    [](const chunk& l, const chunk& r) { return l.device < r.device; });
+  be.count_parts_visited(visited);
   return array_handle(std::move(out));
 }
 

@@ -133,17 +133,19 @@ T apply(binary_op op, T a, T b) noexcept {
       }
       return a / b;
     case binary_op::maximum:
-      if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) {
-          return std::numeric_limits<T>::quiet_NaN();
-        }
-      }
-      return a < b ? b : a;
     case binary_op::minimum:
       if constexpr (std::is_floating_point_v<T>) {
-        if (std::isnan(a) || std::isnan(b)) {
-          return std::numeric_limits<T>::quiet_NaN();
+        // A NaN operand is the result, the first when both are (as the kernels' max_of/min_of):
+        // the backends agree to the bit.
+        if (std::isnan(a)) {
+          return a;
         }
+        if (std::isnan(b)) {
+          return b;
+        }
+      }
+      if (op == binary_op::maximum) {
+        return a < b ? b : a;
       }
       return b < a ? b : a;
     case binary_op::pow:

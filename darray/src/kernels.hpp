@@ -41,10 +41,10 @@ namespace poolscope::darray::detail {
 /// new executable while it has fewer than `per_kernel`, or its least recently used one takes the
 /// new grid and arguments (cudaGraphExecKernelNodeSetParams). An op
 /// repeated on the same buffers (a pool hands a loop's step the same blocks), or alternating
-/// between a few, so pays one graph launch per kernel, the cheapest way to enqueue one on the lent
-/// hosts: a kernel and an event record on each of 4 H100s took 5.7-9.8 us of host time launched
-/// as they are, 7.7-13.0 with new arguments, 15.2-19.1 through cudaLaunchKernel (a memset instead
-/// of the kernel 5.0-7.5; docs/perf.md, twenty-eighth session). Instantiating an executable costs
+/// between a few, so pays one graph launch per kernel, the cheapest way to enqueue one: cheaper
+/// than with new arguments, far cheaper than cudaLaunchKernel, and about what a memset costs
+/// (docs/perf.md, "Graph executables launched as they are"). A launch's key is each argument's
+/// bytes in turn, the argument types free of padding. Instantiating an executable costs
 /// tens of microseconds of host time, once. The GPU sees the same kernel with the same grid and
 /// arguments, in stream order: an executable's launches are ordered behind its earlier ones,
 /// which are on the same stream already, and setting parameters affects only later launches.

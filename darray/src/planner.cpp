@@ -5,7 +5,10 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <tuple>
 #include <utility>
+
+#include "box_index.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -126,7 +129,49 @@ void split_region(const box& region, std::int64_t element_size, std::int64_t lim
   }
 }
 
-// Builds the pieces of one plan; see plan_reshard.
+// The chunks of a list grouped by device, each group indexed by its boxes: which chunks of one
+// device meet a box, without visiting the device's other chunks or other devices' chunks.
+class chunks_by_device {
+ public:
+  explicit chunks_by_device(const std::vector<chunk_ref>& list) {
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      groups_[list[i].device].members.push_back(i);
+    }
+    for (auto& [device, g] : groups_) {
+      g.index = detail::box_index(
+          g.members.size(), [&](std::size_t k) -> const box& { return list[g.members[k]].region; });
+    }
+  }
+
+  // Appends to `out` (cleared first) the chunks of `device` whose boxes may meet `q`, in
+  // increasing order of their position in the list. Returns the nodes and boxes visited.
+  std::uint64_t meeting(int device, const box& q, std::vector<std::size_t>& out) const {
+    out.clear();
+    const auto g = groups_.find(device);
+    if (g == groups_.end()) {
+      return 0;
+    }
+    found_.clear();
+    const std::uint64_t visited = g->second.index.candidates(q, found_);
+    for (const std::uint32_t k : found_) {
+      out.push_back(g->second.members[k]);
+    }
+    std::sort(out.begin(), out.end());
+    return visited;
+  }
+
+ private:
+  struct group {
+    std::vector<std::size_t> members;  // positions in list_, increasing
+    detail::box_index index;           // over the members' boxes
+  };
+  std::map<int, group> groups_;
+  mutable std::vector<std::uint32_t> found_;
+};
+
+// Builds the pieces of one plan; see plan_reshard. Every search for the chunks meeting a box goes
+// through an index (box_index.hpp), so planning costs O(pieces log chunks) for maps whose chunks
+// tile the array, not O(src * dst).
 class plan_builder {
  public:
   plan_builder(const std::vector<chunk_ref>& src, const std::vector<chunk_ref>& dst,
@@ -135,9 +180,27 @@ class plan_builder {
         dst_(dst),
         options_(options),
         element_size_(static_cast<std::int64_t>(options.element_size)),
-        received_(dst.size()) {}
+        received_(dst.size()),
+        src_index_(src.size(), [&](std::size_t i) -> const box& { return src[i].region; }),
+        src_on_device_(src),
+        dst_on_device_(dst) {
+    visited_ = src.size() + 2 * dst.size();
+    src_disjoint_ = !options.accumulate && sources_disjoint();
+    feeds_later_.assign(dst.size(), 0);
+    std::vector<std::size_t> meeting;
+    for (std::size_t j = 0; j < dst.size(); ++j) {
+      visited_ += dst_on_device_.meeting(dst[j].device, dst[j].region, meeting);
+      for (const std::size_t k : meeting) {
+        if (k > j && intersect(dst[j].region, dst[k].region)) {
+          feeds_later_[j] = 1;
+          break;
+        }
+      }
+    }
+  }
 
   reshard_plan build() {
+    reserve_pieces();
     for (std::size_t j = 0; j < dst_.size(); ++j) {
       if (dst_[j].region.empty()) {
         continue;
@@ -152,6 +215,22 @@ class plan_builder {
   }
 
  private:
+  // Makes room for the pieces the plan will likely have: a source chunk per destination chunk it
+  // meets (exact for chunks that tile the array, and at most that for disjoint sources), so that
+  // a plan of millions of pieces is not grown by copies (each holding the list twice).
+  void reserve_pieces() {
+    if (!src_disjoint_ && !options_.accumulate) {
+      return;
+    }
+    std::size_t likely = 0;
+    for (const chunk_ref& d : dst_) {
+      found_.clear();
+      visited_ += src_index_.candidates(d.region, found_);
+      likely += found_.size();
+    }
+    remote_.reserve(likely);
+  }
+
   // A piece of `region` into destination chunk j from chunk `from` on device `from_device`.
   [[nodiscard]] piece make_piece(std::size_t from, int from_device, std::size_t j,
                                  box region) const {
@@ -171,11 +250,15 @@ class plan_builder {
     p.in_place = p.local && same_elements(src_[i].region, dst_[j].region);
     if (!p.local) {
       load_[p.src_device] += p.bytes;
-      if (!options_.accumulate) {
+      if (!options_.accumulate && feeds_later_[j] != 0) {
         received_[j].push_back(p.region);
       }
     }
-    (p.local ? local_ : remote_).push_back(std::move(p));
+    if (p.local) {
+      local_.push_back(std::move(p));
+    } else {
+      remote_.push_back(std::move(p));
+    }
   }
 
   // Takes the parts of `rest` that destination chunk k (before j, on j's device) receives from
@@ -192,7 +275,10 @@ class plan_builder {
 
   // Every intersection is a piece: the executor reduces them.
   void plan_partial(std::size_t j) {
-    for (std::size_t i = 0; i < src_.size(); ++i) {
+    found_.clear();
+    visited_ += src_index_.candidates(dst_[j].region, found_);
+    std::sort(found_.begin(), found_.end());
+    for (const std::uint32_t i : found_) {
       if (auto c = intersect(src_[i].region, dst_[j].region)) {
         emit(i, j, std::move(*c));
       }
@@ -206,8 +292,9 @@ class plan_builder {
 
   // Hands `take` each part of `rest` inside `holder` and leaves the others in `rest`.
   template <typename Take>
-  static void carve(std::vector<box>& rest, const box& holder, Take&& take) {
+  void carve(std::vector<box>& rest, const box& holder, Take&& take) {
     std::vector<box> next;
+    visited_ += rest.size();
     for (const box& r : rest) {
       std::optional<box> c = intersect(r, holder);
       if (!c) {
@@ -225,14 +312,12 @@ class plan_builder {
   // Each element of the destination chunk once: from its own device if held there (a chunk with
   // the same box first, so that it is in place), else from an earlier destination chunk on the
   // device that receives it (so it crosses once), else from the least-loaded remote holder.
+  // Chunks whose boxes do not meet the destination chunk's would take nothing: the indexes leave
+  // them out, and the others go in list order.
   void plan_replica(std::size_t j) {
     const int device = dst_[j].device;
     std::vector<std::size_t> locals;
-    for (std::size_t i = 0; i < src_.size(); ++i) {
-      if (src_[i].device == device && !src_[i].region.empty()) {
-        locals.push_back(i);
-      }
-    }
+    visited_ += src_on_device_.meeting(device, dst_[j].region, locals);
     std::stable_partition(locals.begin(), locals.end(), [&](std::size_t i) {
       return same_elements(src_[i].region, dst_[j].region);
     });
@@ -240,20 +325,60 @@ class plan_builder {
     for (const std::size_t i : locals) {
       take_from(i, j, rest);
     }
-    for (std::size_t k = 0; k < j && !rest.empty(); ++k) {
-      if (dst_[k].device == device && !received_[k].empty()) {
-        take_received(k, j, rest);
+    if (!rest.empty()) {
+      std::vector<std::size_t> earlier;
+      visited_ += dst_on_device_.meeting(device, dst_[j].region, earlier);
+      for (const std::size_t k : earlier) {
+        if (k >= j || rest.empty()) {
+          break;
+        }
+        if (!received_[k].empty()) {
+          take_received(k, j, rest);
+        }
       }
     }
-    // A region goes to the least-loaded device among those holding any of it; what that device
-    // does not hold goes back to the front of the queue. Every element so comes from the least-
-    // loaded of its own holders, and each round removes a holder, so the loop ends.
+    if (src_disjoint_) {
+      take_sole_holders(j, rest);
+    } else {
+      take_least_loaded(j, rest);
+    }
+  }
+
+  // The rest of destination chunk j when no two source chunks share an element: every element has
+  // one holder, so whatever the loads, each part of `rest` a source chunk holds comes from that
+  // chunk, in one piece per part of `rest` and chunk (take_least_loaded, which carves the parts
+  // holder by holder, may cut a chunk's share where an earlier holder's was cut out: the same
+  // elements in as many pieces or more, at O(h^2) for h holders).
+  void take_sole_holders(std::size_t j, const std::vector<box>& rest) {
+    for (const box& r : rest) {
+      found_.clear();
+      visited_ += src_index_.candidates(r, found_);
+      std::sort(found_.begin(), found_.end());
+      for (const std::uint32_t i : found_) {
+        if (std::optional<box> c = intersect(r, src_[i].region)) {
+          emit(i, j, std::move(*c));
+        }
+      }
+    }
+  }
+
+  // The rest of destination chunk j from replicated sources: a region goes to the least-loaded
+  // device among those holding any of it; what that device does not hold goes back to the front
+  // of the queue. Every element so comes from the least-loaded of its own holders, and each round
+  // removes a holder, so the loop ends. Each round queries the holders of its region: O(h^2) for a
+  // region of h holders (the choice depends on loads that change as pieces are taken).
+  void take_least_loaded(std::size_t j, const std::vector<box>& rest) {
+    const int device = dst_[j].device;
     std::deque<box> queue(rest.begin(), rest.end());
+    std::vector<std::size_t> holders;
     while (!queue.empty()) {
       const box r = std::move(queue.front());
       queue.pop_front();
       std::optional<int> chosen;
-      for (const chunk_ref& s : src_) {
+      found_.clear();
+      visited_ += src_index_.candidates(r, found_);
+      for (const std::uint32_t i : found_) {
+        const chunk_ref& s = src_[i];
         if (s.device == device || (chosen && load_[s.device] > load_[*chosen]) ||
             (chosen && load_[s.device] == load_[*chosen] && s.device >= *chosen)) {
           continue;
@@ -266,52 +391,96 @@ class plan_builder {
         continue;  // no source holds it: left out (see plan_reshard)
       }
       std::vector<box> parts{r};
-      for (std::size_t i = 0; i < src_.size(); ++i) {
-        if (src_[i].device == *chosen) {
-          take_from(i, j, parts);
-        }
+      visited_ += src_on_device_.meeting(*chosen, r, holders);
+      for (const std::size_t i : holders) {
+        take_from(i, j, parts);
       }
       queue.insert(queue.begin(), parts.begin(), parts.end());
     }
   }
 
-  reshard_plan finish() {
-    std::vector<piece> remote;
-    if (options_.split_bytes > 0) {
-      for (piece& p : remote_) {
-        if (p.bytes <= options_.split_bytes) {
-          remote.push_back(std::move(p));
-          continue;
-        }
-        std::vector<box> parts;
-        split_region(p.region, element_size_, options_.split_bytes, parts);
-        for (box& part : parts) {
-          piece q = p;
-          q.bytes = part.size() * element_size_;
-          q.region = std::move(part);
-          remote.push_back(std::move(q));
+  // Whether no two source chunks share an element (one index query per chunk; stops at the first
+  // pair that does).
+  bool sources_disjoint() {
+    for (std::size_t i = 0; i < src_.size(); ++i) {
+      found_.clear();
+      visited_ += src_index_.candidates(src_[i].region, found_);
+      for (const std::uint32_t k : found_) {
+        if (k != i && intersect(src_[i].region, src_[k].region)) {
+          return false;
         }
       }
-    } else {
-      remote = std::move(remote_);
     }
-    // Each from_dst piece cut along the remote pieces (after splitting) of the chunk it takes
-    // from: every part follows the one piece it waits for.
+    return true;
+  }
+
+  // The remote pieces after splitting, in the order they were found (remote_ is released).
+  std::vector<piece> split_remote() {
+    const bool splits = options_.split_bytes > 0 &&
+                        std::any_of(remote_.begin(), remote_.end(),
+                                    [&](const piece& p) { return p.bytes > options_.split_bytes; });
+    if (!splits) {
+      return std::move(remote_);
+    }
+    std::vector<piece> remote;
+    remote.reserve(remote_.size());
+    std::vector<box> parts;
+    for (piece& p : remote_) {
+      if (p.bytes <= options_.split_bytes) {
+        remote.push_back(std::move(p));
+        continue;
+      }
+      parts.clear();
+      split_region(p.region, element_size_, options_.split_bytes, parts);
+      for (box& part : parts) {
+        piece q = p;
+        q.bytes = part.size() * element_size_;
+        q.region = std::move(part);
+        remote.push_back(std::move(q));
+      }
+    }
+    std::vector<piece>().swap(remote_);
+    return remote;
+  }
+
+  // Each from_dst piece cut along the remote pieces (after splitting) of the chunk it takes from:
+  // (k, cut) for each cut that follows remote[k], by increasing k, in from_dst_ order for one k.
+  std::vector<std::pair<std::size_t, piece>> cut_from_dst(const std::vector<piece>& remote) {
+    std::vector<std::pair<std::size_t, piece>> after;
+    if (from_dst_.empty()) {
+      return after;
+    }
     std::vector<std::vector<std::size_t>> remote_into(dst_.size());
     for (std::size_t k = 0; k < remote.size(); ++k) {
       remote_into[remote[k].dst_chunk].push_back(k);
     }
-    std::vector<std::vector<piece>> after(remote.size());
-    for (const piece& p : from_dst_) {
-      for (const std::size_t k : remote_into[p.src_chunk]) {
-        if (std::optional<box> c = intersect(p.region, remote[k].region)) {
-          piece q = p;
-          q.bytes = c->size() * element_size_;
-          q.region = std::move(*c);
-          after[k].push_back(std::move(q));
-        }
-      }
+    std::vector<std::vector<std::size_t>> reading(dst_.size());  // from_dst pieces by chunk read
+    for (std::size_t m = 0; m < from_dst_.size(); ++m) {
+      reading[from_dst_[m].src_chunk].push_back(m);
     }
+    for (std::size_t c = 0; c < dst_.size(); ++c) {
+      const auto& into = remote_into[c];
+      const auto& readers = reading[c];
+      visited_ += detail::for_each_meeting(
+          into.size(), [&](std::size_t i) -> const box& { return remote[into[i]].region; },
+          readers.size(), [&](std::size_t m) -> const box& { return from_dst_[readers[m]].region; },
+          [&](std::size_t i, std::size_t m, box common) {
+            piece q = from_dst_[readers[m]];
+            q.bytes = common.size() * element_size_;
+            q.region = std::move(common);
+            after.emplace_back(into[i], std::move(q));
+          });
+    }
+    // Found by reader (from_dst_ order) within each chunk: a stable sort by k keeps that order.
+    std::stable_sort(after.begin(), after.end(),
+                     [](const auto& l, const auto& r) { return l.first < r.first; });
+    return after;
+  }
+
+  // The issue order of the remote pieces (see the file comment of planner.hpp).
+  std::vector<std::size_t> remote_order(
+      const std::vector<piece>& remote,
+      const std::vector<std::pair<std::size_t, piece>>& after) const {
     // Position in the destination chunk as a fraction offset / size, compared exactly. A piece
     // that later chunks also read (from_dst) takes the earliest of their positions, so each of
     // them gets its first elements early too.
@@ -326,11 +495,11 @@ class plan_builder {
     std::vector<std::pair<std::int64_t, std::int64_t>> position(remote.size());
     for (std::size_t k = 0; k < remote.size(); ++k) {
       position[k] = position_of(remote[k]);
-      for (const piece& q : after[k]) {
-        const auto at = position_of(q);
-        if (earlier(at, position[k])) {
-          position[k] = at;
-        }
+    }
+    for (const auto& [k, q] : after) {
+      const auto at = position_of(q);
+      if (earlier(at, position[k])) {
+        position[k] = at;
       }
     }
     std::vector<std::size_t> order(remote.size());
@@ -349,17 +518,70 @@ class plan_builder {
       }
       return remote[a].src_device < remote[b].src_device;
     });
+    return order;
+  }
 
-    reshard_plan plan;
-    plan.pieces = std::move(local_);
-    for (const std::size_t k : order) {
-      plan.pieces.push_back(std::move(remote[k]));
-      for (piece& q : after[k]) {
-        plan.pieces.push_back(std::move(q));
+  // The plan's pieces in issue order: local pieces first, then each remote piece by `order`, each
+  // followed by its from_dst cuts. The local pieces and the cuts are appended to `remote`, which is
+  // then permuted in place: a plan of millions of pieces is never held twice.
+  std::vector<piece> ordered_pieces(std::vector<piece>& remote,
+                                    std::vector<std::pair<std::size_t, piece>>& after,
+                                    const std::vector<std::size_t>& order) {
+    const std::size_t remotes = remote.size();
+    const std::size_t locals = local_.size();
+    std::vector<piece> all = std::move(remote);
+    all.reserve(remotes + locals + after.size());
+    all.insert(all.end(), std::make_move_iterator(local_.begin()),
+               std::make_move_iterator(local_.end()));
+    std::vector<piece>().swap(local_);
+    // The cuts of remote piece k are after[first_cut[k], first_cut[k + 1]) (after is by k).
+    std::vector<std::size_t> first_cut;
+    if (!after.empty()) {
+      first_cut.assign(remotes + 1, 0);
+      for (auto& cut : after) {
+        ++first_cut[cut.first + 1];
+        all.push_back(std::move(cut.second));
+      }
+      for (std::size_t k = 0; k < remotes; ++k) {
+        first_cut[k + 1] += first_cut[k];
       }
     }
+    after.clear();
+    // target[i]: where all[i] goes. Remote piece k is at k, local piece i at remotes + i, cut c at
+    // remotes + locals + c.
+    std::vector<std::size_t> target(all.size());
+    for (std::size_t i = 0; i < locals; ++i) {
+      target[remotes + i] = i;
+    }
+    std::size_t next = locals;
+    for (const std::size_t k : order) {
+      target[k] = next++;
+      if (!first_cut.empty()) {
+        for (std::size_t c = first_cut[k]; c < first_cut[k + 1]; ++c) {
+          target[remotes + locals + c] = next++;
+        }
+      }
+    }
+    // Cycles of the permutation: each swap puts one piece where it belongs.
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      while (target[i] != i) {
+        const std::size_t t = target[i];
+        std::swap(all[i], all[t]);
+        std::swap(target[i], target[t]);
+      }
+    }
+    return all;
+  }
+
+  reshard_plan finish() {
+    std::vector<piece> remote = split_remote();
+    std::vector<std::pair<std::size_t, piece>> after = cut_from_dst(remote);
+    const std::vector<std::size_t> order = remote_order(remote, after);
+    reshard_plan plan;
+    plan.pieces = ordered_pieces(remote, after, order);
     plan.pieces_of_dst.resize(dst_.size());
-    std::map<std::pair<int, int>, std::int64_t> links;
+    // (src device, dst device, bytes) of every remote piece, summed per link after sorting.
+    std::vector<std::tuple<int, int, std::int64_t>> links;
     for (std::size_t k = 0; k < plan.pieces.size(); ++k) {
       const piece& p = plan.pieces[k];
       plan.pieces_of_dst[p.dst_chunk].push_back(k);
@@ -370,12 +592,20 @@ class plan_builder {
         }
       } else {
         plan.bytes_remote += p.bytes;
-        links[{p.src_device, p.dst_device}] += p.bytes;
+        links.emplace_back(p.src_device, p.dst_device, p.bytes);
       }
     }
-    for (const auto& [link, bytes] : links) {
-      plan.link_bytes.emplace_back(link.first, link.second, bytes);
+    std::sort(links.begin(), links.end());
+    for (const auto& [from, to, bytes] : links) {
+      if (!plan.link_bytes.empty() && std::get<0>(plan.link_bytes.back()) == from &&
+          std::get<1>(plan.link_bytes.back()) == to) {
+        std::get<2>(plan.link_bytes.back()) += bytes;
+      } else {
+        plan.link_bytes.emplace_back(from, to, bytes);
+      }
     }
+    visited_ += plan.pieces.size();
+    plan.boxes_visited = visited_;
     return plan;
   }
 
@@ -387,7 +617,16 @@ class plan_builder {
   std::vector<piece> remote_;
   std::vector<piece> from_dst_;             // before splitting: cut in finish()
   std::vector<std::vector<box>> received_;  // per destination chunk: remote regions (unsplit)
-  std::map<int, std::int64_t> load_;        // remote bytes assigned to each source device so far
+  // Per destination chunk: a later destination chunk on its device meets it (so what it
+  // receives is kept in received_ for take_received).
+  std::vector<char> feeds_later_;
+  std::map<int, std::int64_t> load_;  // remote bytes assigned to each source device so far
+  detail::box_index src_index_;       // every source chunk
+  chunks_by_device src_on_device_;
+  chunks_by_device dst_on_device_;
+  std::vector<std::uint32_t> found_;  // scratch of src_index_ queries
+  std::uint64_t visited_ = 0;         // reshard_plan::boxes_visited
+  bool src_disjoint_ = false;         // no element has two holders (sources_disjoint)
 };
 
 }  // namespace
@@ -481,13 +720,26 @@ plan_cache_stats plan_cache::stats() const {
 }
 
 std::vector<std::vector<box>> owned_regions(const std::vector<chunk_ref>& chunks) {
+  // Chunk i loses only the earlier chunks whose boxes meet its own: subtracting the others
+  // changes nothing, and an index finds the meeting ones without visiting every pair.
+  const detail::box_index index(chunks.size(),
+                                [&](std::size_t i) -> const box& { return chunks[i].region; });
   std::vector<std::vector<box>> owned;
   owned.reserve(chunks.size());
+  std::vector<std::uint32_t> found;
   std::vector<box> before;
-  before.reserve(chunks.size());
-  for (const chunk_ref& c : chunks) {
-    owned.push_back(subtract_all(c.region, before));
-    before.push_back(c.region);
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    found.clear();
+    static_cast<void>(index.candidates(chunks[i].region, found));
+    std::sort(found.begin(), found.end());
+    before.clear();
+    for (const std::uint32_t k : found) {
+      if (k >= i) {
+        break;
+      }
+      before.push_back(chunks[k].region);
+    }
+    owned.push_back(subtract_all(chunks[i].region, before));
   }
   return owned;
 }

@@ -13,7 +13,6 @@ namespace {
 
 // The driver entry points vmm_resource needs, looked up once (CUDA 12.0 signatures).
 struct driver_api {
-  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
   PFN_cuDeviceGet_v2000 device_get = nullptr;
   PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
   PFN_cuMemGetAllocationGranularity_v10020 mem_get_allocation_granularity = nullptr;
@@ -48,7 +47,6 @@ void look_up(const char* symbol, Fn& fn, std::string& missing) {
 const driver_api& api() {
   static const driver_api a = [] {
     driver_api d;
-    look_up("cuGetErrorName", d.get_error_name, d.missing);
     look_up("cuDeviceGet", d.device_get, d.missing);
     look_up("cuDeviceGetAttribute", d.device_get_attribute, d.missing);
     look_up("cuMemGetAllocationGranularity", d.mem_get_allocation_granularity, d.missing);
@@ -78,23 +76,13 @@ CUmemAllocationProp pinned_on(CUdevice dev) noexcept {
 
 CUdevice device_handle(int device) {
   CUdevice dev = 0;
-  POOLSCOPE_CU_CHECK(api().device_get(&dev, device));
+  POOLSCOPE_CUDA_CHECK(api().device_get(&dev, device));
   return dev;
 }
 
 }  // namespace
 
 namespace cudrv {
-
-void raise(CUresult status, const char* call, const char* file, int line) {
-  const char* name = nullptr;
-  if (api().get_error_name == nullptr || api().get_error_name(status, &name) != CUDA_SUCCESS ||
-      name == nullptr) {
-    name = "CUDA_ERROR_UNKNOWN";
-  }
-  ::poolscope::detail::throw_api_error("CUDA driver", static_cast<int>(status), name, call, file,
-                                       line);
-}
 
 void require_vmm(int device, const char* who) {
   cudart::require_device(device, who);
@@ -109,7 +97,7 @@ void require_vmm(int device, const char* who) {
     POOLSCOPE_CUDA_CHECK(cudaFree(nullptr));
   }
   int supported = 0;
-  POOLSCOPE_CU_CHECK(a.device_get_attribute(
+  POOLSCOPE_CUDA_CHECK(a.device_get_attribute(
       &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_handle(device)));
   if (supported == 0) {
     throw device_unavailable(std::string("poolscope: ") + who + ": device " +
@@ -121,7 +109,7 @@ void require_vmm(int device, const char* who) {
 std::size_t granularity(int device) {
   const CUmemAllocationProp prop = pinned_on(device_handle(device));
   std::size_t g = 0;
-  POOLSCOPE_CU_CHECK(
+  POOLSCOPE_CUDA_CHECK(
       api().mem_get_allocation_granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   return g;
 }
@@ -134,12 +122,12 @@ std::size_t total_memory(int device) {
 
 void* address_reserve(std::size_t bytes, std::size_t alignment) {
   CUdeviceptr p = 0;
-  POOLSCOPE_CU_CHECK(api().mem_address_reserve(&p, bytes, alignment, 0, 0));
+  POOLSCOPE_CUDA_CHECK(api().mem_address_reserve(&p, bytes, alignment, 0, 0));
   return reinterpret_cast<void*>(p);
 }
 
 void address_free(void* ptr, std::size_t bytes) noexcept {
-  logged([&] { POOLSCOPE_CU_CHECK(api().mem_address_free(dptr(ptr), bytes)); });
+  logged([&] { POOLSCOPE_CUDA_CHECK(api().mem_address_free(dptr(ptr), bytes)); });
 }
 
 bool map(void* ptr, std::size_t bytes, std::size_t granule, int device,
@@ -155,13 +143,13 @@ bool map(void* ptr, std::size_t bytes, std::size_t granule, int device,
         unmap(ptr, done, granule);
         return false;
       }
-      POOLSCOPE_CU_CHECK(created);
+      POOLSCOPE_CUDA_CHECK(created);
       const CUresult mapped =
           a.mem_map(dptr(static_cast<char*>(ptr) + done), granule, 0, handle, 0);
       // The mapping holds the memory from here on: the handle is not needed to unmap it.
       const CUresult released = a.mem_release(handle);
-      POOLSCOPE_CU_CHECK(mapped);
-      POOLSCOPE_CU_CHECK(released);
+      POOLSCOPE_CUDA_CHECK(mapped);
+      POOLSCOPE_CUDA_CHECK(released);
     }
     std::vector<CUmemAccessDesc> desc(access.size());
     for (std::size_t i = 0; i < access.size(); ++i) {
@@ -169,7 +157,7 @@ bool map(void* ptr, std::size_t bytes, std::size_t granule, int device,
       desc[i].location.id = device_handle(access[i]);
       desc[i].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     }
-    POOLSCOPE_CU_CHECK(a.mem_set_access(dptr(ptr), bytes, desc.data(), desc.size()));
+    POOLSCOPE_CUDA_CHECK(a.mem_set_access(dptr(ptr), bytes, desc.data(), desc.size()));
   } catch (...) {
     unmap(ptr, done, granule);
     throw;
@@ -180,8 +168,9 @@ bool map(void* ptr, std::size_t bytes, std::size_t granule, int device,
 void unmap(void* ptr, std::size_t bytes, std::size_t granule) noexcept {
   // One call per granule: each is a mapping of its own, and cuMemUnmap takes whole mappings.
   for (std::size_t off = 0; off < bytes; off += granule) {
-    logged(
-        [&] { POOLSCOPE_CU_CHECK(api().mem_unmap(dptr(static_cast<char*>(ptr) + off), granule)); });
+    logged([&] {
+      POOLSCOPE_CUDA_CHECK(api().mem_unmap(dptr(static_cast<char*>(ptr) + off), granule));
+    });
   }
 }
 

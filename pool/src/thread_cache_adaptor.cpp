@@ -103,13 +103,6 @@ thread_cache_adaptor::~thread_cache_adaptor() {
 
 // ---- requests -------------------------------------------------------------------------------
 
-// The calling thread's cache, claimed (made, or taken over) on its first call; null when it
-// cannot have one (no host memory, or its exit has begun). Out of line: the callers look the
-// thread's table up inline first.
-thread_cache* thread_cache_adaptor::claim_cache() noexcept {
-  return static_cast<thread_cache*>(registry_->claim());
-}
-
 // A request no cache serves: the inner allocator's strategy. Its refusal ({nullptr, 0}: upstream
 // exhausted) is this allocator's: the base class then flushes every cache, has the inner
 // allocator release what became free, and asks once more.
@@ -119,17 +112,26 @@ thread_cache* thread_cache_adaptor::claim_cache() noexcept {
   return strategy_allocate(*inner_, stream, bytes, alignment);
 }
 
+// Every way out is a tail call: a resting cache costs the thread's table lookup and one test.
 block thread_cache_adaptor::do_allocate(stream_view stream, std::size_t bytes,
                                         std::size_t alignment) {
   const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
-  thread_cache* c = static_cast<thread_cache*>(slot.node);
   if (slot.key != cache_key_) [[unlikely]] {
-    c = claim_cache();
-    if (c == nullptr) {
-      return forward(stream, bytes, alignment);  // no cache for this thread
-    }
+    return serve_unslotted(stream, bytes, alignment);
   }
-  if (c->skip_resting()) {
+  auto& c = *static_cast<thread_cache*>(slot.node);
+  if (c.skip_resting()) {
+    return forward(stream, bytes, alignment);
+  }
+  return serve(c, stream, bytes, alignment);
+}
+
+// A request from a thread whose table does not hold its cache: claimed (made, or taken over),
+// then served as any; without one (no host memory, or the thread's exit has begun), forwarded.
+block thread_cache_adaptor::serve_unslotted(stream_view stream, std::size_t bytes,
+                                            std::size_t alignment) {
+  auto* const c = static_cast<thread_cache*>(registry_->claim());
+  if (c == nullptr || c->skip_resting()) {
     return forward(stream, bytes, alignment);
   }
   return serve(*c, stream, bytes, alignment);
@@ -208,16 +210,13 @@ void thread_cache_adaptor::judge(thread_cache& c) noexcept {
 
 // ---- frees ----------------------------------------------------------------------------------
 
-free_outcome thread_cache_adaptor::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
-                                                 std::size_t alignment) noexcept {
-  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
-  thread_cache* c = static_cast<thread_cache*>(slot.node);
-  if (slot.key != cache_key_) [[unlikely]] {
-    c = claim_cache();
-  }
-  // This thread's cache, if its filter counts the block (most frees of a random-size workload
-  // are of blocks no cache recorded); the other threads' caches, if there are any (none while
-  // one thread uses the adaptor); else the inner allocator.
+// A free from the thread whose cache is `c` (null: none): this thread's cache, if its filter
+// counts the block (most frees of a random-size workload are of blocks no cache recorded); the
+// other threads' caches, if there are any (none while one thread uses the adaptor); else the
+// inner allocator. Every way out is a tail call.
+[[gnu::always_inline]] inline free_outcome thread_cache_adaptor::free_with(
+    thread_cache* c, stream_view stream, void* ptr, std::size_t bytes,
+    std::size_t alignment) noexcept {
   if (c != nullptr && c->may_hold(ptr)) {
     return free_cached(*c, stream, ptr, bytes, alignment);
   }
@@ -226,6 +225,21 @@ free_outcome thread_cache_adaptor::do_deallocate(stream_view stream, void* ptr, 
     return free_elsewhere(c, stream, ptr, bytes, alignment);
   }
   return strategy_deallocate(*inner_, stream, ptr, bytes, alignment);
+}
+
+free_outcome thread_cache_adaptor::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
+                                                 std::size_t alignment) noexcept {
+  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  if (slot.key != cache_key_) [[unlikely]] {
+    return free_unslotted(stream, ptr, bytes, alignment);
+  }
+  return free_with(static_cast<thread_cache*>(slot.node), stream, ptr, bytes, alignment);
+}
+
+// A free from a thread whose table does not hold its cache: claimed first (or none).
+free_outcome thread_cache_adaptor::free_unslotted(stream_view stream, void* ptr, std::size_t bytes,
+                                                  std::size_t alignment) noexcept {
+  return free_with(static_cast<thread_cache*>(registry_->claim()), stream, ptr, bytes, alignment);
 }
 
 // The free of a block this thread's cache may have recorded: cached, or handed to the inner

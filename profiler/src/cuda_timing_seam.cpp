@@ -8,18 +8,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "poolscope/detail/cuda_check.hpp"
+
 namespace poolscope::profiler::detail::cuda_timing {
 namespace {
 
-bool fail(cudaError_t rc, const char** error) noexcept {
-  // Leave no error behind in the runtime's last-error state: the application's next
-  // cudaGetLastError() must not report the profiler's failure as its own.
-  (void)cudaGetLastError();
-  if (error != nullptr) {
-    *error = cudaGetErrorName(rc);
-  }
-  return false;
-}
+// Every call's status goes through succeeded(), which leaves no error behind in the runtime's
+// last-error state: the application's next cudaGetLastError() must not report the profiler's
+// failure as its own.
+using ::poolscope::detail::succeeded;
 
 // Free events per device, plus the device each handed-out event belongs to. Leaked: scopes may
 // close during static destruction.
@@ -42,23 +39,14 @@ std::atomic<std::uint64_t> g_created{0};
 bool gpu_available() noexcept {
   static const bool available = [] {
     int n = 0;
-    const cudaError_t rc = cudaGetDeviceCount(&n);
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();  // clear the sticky-less error so later calls start clean
-      return false;
-    }
-    return n > 0;
+    return succeeded(cudaGetDeviceCount(&n)) && n > 0;
   }();
   return available;
 }
 
 int current_device() noexcept {
   int d = -1;
-  if (cudaGetDevice(&d) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return d;
+  return succeeded(cudaGetDevice(&d)) ? d : -1;
 }
 
 namespace {
@@ -72,22 +60,16 @@ cudaEvent_t create_event_on(int device, const char** error) noexcept {
     }
     return nullptr;
   }
-  if (previous != device) {
-    if (const cudaError_t rc = cudaSetDevice(device); rc != cudaSuccess) {
-      fail(rc, error);
-      return nullptr;
-    }
-  }
-  cudaEvent_t e = nullptr;
-  const cudaError_t rc = cudaEventCreateWithFlags(&e, cudaEventDefault);
-  if (previous != device) {
-    (void)cudaSetDevice(previous);  // back to the device the caller had (it was valid just now)
-  }
-  if (rc != cudaSuccess) {
-    fail(rc, error);
+  if (previous != device && !succeeded(cudaSetDevice(device), error)) {
     return nullptr;
   }
-  return e;
+  cudaEvent_t e = nullptr;
+  const bool created = succeeded(cudaEventCreateWithFlags(&e, cudaEventDefault), error);
+  if (previous != device) {
+    // Back to the device the caller had (it was valid just now).
+    (void)succeeded(cudaSetDevice(previous));
+  }
+  return created ? e : nullptr;
 }
 }  // namespace
 
@@ -95,9 +77,7 @@ event_handle acquire_event(void* stream, const char** error) noexcept {
   // The stream's device, which need not be the current one (a library may enqueue on another
   // device's stream without switching to it); the legacy default stream is the current device's.
   int device = -1;
-  if (const cudaError_t rc = cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device);
-      rc != cudaSuccess) {
-    fail(rc, error);
+  if (!succeeded(cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &device), error)) {
     return nullptr;
   }
   auto& p = pool();
@@ -120,7 +100,7 @@ event_handle acquire_event(void* stream, const char** error) noexcept {
       std::lock_guard lock(p.mutex);
       p.device_of.emplace(e, device);
     } catch (...) {
-      (void)cudaEventDestroy(e);
+      (void)succeeded(cudaEventDestroy(e));
       throw;
     }
     return e;
@@ -156,39 +136,33 @@ void release_event(event_handle e) noexcept {
   } catch (...) {
     // Fall through: destroy it instead of pooling it.
   }
-  (void)cudaEventDestroy(ev);
+  (void)succeeded(cudaEventDestroy(ev));
 }
 
 bool record(event_handle e, void* stream, const char** error) noexcept {
-  const cudaError_t rc =
-      cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(stream));
-  return rc == cudaSuccess || fail(rc, error);
+  return succeeded(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(stream)),
+                   error);
 }
 
 query_status query(event_handle e, const char** error) noexcept {
   const cudaError_t rc = cudaEventQuery(static_cast<cudaEvent_t>(e));
-  if (rc == cudaSuccess) {
-    return query_status::ready;
-  }
   if (rc == cudaErrorNotReady) {
     return query_status::not_ready;
   }
-  fail(rc, error);
-  return query_status::error;
+  return succeeded(rc, error) ? query_status::ready : query_status::error;
 }
 
 bool synchronize(event_handle e, const char** error) noexcept {
-  const cudaError_t rc = cudaEventSynchronize(static_cast<cudaEvent_t>(e));
-  return rc == cudaSuccess || fail(rc, error);
+  return succeeded(cudaEventSynchronize(static_cast<cudaEvent_t>(e)), error);
 }
 
 bool elapsed_ns(event_handle start, event_handle end, std::uint64_t& out,
                 const char** error) noexcept {
   float ms = 0.0F;
-  const cudaError_t rc =
-      cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end));
-  if (rc != cudaSuccess) {
-    return fail(rc, error);
+  if (!succeeded(
+          cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)),
+          error)) {
+    return false;
   }
   out = ms <= 0.0F ? 0 : static_cast<std::uint64_t>(std::llround(static_cast<double>(ms) * 1e6));
   return true;

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "poolscope/detail/cuda_check_cupti.hpp"
+
 namespace poolscope::profiler::detail::cupti {
 namespace {
 
@@ -17,15 +19,14 @@ std::atomic<timestamp_fn> g_timestamp{nullptr};
 std::atomic<api_thread_fn> g_api_thread{nullptr};
 CUpti_SubscriberHandle g_subscriber = nullptr;  // guarded by the collector (one at a time)
 
+// Statuses are tested and named through the project's one check (poolscope/detail/cuda_check.hpp),
+// without throwing: a failing collector disables itself.
+using ::poolscope::detail::succeeded;
+
 result make_result(CUptiResult r) {
   result out;
   out.code = static_cast<int>(r);
-  const char* name = nullptr;
-  if (cuptiGetResultString(r, &name) == CUPTI_SUCCESS && name != nullptr) {
-    out.name = name;
-  } else {
-    out.name = "CUPTI error " + std::to_string(out.code);
-  }
+  out.name = ::poolscope::detail::api_status<CUptiResult>::name(r);
   return out;
 }
 
@@ -106,8 +107,8 @@ void convert_api(const CUpti_ActivityAPI& a, device_activity& d) {
   d.callback_id = a.cbid;
   d.return_value = a.returnValue;
   const char* name = nullptr;
-  if (cuptiGetCallbackName(runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API,
-                           a.cbid, &name) == CUPTI_SUCCESS) {
+  if (succeeded(cuptiGetCallbackName(
+          runtime ? CUPTI_CB_DOMAIN_RUNTIME_API : CUPTI_CB_DOMAIN_DRIVER_API, a.cbid, &name))) {
     d.name = strip_version(name);
   }
   if (d.name.empty()) {
@@ -248,10 +249,8 @@ bool result::taken() const noexcept {
 
 int device_count(std::string& why) noexcept {
   int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    why = cudaGetErrorName(e);
+  if (const char* error = nullptr; !succeeded(cudaGetDeviceCount(&n), &error)) {
+    why = error;
     return 0;
   }
   if (n == 0) {
@@ -263,8 +262,7 @@ int device_count(std::string& why) noexcept {
 std::string device_name(int device) noexcept {
   try {
     cudaDeviceProp p{};
-    if (cudaGetDeviceProperties(&p, device) != cudaSuccess) {
-      (void)cudaGetLastError();
+    if (!succeeded(cudaGetDeviceProperties(&p, device))) {
       return {};
     }
     return std::string(p.name);
@@ -344,7 +342,7 @@ result register_timestamp(timestamp_fn fn) noexcept {
 
 std::uint64_t timestamp() noexcept {
   uint64_t t = 0;
-  return cuptiGetTimestamp(&t) == CUPTI_SUCCESS ? t : 0;
+  return succeeded(cuptiGetTimestamp(&t)) ? t : 0;
 }
 
 std::uint64_t timestamp_clock() noexcept {
@@ -405,7 +403,7 @@ result set_flush_period(std::uint32_t ms) noexcept {
 
 std::uint64_t take_dropped_records() noexcept {
   size_t dropped = 0;
-  return cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped) == CUPTI_SUCCESS ? dropped : 0;
+  return succeeded(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped)) ? dropped : 0;
 }
 
 std::uint64_t for_each_record(std::uint8_t* buffer, std::size_t valid,
@@ -415,7 +413,7 @@ std::uint64_t for_each_record(std::uint8_t* buffer, std::size_t valid,
     return 0;
   }
   CUpti_Activity* r = nullptr;
-  while (cuptiActivityGetNextRecord(buffer, valid, &r) == CUPTI_SUCCESS) {
+  while (succeeded(cuptiActivityGetNextRecord(buffer, valid, &r))) {
     device_activity d;
     if (!convert(r, d)) {
       ++skipped;

@@ -32,12 +32,12 @@
 #include <unordered_map>
 
 #include "detail/cuda_timing_seam.hpp"
-#include "detail/json_text.hpp"
 #include "detail/nvtx_seam.hpp"
 #include "detail/scope_timelines.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
+#include "poolscope/profiler/detail/json_text.hpp"
 
 namespace poolscope::profiler {
 

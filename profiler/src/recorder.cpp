@@ -15,9 +15,38 @@
 #include "detail/recorder_crash.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
-#include "poolscope/profiler/event_log.hpp"
 
 namespace poolscope::profiler {
+
+std::string_view action_name(hooks::event_kind k) noexcept {
+  switch (k) {
+    case hooks::event_kind::pool_malloc:
+      return "malloc";
+    case hooks::event_kind::pool_free:
+      return "free";
+    case hooks::event_kind::device_alloc:
+      return "device_alloc";
+    case hooks::event_kind::device_free:
+      return "device_free";
+    case hooks::event_kind::split:
+      return "split";
+    case hooks::event_kind::merge:
+      return "merge";
+    case hooks::event_kind::release:
+      return "release";
+    case hooks::event_kind::oom:
+      return "oom";
+    case hooks::event_kind::limit_hit:
+      return "limit_hit";
+    case hooks::event_kind::invalid_free:
+      return "invalid_free";
+    case hooks::event_kind::segment_map:
+      return "segment_map";
+    case hooks::event_kind::segment_unmap:
+      return "segment_unmap";
+  }
+  return "unknown";
+}
 
 namespace {
 

@@ -118,10 +118,10 @@ bool unwind_backend_available(unwind_backend b) noexcept {
 }
 
 unwind_backend default_unwind_backend() noexcept {
-  // The cached DWARF walker first: it is the fastest exact walker measured (bench/
-  // line_profiler_bench.cpp), needs no library (so builds with and without libunwind behave the
-  // same), and keeps no thread-exit destructor in another library (libunwind's per-thread cache
-  // destructor crashes under ThreadSanitizer).
+  // The cached DWARF walker first: it is the fastest exact walker (docs/perf.md, "Stack
+  // walkers"; bench/line_profiler_bench.cpp), needs no library (so builds with and without
+  // libunwind behave the same), and keeps no thread-exit destructor in another library
+  // (libunwind's per-thread cache destructor crashes under ThreadSanitizer).
   if (cached_dwarf_supported()) {
     return unwind_backend::cached_dwarf;
   }

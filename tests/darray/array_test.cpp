@@ -26,10 +26,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
-#include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/timeline.hpp"
 #include "test_support.hpp"
 
@@ -871,7 +871,7 @@ TEST(darray_array, host_traces_name_queue_threads_and_both_ends_of_a_copy) {
   ASSERT_TRUE(in.good()) << path;
   const auto trace = nlohmann::json::parse(in);
   in.close();
-  const profiler::trace_summary summary = profiler::summarize_trace(path.string());
+  const analysis::trace_summary summary = analysis::summarize_trace(path.string());
   std::filesystem::remove(path);
   std::map<std::int64_t, std::string> names;  // tid -> thread_name
   for (const auto& e : trace["traceEvents"]) {

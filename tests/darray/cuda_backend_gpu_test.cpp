@@ -24,6 +24,7 @@
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
+#include "semantics_checks.hpp"
 #include "test_support.hpp"
 
 namespace poolscope::darray {
@@ -1196,6 +1197,33 @@ TEST(cuda_backend_arrays, integer_pow_and_strided_matmul_match_the_host) {
     }
   }
   be->synchronize();
+}
+
+// The semantics of docs/darray.md ("Semantics") on the GPUs: the checks semantics_test.cpp runs on
+// host devices.
+TEST(cuda_backend_semantics, integers_wrap_divide_by_zero_to_zero_and_saturate) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  semantics_checks::check_integer_rules(the_gpu().be);
+  the_gpu().be->synchronize();
+}
+
+TEST(cuda_backend_semantics, floating_division_and_nan_propagation) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  semantics_checks::check_float_rules(the_gpu().be);
+  the_gpu().be->synchronize();
+}
+
+TEST(cuda_backend_semantics, partial_operands_and_chunks) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  semantics_checks::check_partial_operands(the_gpu().be);
+  semantics_checks::check_partial_chunks(the_gpu().be);
+  the_gpu().be->synchronize();
 }
 
 TEST(cuda_backend_factory, bad_device_counts_are_rejected) {

@@ -104,7 +104,7 @@ TEST(fork_join_concurrency, concurrent_callers_each_get_all_their_tasks) {
 }
 
 // Destroyed at once, or after a run the caller did alone, before the helpers even started: they
-// must see the stop (they used to wait for a generation that had already moved).
+// must see the stop, not wait for a generation that has already moved.
 TEST(fork_join_concurrency, destruction_right_after_construction_or_a_quick_run) {
   for (int i = 0; i < 300; ++i) {
     fork_join fj(2, std::chrono::microseconds(i % 2 == 0 ? 0 : 100));

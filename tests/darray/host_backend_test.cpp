@@ -236,7 +236,7 @@ TEST(darray_backend, stats_fields_name_every_figure_once) {
   EXPECT_EQ(names.size(), backend_stats_fields.size());
   EXPECT_EQ(values.size(), backend_stats_fields.size());  // no member read twice
   EXPECT_EQ(s.copies_local, 1U);                          // in declaration order
-  EXPECT_EQ(s.kernel_graph_updates, backend_stats_fields.size());
+  EXPECT_EQ(s.parts_visited, backend_stats_fields.size());
 }
 
 TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {
@@ -551,7 +551,7 @@ class sequenced_event final : public detail::event_state {
 
 // Deferred buffers whose uses are events of one queue: a collection finds the frontier between
 // the complete and the pending ones by bisection — about log2 of them queries, not one per
-// complete event (each a driver call on a GPU: 1.4 us, docs/perf.md).
+// complete event (each a driver call on a GPU: docs/perf.md, "Kernels launched as graphs").
 TEST(darray_backend, collecting_deferred_buffers_bisects_each_queue) {
   auto be = make_host_backend(1);
   const auto in_use = [&] { return be->allocator(0).stats().in_use; };

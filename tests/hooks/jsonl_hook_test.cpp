@@ -294,9 +294,8 @@ TEST(jsonl_hook, writes_a_file_and_flushes_on_destruction) {
   EXPECT_EQ(lines[2].at("requested").get<int>(), 5);
 }
 
-// lines() used to count lines that had only reached a buffer: a hook writing to /dev/full
-// reported 33 lines with nothing written. It counts only lines written, and the failure is
-// logged once, naming the file and the lines lost.
+// lines() counts only lines written, not lines that only reached a buffer (a hook writing to
+// /dev/full writes none), and the failure is logged once, naming the file and the lines lost.
 TEST(jsonl_hook, lines_counts_only_what_was_written_on_a_full_disk) {
   if (!std::filesystem::exists("/dev/full")) {
     GTEST_SKIP() << "no /dev/full on this system";

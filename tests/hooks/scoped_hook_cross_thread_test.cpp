@@ -1,6 +1,6 @@
-// A thread-scoped scoped_hook destroyed on another thread than the one that installed it. It
-// used to remove nothing (it looked in the destroying thread's stack), so the installing thread
-// kept calling the hook after its guard was gone: a use-after-free once the hook died with it.
+// A thread-scoped scoped_hook destroyed on another thread than the one that installed it must
+// remove the hook from the installing thread's stack; looking in the destroying thread's would
+// remove nothing, and the installing thread would call the hook after its guard was gone.
 // Suite scoped_hook_concurrency: also run under ThreadSanitizer.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,6 @@
 // The fixture types the typed allocator suites run over. Add a line per allocator here; never
-// parameterise by strings (STYLE.md rule 9).
+// parameterise by strings (a type names its fixture at compile time; a misspelt string would
+// fail only at run time).
 #pragma once
 
 #include <gtest/gtest.h>

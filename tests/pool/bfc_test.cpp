@@ -699,7 +699,7 @@ TEST(bfc_destroy, destruction_returns_every_segment_even_with_live_blocks) {
 // ---- the A5 sequence-batch workload
 // --------------------------------------------------------------
 
-/// Replays DESIGN.md §4's A5 shape (the bench's sequence_batch_trace: a transformer's steps at
+/// Replays docs/design.md §4's A5 shape (the bench's sequence_batch_trace: a transformer's steps at
 /// random lengths) without touching the memory, and returns peak reserved / peak requested.
 double sequence_batch_ratio(allocator& a, std::uint64_t seed, std::size_t steps, std::size_t layers,
                             std::size_t max_len) {

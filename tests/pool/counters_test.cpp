@@ -86,9 +86,13 @@ TYPED_TEST(allocator_counters, a_thread_that_freed_others_blocks_and_exited_leav
   EXPECT_EQ(a.stats().in_use, 0U);
 }
 
+template <typename Fixture>
+class allocator_counters_concurrency : public ::testing::Test {};
+TYPED_TEST_SUITE(allocator_counters_concurrency, host_allocators);
+
 // Totals stay exact when threads allocate and free each other's blocks at once, through many
 // credit refunds and publications; the peaks never pass the reserved peak.
-TYPED_TEST(allocator_counters, totals_are_exact_after_threads_free_each_others_blocks) {
+TYPED_TEST(allocator_counters_concurrency, totals_are_exact_after_threads_free_each_others_blocks) {
   using F = TypeParam;
   constexpr int threads = 4;
   const std::uint64_t seed = test_seed();

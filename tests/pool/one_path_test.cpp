@@ -1,5 +1,5 @@
-// One path (DESIGN.md §2): the same strategy code runs whether or not a hook is installed, and a
-// hook only adds events. For every host allocator (strategies and the thread cache around each),
+// One path (docs/design.md §2): the same strategy code runs whether or not a hook is installed, and
+// a hook only adds events. For every host allocator (strategies and the thread cache around each),
 // the same seeded random sequence of allocations and frees runs three times on fresh allocators:
 // with no hook, with a hook that asks only for split and merge, and with a counting hook that
 // asks for every event. The three runs must hand out the same blocks (each address named by the

@@ -95,6 +95,70 @@ class parked_thread {
   std::thread thread_;  // last: started once the flags exist
 };
 
+/// Allocates `count` blocks of `bytes` at once, then frees them all (into the calling thread's
+/// cache, as far as its bounds and the sizes in demand there allow).
+void churn(allocator& a, std::size_t bytes, int count) {
+  std::vector<void*> v;
+  for (int i = 0; i < count; ++i) {
+    v.push_back(a.allocate({}, bytes));
+  }
+  for (void* p : v) {
+    a.deallocate({}, p, bytes);
+  }
+}
+
+/// A thread that allocates a block of `bytes` its cache records (the size asked for twice), then
+/// waits; finish() lets it free that block once more and joins it. Constructing waits for the
+/// block.
+class recording_thread {
+ public:
+  recording_thread(allocator& a, std::size_t bytes)
+      : thread_([this, &a, bytes] {
+          a.deallocate({}, a.allocate({}, bytes), bytes);
+          block_ = a.allocate({}, bytes);  // in demand: recorded in this thread's table
+          phase_ = 1;
+          while (phase_.load() != 2) {
+            std::this_thread::yield();
+          }
+          a.deallocate({}, block_, bytes);  // freed by another thread meanwhile
+        }) {
+    while (phase_.load() != 1) {
+      std::this_thread::yield();
+    }
+  }
+  recording_thread(const recording_thread&) = delete;
+  recording_thread& operator=(const recording_thread&) = delete;
+  ~recording_thread() { finish(); }
+  [[nodiscard]] void* block() const { return block_; }
+  void finish() {
+    phase_ = 2;
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+  }
+
+ private:
+  void* block_ = nullptr;
+  std::atomic<int> phase_{0};
+  std::thread thread_;  // last: started once the rest exists
+};
+
+/// The inner strategy's own consistency check, where it has one (bfc).
+void expect_consistent(const thread_cache_adaptor& a) {
+  if (const auto* bfc = dynamic_cast<const bfc_allocator*>(&a.inner())) {
+    EXPECT_EQ(bfc->check_invariants(), "");
+  }
+}
+
+/// Two blocks of `bytes` at once are two blocks (none is handed out twice); both freed again.
+void expect_handed_out_once(thread_cache_adaptor& a, std::size_t bytes) {
+  void* x = a.allocate({}, bytes);
+  void* y = a.allocate({}, bytes);
+  EXPECT_NE(x, y);
+  a.deallocate({}, x, bytes);
+  a.deallocate({}, y, bytes);
+}
+
 template <typename A>
 class thread_cache : public ::testing::Test {};
 using cached_strategies = ::testing::Types<bfc_allocator, best_fit_allocator>;
@@ -332,35 +396,19 @@ TYPED_TEST(thread_cache, only_sizes_in_demand_are_recorded_and_cached) {
   EXPECT_EQ(again, r) << "the cached block was not reused";
   give(a, m, again);
   EXPECT_TRUE(m.matches(a.stats()));
-  if (auto* bfc = dynamic_cast<bfc_allocator*>(&a.inner())) {
-    EXPECT_EQ(bfc->check_invariants(), "");
-  }
+  expect_consistent(a);
 }
 
-// A block one thread's cache recorded, freed by another thread: the strategy answers `held`
-// and the free finds the block in the owner's table and takes it out, so the owner's later free
-// of it is a double free, and the pool stays consistent.
+// A block one thread's cache recorded, freed by another thread: the free finds the block in the
+// owner's table (its address filter counts it) and takes it out, so the owner's later free of it
+// is a double free, and the pool stays consistent.
 TYPED_TEST(thread_cache, a_block_recorded_by_one_thread_is_freed_by_another_once) {
   host_resource host;
   auto alloc = make<TypeParam>(host);
   thread_cache_adaptor& a = *alloc;
-  void* p = nullptr;
-  std::atomic<int> phase{0};
-  std::thread owner([&] {
-    a.deallocate({}, a.allocate({}, 6 * KiB), 6 * KiB);
-    p = a.allocate({}, 6 * KiB);  // in demand: recorded in this thread's table, held
-    phase = 1;
-    while (phase.load() != 2) {
-      std::this_thread::yield();
-    }
-    a.deallocate({}, p, 6 * KiB);  // freed by the other thread already
-  });
-  while (phase.load() != 1) {
-    std::this_thread::yield();
-  }
-  a.deallocate({}, p, 6 * KiB);
-  phase = 2;
-  owner.join();
+  recording_thread owner{a, 6 * KiB};
+  a.deallocate({}, owner.block(), 6 * KiB);
+  owner.finish();  // the owner's free of it: a double free now
   auto s = a.stats();
   EXPECT_EQ(s.invalid_frees, 1U) << "the owner's second free was not reported";
   EXPECT_EQ(s.in_use, 0U);
@@ -369,17 +417,11 @@ TYPED_TEST(thread_cache, a_block_recorded_by_one_thread_is_freed_by_another_once
   EXPECT_EQ(s.deallocations, 2U);
   EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
   // The block is the strategy's again, handed out once.
-  void* x = a.allocate({}, 6 * KiB);
-  void* y = a.allocate({}, 6 * KiB);
-  EXPECT_NE(x, y);
-  a.deallocate({}, x, 6 * KiB);
-  a.deallocate({}, y, 6 * KiB);
+  expect_handed_out_once(a, 6 * KiB);
   s = a.stats();
   EXPECT_EQ(s.in_use, 0U);
   EXPECT_EQ(s.deallocations, 4U);
-  if (auto* bfc = dynamic_cast<bfc_allocator*>(&a.inner())) {
-    EXPECT_EQ(bfc->check_invariants(), "");
-  }
+  expect_consistent(a);
 }
 
 TYPED_TEST(thread_cache, release_cached_reaches_every_threads_cache) {
@@ -387,15 +429,7 @@ TYPED_TEST(thread_cache, release_cached_reaches_every_threads_cache) {
   auto alloc = make<TypeParam>(host);
   thread_cache_adaptor& a = *alloc;
   // Another thread fills its own cache and stays alive, idle.
-  const parked_thread other([&] {
-    std::vector<void*> v;
-    for (int i = 0; i < 8; ++i) {
-      v.push_back(a.allocate({}, 64 * KiB));
-    }
-    for (void* p : v) {
-      a.deallocate({}, p, 64 * KiB);
-    }
-  });
+  const parked_thread other([&] { churn(a, 64 * KiB, 8); });
   auto s = a.stats();
   EXPECT_EQ(s.in_use, 0U);
   EXPECT_EQ(s.cached_bytes, s.reserved) << "the other thread's cache counts as cached";
@@ -417,15 +451,7 @@ TYPED_TEST(thread_cache, a_request_refused_by_the_limit_takes_blocks_from_other_
   host_resource host;
   auto alloc = make<TypeParam>(host);
   thread_cache_adaptor& a = *alloc;
-  const parked_thread other([&] {
-    std::vector<void*> v;
-    for (int i = 0; i < 8; ++i) {
-      v.push_back(a.allocate({}, 64 * KiB));
-    }
-    for (void* p : v) {
-      a.deallocate({}, p, 64 * KiB);
-    }
-  });
+  const parked_thread other([&] { churn(a, 64 * KiB, 8); });
   const std::size_t reserved = a.stats().reserved;
   ASSERT_GT(a.stats().cached_bytes, 0U);
   a.set_limit(reserved);  // no room for a byte more upstream
@@ -470,14 +496,8 @@ TYPED_TEST(thread_cache, a_double_free_of_a_block_cached_by_another_thread_is_re
   EXPECT_EQ(after.in_use + after.cached_bytes, after.reserved);
   // The block is handed out once: flushed back, two allocations of its size differ.
   EXPECT_EQ(a.flush(), 6 * KiB);
-  void* x = a.allocate({}, 6 * KiB);
-  void* y = a.allocate({}, 6 * KiB);
-  EXPECT_NE(x, y);
-  a.deallocate({}, x, 6 * KiB);
-  a.deallocate({}, y, 6 * KiB);
-  if (auto* bfc = dynamic_cast<bfc_allocator*>(&a.inner())) {
-    EXPECT_EQ(bfc->check_invariants(), "");
-  }
+  expect_handed_out_once(a, 6 * KiB);
+  expect_consistent(a);
 }
 
 // A record leaves with its block, whichever thread frees it: once a block recorded by one
@@ -488,26 +508,13 @@ TYPED_TEST(thread_cache, a_record_never_outlives_its_block) {
   host_resource host;
   auto alloc = make<TypeParam>(host);
   thread_cache_adaptor& a = *alloc;
-  void* p = nullptr;
-  std::atomic<int> phase{0};
-  std::thread first([&] {
-    a.deallocate({}, a.allocate({}, 6 * KiB), 6 * KiB);
-    p = a.allocate({}, 6 * KiB);  // recorded by this thread
-    phase = 1;
-    while (phase.load() != 2) {
-      std::this_thread::yield();
-    }
-    a.deallocate({}, p, 6 * KiB);  // the block was freed and handed out again meanwhile
-  });
-  while (phase.load() != 1) {
-    std::this_thread::yield();
-  }
+  recording_thread first{a, 6 * KiB};
+  void* const p = first.block();
   a.deallocate({}, p, 6 * KiB);  // another thread frees it: the first thread's record goes
   // This thread's first request of the size: the inner allocator's, which hands out p again.
   void* q = a.allocate({}, 6 * KiB - 300);
   const bool reused = q == p;
-  phase = 2;
-  first.join();
+  first.finish();  // its free of the block, freed and handed out again meanwhile
   auto s = a.stats();
   if (reused) {
     // The first thread's free named the block q now is: freed by whoever frees it first, the
@@ -526,14 +533,8 @@ TYPED_TEST(thread_cache, a_record_never_outlives_its_block) {
   EXPECT_EQ(s.requested_in_use, 0U);
   EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
   // Nothing cached under a stale size: the blocks of the size are handed out once each.
-  void* x = a.allocate({}, 6 * KiB);
-  void* y = a.allocate({}, 6 * KiB);
-  EXPECT_NE(x, y);
-  a.deallocate({}, x, 6 * KiB);
-  a.deallocate({}, y, 6 * KiB);
-  if (auto* bfc = dynamic_cast<bfc_allocator*>(&a.inner())) {
-    EXPECT_EQ(bfc->check_invariants(), "");
-  }
+  expect_handed_out_once(a, 6 * KiB);
+  expect_consistent(a);
 }
 
 // The biased lock of a cache is revoked only when another thread must take it: not by the
@@ -546,32 +547,23 @@ TYPED_TEST(thread_cache, only_other_threads_touching_a_cache_with_blocks_revoke_
   host_resource host;
   auto alloc = make<TypeParam>(host);
   thread_cache_adaptor& a = *alloc;
-  auto churn = [&a](std::size_t bytes, int blocks) {
-    std::vector<void*> v;
-    for (int i = 0; i < blocks; ++i) {
-      v.push_back(a.allocate({}, bytes));
-    }
-    for (void* p : v) {
-      a.deallocate({}, p, bytes);
-    }
-  };
   const parked_thread empty([&] {
-    churn(64 * KiB, 2);
+    churn(a, 64 * KiB, 2);
     (void)a.flush();  // its own cache, as its owner: empty now, still biased
   });
-  churn(64 * KiB, 8);  // this thread's cache holds blocks now
+  churn(a, 64 * KiB, 8);  // this thread's cache holds blocks now
   (void)a.stats();
   (void)a.flush();
-  churn(64 * KiB, 8);
+  churn(a, 64 * KiB, 8);
   (void)a.release_cached();
   for (int i = 0; i < 64; ++i) {
-    churn((1 + static_cast<std::size_t>(i)) * 512 * KiB, 1);  // grows the pool
+    churn(a, (1 + static_cast<std::size_t>(i)) * 512 * KiB, 1);  // grows the pool
   }
   EXPECT_EQ(a.counts().revocations, 0U)
       << "the owner's own flushes and stats, or flushes of an empty cache, revoked a bias";
   {
-    const parked_thread full([&] { churn(64 * KiB, 4); });  // its cache holds blocks, idle
-    (void)a.stats();                                        // takes its lock: one revocation
+    const parked_thread full([&] { churn(a, 64 * KiB, 4); });  // its cache holds blocks, idle
+    (void)a.stats();                                           // takes its lock: one revocation
     EXPECT_EQ(a.counts().revocations, 1U);
     EXPECT_GT(a.flush(), 0U);  // revoked already: no second fence
     EXPECT_EQ(a.counts().revocations, 1U);

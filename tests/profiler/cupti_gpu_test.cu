@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/cuda_resource.hpp"
@@ -204,7 +205,7 @@ TEST(cupti_gpu, trace_of_a_workload) {
   ASSERT_NE(output.find("[  PASSED  ] 1 test"), std::string::npos) << output;
 
   poolscope::profiler::testing::expect_valid_trace(trace.path());
-  poolscope::profiler::trace_read_info info;
+  poolscope::analysis::trace_read_info info;
   const auto events = poolscope::profiler::testing::read_events(trace.path(), &info);
   const json& cupti = info.other["otherData"]["cupti"];
   EXPECT_GT(cupti["records"].get<std::uint64_t>(), 0U) << cupti;
@@ -311,7 +312,7 @@ TEST(cupti_gpu, trace_of_a_workload) {
   EXPECT_FALSE(events_of(events, "b", "sync").empty());
 
   // The summary sees compute and transfer on device 0.
-  const auto summary = poolscope::profiler::summarize_trace(trace.path());
+  const auto summary = poolscope::analysis::summarize_trace(trace.path());
   ASSERT_FALSE(summary.devices.empty());
   EXPECT_EQ(summary.devices[0].device, 0);
   EXPECT_GT(summary.devices[0].compute_ns, 0U);

@@ -752,7 +752,7 @@ TEST(function_profiler_concurrency, start_stop_while_threads_run_scopes) {
   EXPECT_LE(seen, static_cast<std::uint64_t>(threads * iterations));
 }
 
-// Start/stop churn under nested scopes on other threads (issue 3). Each worker runs, in a loop,
+// Start/stop churn under nested scopes on other threads. Each worker runs, in a loop,
 // an outer scope holding an inner one and a scope nested in itself, on a per-thread tick clock
 // (every read is the previous one plus 1), so every counted scope's times are known exactly:
 // an outer scope counted with its inner one spans 3 ticks, 2 of them its own; one counted

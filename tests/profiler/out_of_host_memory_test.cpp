@@ -21,12 +21,12 @@
 #include <thread>
 #include <vector>
 
+#include "poolscope/analysis/event_log.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
 #include "poolscope/pool/thread_cache_adaptor.hpp"
-#include "poolscope/profiler/event_log.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
 #include "poolscope/profiler/nvtx.hpp"
@@ -394,7 +394,7 @@ TEST_F(profiler_out_of_host_memory, recorder_writes_every_event) {
     EXPECT_TRUE(rec.flush());
     lines = rec.lines();
   }
-  const pp::event_log log = pp::read_event_log(f.path());
+  const poolscope::analysis::event_log log = poolscope::analysis::read_event_log(f.path());
   EXPECT_EQ(log.records.size(), lines);
   std::uint64_t mallocs = 0;
   for (const auto& r : log.records) {

@@ -3,8 +3,8 @@
 // agree on it.
 #include <gtest/gtest.h>
 
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/hooks/event.hpp"
-#include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/timeline.hpp"
 #include "trace_test_util.hpp"
 
@@ -52,7 +52,7 @@ TEST(overlap_peer, a_peer_copy_counts_on_source_and_destination) {
     EXPECT_EQ(d.both_ns, d.device == 1 ? 2000U : 0U) << "device " << d.device;
   }
   ASSERT_EQ(tl.summary().overlap.size(), 2U);
-  const auto s = summarize_trace(f.path());
+  const auto s = analysis::summarize_trace(f.path());
   ASSERT_EQ(s.devices.size(), 2U);
   for (const auto& d : s.devices) {
     EXPECT_EQ(d.transfer_ns, 4000U) << "device " << d.device;
@@ -60,7 +60,7 @@ TEST(overlap_peer, a_peer_copy_counts_on_source_and_destination) {
   }
   // A window counts only what lies inside it: [2000, 4000) holds 2000 ns of the copy, of which
   // 1000 with device 1's kernel running.
-  const auto w = summarize_trace(f.path(), interval{2000, 4000});
+  const auto w = analysis::summarize_trace(f.path(), interval{2000, 4000});
   ASSERT_EQ(w.devices.size(), 2U);
   for (const auto& d : w.devices) {
     EXPECT_EQ(d.window_ns, 2000U);

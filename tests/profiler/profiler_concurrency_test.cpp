@@ -9,15 +9,18 @@
 #include <thread>
 #include <vector>
 
+#include "poolscope/analysis/event_log.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
-#include "poolscope/profiler/event_log.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
 #include "poolscope/profiler/recorder.hpp"
 
 namespace poolscope::profiler {
 namespace {
+
+using analysis::event_log;
+using analysis::read_event_log;
 
 constexpr int k_threads = 8;
 constexpr int k_rounds = 400;

@@ -15,16 +15,22 @@
 #include <vector>
 
 #include "../../profiler/src/detail/recorder_crash.hpp"
+#include "poolscope/analysis/event_log.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
 #include "poolscope/pool/naive_allocator.hpp"
-#include "poolscope/profiler/event_log.hpp"
 #include "poolscope/profiler/recorder.hpp"
 
 namespace poolscope::profiler {
 namespace {
+
+using analysis::event_log;
+using analysis::log_format;
+using analysis::log_record;
+using analysis::parse_event_log_text;
+using analysis::read_event_log;
 
 /// Keeps a copy of every event (and the allocator name) for comparison.
 class capture_hook final : public hooks::hook {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "poolscope/profiler/trace_check.hpp"
+#include "poolscope/analysis/trace_check.hpp"
 
 namespace poolscope::profiler::testing {
 
@@ -43,10 +43,10 @@ inline std::string read_bytes(const std::string& path) {
 
 /// Every event of a trace (plain or gzip), through the library's streaming reader.
 inline std::vector<nlohmann::json> read_events(const std::string& path,
-                                               trace_read_info* info = nullptr) {
+                                               analysis::trace_read_info* info = nullptr) {
   std::vector<nlohmann::json> out;
-  const trace_read_info i =
-      read_trace(path, [&](std::uint64_t, const nlohmann::json& e) { out.push_back(e); });
+  const analysis::trace_read_info i =
+      analysis::read_trace(path, [&](std::uint64_t, const nlohmann::json& e) { out.push_back(e); });
   if (info != nullptr) {
     *info = i;
   }
@@ -55,7 +55,7 @@ inline std::vector<nlohmann::json> read_events(const std::string& path,
 
 /// Runs the checker and fails the test with its report if the trace is invalid.
 inline void expect_valid_trace(const std::string& path) {
-  const trace_check_result r = check_trace(path);
+  const analysis::trace_check_result r = analysis::check_trace(path);
   EXPECT_TRUE(r.ok()) << r.to_text();
 }
 

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/hooks/hook.hpp"
@@ -598,7 +599,7 @@ TEST(trace_timeline, synthetic_device_records) {
   EXPECT_EQ(copies["Memset"].category, "memset");
 
   // The same answers from the file, through `trace summary`'s library function.
-  const auto from_file = poolscope::profiler::summarize_trace(f.path());
+  const auto from_file = poolscope::analysis::summarize_trace(f.path());
   ASSERT_EQ(from_file.devices.size(), 2U);
   // The file holds the clipped kernel ([20000,25000)): the union is the same.
   EXPECT_EQ(from_file.devices[0].compute_ns, 15'000U);

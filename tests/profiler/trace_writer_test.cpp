@@ -195,7 +195,7 @@ TEST(trace_writer, round_trip_plain) {
   ASSERT_TRUE(doc["traceEvents"].is_array());
   expect_sample(doc["traceEvents"].get<std::vector<json>>());
   // The streaming reader sees the same events and the other members.
-  poolscope::profiler::trace_read_info info;
+  poolscope::analysis::trace_read_info info;
   const auto events = read_events(f.path(), &info);
   EXPECT_FALSE(info.array_form);
   EXPECT_EQ(info.events, 15U);

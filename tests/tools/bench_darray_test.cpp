@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "poolscope/profiler/trace_check.hpp"
+#include "poolscope/analysis/trace_check.hpp"
 #if __has_include("poolscope/bench/memory_access.hpp")
 #include "poolscope/bench/memory_access.hpp"
 #endif
@@ -255,7 +255,7 @@ TEST(bench_darray_cli_options, trace_has_a_slice_per_run_with_the_ops_inside) {
   EXPECT_EQ(j.at("trace"), trace);
   EXPECT_EQ(j.at("cupti_kinds"), "") << "host devices: no CUPTI";
   EXPECT_NE(r.out.find("traced to " + trace), std::string::npos) << r.out;
-  const auto check = poolscope::profiler::check_trace(trace);
+  const auto check = poolscope::analysis::check_trace(trace);
   EXPECT_TRUE(check.ok()) << check.to_text();
 
   const json t = json::parse(poolscope::testing::read_file(trace));
@@ -374,7 +374,7 @@ TEST(bench_darray_cli_options, cuda_runtime_calls_traced_on_request) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     std::vector<std::pair<double, double>> adds;  // [begin, end]
     std::vector<double> api_calls;                // their starts
-    poolscope::profiler::read_trace(trace, [&](std::uint64_t, const json& e) {
+    poolscope::analysis::read_trace(trace, [&](std::uint64_t, const json& e) {
       if (e.value("ph", "") != "X") {
         return;
       }

@@ -1,6 +1,6 @@
-// The tools' numeric option validators (bench/include/poolscope/bench/cli_checks.hpp): what they
+// The tools' numeric option validators (tools/src/cli_checks.hpp): what they
 // accept and the words they reject with, on a CLI::App parsed here.
-#include "poolscope/bench/cli_checks.hpp"
+#include "cli_checks.hpp"
 
 #include <gtest/gtest.h>
 
@@ -24,7 +24,7 @@ std::string parse_x(const CLI::Validator& check, const std::string& value) {
 }
 
 TEST(cli_checks, positive_number_takes_finite_numbers_above_zero) {
-  const auto check = poolscope::bench::positive_number();
+  const auto check = poolscope::tools::positive_number();
   for (const char* ok : {"1", "0.05", "1e-9", "3600"}) {
     EXPECT_EQ(parse_x(check, ok), "") << ok;
   }
@@ -36,7 +36,7 @@ TEST(cli_checks, positive_number_takes_finite_numbers_above_zero) {
 }
 
 TEST(cli_checks, non_negative_number_takes_zero_and_above) {
-  const auto check = poolscope::bench::non_negative_number();
+  const auto check = poolscope::tools::non_negative_number();
   for (const char* ok : {"0", "0.0", "2", "80"}) {
     EXPECT_EQ(parse_x(check, ok), "") << ok;
   }

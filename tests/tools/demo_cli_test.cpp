@@ -11,9 +11,9 @@
 
 #include "subprocess.hpp"
 
-#if defined(POOLSCOPE_CLI_PATH) && __has_include("poolscope/profiler/trace_check.hpp")
-#include "poolscope/profiler/overlap.hpp"
-#include "poolscope/profiler/trace_check.hpp"
+#if defined(POOLSCOPE_CLI_PATH) && __has_include("poolscope/analysis/trace_check.hpp")
+#include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 #if __has_include("poolscope/bench/memory_access.hpp")
 #include "poolscope/bench/memory_access.hpp"
 #endif
@@ -35,7 +35,7 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("summary: all"), std::string::npos) << r.out;
 
-  const auto check = poolscope::profiler::check_trace(trace);
+  const auto check = poolscope::analysis::check_trace(trace);
   EXPECT_TRUE(check.ok()) << check.to_text();
 
   const json rep = json::parse(read_file(report));
@@ -89,7 +89,7 @@ TEST(cli_darray_demo, host_devices_trace_and_report) {
     EXPECT_TRUE(c.at("ok").get<bool>()) << c.dump();
   }
   // Both devices did darray work that the trace summary attributes to them.
-  const auto s = poolscope::profiler::summarize_trace(trace);
+  const auto s = poolscope::analysis::summarize_trace(trace);
   int with_transfer = 0;
   int with_compute = 0;
   for (const auto& d : s.devices) {
@@ -113,9 +113,9 @@ TEST(cli_darray_demo, the_pools_grow_in_the_warm_up_round_only) {
                    "--matmul-n", "48", "--repeat", "2", "--trace", trace, "--report", "/dev/null"},
                   {{"POOLSCOPE_LOG", "warn"}});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  const auto fused_runs = poolscope::profiler::find_trace_ranges(trace, "demo.fused");
+  const auto fused_runs = poolscope::analysis::find_trace_ranges(trace, "demo.fused");
   ASSERT_EQ(fused_runs.found.size(), 3U);  // the warm-up and two timed runs
-  const auto per_run = poolscope::profiler::summarize_trace(trace, fused_runs.found, true);
+  const auto per_run = poolscope::analysis::summarize_trace(trace, fused_runs.found, true);
   ASSERT_EQ(per_run.each.size(), 3U);
   for (std::size_t i = 1; i < 3; ++i) {
     EXPECT_EQ(per_run.each[i].upstream_allocs, 0U)
@@ -193,12 +193,12 @@ TEST(cli_darray_demo, cuda_cupti_kinds_default_and_all) {
     const json rep = json::parse(read_file(report));
     s.kinds = rep.at("run").at("demo").at("cupti_kinds").get<std::string>();
     s.state = rep.at("run").at("cupti").at("state").get<std::string>();
-    poolscope::profiler::read_trace(trace, [&s](std::uint64_t, const json& e) {
+    poolscope::analysis::read_trace(trace, [&s](std::uint64_t, const json& e) {
       const std::string cat = e.value("cat", "");
       s.kernels += cat == "kernel" && e.value("ph", "") == "X" ? 1 : 0;
       s.api_calls += cat == "cuda_api" ? 1 : 0;
     });
-    s.flows = poolscope::profiler::check_trace(trace).flows;
+    s.flows = poolscope::analysis::check_trace(trace).flows;
     std::remove(trace.c_str());
     std::remove(report.c_str());
     return s;

@@ -19,9 +19,9 @@
 namespace {
 
 std::string read_source(const std::string& relative) {
-  const std::filesystem::path root =
-      std::filesystem::path(__FILE__).parent_path().parent_path().parent_path();
-  std::ifstream f(root / relative);
+  // The source root comes from the build (a compile definition): __FILE__ may be relative when a
+  // compiler cache rewrites paths, and the test runs from the build tree.
+  std::ifstream f(std::filesystem::path(POOLSCOPE_SOURCE_DIR) / relative);
   std::stringstream s;
   s << f.rdbuf();
   return s.str();

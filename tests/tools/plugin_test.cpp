@@ -66,7 +66,7 @@ struct plugin_api {
   }
 };
 
-/// Captures poolscope log lines (the plug-in logs through the same libpoolscope_hooks when
+/// Captures poolscope log lines (the plug-in logs through the same libpoolscope_core when
 /// poolscope is built as shared libraries).
 class log_capture {
  public:

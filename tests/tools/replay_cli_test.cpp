@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "in_process_cli.hpp"
-#include "poolscope/profiler/event_log.hpp"
+#include "poolscope/analysis/event_log.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
 #include "profiler/profile_test_data.hpp"
@@ -185,7 +185,7 @@ TEST(replay_cli, corrupt_line_is_named) {
   try {
     (void)run_cli({"replay", log, "--allocators", "naive"});
     FAIL() << "no error for a corrupt line";
-  } catch (const poolscope::profiler::parse_error& e) {
+  } catch (const poolscope::analysis::parse_error& e) {
     EXPECT_EQ(e.line(), 3U);
     EXPECT_NE(std::string(e.what()).find(log + ":3"), std::string::npos) << e.what();
   }
@@ -218,7 +218,7 @@ TEST(replay_cli, deeply_nested_line_is_named_not_a_crash) {
   try {
     (void)run_cli({"replay", log, "--allocators", "naive"});
     FAIL() << "no error for a nested device";
-  } catch (const poolscope::profiler::parse_error& e) {
+  } catch (const poolscope::analysis::parse_error& e) {
     EXPECT_EQ(e.line(), 2U);
     EXPECT_NE(std::string(e.what()).find("'device'"), std::string::npos)
         << std::string(e.what()).substr(0, 300);
@@ -232,7 +232,7 @@ TEST(replay_cli, truncated_last_line_is_named) {
   try {
     (void)run_cli({"replay", log, "--allocators", "naive"});
     FAIL() << "no error for a truncated log";
-  } catch (const poolscope::profiler::parse_error& e) {
+  } catch (const poolscope::analysis::parse_error& e) {
     EXPECT_EQ(e.line(), 7U);
     EXPECT_NE(std::string(e.what()).find(":7"), std::string::npos) << e.what();
   }

@@ -7,12 +7,12 @@
 #include <memory>
 #include <string>
 
+#include "alloc_bench_cli.hpp"
+#include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "commands.hpp"
 #include "devices_option.hpp"
 #include "host_memory.hpp"
-#include "poolscope/bench/alloc_bench_cli.hpp"
-#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/memory_access.hpp"
 #include "poolscope/error.hpp"
@@ -59,14 +59,14 @@ void check_darray_bench_memory(const bench::darray_bench_options& o) {
 void register_bench(CLI::App& app) {
   auto* bench = app.add_subcommand("bench", "run benchmarks");
   bench->require_subcommand(1);
-  auto cmd = std::make_shared<bench::alloc_bench_command>();
+  auto cmd = std::make_shared<alloc_bench_command>();
   auto* alloc = bench->add_subcommand(
       "alloc",
       "allocator benchmark: workloads A1-A5 and hook costs on every strategy, with the "
       "raw resource as baseline");
   cmd->add_options(*alloc);
   // The seed is unsigned: a negative one would wrap silently.
-  alloc->get_option("--seed")->check(poolscope::bench::non_negative_number());
+  alloc->get_option("--seed")->check(poolscope::tools::non_negative_number());
   alloc->callback([cmd] {
     check_file_arguments("poolscope bench alloc", {{"--json", cmd->json_path(), true}});
     const int rc = cmd->run(std::cout, std::cerr);
@@ -95,11 +95,11 @@ void register_bench(CLI::App& app) {
                    "D1 and D4 elements; D2's array is side x side, side the largest power of two "
                    "with side^2 <= n/2 (at least 1), raised to the device count if below it "
                    "(default 2^29 on GPUs, 2^20 on host devices)")
-      ->check(poolscope::bench::positive_number());
+      ->check(poolscope::tools::positive_number());
   darray_cmd
       ->add_option("--matmul-n", d->options.matmul_n,
                    "D5 matrix side (default 8192 on GPUs, 256 on host devices)")
-      ->check(poolscope::bench::positive_number());
+      ->check(poolscope::tools::positive_number());
   darray_cmd->add_option("--repeat", d->options.repeat, "timed runs per figure after a warm-up")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -116,13 +116,13 @@ void register_bench(CLI::App& app) {
   darray_cmd
       ->add_option("--kernel-graphs", d->options.kernel_graphs,
                    "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
-      ->check(poolscope::bench::on_off())
+      ->check(poolscope::tools::on_off())
       ->capture_default_str();
   darray_cmd
       ->add_option("--yield-to-copies", d->options.yield_to_copies,
                    "CUDA: element-wise kernels run with fewer blocks while a large copy out of "
                    "their device is in flight (1) or always at full occupancy (0)")
-      ->check(poolscope::bench::on_off())
+      ->check(poolscope::tools::on_off())
       ->capture_default_str();
   darray_cmd
       ->add_option("--split-mib", d->options.split_mib,

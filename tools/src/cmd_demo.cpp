@@ -3,10 +3,10 @@
 #include <iostream>
 #include <memory>
 
+#include "cli_checks.hpp"
 #include "commands.hpp"
 #include "darray_demo.hpp"
 #include "devices_option.hpp"
-#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/pool/factory.hpp"
 
 namespace poolscope::tools {
@@ -47,16 +47,16 @@ void register_demo(CLI::App& app) {
                   "of each is kept (default 3 on GPUs, 20 on host devices)")
       ->check(CLI::Range(1, 1000));
   sub->add_option("--seed", o->seed, "seed of the data")
-      ->check(poolscope::bench::non_negative_number())
+      ->check(poolscope::tools::non_negative_number())
       ->capture_default_str();
   sub->add_option("--kernel-graphs", o->kernel_graphs,
                   "CUDA: launch kernels as one-node graphs (1) or with cudaLaunchKernel (0)")
-      ->check(poolscope::bench::on_off())
+      ->check(poolscope::tools::on_off())
       ->capture_default_str();
   sub->add_option("--yield-to-copies", o->yield_to_copies,
                   "CUDA: element-wise kernels run with fewer blocks while a large copy out of "
                   "their device is in flight (1) or always at full occupancy (0)")
-      ->check(poolscope::bench::on_off())
+      ->check(poolscope::tools::on_off())
       ->capture_default_str();
   sub->add_flag("!--no-cupti", o->cupti, "do not collect CUPTI activity");
   sub->add_option("--cupti-kinds", o->cupti_kinds,

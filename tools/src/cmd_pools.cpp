@@ -3,10 +3,10 @@
 #include <iostream>
 #include <memory>
 
+#include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "commands.hpp"
 #include "pools_demo.hpp"
-#include "poolscope/bench/cli_checks.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 
@@ -29,12 +29,12 @@ void register_pools(CLI::App& app) {
                   "upstream resource (default: cuda with a GPU, else host)")
       ->check(CLI::IsMember(pool::resource_names()));
   sub->add_option("--device", cmd->options.device, "GPU ordinal for device resources")
-      ->check(poolscope::bench::non_negative_number());
+      ->check(poolscope::tools::non_negative_number());
   sub->add_option("--steps", cmd->options.steps,
                   "sequence-batch steps (the random mix adds 100 pairs per step)")
       ->check(CLI::Range(1, 100000));
   sub->add_option("--seed", cmd->options.seed, "seed of the workload")
-      ->check(poolscope::bench::non_negative_number());
+      ->check(poolscope::tools::non_negative_number());
   sub->add_option("--allocators", cmd->options.allocators,
                   "comma-separated strategies (default: all registered)")
       ->delimiter(',')

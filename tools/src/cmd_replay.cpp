@@ -24,13 +24,13 @@
 #include <CLI/CLI.hpp>
 
 #include "byte_size.hpp"
+#include "cli_checks.hpp"
 #include "cli_files.hpp"
-#include "poolscope/bench/cli_checks.hpp"
+#include "poolscope/analysis/event_log.hpp"
+#include "poolscope/analysis/replay.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/pool/host_vmm_resource.hpp"
-#include "poolscope/profiler/event_log.hpp"
-#include "poolscope/profiler/replay.hpp"
 
 namespace poolscope::tools {
 
@@ -48,8 +48,8 @@ struct replay_command {
 };
 
 /// A progress bar on stderr for one strategy's replay (only called when stderr is a TTY).
-std::function<bool(const profiler::replay_progress&)> progress_bar(const std::string& name) {
-  return [name](const profiler::replay_progress& p) {
+std::function<bool(const analysis::replay_progress&)> progress_bar(const std::string& name) {
+  return [name](const analysis::replay_progress& p) {
     constexpr int width = 30;
     const double frac =
         p.total == 0 ? 1.0 : static_cast<double>(p.done) / static_cast<double>(p.total);
@@ -64,10 +64,10 @@ std::function<bool(const profiler::replay_progress&)> progress_bar(const std::st
   };
 }
 
-profiler::replay_result replay_one(const replay_command& cmd, const profiler::event_log& log,
+analysis::replay_result replay_one(const replay_command& cmd, const analysis::event_log& log,
                                    const std::string& resource, const std::string& strategy,
                                    std::size_t capacity) {
-  profiler::replay_options opt;
+  analysis::replay_options opt;
   opt.only_allocator = cmd.only_allocator;
   constexpr std::size_t long_log = std::size_t{1} << 17;
   if (cmd.progress && log.records.size() >= long_log && ::isatty(STDERR_FILENO) != 0) {
@@ -75,7 +75,7 @@ profiler::replay_result replay_one(const replay_command& cmd, const profiler::ev
     opt.progress_every = std::max<std::size_t>(log.records.size() / 100, 1);
   }
   if (resource == "host") {
-    return profiler::replay_on_host(log, strategy, capacity, opt);
+    return analysis::replay_on_host(log, strategy, capacity, opt);
   }
   if (resource == "host_vmm") {
     // The capacity is its mapping budget (reserved counts mapped bytes); nothing is touched, so
@@ -86,13 +86,13 @@ profiler::replay_result replay_one(const replay_command& cmd, const profiler::ev
                                                   : std::max(vo.address_range_bytes, 2 * capacity);
     pool::host_vmm_resource res{vo};
     auto alloc = pool::make_allocator(strategy, res);
-    return profiler::replay(log, *alloc, opt);
+    return analysis::replay(log, *alloc, opt);
   }
   // Device resources: the capacity becomes the allocator's limit (in-use and reserved bytes).
   auto res = pool::make_resource(resource, cmd.device);
   auto alloc = pool::make_allocator(strategy, *res);
   alloc->set_limit(capacity);
-  return profiler::replay(log, *alloc, opt);
+  return analysis::replay(log, *alloc, opt);
 }
 
 std::string fmt_ns(double ns) {
@@ -107,7 +107,7 @@ std::string fmt_ns(double ns) {
   return buf;
 }
 
-void print_table(std::ostream& out, const std::vector<profiler::replay_result>& results) {
+void print_table(std::ostream& out, const std::vector<analysis::replay_result>& results) {
   char line[512];
   std::snprintf(line, sizeof line, "%-22s %12s %12s %7s %15s %8s %10s %10s %10s %10s\n",
                 "allocator", "peak req", "peak rsv", "ratio", "upstream a/f", "failed",
@@ -130,8 +130,8 @@ void print_table(std::ostream& out, const std::vector<profiler::replay_result>& 
 /// (a double free, or a log that starts mid-run), mallocs of pointers still live (a lost free),
 /// records skipped, failures recorded, blocks never freed (from a replay that failed no
 /// allocation: a failed block is not live). Nothing when the log is complete and consistent.
-void print_log_notes(std::ostream& out, const std::vector<profiler::replay_result>& results) {
-  const profiler::replay_result& r = results.front();
+void print_log_notes(std::ostream& out, const std::vector<analysis::replay_result>& results) {
+  const analysis::replay_result& r = results.front();
   const auto whole = std::find_if(results.begin(), results.end(),
                                   [](const auto& x) { return x.failed_allocations == 0; });
   std::string notes;
@@ -163,7 +163,7 @@ void run_replay(const replay_command& cmd) {
   std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
   const std::size_t capacity = cmd.capacity.empty() ? std::numeric_limits<std::size_t>::max()
                                                     : parse_byte_size(cmd.capacity);
-  const profiler::event_log log = profiler::read_event_log(cmd.file);
+  const analysis::event_log log = analysis::read_event_log(cmd.file);
   if (!cmd.only_allocator.empty() && std::find(log.allocators.begin(), log.allocators.end(),
                                                cmd.only_allocator) == log.allocators.end()) {
     std::string names;
@@ -176,7 +176,7 @@ void run_replay(const replay_command& cmd) {
   const std::vector<std::string> strategies =
       cmd.allocators.empty() ? pool::allocator_names() : cmd.allocators;
 
-  std::vector<profiler::replay_result> results;
+  std::vector<analysis::replay_result> results;
   results.reserve(strategies.size());
   std::string resources;
   for (const auto& r : cmd.resources) {
@@ -186,7 +186,7 @@ void run_replay(const replay_command& cmd) {
     }
   }
 
-  text << "replay of " << cmd.file << " (" << profiler::to_string(log.format) << ", "
+  text << "replay of " << cmd.file << " (" << analysis::to_string(log.format) << ", "
        << log.records.size() << " records) on " << resources;
   if (!cmd.capacity.empty()) {
     text << ", capacity " << format_bytes(capacity);
@@ -222,7 +222,7 @@ void run_replay(const replay_command& cmd) {
   if (!cmd.json_path.empty()) {
     nlohmann::ordered_json j;
     j["log"] = cmd.file;
-    j["format"] = std::string(profiler::to_string(log.format));
+    j["format"] = std::string(analysis::to_string(log.format));
     j["records"] = log.records.size();
     j["resource"] = cmd.resources.size() == 1 ? nlohmann::ordered_json(cmd.resources.front())
                                               : nlohmann::ordered_json(cmd.resources);
@@ -257,7 +257,7 @@ void register_replay(CLI::App& app) {
       ->check(
           CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async", "vmm", "host_vmm"}));
   sub->add_option("--device", cmd->device, "GPU ordinal for device resources")
-      ->check(poolscope::bench::non_negative_number());
+      ->check(poolscope::tools::non_negative_number());
   sub->add_option("--capacity", cmd->capacity,
                   "bytes the upstream may hold (suffixes K, M, G, T: 512M, 80G; default: no "
                   "limit)")

@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 
 #include "byte_size.hpp"
+#include "poolscope/analysis/line_profile_reader.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
@@ -44,7 +45,7 @@ struct report_command {
 profiler::line_profile parse_line_profile(const report_command& cmd, const nlohmann::json& doc,
                                           const std::string& where) {
   try {
-    return profiler::line_profile::from_json_document(doc);
+    return analysis::line_profile_from_json_document(doc);
   } catch (const std::exception& e) {
     throw invalid_argument("poolscope report: '" + cmd.file + "'" + where + ": " + e.what());
   }

@@ -17,11 +17,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli_checks.hpp"
 #include "cli_files.hpp"
-#include "poolscope/bench/cli_checks.hpp"
+#include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/error.hpp"
-#include "poolscope/profiler/overlap.hpp"
-#include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::tools {
 
@@ -38,8 +38,8 @@ struct trace_command {
 };
 
 void run_check(const trace_command& cmd) {
-  const profiler::trace_check_result r =
-      profiler::check_trace(cmd.file, {.max_issues = cmd.max_issues});
+  const analysis::trace_check_result r =
+      analysis::check_trace(cmd.file, {.max_issues = cmd.max_issues});
   if (!cmd.quiet || !r.ok()) {
     std::cout << r.to_text();
   }
@@ -63,7 +63,7 @@ struct range_found {
 std::vector<range_found> find_ranges(const trace_command& cmd) {
   std::vector<range_found> out;
   for (const std::string& name : cmd.ranges) {
-    profiler::trace_ranges r = profiler::find_trace_ranges(cmd.file, name);
+    analysis::trace_ranges r = analysis::find_trace_ranges(cmd.file, name);
     if (r.found.empty()) {
       std::string known;
       for (const std::string& n : r.host_names) {
@@ -103,9 +103,9 @@ void run_summary(const trace_command& cmd) {
     text << line;
     windows.insert(windows.end(), f.slices.begin(), f.slices.end());
   }
-  const profiler::trace_summary s = cmd.ranges.empty()
-                                        ? profiler::summarize_trace(cmd.file)
-                                        : profiler::summarize_trace(cmd.file, windows, cmd.each);
+  const analysis::trace_summary s = cmd.ranges.empty()
+                                        ? analysis::summarize_trace(cmd.file)
+                                        : analysis::summarize_trace(cmd.file, windows, cmd.each);
   text << s.to_text(cmd.top);
   text.flush();
   if (!cmd.json_path.empty()) {
@@ -140,7 +140,7 @@ void register_trace(CLI::App& app) {
       "flows, named tracks; exit 1 with the list of problems");
   check->add_option("file", check_cmd->file, "the trace (.json or .json.gz)")->required();
   check->add_option("--max-issues", check_cmd->max_issues, "problems listed (all are counted)")
-      ->check(poolscope::bench::positive_number());
+      ->check(poolscope::tools::positive_number());
   check->add_flag("-q,--quiet", check_cmd->quiet, "print nothing when the trace is valid");
   check->callback([check_cmd] { run_check(*check_cmd); });
 
@@ -154,7 +154,7 @@ void register_trace(CLI::App& app) {
   summary
       ->add_option("--top", summary_cmd->top,
                    "kernels and copies listed per device, and CUDA API calls")
-      ->check(poolscope::bench::non_negative_number());
+      ->check(poolscope::tools::non_negative_number());
   summary->add_option("--json", summary_cmd->json_path,
                       "also write the summary as JSON to this file ('-': stdout, the text then "
                       "goes to stderr)");

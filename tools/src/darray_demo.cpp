@@ -15,6 +15,8 @@
 
 #include "cli_files.hpp"
 #include "host_memory.hpp"
+#include "poolscope/analysis/trace_check.hpp"
+#include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/bench/timing.hpp"
@@ -25,11 +27,9 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
-#include "poolscope/profiler/overlap.hpp"
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
-#include "poolscope/profiler/trace_check.hpp"
 
 namespace poolscope::tools {
 
@@ -46,8 +46,8 @@ using darray::shape_t;
 using farray = distributed_array<float>;
 
 // The demo's reference for the block matmul: x * y of two m x m row-major matrices, in double,
-// the rows split over the host's hardware threads through the darray's fork_join (on one thread,
-// the 2048^3 product of a GPU run took 25 of the demo's 31 s on a lent host). Each part writes
+// the rows split over the host's hardware threads through the darray's fork_join (on one thread
+// it is most of a GPU run's time: docs/perf.md, "The demo's host reference"). Each part writes
 // only its own rows; if no thread can be started, the calling thread does them all.
 std::vector<double> host_matmul(const std::vector<float>& x, const std::vector<float>& y,
                                 std::int64_t m) {
@@ -200,8 +200,8 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   // adds each part as it lands (darray batches the parts of chunks below 2^20 elements into one
   // task after the last piece), so the trace has an overlap to show. On GPUs 2^26 on one or two,
   // times (devices / 2)^2 on more: the fused op's copies must outlast the host's issuing to every
-  // device (on 4 x H100 at 2^26 each 27 MB copy had ended before its receiver's adds were
-  // enqueued, and no run overlapped anything; at 2^28 every device overlaps 0.6-0.7: perf.md).
+  // device, or each copy ends before its receiver's adds are enqueued and nothing overlaps
+  // (docs/perf.md, "The demo's size on more GPUs").
   const std::int64_t gpu_n = (std::int64_t{1} << 26) * std::max(1, devs * devs / 4);
   const std::int64_t n = o.n > 0 ? o.n : (gpu ? gpu_n : std::int64_t{1} << 22);
   const std::int64_t mm = o.matmul_n > 0 ? o.matmul_n : (gpu ? 2048 : 192);
@@ -415,7 +415,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
       windows.push_back(window_of(begin, end));
     }
     const profiler::interval best = window_of(fused_begin, fused_end);
-    const auto runs = profiler::summarize_trace(o.trace_path, windows, /*each=*/true);
+    const auto runs = analysis::summarize_trace(o.trace_path, windows, /*each=*/true);
     std::vector<std::vector<double>> per_device(static_cast<std::size_t>(devs));
     for (const auto& w : runs.each) {
       for (const auto& ov : w.devices) {
@@ -490,7 +490,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   rep.write(o.report_path);
   res.report = rep.to_json();
 
-  const auto check = profiler::check_trace(o.trace_path);
+  const auto check = analysis::check_trace(o.trace_path);
   res.checks.push_back(demo_check{"trace passes `poolscope trace check`", check.ok(), 0,
                                   check.ok() ? "" : check.to_text()});
 

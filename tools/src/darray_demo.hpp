@@ -12,8 +12,8 @@
 // Times are wall-clock on the host from the first enqueue to the end of the last piece of work:
 // the three steps take turns for `repeat` rounds after a warm-up round, and each keeps its best
 // (so a drift of the machine's speed slows all three alike). eta = (T_reshard + T_add - T_fused) /
-// min(T_reshard, T_add), DESIGN.md §4 (D1): 1 when the fused op costs no more than the longer of
-// its parts; n/a (NaN, null in the report) when the reshard moves nothing. Thread safety:
+// min(T_reshard, T_add), docs/design.md §4 (D1): 1 when the fused op costs no more than the longer
+// of its parts; n/a (NaN, null in the report) when the reshard moves nothing. Thread safety:
 // run_darray_demo runs on the calling thread. The result is a plain value.
 #pragma once
 
@@ -47,8 +47,8 @@ struct darray_demo_options {
   std::uint64_t seed = 1;
   bool cupti = true;  ///< collect CUPTI activity on GPUs
   /// profiler::with_activity_kinds' list. The records of API calls (runtime, driver, sync,
-  /// memory), left out by default, cost the demo 15-20 % on 4 GPUs; with runtime the trace has
-  /// its launch flows (docs/perf.md, ninth session).
+  /// memory), left out by default, are what makes CUPTI costly (docs/perf.md, "CUPTI's default
+  /// kinds"); with runtime the trace has its launch flows.
   std::string cupti_kinds = std::string(default_demo_cupti_kinds);
   /// CUDA: kernels launched as one-node graphs (darray::backend_options::kernel_graphs) or with
   /// cudaLaunchKernel; ignored on host devices.

@@ -102,52 +102,48 @@ class allocator_counters final : public thread_node_owner {
 
   /// Counts an allocation of `rounded` bytes for `requested`, and raises the peaks.
   [[gnu::always_inline]] void on_allocate(std::size_t rounded, std::size_t requested) noexcept {
-    const thread_slot& slot = thread_registry::slot(shard_key_);
-    if (slot.key != shard_key_) [[unlikely]] {
-      on_allocate_unslotted(rounded, requested);  // the shard, claimed (or none)
-      return;
-    }
-    auto* const s = static_cast<counter_shard*>(slot.node);
-    s->allocations = s->allocations + 1;
-    const std::size_t cu = s->credit_in_use;
-    const std::size_t cr = s->credit_requested;
-    if ((cu < rounded) | (cr < requested)) [[unlikely]] {
-      spend_beyond_credit(*s, rounded, requested);
-      return;
-    }
-    const std::size_t left_u = cu - rounded;
-    const std::size_t left_r = cr - requested;
-    s->credit_in_use = left_u;
-    s->credit_requested = left_r;
-    // The bounds, compared signed: a total read before another thread's update may trail this
-    // thread's credit, and such a bound raises nothing.
-    const auto bound_u = static_cast<std::int64_t>(in_use_.published() - left_u);
-    const auto bound_r = static_cast<std::int64_t>(requested_.published() - left_r);
-    if ((bound_u > static_cast<std::int64_t>(peak_in_use.load(std::memory_order_relaxed))) |
-        (bound_r > static_cast<std::int64_t>(peak_requested.load(std::memory_order_relaxed))))
-        [[unlikely]] {
-      raise_peaks(bound_u, bound_r);
-    }
+    with_shard(
+        [&](counter_shard& s) {
+          s.allocations = s.allocations + 1;
+          const std::size_t cu = s.credit_in_use;
+          const std::size_t cr = s.credit_requested;
+          if ((cu < rounded) | (cr < requested)) [[unlikely]] {
+            spend_beyond_credit(s, rounded, requested);
+            return;
+          }
+          const std::size_t left_u = cu - rounded;
+          const std::size_t left_r = cr - requested;
+          s.credit_in_use = left_u;
+          s.credit_requested = left_r;
+          // The bounds, compared signed: a total read before another thread's update may trail
+          // this thread's credit, and such a bound raises nothing.
+          const auto bound_u = static_cast<std::int64_t>(in_use_.published() - left_u);
+          const auto bound_r = static_cast<std::int64_t>(requested_.published() - left_r);
+          if ((bound_u > static_cast<std::int64_t>(peak_in_use.load(std::memory_order_relaxed))) |
+              (bound_r > static_cast<std::int64_t>(peak_requested.load(std::memory_order_relaxed))))
+              [[unlikely]] {
+            raise_peaks(bound_u, bound_r);
+          }
+        },
+        [&] { on_allocate_unslotted(rounded, requested); });
   }
   /// Counts a free of a block of `rounded` bytes allocated for `requested`.
   [[gnu::always_inline]] void on_free(std::size_t rounded, std::size_t requested) noexcept {
-    const thread_slot& slot = thread_registry::slot(shard_key_);
-    if (slot.key != shard_key_) [[unlikely]] {
-      on_free_unslotted(rounded, requested);  // the shard, claimed (or none)
-      return;
-    }
-    auto* const s = static_cast<counter_shard*>(slot.node);
-    s->deallocations = s->deallocations + 1;
-    const std::size_t cu = s->credit_in_use + rounded;
-    const std::size_t cr = s->credit_requested + requested;
-    // One cap for both credits, from the in-use total (requested bytes never exceed it).
-    const std::size_t cap = credited_total::cap_for(in_use_.published());
-    if ((cu > cap) | (cr > cap)) [[unlikely]] {
-      return_credit(*s, cu, cr);
-      return;
-    }
-    s->credit_in_use = cu;
-    s->credit_requested = cr;
+    with_shard(
+        [&](counter_shard& s) {
+          s.deallocations = s.deallocations + 1;
+          const std::size_t cu = s.credit_in_use + rounded;
+          const std::size_t cr = s.credit_requested + requested;
+          // One cap for both credits, from the in-use total (requested bytes never exceed it).
+          const std::size_t cap = credited_total::cap_for(in_use_.published());
+          if ((cu > cap) | (cr > cap)) [[unlikely]] {
+            return_credit(s, cu, cr);
+            return;
+          }
+          s.credit_in_use = cu;
+          s.credit_requested = cr;
+        },
+        [&] { on_free_unslotted(rounded, requested); });
   }
 
   /// The totals, exact for one instant when no other thread counts meanwhile (takes the
@@ -184,6 +180,17 @@ class allocator_counters final : public thread_node_owner {
     return std::make_unique<counter_shard>();
   }
   void retire(thread_node& node) noexcept override;
+  /// Runs `counted(shard)` on the calling thread's shard when its table holds it (inline), else
+  /// `unslotted()` (which claims the shard, or counts without one).
+  template <class Counted, class Unslotted>
+  [[gnu::always_inline]] void with_shard(Counted&& counted, Unslotted&& unslotted) noexcept {
+    const thread_slot& slot = thread_registry::slot(shard_key_);
+    if (slot.key != shard_key_) [[unlikely]] {
+      unslotted();
+      return;
+    }
+    counted(*static_cast<counter_shard*>(slot.node));
+  }
   // The paths off the usual one (allocator_counters.cpp).
   [[gnu::noinline]] void on_allocate_unslotted(std::size_t rounded, std::size_t requested) noexcept;
   [[gnu::noinline]] void on_free_unslotted(std::size_t rounded, std::size_t requested) noexcept;

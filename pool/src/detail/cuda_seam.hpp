@@ -27,8 +27,8 @@
 // The driver part (namespace cudrv, the virtual memory management calls of vmm_resource) reaches
 // the CUDA driver API through the runtime's entry-point lookup (cudaGetDriverEntryPointByVersion),
 // so nothing links libcuda and programs start without a driver. Every driver call is checked with
-// POOLSCOPE_CU_CHECK, the CUresult form of POOLSCOPE_CUDA_CHECK (api "CUDA driver", the call's
-// text, file:line, cuGetErrorName and the code). cudrv::map returns false on
+// the same POOLSCOPE_CUDA_CHECK (its CUresult form: api "CUDA driver", the call's text, file:line,
+// cuGetErrorName and the code). cudrv::map returns false on
 // CUDA_ERROR_OUT_OF_MEMORY (nothing left mapped); cudrv::unmap and cudrv::address_free are
 // noexcept and log failures.
 //
@@ -45,32 +45,9 @@
 #include <string>
 #include <vector>
 
+#include "poolscope/detail/cuda_check.hpp"  // POOLSCOPE_CUDA_CHECK
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
-
-/// Checks a cudaError_t-returning call; throws poolscope::cuda_error naming the call text,
-/// file:line and the CUDA error name. The runtime's last-error state is cleared first.
-///
-///   POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
-#define POOLSCOPE_CUDA_CHECK(call)                                                                 \
-  do {                                                                                             \
-    const ::cudaError_t poolscope_cuda_status_ = (call);                                           \
-    if (poolscope_cuda_status_ != ::cudaSuccess) [[unlikely]] {                                    \
-      ::poolscope::pool::detail::cudart::raise(poolscope_cuda_status_, #call, __FILE__, __LINE__); \
-    }                                                                                              \
-  } while (false)
-
-/// Checks a CUresult-returning driver call (through cudrv's entry points); throws
-/// poolscope::cuda_error (api "CUDA driver") naming the call text, file:line and the error name.
-///
-///   POOLSCOPE_CU_CHECK(api.mem_map(ptr, bytes, 0, handle, 0));
-#define POOLSCOPE_CU_CHECK(call)                                                                \
-  do {                                                                                          \
-    const ::CUresult poolscope_cu_status_ = (call);                                             \
-    if (poolscope_cu_status_ != ::CUDA_SUCCESS) [[unlikely]] {                                  \
-      ::poolscope::pool::detail::cudrv::raise(poolscope_cu_status_, #call, __FILE__, __LINE__); \
-    }                                                                                           \
-  } while (false)
 
 namespace poolscope::pool::detail {
 
@@ -90,9 +67,6 @@ void logged(F&& f) noexcept {
 }  // namespace poolscope::pool::detail
 
 namespace poolscope::pool::detail::cudrv {
-
-/// Throws cuda_error (api "CUDA driver") for `status` (not CUDA_SUCCESS).
-[[noreturn]] void raise(CUresult status, const char* call, const char* file, int line);
 
 /// Throws device_unavailable naming `who` unless `device` supports virtual memory management
 /// (and the driver's entry points are found). Initialises the device's primary context (the
@@ -122,9 +96,6 @@ namespace poolscope::pool::detail::cudart {
 /// The devices that can access `device`'s memory directly (cudaDeviceCanAccessPeer), not
 /// `device` itself.
 [[nodiscard]] std::vector<int> peers_of(int device);
-
-/// Clears the last-error state and throws cuda_error for `status` (not cudaSuccess).
-[[noreturn]] void raise(cudaError_t status, const char* call, const char* file, int line);
 
 /// Number of CUDA devices; 0 when there is no driver or no GPU. Never throws.
 [[nodiscard]] int device_count() noexcept;

@@ -1,5 +1,5 @@
-// The allocator benchmark (DESIGN.md §4): workloads A1-A5 on every allocator strategy, beside the
-// raw resource as baseline, plus the cost of hooks. `poolscope bench alloc` and
+// The allocator benchmark (docs/design.md §4): workloads A1-A5 on every allocator strategy, beside
+// the raw resource as baseline, plus the cost of hooks. `poolscope bench alloc` and
 // poolscope_bench_alloc both run this.
 //
 //   poolscope::bench::alloc_bench_options o;

@@ -1,4 +1,4 @@
-// The distributed-array benchmark (DESIGN.md §4, D1-D5): darray's reshard, fused ops, small-op
+// The distributed-array benchmark (docs/design.md §4, D1-D5): darray's reshard, fused ops, small-op
 // overhead, elementwise bandwidth and block matmul, each beside its baseline measured in the same
 // run. `poolscope bench darray` runs this.
 //
@@ -30,7 +30,7 @@
 // Baselines: on GPUs raw CUDA/NCCL calls (bench's CUDA seam); on host devices memcpy, one thread
 // per link (the table says which). Timing: wall clock from the first enqueue to the end of wait(),
 // one untimed warm-up, then `repeat` runs (D3: max(100, 20 * repeat)); figures use the best run,
-// the JSON also holds the median. Targets are DESIGN.md §5's, checked on GPUs only.
+// the JSON also holds the median. Targets: docs/perf.md "Targets", checked on GPUs only.
 // Thread safety: run_darray_bench runs on the calling thread and owns its backend; the report is a
 // plain value. Cost: about 5 x (repeat + 1) x the largest op; minutes at GPU sizes on a host.
 #pragma once
@@ -140,7 +140,7 @@ struct darray_bench_report {
   [[nodiscard]] bool any_error() const;
 };
 
-/// η of DESIGN.md §4 (D1), (T_reshard + T_add - T_fused) / min(T_reshard, T_add): 1 when the
+/// η of docs/design.md §4 (D1), (T_reshard + T_add - T_fused) / min(T_reshard, T_add): 1 when the
 /// fused op costs no more than the longer of its parts. None when the reshard moved no byte (one
 /// device: no transfer to hide, and the formula would divide by a reshard of no time) or a time
 /// is not positive. `poolscope bench darray` and `poolscope demo` both report it.

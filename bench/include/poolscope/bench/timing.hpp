@@ -59,7 +59,7 @@ struct sample_summary {
 /// The clock_ns() value `budget_s` seconds after `now`: saturates at the clock's end for a budget
 /// too long to represent (1e300 s: run until the operation count says stop), and is `now` for a
 /// budget that is not a positive number. (Converting an out-of-range double to an integer is
-/// undefined: a budget above ~1.8e10 s used to end the run at once.)
+/// undefined: unchecked, a budget above ~1.8e10 s would end the run at once.)
 [[nodiscard]] inline std::uint64_t deadline_after(std::uint64_t now, double budget_s) noexcept {
   constexpr std::uint64_t end = std::numeric_limits<std::uint64_t>::max();
   const double ns = budget_s * 1e9;

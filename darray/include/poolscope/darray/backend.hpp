@@ -231,20 +231,20 @@ struct backend_options {
   /// (backend::issue_each), so the host cost of several GPUs' enqueue calls overlaps. -1: on
   /// CUDA one per GPU after the first when kernels are launched plainly, none with kernel_graphs
   /// (a graph launch is cheap enough that a second thread in the driver costs more than it
-  /// overlaps, docs/darray.md); none on host (whose enqueue is a queue push); 0: none.
+  /// overlaps: docs/perf.md, "Issuing threads"); none on host (a queue push); 0: none.
   int issue_threads = -1;
-  /// CUDA: launch kernels as one-node graphs, an executable per stream, kernel and block size
-  /// whose grid and arguments are set at each launch: 1.6 us of host time per launch against 3.9 us
-  /// for cudaLaunchKernel on the lent H200 hosts (docs/perf.md). Ignored by host backends.
+  /// CUDA: launch kernels as one-node graphs, a few kept executables per stream, kernel and block
+  /// size: a graph launch costs the host a third of a cudaLaunchKernel (docs/perf.md, "Kernels
+  /// launched as graphs"; docs/darray.md). Ignored by host backends.
   bool kernel_graphs = true;
   /// Compute enqueued on a device while a large copy out of it (>= yield_min_bytes) may still
   /// be in flight yields memory bandwidth to that copy: on GPUs, element-wise kernels over
   /// contiguous operands (the vector path) run at 2 blocks per SM instead of 8. A kernel at full
-  /// occupancy slows the copy engines reading its device for a peer (215 MB: 0.583 ms from an
-  /// idle H100, 0.756 ms beside an add, 0.596 ms beside the add at 2 blocks per SM), and the
-  /// vector path loses nothing measurable at 2 blocks per SM; writes into a busy device are not
-  /// slowed. The copies are what a reshard or fused op waits for, so they go first (D1 on
-  /// 2 x H100: 1.42-1.47 ms against 1.50-1.52; docs/darray.md). Host backends only count it.
+  /// occupancy slows the copy engines reading its device for a peer, while the vector path
+  /// loses nothing measurable at 2 blocks per SM; writes into a busy device are not slowed.
+  /// The copies are what a reshard or fused op waits for, so they go first, and the fused op
+  /// is faster for it (docs/perf.md, "Compute yields to copies out of its device";
+  /// docs/darray.md). Host backends only count it.
   bool yield_to_copies = true;
 };
 
@@ -271,11 +271,15 @@ struct backend_stats {
   /// a launch with the same ones as one of its kernel's executables' last launch (an op repeated
   /// on the same buffers) sets none.
   std::uint64_t kernel_graph_updates = 0;
+  /// Chunk parts, pieces and index nodes the executor visited to pair up what its ops and
+  /// reshards read and write (count_parts_visited): the host-side bookkeeping, which grows as
+  /// O(P log P) in the parts P of a chunk (tests bound it; the time of an op follows it).
+  std::uint64_t parts_visited = 0;
 };
 
 /// Every figure of backend_stats with its name, in declaration order: what reports write (the
 /// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
-inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 12>
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 13>
     backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
                           {"copies_peer", &backend_stats::copies_peer},
                           {"bytes_local", &backend_stats::bytes_local},
@@ -287,19 +291,25 @@ inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_st
                           {"buffers_reused", &backend_stats::buffers_reused},
                           {"compute_yielding", &backend_stats::compute_yielding},
                           {"kernel_graphs_made", &backend_stats::kernel_graphs_made},
-                          {"kernel_graph_updates", &backend_stats::kernel_graph_updates}}};
+                          {"kernel_graph_updates", &backend_stats::kernel_graph_updates},
+                          {"parts_visited", &backend_stats::parts_visited}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
 class backend : public std::enable_shared_from_this<backend> {
  public:
-  backend() = default;
+  backend();
   backend(const backend&) = delete;
   backend& operator=(const backend&) = delete;
   virtual ~backend() = default;
 
   /// "host:2", "cuda:2".
   [[nodiscard]] std::string name() const { return do_name(); }
+  /// This backend's number in the process (1, 2, ... in order of creation): it tells apart two
+  /// backends of one name in messages ("host:2 #1", "host:2 #3").
+  [[nodiscard]] std::uint64_t id() const noexcept { return id_; }
+  /// name() and id(): "host:2 #1".
+  [[nodiscard]] std::string label() const;
   [[nodiscard]] int device_count() const noexcept { return do_device_count(); }
   [[nodiscard]] bool is_gpu() const noexcept { return do_is_gpu(); }
   /// "NVIDIA H200", "host device 1".
@@ -361,8 +371,8 @@ class backend : public std::enable_shared_from_this<backend> {
   void copy_group(dtype t, const std::vector<transfer>& list, transport how);
   /// Whether a reshard with `plan`, asked to move data by `how`, should send its pieces as one
   /// copy_group rather than piece by piece: always for nccl, never for peer; for automatic the
-  /// backend's choice (CUDA: when its default transport is NCCL, as measured in docs/darray.md
-  /// "Transports"; host devices: never).
+  /// backend's choice (CUDA: when its default transport is NCCL, for the reasons in
+  /// docs/darray.md "Transports"; host devices: never).
   [[nodiscard]] bool groups_transfers(const reshard_plan& plan, transport how) const;
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).
@@ -406,6 +416,11 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] backend_stats stats() const;
   /// The plans of this backend's recent reshards (thread-safe; see plan_cache).
   [[nodiscard]] plan_cache& plans() noexcept { return plans_; }
+  /// For the executor: adds `n` to stats().parts_visited (one relaxed atomic add; the executor
+  /// adds an op's count once).
+  void count_parts_visited(std::uint64_t n) noexcept {
+    counters_.parts_visited.fetch_add(n, std::memory_order_relaxed);
+  }
 
   /// Calls f(i) once for each i in [0, n) — calls of different i may run at once, on the
   /// backend's issuing threads (backend_options::issue_threads) and this one — and returns when
@@ -575,8 +590,10 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> compute_yielding{0};
     std::atomic<std::uint64_t> kernel_graphs_made{0};
     std::atomic<std::uint64_t> kernel_graph_updates{0};
+    std::atomic<std::uint64_t> parts_visited{0};
   };
   bool yield_to_copies_ = false;
+  std::uint64_t id_;
 
   std::once_flag tracks_once_;
   // Set (release) once tracks_ is built: tracks()'s fast path.

@@ -81,7 +81,7 @@ enum class copy_queue : std::uint8_t {
 struct reshard_options {
   transport how = transport::automatic;
   /// Remote pieces above this are split so compute on the first part starts early (0: never).
-  /// Larger pieces waste less link time between copies (docs/darray.md).
+  /// Larger pieces waste less link time between copies (docs/perf.md, "Reshard piece size").
   std::int64_t split_bytes = std::int64_t{64} << 20;
   /// Who issues each copy (either way both link directions run at once: each device's queue
   /// carries its own pieces). Pieces of at most 64 KiB are pulled by the receiver on its compute

@@ -7,7 +7,7 @@
 //   auto p = plan_reshard(src, dst, {.element_size = 4});
 //   // p.pieces: [0:500] 0->0 local, [700:1000] 1->1 local, [500:700] 0->1 remote (800 B)
 //
-// Rules (DESIGN.md §2 darray: never send what is already in place, feed replicas once):
+// Rules (docs/design.md §2, darray: never send what is already in place, feed replicas once):
 // - replica source (accumulate = false): each destination chunk is partitioned exactly by its
 //   pieces. What a chunk on the destination device already holds is taken from there (local
 //   pieces: no transfer; `in_place` when the source chunk is the destination chunk). The rest
@@ -37,8 +37,15 @@
 //   //   from dst chunk 0 into dst chunk 1 (from_dst, 800 B local); [600:1000] 1->0 remote into
 //   //   dst chunk 1 (1600 B). 2800 B cross, not 3600.
 //
-// Ownership: plain values. Thread safety: reentrant. Cost: O(src * dst) box intersections plus
-// the differences that deduplication needs, plus O(dst^2) for destination chunks sharing a device.
+// Ownership: plain values. Thread safety: reentrant. Cost: O((src + dst) log(src + dst)) to index
+// the chunks, then per destination chunk one query per search for the chunks meeting it (its own
+// device's source chunks, the earlier destination chunks there, the holders of what is left),
+// each O(log chunks + the chunks whose bounds meet it); then O(pieces log pieces) to order the
+// pieces. For sources without replicas (no element in two source chunks: blocks, grids, splits)
+// and for elements found on their own device (a replicated source into blocks) that is
+// O(pieces log pieces) — rows to columns has src * dst pieces. Where remote replicas hold what a
+// destination chunk needs, choosing the least-loaded one region by region costs O(h^2) for the h
+// source chunks meeting it. reshard_plan::boxes_visited counts the work.
 #pragma once
 
 #include <cstddef>
@@ -95,8 +102,11 @@ struct reshard_plan {
   std::int64_t bytes_in_place = 0;  ///< of bytes_local, those already in the right chunk
   /// For each destination chunk, the indices (into pieces) of its pieces.
   std::vector<std::vector<std::size_t>> pieces_of_dst;
-  /// Remote bytes per (src device, dst device).
+  /// Remote bytes per (src device, dst device), in increasing (src, dst) order.
   std::vector<std::tuple<int, int, std::int64_t>> link_bytes;
+  /// The chunks, index nodes, boxes and pieces planning visited: its bookkeeping work, which
+  /// tests bound (see the Cost paragraph of the file comment).
+  std::uint64_t boxes_visited = 0;
   /// A multi-line listing for logs and tests.
   [[nodiscard]] std::string to_string() const;
 };
@@ -167,7 +177,8 @@ class plan_cache {
 
 /// The elements each chunk of `chunks` owns when replicas are counted once: chunk i owns its box
 /// minus the boxes of chunks 0..i-1 (what sum and prod reductions and matmul read). One list of
-/// disjoint boxes per chunk, in order.
+/// disjoint boxes per chunk, in order. Cost: O(n log n) plus the differences with the earlier
+/// chunks each chunk meets (found through an index, not by visiting every earlier chunk).
 [[nodiscard]] std::vector<std::vector<box>> owned_regions(const std::vector<chunk_ref>& chunks);
 
 }  // namespace poolscope::darray

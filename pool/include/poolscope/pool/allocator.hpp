@@ -6,7 +6,7 @@
 //   pool.deallocate(stream, p, 1000);
 //   auto s = pool.stats();                        // a snapshot by value
 //
-// Contract (DESIGN.md §2):
+// Contract (docs/design.md §2):
 // - allocate(stream, bytes, alignment = 256): alignment must be a power of two <= 256
 //   (invalid_argument otherwise). bytes == 0 returns nullptr and does nothing else (no event, no
 //   count); deallocating nullptr with 0 bytes is a no-op. Requests past max_request_bytes throw

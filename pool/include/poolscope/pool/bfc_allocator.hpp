@@ -10,7 +10,7 @@
 //   pool.deallocate(s, a, 256 << 10);       // a's chunk is free again
 //   pool.deallocate(s, b, 100 << 10);       // merges with both neighbours: one free 2 MiB chunk
 //
-// Policy (bfc_options). Tuned for DESIGN.md §4 A5 (tensors whose sizes follow a random
+// Policy (bfc_options). Tuned for docs/design.md §4 A5 (tensors whose sizes follow a random
 // sequence length each step), where it keeps peak reserved within a few percent of peak
 // requested (docs/perf.md has the figures).
 // - Small and large segments are kept apart, as in PyTorch: requests up to 1 MiB are served

@@ -134,7 +134,12 @@ class thread_cache_adaptor final : public allocator {
   void do_cache_stats(allocator_stats& s) const override;
   [[nodiscard]] std::size_t do_cached_bytes_other_streams(stream_view stream) const override;
 
-  [[gnu::noinline]] detail::thread_cache* claim_cache() noexcept;
+  [[gnu::noinline]] block serve_unslotted(stream_view stream, std::size_t bytes,
+                                          std::size_t alignment);
+  [[gnu::noinline]] free_outcome free_unslotted(stream_view stream, void* ptr, std::size_t bytes,
+                                                std::size_t alignment) noexcept;
+  free_outcome free_with(detail::thread_cache* c, stream_view stream, void* ptr, std::size_t bytes,
+                         std::size_t alignment) noexcept;
   block forward(stream_view stream, std::size_t bytes, std::size_t alignment);
   [[gnu::noinline]] block serve(detail::thread_cache& c, stream_view stream, std::size_t bytes,
                                 std::size_t alignment);

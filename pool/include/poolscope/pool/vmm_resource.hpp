@@ -10,7 +10,7 @@
 //
 // The driver is reached through the runtime's entry-point lookup
 // (cudaGetDriverEntryPointByVersion), so programs need no link to libcuda and start without a
-// driver; every driver call is checked (POOLSCOPE_CU_CHECK, detail/cuda_seam.hpp). The logic is
+// driver; every driver call is checked (POOLSCOPE_CUDA_CHECK, detail/cuda_seam.hpp). The logic is
 // virtual_resource's, shared with host_vmm_resource, which CI tests. Ownership, thread safety and
 // stream semantics: virtual_resource.hpp. Each granule is a physical allocation of its own (so any
 // granule can be unmapped alone): a map of n granules is n cuMemCreate + cuMemMap calls and one

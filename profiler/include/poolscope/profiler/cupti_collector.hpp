@@ -181,6 +181,7 @@ struct cupti_options {
   bool driver_api = true;                           ///< DRIVER
   bool markers = true;                              ///< MARKER (NVTX)
   /// Put CUPTI's timestamps on now_ns with the timestamp callback (false: measure an offset).
+  /// The callback costs nothing measurable (docs/perf.md, "CUPTI's timestamp callback").
   bool timestamp_callback = true;
   /// Make libcupti the NVTX tool when NVTX_INJECTION64_PATH is unset (see the file comment).
   bool attach_nvtx = true;

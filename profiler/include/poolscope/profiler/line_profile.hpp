@@ -10,18 +10,24 @@
 // node holds the figures of the allocations whose captured stack ended exactly at it (`self`);
 // `total` adds those of its whole subtree. What the figures mean: see profile_counts.
 //
+// Reading a written profile back (load_line_profile): line_profile_reader.hpp.
+//
 // Ownership: a plain value; it owns its nodes. Thread safety: const methods may be called from
 // any thread. Cost: rendering is linear in the number of nodes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace poolscope::profiler {
+
+/// The "format" and "version" of the JSON document line_profile::to_json writes
+/// (docs/line_profile.md; read back by line_profile_reader.hpp).
+inline constexpr const char* line_profile_format = "poolscope.line_profile";
+inline constexpr int line_profile_format_version = 1;
 
 /// Byte and call figures of one node. Used bytes are those the caller asked for (pool_malloc
 /// `requested`); acquired bytes are those the allocator took from its upstream resource
@@ -121,25 +127,8 @@ class line_profile {
   /// `metric`, root-most frame first (the synthetic root left out).
   [[nodiscard]] std::string to_folded(profile_metric metric = profile_metric::used) const;
 
-  /// Parses a document written by to_json. Totals are recomputed from the self figures.
-  /// Throws poolscope::invalid_argument naming what is wrong if `json` is not such a document
-  /// (nodes nested more than 1024 deep included: the profiler writes at most 257 levels).
-  [[nodiscard]] static line_profile from_json(std::string_view json);
-  /// The same, from a document already parsed (a run report's "profiles.line"): nothing is
-  /// serialised again, so no recursion deeper than the node check allows. Same errors.
-  [[nodiscard]] static line_profile from_json_document(const nlohmann::json& doc);
-
   /// Recomputes every node's `total` from the `self` figures below it.
   void recompute_totals();
 };
-
-/// Reads a JSON report written by line_profile::to_json from `path`. Throws
-/// poolscope::runtime_error naming the path if it cannot be read, poolscope::invalid_argument
-/// if it is not a line profile.
-[[nodiscard]] line_profile load_line_profile(const std::string& path);
-
-/// What `poolscope report FILE` prints: the saved report at `path` as a text tree.
-[[nodiscard]] std::string render_line_profile_file(const std::string& path,
-                                                   const text_options& options = {});
 
 }  // namespace poolscope::profiler

@@ -46,10 +46,15 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "poolscope/hooks/hook.hpp"
 
 namespace poolscope::profiler {
+
+/// The action name of a recorded event: "malloc", "free", "device_alloc", "device_free",
+/// "split", "merge", "release", "oom", "limit_hit", "invalid_free".
+[[nodiscard]] std::string_view action_name(hooks::event_kind k) noexcept;
 
 /// Settings of a recorder.
 struct recorder_options {
