@@ -1090,11 +1090,24 @@ void timeline::impl::format_allocator_event(const hooks::event& e, const memory_
   impl& m = *this;
   if (upstream_begin_ns) {
     // The upstream call itself (cudaMalloc, cudaFree: hundreds of µs for large blocks, the host
-    // blocked) as a slice on the calling thread, where a gap in the host's issuing would be.
+    // blocked; cuMemMap and cuMemUnmap of granules) as a slice on the calling thread, where a gap
+    // in the host's issuing would be.
     m.name_host_thread(e.thread);
     trace_event s;
     s.phase = trace_phase::complete;
-    s.name = e.kind == hooks::event_kind::device_alloc ? "upstream alloc" : "upstream free";
+    switch (e.kind) {
+      case hooks::event_kind::device_alloc:
+        s.name = "upstream alloc";
+        break;
+      case hooks::event_kind::segment_map:
+        s.name = "segment map";  // granules mapped into a virtual resource's range
+        break;
+      case hooks::event_kind::segment_unmap:
+        s.name = "segment unmap";
+        break;
+      default:
+        s.name = "upstream free";
+    }
     s.cat = "allocator";
     s.pid = host_pid;
     s.tid = static_cast<std::int64_t>(e.thread);
