@@ -186,9 +186,10 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   check_option("mid_segment_bytes", options_.mid_segment_bytes,
                options_.mid_segment_bytes >= options_.mid_request_max,
                "must be at least mid_request_max");
-  check_option("keep_mapped_fraction", static_cast<std::size_t>(options_.keep_mapped_fraction),
-               options_.keep_mapped_fraction >= 0.0 && options_.keep_mapped_fraction <= 1.0,
-               "must lie in [0, 1]");
+  if (!(options_.keep_mapped_fraction >= 0.0 && options_.keep_mapped_fraction <= 1.0)) {
+    throw invalid_argument("poolscope: bfc_options.keep_mapped_fraction = " +
+                           std::to_string(options_.keep_mapped_fraction) + " must lie in [0, 1]");
+  }
   set_size_granularity(round_bytes);
   vm_ = dynamic_cast<virtual_resource*>(&upstream);
   if (vm_ != nullptr) {

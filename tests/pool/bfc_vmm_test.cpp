@@ -258,6 +258,22 @@ TEST(bfc_over_host_vmm, out_of_memory_releases_the_kept_granules_and_retries_onc
   EXPECT_EQ(a.check_invariants(), "");
 }
 
+TEST(bfc_over_host_vmm, a_hysteresis_fraction_outside_zero_to_one_is_named) {
+  host_vmm_resource r{small_options()};
+  for (const double bad : {-0.5, 1.5}) {
+    bfc_options o;
+    o.keep_mapped_fraction = bad;
+    try {
+      bfc_allocator a{r, o};
+      ADD_FAILURE() << "keep_mapped_fraction " << bad << " was accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("keep_mapped_fraction = " + std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(bfc_over_host_vmm, a_limit_caps_the_bytes_mapped) {
   host_vmm_resource r{small_options()};
   bfc_allocator a{r, no_hysteresis()};
