@@ -25,6 +25,19 @@ std::string hex(std::uintptr_t v) {
 
 constexpr std::size_t word_bits = 64;
 
+// Runs `check` (which throws for bad arguments) in a noexcept function: a bad argument is logged
+// and false returned.
+template <typename Check>
+bool passes(Check&& check) noexcept {
+  try {
+    check();
+    return true;
+  } catch (const std::exception& e) {
+    log(log_level::error, e.what());
+    return false;
+  }
+}
+
 }  // namespace
 
 virtual_resource::virtual_resource(std::unique_ptr<detail::physical_mapping> mapping,
@@ -106,10 +119,7 @@ bool virtual_resource::extend(void* end, std::size_t bytes) {
 }
 
 void virtual_resource::unreserve(void* ptr, std::size_t bytes) noexcept {
-  try {
-    check_range("unreserve", ptr, bytes);
-  } catch (const std::exception& e) {
-    log(log_level::error, e.what());
+  if (!passes([&] { check_range("unreserve", ptr, bytes); })) {
     return;
   }
   std::uintptr_t start = address(ptr);
@@ -166,10 +176,7 @@ bool virtual_resource::map(void* ptr, std::size_t bytes) {
 }
 
 void virtual_resource::unmap(void* ptr, std::size_t bytes) noexcept {
-  try {
-    check_range("unmap", ptr, bytes);
-  } catch (const std::exception& e) {
-    log(log_level::error, e.what());
+  if (!passes([&] { check_range("unmap", ptr, bytes); })) {
     return;
   }
   asked_.fetch_sub(unmap_counted(ptr, bytes), std::memory_order_relaxed);
