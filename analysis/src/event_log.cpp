@@ -35,10 +35,12 @@ std::string_view to_string(log_format f) noexcept {
 namespace {
 
 constexpr hooks::event_kind all_kinds[] = {
-    hooks::event_kind::pool_malloc,  hooks::event_kind::pool_free, hooks::event_kind::device_alloc,
-    hooks::event_kind::device_free,  hooks::event_kind::split,     hooks::event_kind::merge,
-    hooks::event_kind::release,      hooks::event_kind::oom,       hooks::event_kind::limit_hit,
-    hooks::event_kind::invalid_free,
+    hooks::event_kind::pool_malloc,  hooks::event_kind::pool_free,
+    hooks::event_kind::device_alloc, hooks::event_kind::device_free,
+    hooks::event_kind::split,        hooks::event_kind::merge,
+    hooks::event_kind::release,      hooks::event_kind::oom,
+    hooks::event_kind::limit_hit,    hooks::event_kind::invalid_free,
+    hooks::event_kind::segment_map,  hooks::event_kind::segment_unmap,
 };
 
 bool kind_from_action(std::string_view name, hooks::event_kind& out) noexcept {
@@ -76,10 +78,12 @@ hooks::event_phase default_phase(hooks::event_kind k) noexcept {
   switch (k) {
     case hooks::event_kind::pool_malloc:
     case hooks::event_kind::device_alloc:
+    case hooks::event_kind::segment_map:
     case hooks::event_kind::release:
       return hooks::event_phase::post;
     case hooks::event_kind::pool_free:
     case hooks::event_kind::device_free:
+    case hooks::event_kind::segment_unmap:
       return hooks::event_phase::pre;
     default:
       return hooks::event_phase::instant;

@@ -23,6 +23,7 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/pool/thread_cache_adaptor.hpp"
 #include "poolscope/profiler/recorder.hpp"
 #include "poolscope/profiler/snapshot_recorder.hpp"
@@ -459,6 +460,17 @@ std::string make_summary(const alloc_bench_report& rep, const std::vector<std::s
   return s.str();
 }
 
+/// host_vmm with its default granule and address range (raised to hold `capacity`), mapping at
+/// most `capacity` bytes.
+std::unique_ptr<pool::resource> make_host_vmm(std::size_t capacity) {
+  pool::host_vmm_options vo;
+  vo.capacity = capacity;
+  if (capacity != SIZE_MAX) {
+    vo.address_range_bytes = std::max(vo.address_range_bytes, 2 * capacity);
+  }
+  return std::make_unique<pool::host_vmm_resource>(vo);
+}
+
 /// The allocator of a row: `strategy` as make_allocator composes it (a thread cache in front of
 /// bfc and best_fit), or without the cache (`cached` false, rows "-tc"), or with no lock biased
 /// towards a thread (`bias` false, rows "-bias": the caches' locks and bfc's pool lock).
@@ -616,6 +628,11 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   rep.hooks = h;
 }
 
+/// The upstream column: resource allocations, or the map calls of a pool over a virtual resource.
+std::string upstream_cell(const pool::allocator_stats& s) {
+  return s.maps != 0 ? std::to_string(s.maps) + "m" : std::to_string(s.upstream_allocs);
+}
+
 }  // namespace
 
 std::vector<std::string> alloc_workload_names() {
@@ -679,8 +696,22 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
   pool::resource* res = main_resource.get();
   if (cap_gib > 0) {
     rep.capacity = static_cast<std::size_t>(cap_gib * static_cast<double>(GiB));
-    capped = std::make_unique<capped_resource>(*main_resource, *rep.capacity);
-    res = capped.get();
+    if (rep.resource == "host_vmm") {
+      // Capped by its own mapping budget: behind a wrapper, bfc would not see a virtual resource.
+      main_resource = make_host_vmm(*rep.capacity);
+      res = main_resource.get();
+    } else {
+      capped = std::make_unique<capped_resource>(*main_resource, *rep.capacity);
+      res = capped.get();
+    }
+  }
+  // bfc over the virtual-memory twin of the resource, beside the other rows.
+  const std::string vmm_name = on_device ? "vmm" : "host_vmm";
+  std::unique_ptr<pool::resource> vmm_resource;
+  if (o.vmm_rows && rep.resource != "vmm" && rep.resource != "host_vmm" &&
+      contains(allocators, std::string("bfc"))) {
+    vmm_resource = on_device ? pool::make_resource("vmm", o.device)
+                             : make_host_vmm(rep.capacity.value_or(SIZE_MAX));
   }
   std::vector<std::pair<std::string, std::unique_ptr<pool::resource>>> baselines;
   if (o.baselines) {
@@ -748,6 +779,9 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
       std::vector<variant> variants;
       for (const std::string& a : allocators) {
         variants.push_back({a, true, true});
+        if (a == "bfc" && vmm_resource) {
+          variants.push_back({"bfc over " + vmm_name, true, true});
+        }
         if (o.compare_thread_cache && (a == "bfc" || a == "best_fit")) {
           variants.push_back({a + " -tc", false, true});
           variants.push_back({a + " -bias", true, false});
@@ -763,7 +797,9 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
         }
         std::unique_ptr<pool::allocator> alloc;
         try {
-          alloc = make_variant(a.substr(0, a.find(' ')), *res, cached, bias);
+          const bool over_vmm = a.find(" over ") != std::string::npos;
+          alloc =
+              make_variant(a.substr(0, a.find(' ')), over_vmm ? *vmm_resource : *res, cached, bias);
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));
@@ -816,12 +852,13 @@ void alloc_bench_report::print_table(std::ostream& out) const {
                r.batch == 0 ? "-" : std::to_string(r.batch), format_ns(r.ns.median),
                format_ns(r.ns.p99), r.peak_requested ? format_size(*r.peak_requested) : "-",
                r.peak_reserved ? format_size(*r.peak_reserved) : "-",
-               r.ratio ? format_ratio(*r.ratio) : "-",
-               r.stats ? std::to_string(r.stats->upstream_allocs) : "-", r.note});
+               r.ratio ? format_ratio(*r.ratio) : "-", r.stats ? upstream_cell(*r.stats) : "-",
+               r.note});
   }
   t.print(out);
-  out << "ns per pair (allocate + deallocate); upstream = resource allocations made by the "
-         "allocator; [raw] = the resource called directly\n";
+  out << "ns per pair (allocate + deallocate), over a virtual resource including the map and "
+         "unmap calls made; upstream = resource allocations made by the allocator, or over a "
+         "virtual resource the map calls (\"m\"); [raw] = the resource called directly\n";
   out << summary << '\n';
 }
 

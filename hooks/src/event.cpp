@@ -28,6 +28,10 @@ std::string_view to_string(event_kind k) noexcept {
       return "limit_hit";
     case event_kind::invalid_free:
       return "invalid_free";
+    case event_kind::segment_map:
+      return "segment_map";
+    case event_kind::segment_unmap:
+      return "segment_unmap";
   }
   return "unknown";
 }

@@ -31,7 +31,7 @@ std::atomic<std::uint64_t> g_needs[event_filter::bit_count] = {};
 /// read then.
 struct installed {
   hook* h;
-  std::uint32_t bits;
+  std::uint64_t bits;
   bool sequenced;
   bool timed;
 };
@@ -48,7 +48,7 @@ void count_installation(const installed& i, bool in) noexcept {
     }
   };
   const std::uint64_t needs = (i.sequenced ? one_numbered : 0) | (i.timed ? one_timed : 0);
-  for (std::uint32_t rest = i.bits; rest != 0; rest &= rest - 1) {
+  for (std::uint64_t rest = i.bits; rest != 0; rest &= rest - 1) {
     const int b = std::countr_zero(rest);
     count(g_wanted[b], 1U);
     count(g_needs[b], needs);  // adding 0 changes nothing
@@ -279,7 +279,7 @@ void deliver(event& e) noexcept {
   e.seq = (needs & (one_timed - 1)) != 0 ? g_seq.next.fetch_add(1, std::memory_order_relaxed) : 0;
   e.time_ns = needs >= one_timed ? now_ns() : 0;
   e.thread = current_thread_id();
-  const std::uint32_t bit = std::uint32_t{1} << index;
+  const std::uint64_t bit = std::uint64_t{1} << index;
   const auto give = [&e, bit](const installed& i) {
     if ((i.bits & bit) == 0) {
       return;

@@ -12,7 +12,7 @@
  *
  * Configuration, read from the environment once per device, at that device's first use:
  *   POOLSCOPE_ALLOCATOR = naive | best_fit | bfc | stream_pool   (default bfc)
- *   POOLSCOPE_RESOURCE  = cuda | cuda_async | pinned | host     (default cuda)
+ *   POOLSCOPE_RESOURCE  = cuda | cuda_async | pinned | host | vmm | host_vmm   (default cuda)
  * Read once per process, at the first device's first use:
  *   POOLSCOPE_RECORD    = FILE   write the allocator event log (JSON Lines, docs/event_log.md)
  *   POOLSCOPE_PROFILE   = FILE   write the line profile (JSON, docs/line_profile.md) at exit;

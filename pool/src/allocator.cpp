@@ -41,6 +41,10 @@ std::string allocator_stats::to_json() const {
       {"largest_free_block", largest_free_block},
       {"fragmentation", fragmentation},
       {"limit", limit == SIZE_MAX ? nlohmann::json(nullptr) : nlohmann::json(limit)},
+      {"virtual_bytes", virtual_bytes},
+      {"mapped_free_bytes", mapped_free_bytes},
+      {"maps", maps},
+      {"unmaps", unmaps},
   };
   return j.dump();
 }
@@ -293,16 +297,24 @@ std::size_t allocator::release_cached() {
 
 // ---- upstream -------------------------------------------------------------------------------
 
-void* allocator::upstream_allocate(stream_view stream, std::size_t bytes) {
+bool allocator::refuses_reserve(stream_view stream, std::size_t bytes) noexcept {
   detail::allocator_counters& c = *accounts_->counters_;
   const std::size_t lim = accounts_->limit();
-  if (lim != SIZE_MAX && c.reserved.load(std::memory_order_relaxed) + bytes > lim) {
-    c.limit_hits.fetch_add(1, std::memory_order_relaxed);
-    if (hooks::active()) [[unlikely]] {
-      emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
-    }
+  if (lim == SIZE_MAX || c.reserved.load(std::memory_order_relaxed) + bytes <= lim) {
+    return false;
+  }
+  c.limit_hits.fetch_add(1, std::memory_order_relaxed);
+  if (hooks::active()) [[unlikely]] {
+    emit(hooks::event_kind::limit_hit, hooks::event_phase::instant, stream, nullptr, bytes, 0);
+  }
+  return true;
+}
+
+void* allocator::upstream_allocate(stream_view stream, std::size_t bytes) {
+  if (refuses_reserve(stream, bytes)) {
     return nullptr;
   }
+  detail::allocator_counters& c = *accounts_->counters_;
   const bool hooked = hooks::active();
   if (hooked) [[unlikely]] {
     emit(hooks::event_kind::device_alloc, hooks::event_phase::pre, stream, nullptr, bytes, 0);
@@ -349,6 +361,8 @@ bool allocator::reports_itself(hooks::event_kind kind) const noexcept {
       return true;
     case hooks::event_kind::device_alloc:
     case hooks::event_kind::device_free:
+    case hooks::event_kind::segment_map:
+    case hooks::event_kind::segment_unmap:
     case hooks::event_kind::limit_hit:
       return accounts_ != this;
     default:

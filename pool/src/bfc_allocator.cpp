@@ -3,13 +3,16 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <map>
 #include <mutex>
 
 #include "detail/bfc_structures.hpp"
 #include "detail/biased_lock.hpp"
+#include "detail/granule_map.hpp"
 #include "detail/round_up.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
+#include "poolscope/pool/virtual_resource.hpp"
 
 namespace poolscope::pool {
 
@@ -52,6 +55,10 @@ struct bfc_allocator::state {
   std::array<std::size_t, 2> pool_reserved{};  // free chunks that cover their whole segment
   std::size_t reserved = 0;                    // sum of segment sizes
   std::size_t live_bytes = 0;  // sum of live chunk sizes (those in thread caches included)
+  /// Over a virtual resource: the granules mapped and the chunks on each (else null), and the
+  /// large segment acquired or grown last, which the next one grows in place if it can.
+  std::unique_ptr<detail::granule_map> granules;
+  bfc_segment* growing = nullptr;
   /// Where carve and free_chunk write a neighbour's link or flag when the chunk has no such
   /// neighbour (it is at its segment's edge): a store through a selected pointer (cmov) instead
   /// of a branch on the null test, which is a coin toss on random sizes (large requests get
@@ -120,6 +127,7 @@ struct bfc_allocator::state {
       s->next->prev = s->prev;
     }
     --segment_count[index_of(s->pool)];
+    growing = growing == s ? nullptr : growing;
     reserved -= s->size;
     pool_reserved[index_of(s->pool)] -= s->size;
   }
@@ -178,7 +186,15 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   check_option("mid_segment_bytes", options_.mid_segment_bytes,
                options_.mid_segment_bytes >= options_.mid_request_max,
                "must be at least mid_request_max");
+  if (!(options_.keep_mapped_fraction >= 0.0 && options_.keep_mapped_fraction <= 1.0)) {
+    throw invalid_argument("poolscope: bfc_options.keep_mapped_fraction = " +
+                           std::to_string(options_.keep_mapped_fraction) + " must lie in [0, 1]");
+  }
   set_size_granularity(round_bytes);
+  vm_ = dynamic_cast<virtual_resource*>(&upstream);
+  if (vm_ != nullptr) {
+    state_->granules = std::make_unique<detail::granule_map>(*vm_);
+  }
 }
 
 bfc_allocator::~bfc_allocator() {
@@ -186,7 +202,12 @@ bfc_allocator::~bfc_allocator() {
   for (bfc_segment* head : state_->segments) {
     for (bfc_segment* s = head; s != nullptr;) {
       bfc_segment* next = s->next;
-      upstream_deallocate(stream_view{}, s->base, s->size);
+      if (vm_ != nullptr) {
+        state_->granules->release_all(s->base, s->size, [&](char* p, std::size_t n) {
+          upstream_unmap(*vm_, stream_view{}, p, n);
+        });
+      }
+      release_range(stream_view{}, s->base, s->size);
       delete s;
       s = next;
     }
@@ -314,7 +335,11 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes) {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
     if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) [[likely]] {
-      return {c->addr, rounded};
+      if (vm_ == nullptr || map_chunk(st, stream, c)) [[likely]] {
+        return {c->addr, rounded};
+      }
+      uncarve(st, stream, c);
+      return {};  // out of memory: the caller releases the cache and asks once more
     }
   }
   return allocate_missed(stream, bytes);
@@ -333,7 +358,11 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes) {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
     if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) {
-      return {c->addr, rounded};
+      if (vm_ == nullptr || map_chunk(st, stream, c)) {
+        return {c->addr, rounded};
+      }
+      uncarve(st, stream, c);
+      return {};
     }
     if (large && options_.consolidate && st.wholly_free[1] != 0) {
       detach_wholly_free(true, detached, detached_bytes);
@@ -348,7 +377,15 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
                                       std::size_t detached_bytes, std::size_t reserved_now) {
   // Release first, acquire second: reserved bytes never hold both at once.
   release_detached(detached);
+  if (vm_ != nullptr && large) {
+    if (const block b = grow_in_place(stream, rounded, bytes); b.ptr != nullptr) {
+      return b;
+    }
+  }
 
+  // Over a virtual resource, segments are address ranges: whole granules, and no part of
+  // reserved (the limit applies to what is mapped).
+  const std::size_t unit = vm_ != nullptr ? vm_->granularity() : 1;
   std::size_t policy = options_.small_segment_bytes;
   if (large) {
     const std::size_t exact = round_up(rounded, options_.large_round_bytes);
@@ -361,10 +398,10 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
                                        round_up(reserved_now / 8, options_.large_round_bytes)));
   }
   // Largest first; each later one is a fallback when upstream (or the limit) refuses.
-  const std::array<std::size_t, 4> candidates{std::max(policy, detached_bytes), policy,
-                                              round_up(rounded, options_.large_round_bytes),
-                                              rounded};
-  const std::size_t lim = limit();
+  const std::array<std::size_t, 4> candidates{
+      round_up(std::max(policy, detached_bytes), unit), round_up(policy, unit),
+      round_up(round_up(rounded, options_.large_round_bytes), unit), round_up(rounded, unit)};
+  const std::size_t lim = vm_ != nullptr ? SIZE_MAX : limit();
   void* p = nullptr;
   std::size_t size = 0;
   std::size_t tried = SIZE_MAX;
@@ -378,7 +415,7 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
       continue;
     }
     tried = s;
-    p = upstream_allocate(stream, s);
+    p = acquire_range(stream, s);
     if (p != nullptr) {
       size = s;
       break;
@@ -397,7 +434,7 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
     seg = new bfc_segment;
   } catch (...) {
     lock.unlock();
-    upstream_deallocate(stream, p, size);
+    release_range(stream, p, size);
     throw;
   }
   seg->base = static_cast<char*>(p);
@@ -410,8 +447,15 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   c->is_free = true;
   seg->first = c;
   st.link(seg);
+  if (vm_ != nullptr && large) {
+    st.growing = seg;
+  }
   st.add_free(c);
   carve(st, stream, c, rounded, bytes);
+  if (vm_ != nullptr && !map_chunk(st, stream, c)) {
+    uncarve(st, stream, c);  // the segment stays, wholly free
+    return {};
+  }
   return {p, rounded};
 }
 
@@ -444,6 +488,9 @@ free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
   }
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
+  if (vm_ != nullptr) [[unlikely]] {
+    unmap_chunk(st, stream, c);
+  }
   free_chunk(st, stream, c);
   return returned(rounded, requested, bytes);
 }
@@ -469,18 +516,24 @@ void bfc_allocator::detach_wholly_free(bool large, bfc_segment*& chain,
   }
 }
 
-void bfc_allocator::release_detached(bfc_segment* list) noexcept {
+std::size_t bfc_allocator::release_detached(bfc_segment* list) noexcept {
+  std::size_t released = 0;
   while (list != nullptr) {
     bfc_segment* const next = list->next;
-    upstream_deallocate(stream_view{}, list->base, list->size);
+    released += release_range(stream_view{}, list->base, list->size);
     delete list;
     list = next;
   }
+  return released;
 }
 
 void bfc_allocator::do_cache_stats(allocator_stats& s) const {
   const state& st = *state_;
   std::lock_guard lock(st.mutex);
+  if (vm_ != nullptr) {
+    mapped_cache_stats(st, s);
+    return;
+  }
   s.cached_blocks = st.free_chunks();
   s.cached_bytes = st.free_bytes();
   s.largest_free_block = std::max(st.index[0].largest(), st.index[1].largest());
@@ -493,9 +546,14 @@ std::size_t bfc_allocator::do_release_cached() {
     std::lock_guard lock(state_->mutex);
     detach_wholly_free(false, chain, bytes);
     detach_wholly_free(true, chain, bytes);
+    if (vm_ != nullptr) {
+      // Reserved bytes are mapped ones: what goes is the mapped free granules of the segments
+      // that stay and (release_detached) of those detached.
+      bytes = release_mapped_free(*state_);
+    }
   }
-  release_detached(chain);
-  return bytes;
+  const std::size_t released = release_detached(chain);
+  return vm_ != nullptr ? bytes + released : bytes;
 }
 
 void bfc_allocator::state_deleter::operator()(state* s) const noexcept {
@@ -695,7 +753,177 @@ std::string bfc_allocator::check_invariants() const {
     return "class lists hold " + std::to_string(listed) + " chunks, segments " +
            std::to_string(free_chunks);
   }
+  if (vm_ == nullptr) {
+    return {};
+  }
+  // Over a virtual resource: the live chunks on each granule, counted again here, agree with the
+  // granule map; a granule a live chunk touches is mapped (as the map and the resource see it);
+  // the mapped granules add up to what the map says.
+  const detail::granule_map& g = *st.granules;
+  const std::size_t unit = g.granularity();
+  std::map<std::uintptr_t, std::uint32_t> on;  // granule index -> live chunks touching it
+  std::size_t mapped = 0;
+  std::size_t mapped_free = 0;
+  for (const bfc_segment* head : st.segments) {
+    for (const bfc_segment* s = head; s != nullptr; s = s->next) {
+      for (const bfc_chunk* c = s->first; c != nullptr; c = c->next) {
+        for (std::uintptr_t i = address(c->addr) / unit;
+             !c->is_free && i <= (address(c->addr) + c->size - 1) / unit; ++i) {
+          ++on[i];
+        }
+      }
+      for (const char* p = s->base; p < s->base + s->size; p += unit) {
+        const auto it = on.find(address(p) / unit);
+        const std::uint32_t live = it != on.end() ? it->second : 0;
+        if (g.chunks_on(p) != live) {
+          return "granule " + at(p) + ": the map counts " + std::to_string(g.chunks_on(p)) +
+                 " live chunks on it, the segment " + std::to_string(live);
+        }
+        if (live != 0 && (!g.is_mapped(p) || !vm_->is_mapped(p))) {
+          return "granule " + at(p) + ": a live chunk touches it, but it is not mapped";
+        }
+        mapped += g.is_mapped(p) ? unit : 0;
+        mapped_free += g.is_mapped(p) && live == 0 ? unit : 0;
+      }
+    }
+  }
+  if (mapped != g.mapped() || mapped_free != g.mapped_free()) {
+    return "the map says " + std::to_string(g.mapped()) + " B mapped (" +
+           std::to_string(g.mapped_free()) + " B free), the segments hold " +
+           std::to_string(mapped) + " (" + std::to_string(mapped_free) + ")";
+  }
   return {};
+}
+
+// ---- over a virtual resource ------------------------------------------------------------------
+
+bool bfc_allocator::map_chunk(state& st, stream_view stream, bfc_chunk* c) {
+  return st.granules->acquire(
+      c->addr, c->size, [&](char* p, std::size_t n) { return upstream_map(*vm_, stream, p, n); });
+}
+
+void bfc_allocator::unmap_chunk(state& st, stream_view stream, const bfc_chunk* c) noexcept {
+  detail::granule_map& g = *st.granules;
+  const auto kept =
+      static_cast<std::size_t>(static_cast<double>(g.mapped()) * options_.keep_mapped_fraction);
+  g.release(c->addr, c->size, std::max(options_.keep_mapped_bytes, kept),
+            [&](char* p, std::size_t n) { upstream_unmap(*vm_, stream, p, n); });
+}
+
+void bfc_allocator::uncarve(state& st, stream_view stream, bfc_chunk* c) noexcept {
+  st.live.erase(c->addr);
+  free_chunk(st, stream, c);
+}
+
+void* bfc_allocator::acquire_range(stream_view stream, std::size_t bytes) {
+  if (vm_ == nullptr) {
+    return upstream_allocate(stream, bytes);
+  }
+  return vm_->reserve(bytes);
+}
+
+std::size_t bfc_allocator::release_range(stream_view stream, void* base,
+                                         std::size_t bytes) noexcept {
+  if (vm_ == nullptr) {
+    upstream_deallocate(stream, base, bytes);
+    return bytes;
+  }
+  std::size_t unmapped = 0;
+  {
+    std::lock_guard lock(state_->mutex);
+    unmapped = state_->granules->release_free(
+        static_cast<char*>(base), bytes,
+        [&](char* p, std::size_t n) { upstream_unmap(*vm_, stream, p, n); });
+  }
+  vm_->unreserve(base, bytes);
+  return unmapped;
+}
+
+std::size_t bfc_allocator::release_mapped_free(state& st) noexcept {
+  std::size_t unmapped = 0;
+  for (const bfc_segment* head : st.segments) {
+    for (const bfc_segment* s = head; s != nullptr && st.granules->mapped_free() != 0;
+         s = s->next) {
+      unmapped += st.granules->release_free(s->base, s->size, [&](char* p, std::size_t n) {
+        upstream_unmap(*vm_, stream_view{}, p, n);
+      });
+    }
+  }
+  return unmapped;
+}
+
+// Mapped bytes no live chunk holds are the cache: they lie in free chunks (the ends of granules
+// shared with live chunks, and granules kept mapped), and a block is cached when it is mapped.
+void bfc_allocator::mapped_cache_stats(const state& st, allocator_stats& s) const {
+  const detail::granule_map& g = *st.granules;
+  s.cached_bytes = g.mapped() - st.live_bytes;
+  s.cached_blocks = 0;
+  s.largest_free_block = 0;
+  for (const bfc_segment* head : st.segments) {
+    for (const bfc_segment* seg = head; seg != nullptr; seg = seg->next) {
+      for (const bfc_chunk* c = seg->first; c != nullptr; c = c->next) {
+        if (!c->is_free) {
+          continue;
+        }
+        const std::size_t piece = g.longest_mapped_piece(c->addr, c->size);
+        s.cached_blocks += piece != 0 ? 1 : 0;
+        s.largest_free_block = std::max(s.largest_free_block, piece);
+      }
+    }
+  }
+  s.virtual_bytes = st.reserved;
+  s.mapped_free_bytes = g.mapped_free();
+  s.maps = g.maps();
+  s.unmaps = g.unmaps();
+}
+
+// A large request that found no fit: the large segment acquired or grown last grows by the
+// request (rounded to the granule) when the addresses after it are free, its top chunk taking
+// them, so that free space at its end and the new space make one chunk and the large pool stays
+// one range. {} when it cannot (another range follows it, or there is none).
+block bfc_allocator::grow_in_place(stream_view stream, std::size_t rounded, std::size_t bytes) {
+  state& st = *state_;
+  std::lock_guard lock(st.mutex);
+  bfc_segment* const seg = st.growing;
+  if (seg == nullptr) {
+    return {};
+  }
+  bfc_chunk* top = seg->first;
+  while (top->next != nullptr) {
+    top = top->next;
+  }
+  const std::size_t have = top->is_free ? top->size : 0;
+  const std::size_t grow = round_up(rounded - std::min(rounded, have), vm_->granularity());
+  st.nodes.reserve(1);
+  st.live.reserve_one();
+  if (grow == 0 || !vm_->extend(seg->base + seg->size, grow)) {
+    return {};
+  }
+  if (top->is_free) {
+    st.remove_free(top);
+    top->size += grow;
+    st.add_free(top);
+  } else {
+    bfc_chunk* c = st.nodes.take();
+    c->addr = seg->base + seg->size;
+    c->size = grow;
+    c->prev = top;
+    c->pool = seg->pool;
+    c->is_free = true;
+    top->next = c;
+    top->next_free = true;
+    st.add_free_part(c);
+    top = c;
+  }
+  seg->size += grow;
+  st.reserved += grow;
+  st.pool_reserved[index_of(seg->pool)] += grow;
+  carve(st, stream, top, rounded, bytes);
+  if (!map_chunk(st, stream, top)) {
+    uncarve(st, stream, top);
+    return {};
+  }
+  return {top->addr, rounded};
 }
 
 }  // namespace poolscope::pool

@@ -7,18 +7,6 @@
 namespace poolscope::pool::detail::cudart {
 namespace {
 
-// Runs a release call in a noexcept context: a failure is logged, never thrown.
-template <typename F>
-void logged(F&& f) noexcept {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    log(log_level::error, e.what());
-  } catch (...) {
-    log(log_level::error, "poolscope: unknown failure while releasing CUDA resources");
-  }
-}
-
 // True for cudaSuccess; false (error cleared) for out of memory; throws otherwise.
 bool check_alloc(cudaError_t status, const char* call, const char* file, int line) {
   if (status == cudaSuccess) {

@@ -8,9 +8,11 @@
 #include "poolscope/pool/cuda_async_resource.hpp"
 #include "poolscope/pool/cuda_resource.hpp"
 #include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/pool/naive_allocator.hpp"
 #include "poolscope/pool/pinned_resource.hpp"
 #include "poolscope/pool/stream_pool_allocator.hpp"
+#include "poolscope/pool/vmm_resource.hpp"
 
 namespace poolscope::pool {
 
@@ -29,7 +31,7 @@ std::vector<std::string> allocator_names() {
 }
 
 std::vector<std::string> resource_names() {
-  return {"host", "cuda", "cuda_async", "pinned"};
+  return {"host", "cuda", "cuda_async", "pinned", "vmm", "host_vmm"};
 }
 
 std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream) {
@@ -74,6 +76,12 @@ std::unique_ptr<resource> make_resource(std::string_view name, int device) {
   }
   if (name == "pinned") {
     return std::make_unique<pinned_resource>();
+  }
+  if (name == "vmm") {
+    return std::make_unique<vmm_resource>(device);
+  }
+  if (name == "host_vmm") {
+    return std::make_unique<host_vmm_resource>();
   }
   throw invalid_argument("poolscope: unknown resource '" + std::string(name) + "' (expected " +
                          joined(resource_names()) + ")");

@@ -476,8 +476,9 @@ struct line_profiler::state {
   // With the lock held: records one event. May throw std::bad_alloc (tables growing).
   void apply(const event_record& r, const std::uintptr_t* frames) {
     ++events;
-    const bool is_free =
-        r.kind == hooks::event_kind::pool_free || r.kind == hooks::event_kind::device_free;
+    const bool is_free = r.kind == hooks::event_kind::pool_free ||
+                         r.kind == hooks::event_kind::device_free ||
+                         r.kind == hooks::event_kind::segment_unmap;
     if (is_free) {
       auto& table = r.kind == hooks::event_kind::pool_free ? blocks : segments;
       live_block* it = table.find(r.ptr);
@@ -599,7 +600,9 @@ void line_profiler::disable(const char* what) const noexcept {
 }
 
 hooks::event_filter line_profiler::interests() const noexcept {
-  return hooks::event_filter::lifetimes();
+  return hooks::event_filter::lifetimes()
+      .add(hooks::event_kind::segment_map, hooks::event_phase::post)
+      .add(hooks::event_kind::segment_unmap, hooks::event_phase::pre);
 }
 
 void line_profiler::on_event(const hooks::event& e) noexcept {
@@ -609,12 +612,16 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
   if (options_.only_allocator != 0 && e.allocator_id != options_.only_allocator) {
     return;
   }
+  // Memory a pool acquires is a device_alloc, or a segment_map over a virtual resource: both
+  // are charged to the line that caused them, and their releases give the charge back.
   const bool is_alloc =
       e.phase == hooks::event_phase::post &&
-      (e.kind == hooks::event_kind::pool_malloc || e.kind == hooks::event_kind::device_alloc);
+      (e.kind == hooks::event_kind::pool_malloc || e.kind == hooks::event_kind::device_alloc ||
+       e.kind == hooks::event_kind::segment_map);
   const bool is_free =
       e.phase == hooks::event_phase::pre &&
-      (e.kind == hooks::event_kind::pool_free || e.kind == hooks::event_kind::device_free);
+      (e.kind == hooks::event_kind::pool_free || e.kind == hooks::event_kind::device_free ||
+       e.kind == hooks::event_kind::segment_unmap);
   if ((!is_alloc && !is_free) || e.ptr == nullptr) {
     return;
   }

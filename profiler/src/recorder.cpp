@@ -43,6 +43,10 @@ std::string_view action_name(hooks::event_kind k) noexcept {
       return "limit_hit";
     case hooks::event_kind::invalid_free:
       return "invalid_free";
+    case hooks::event_kind::segment_map:
+      return "segment_map";
+    case hooks::event_kind::segment_unmap:
+      return "segment_unmap";
   }
   return "unknown";
 }
@@ -383,10 +387,12 @@ constexpr hooks::event_filter recorded(bool all_phases) noexcept {
   using hooks::event_phase;
   hooks::event_filter f = hooks::event_filter::all();
   if (!all_phases) {
-    for (event_kind k : {event_kind::pool_malloc, event_kind::device_alloc, event_kind::release}) {
+    for (event_kind k : {event_kind::pool_malloc, event_kind::device_alloc, event_kind::segment_map,
+                         event_kind::release}) {
       f.remove(k, event_phase::pre).remove(k, event_phase::instant);
     }
-    for (event_kind k : {event_kind::pool_free, event_kind::device_free}) {
+    for (event_kind k :
+         {event_kind::pool_free, event_kind::device_free, event_kind::segment_unmap}) {
       f.remove(k, event_phase::post).remove(k, event_phase::instant);
     }
   }

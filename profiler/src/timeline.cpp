@@ -1060,9 +1060,9 @@ void timeline::lost_host_events(std::uint64_t host_slices) noexcept {
 }
 
 namespace {
-// The pre event of the upstream call (device_alloc, device_free) this thread is in, if any: its
-// post event makes the call a slice. An upstream allocation that fails raises no post event; the
-// next pre replaces it.
+// The pre event of the upstream call (device_alloc, device_free, segment_map, segment_unmap) this
+// thread is in, if any: its post event makes the call a slice. An upstream allocation that fails
+// raises no post event; the next pre replaces it.
 struct upstream_call {
   const void* timeline = nullptr;
   std::uint64_t allocator_id = 0;
@@ -1072,7 +1072,8 @@ struct upstream_call {
 thread_local upstream_call t_upstream;
 
 bool is_upstream_call(hooks::event_kind k) noexcept {
-  return k == hooks::event_kind::device_alloc || k == hooks::event_kind::device_free;
+  return k == hooks::event_kind::device_alloc || k == hooks::event_kind::device_free ||
+         k == hooks::event_kind::segment_map || k == hooks::event_kind::segment_unmap;
 }
 }  // namespace
 
@@ -1145,11 +1146,24 @@ void timeline::impl::format_allocator_event(const hooks::event& e, const memory_
   impl& m = *this;
   if (upstream_begin_ns) {
     // The upstream call itself (cudaMalloc, cudaFree: hundreds of µs for large blocks, the host
-    // blocked) as a slice on the calling thread, where a gap in the host's issuing would be.
+    // blocked; cuMemMap and cuMemUnmap of granules) as a slice on the calling thread, where a gap
+    // in the host's issuing would be.
     m.name_host_thread(e.thread);
     trace_event s;
     s.phase = trace_phase::complete;
-    s.name = e.kind == hooks::event_kind::device_alloc ? "upstream alloc" : "upstream free";
+    switch (e.kind) {
+      case hooks::event_kind::device_alloc:
+        s.name = "upstream alloc";
+        break;
+      case hooks::event_kind::segment_map:
+        s.name = "segment map";  // granules mapped into a virtual resource's range
+        break;
+      case hooks::event_kind::segment_unmap:
+        s.name = "segment unmap";
+        break;
+      default:
+        s.name = "upstream free";
+    }
     s.cat = "allocator";
     s.pid = host_pid;
     s.tid = static_cast<std::int64_t>(e.thread);

@@ -92,6 +92,27 @@ TEST(replay_cli, peaks_and_counts_match_hand_computation) {
   EXPECT_DOUBLE_EQ(naive["ratio"].get<double>(), 1.0);
 }
 
+TEST(replay_cli, every_resource_listed_is_replayed_under_every_strategy) {
+  // Over host_vmm, bfc's peak reserved is the memory it mapped: whole 2 MiB granules, so the
+  // hand log's 5000 bytes at most take the three blocks' granules (three at most, at least one).
+  const std::string log = write_file("poolscope-replay", hand_log());
+  const json j = replay_json({"--allocators", "naive,bfc", "--resource", "host,host_vmm"}, log);
+  EXPECT_EQ(j["resource"], json::array({"host", "host_vmm"}));
+  ASSERT_EQ(j["results"].size(), 4U);
+  const std::vector<std::string> expected{"naive/host", "bfc/host", "naive/host_vmm",
+                                          "bfc/host_vmm"};
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const auto& r = j["results"][i];
+    EXPECT_EQ(r["allocator"], expected[i]);
+    EXPECT_EQ(r["peak_requested"], 5000);
+    EXPECT_EQ(r["failed_allocations"], 0);
+  }
+  const std::size_t bfc_vmm = j["results"][3]["peak_reserved"].get<std::size_t>();
+  EXPECT_GE(bfc_vmm, std::size_t{2} << 20);
+  EXPECT_LE(bfc_vmm, std::size_t{6} << 20);
+  EXPECT_EQ(j["results"][2]["peak_reserved"], 5000) << "naive counts what it asked for";
+}
+
 TEST(replay_cli, table_and_summary_line) {
   const std::string log = write_file("poolscope-replay", hand_log());
   const std::string out = run_cli({"replay", log, "--allocators", "naive,bfc"});

@@ -57,6 +57,9 @@ class alloc_bench_command {
                    "GPU)")
         ->check(poolscope::tools::non_negative_number());
     app.add_flag("--no-baselines", no_baselines_, "skip the raw resource rows");
+    app.add_flag("--no-vmm-rows", no_vmm_rows_,
+                 "skip the rows of bfc over the resource's virtual-memory twin (vmm on a GPU, "
+                 "host_vmm on the host)");
     app.add_flag("--compare-thread-cache", options_.compare_thread_cache,
                  "also run bfc and best_fit without the per-thread cache the default "
                  "composition puts in front of them (rows '<name> -tc') and with their locks "
@@ -73,6 +76,7 @@ class alloc_bench_command {
   /// device.
   int run(std::ostream& out, std::ostream& progress) {
     options_.baselines = !no_baselines_;
+    options_.vmm_rows = !no_vmm_rows_;
     const bench::alloc_bench_report rep = bench::run_alloc_bench(options_, &progress);
     if (json_path_ == "-") {
       rep.print_table(progress);
@@ -100,6 +104,7 @@ class alloc_bench_command {
  private:
   bench::alloc_bench_options options_;
   bool no_baselines_ = false;
+  bool no_vmm_rows_ = false;
   std::string json_path_;
 };
 

@@ -33,6 +33,10 @@ void register_demo(CLI::App& app) {
   sub->add_option("--allocator", o->allocator, "pool strategy of every device")
       ->check(CLI::IsMember(pool::allocator_names()))
       ->capture_default_str();
+  sub->add_option("--resource", o->resource,
+                  "upstream resource of every device's pool (default: cuda on GPUs, host on host "
+                  "devices; vmm / host_vmm: memory mapped as the pools need it)")
+      ->check(CLI::IsMember(pool::resource_names()));
   sub->add_option("--transport", o->transport, "how pieces move between GPUs")
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();

@@ -6,6 +6,7 @@
 //
 //   poolscope replay run.jsonl --allocators naive,bfc --capacity 80G --json replay.json
 //   poolscope replay snap.pickle       # each device's trace; the snapshot's own peaks beside
+//   poolscope replay run.jsonl --resource host,host_vmm    # peak physical memory over each
 //
 // Exit codes: 0, or 1 with a message naming the file and line if the log cannot be read or
 // parsed, or naming the strategy/resource that cannot be built. Failed allocations under the
@@ -35,6 +36,7 @@
 #include "poolscope/analysis/snapshot_trace.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 
 namespace poolscope::tools {
 
@@ -43,7 +45,7 @@ namespace {
 struct replay_command {
   std::string file;
   std::vector<std::string> allocators;
-  std::string resource = "host";
+  std::vector<std::string> resources{"host"};
   int device = 0;
   std::string capacity;
   std::string only_allocator;
@@ -69,7 +71,8 @@ std::function<bool(const analysis::replay_progress&)> progress_bar(const std::st
 }
 
 analysis::replay_result replay_one(const replay_command& cmd, const analysis::event_log& log,
-                                   const std::string& strategy, std::size_t capacity) {
+                                   const std::string& resource, const std::string& strategy,
+                                   std::size_t capacity) {
   analysis::replay_options opt;
   opt.only_allocator = cmd.only_allocator;
   constexpr std::size_t long_log = std::size_t{1} << 17;
@@ -77,11 +80,22 @@ analysis::replay_result replay_one(const replay_command& cmd, const analysis::ev
     opt.progress = progress_bar(strategy);
     opt.progress_every = std::max<std::size_t>(log.records.size() / 100, 1);
   }
-  if (cmd.resource == "host") {
+  if (resource == "host") {
     return analysis::replay_on_host(log, strategy, capacity, opt);
   }
+  if (resource == "host_vmm") {
+    // The capacity is its mapping budget (reserved counts mapped bytes); nothing is touched, so
+    // the host needs none of the memory mapped.
+    pool::host_vmm_options vo;
+    vo.capacity = capacity;
+    vo.address_range_bytes = capacity == SIZE_MAX ? std::size_t{1} << 40
+                                                  : std::max(vo.address_range_bytes, 2 * capacity);
+    pool::host_vmm_resource res{vo};
+    auto alloc = pool::make_allocator(strategy, res);
+    return analysis::replay(log, *alloc, opt);
+  }
   // Device resources: the capacity becomes the allocator's limit (in-use and reserved bytes).
-  auto res = pool::make_resource(cmd.resource, cmd.device);
+  auto res = pool::make_resource(resource, cmd.device);
   auto alloc = pool::make_allocator(strategy, *res);
   alloc->set_limit(capacity);
   return analysis::replay(log, *alloc, opt);
@@ -158,10 +172,12 @@ std::vector<analysis::replay_result> replay_all(const replay_command& cmd,
   const std::vector<std::string> strategies =
       cmd.allocators.empty() ? pool::allocator_names() : cmd.allocators;
   std::vector<analysis::replay_result> results;
-  results.reserve(strategies.size());
-  for (const auto& s : strategies) {
-    results.push_back(replay_one(cmd, log, s, capacity));
-    results.back().allocator += suffix;
+  results.reserve(strategies.size() * cmd.resources.size());
+  for (const auto& r : cmd.resources) {
+    for (const auto& s : strategies) {
+      results.push_back(replay_one(cmd, log, r, s, capacity));
+      results.back().allocator += suffix;
+    }
   }
   return results;
 }
@@ -198,8 +214,12 @@ std::size_t capacity_of(const replay_command& cmd) {
 
 void print_heading(std::ostream& text, const replay_command& cmd, std::string_view format,
                    std::size_t records) {
+  std::string resources;
+  for (const auto& r : cmd.resources) {
+    resources += (resources.empty() ? "" : ", ") + r;
+  }
   text << "replay of " << cmd.file << " (" << format << ", " << records << " records) on "
-       << cmd.resource;
+       << resources;
   if (!cmd.capacity.empty()) {
     text << ", capacity " << format_bytes(capacity_of(cmd));
   }
@@ -212,7 +232,8 @@ nlohmann::ordered_json json_heading(const replay_command& cmd, std::string_view 
   j["log"] = cmd.file;
   j["format"] = std::string(format);
   j["records"] = records;
-  j["resource"] = cmd.resource;
+  j["resource"] = cmd.resources.size() == 1 ? nlohmann::ordered_json(cmd.resources.front())
+                                            : nlohmann::ordered_json(cmd.resources);
   j["capacity"] = cmd.capacity.empty() ? nlohmann::ordered_json(nullptr)
                                        : nlohmann::ordered_json(capacity_of(cmd));
   return j;
@@ -381,8 +402,12 @@ void register_replay(CLI::App& app) {
                   "comma-separated strategies (default: all registered)")
       ->delimiter(',')
       ->check(CLI::IsMember(pool::allocator_names()));
-  sub->add_option("--resource", cmd->resource, "upstream resource (default: host)")
-      ->check(CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async"}));
+  sub->add_option("--resource", cmd->resources,
+                  "comma-separated upstream resources, each replayed under every strategy "
+                  "(default: host; host_vmm and vmm: reserved is the memory physically mapped)")
+      ->delimiter(',')
+      ->check(
+          CLI::IsMember(std::vector<std::string>{"host", "cuda", "cuda_async", "vmm", "host_vmm"}));
   sub->add_option("--device", cmd->device, "GPU ordinal for device resources")
       ->check(poolscope::tools::non_negative_number());
   sub->add_option("--capacity", cmd->capacity,

@@ -191,6 +191,7 @@ struct demo_setup {
 darray::backend_options backend_options_of(const darray_demo_options& o) {
   darray::backend_options bo;
   bo.allocator = o.allocator;
+  bo.resource = o.resource;
   bo.kernel_graphs = o.kernel_graphs;
   bo.yield_to_copies = o.yield_to_copies;
   if (o.transport == "auto") {

@@ -43,6 +43,9 @@ struct darray_demo_options {
                                  ///< on more; 2^22 on host devices)
   std::int64_t matmul_n = 0;     ///< matmul size (0: 2048 on GPUs, 192 on host devices)
   std::string allocator = "bfc";
+  /// Upstream resource of every device's pool ("": cuda on GPUs, host on host devices; vmm and
+  /// host_vmm map memory as the pools need it, docs/vmm.md).
+  std::string resource;
   std::string transport = "auto";  ///< auto, peer, nccl
   /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
   std::string between_ranks = "nccl";

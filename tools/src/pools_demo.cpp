@@ -235,13 +235,14 @@ void demo_report::print(std::ostream& out) const {
     }
     t.add_row({r.allocator, bench::format_size(st.peak_requested),
                bench::format_size(st.peak_reserved), bench::format_ratio(ratio_of(st)),
-               std::to_string(st.upstream_allocs + st.upstream_frees),
+               std::to_string(st.upstream_allocs + st.upstream_frees + st.maps + st.unmaps),
                std::to_string(st.cached_blocks), bench::format_size(st.largest_free_block),
                bench::format_ratio(st.fragmentation), bench::format_ns(r.ns_per_op), integrity});
   }
   t.print(out);
-  out << "upstream = resource allocations + frees; cached blocks, largest free and frag(mentation) "
-         "after the trace, before release\n";
+  out << "upstream = resource allocations + frees (over vmm / host_vmm, bfc's map + unmap calls, "
+         "and peak reserved is the memory mapped); cached blocks, largest free and "
+         "frag(mentation) after the trace, before release\n";
   for (const auto& r : results) {
     for (const auto& f : r.failures) {
       out << "  " << r.allocator << ": " << f << "\n";

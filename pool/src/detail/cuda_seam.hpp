@@ -24,20 +24,78 @@
 //   ignored, because they run in deallocation paths and destructors.
 // - device_count() never throws: it returns 0 when there is no driver or no GPU.
 //
+// The driver part (namespace cudrv, the virtual memory management calls of vmm_resource) reaches
+// the CUDA driver API through the runtime's entry-point lookup (cudaGetDriverEntryPointByVersion),
+// so nothing links libcuda and programs start without a driver. Every driver call is checked with
+// the same POOLSCOPE_CUDA_CHECK (its CUresult form: api "CUDA driver", the call's text, file:line,
+// cuGetErrorName and the code). cudrv::map returns false on
+// CUDA_ERROR_OUT_OF_MEMORY (nothing left mapped); cudrv::unmap and cudrv::address_free are
+// noexcept and log failures.
+//
 // Thread safety: every function is thread-safe (the CUDA runtime is); a device_guard changes the
 // calling thread's current device for its scope only.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
+#include <vector>
 
 #include "poolscope/detail/cuda_check.hpp"  // POOLSCOPE_CUDA_CHECK
 #include "poolscope/error.hpp"
+#include "poolscope/log.hpp"
+
+namespace poolscope::pool::detail {
+
+/// Runs `f` in a noexcept context (release functions, destructors): an exception is logged at
+/// error level, never thrown.
+template <typename F>
+void logged(F&& f) noexcept {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    log(log_level::error, e.what());
+  } catch (...) {
+    log(log_level::error, "poolscope: unknown failure while releasing CUDA resources");
+  }
+}
+
+}  // namespace poolscope::pool::detail
+
+namespace poolscope::pool::detail::cudrv {
+
+/// Throws device_unavailable naming `who` unless `device` supports virtual memory management
+/// (and the driver's entry points are found). Initialises the device's primary context (the
+/// runtime's), which the driver calls below act in.
+void require_vmm(int device, const char* who);
+/// The minimum granularity of pinned device memory on `device` (cuMemGetAllocationGranularity).
+[[nodiscard]] std::size_t granularity(int device);
+/// Total memory of `device` in bytes.
+[[nodiscard]] std::size_t total_memory(int device);
+/// cuMemAddressReserve of `bytes` aligned to `alignment`.
+[[nodiscard]] void* address_reserve(std::size_t bytes, std::size_t alignment);
+/// cuMemAddressFree. Logs failures.
+void address_free(void* ptr, std::size_t bytes) noexcept;
+/// Maps [ptr, ptr + bytes) granule by granule (one cuMemCreate + cuMemMap per granule, the
+/// handle released once mapped: the mapping keeps the memory) on `device`, then grants
+/// read/write access to every device in `access` (cuMemSetAccess). false on
+/// CUDA_ERROR_OUT_OF_MEMORY, with every granule this call mapped unmapped again.
+[[nodiscard]] bool map(void* ptr, std::size_t bytes, std::size_t granule, int device,
+                       const std::vector<int>& access);
+/// cuMemUnmap of each granule of [ptr, ptr + bytes). Logs failures.
+void unmap(void* ptr, std::size_t bytes, std::size_t granule) noexcept;
+
+}  // namespace poolscope::pool::detail::cudrv
 
 namespace poolscope::pool::detail::cudart {
+
+/// The devices that can access `device`'s memory directly (cudaDeviceCanAccessPeer), not
+/// `device` itself.
+[[nodiscard]] std::vector<int> peers_of(int device);
 
 /// Number of CUDA devices; 0 when there is no driver or no GPU. Never throws.
 [[nodiscard]] int device_count() noexcept;

@@ -57,6 +57,10 @@ struct alloc_bench_options {
   /// run; for bfc also with neither ("bfc -tc -bias": against "bfc -tc", the pool lock's bias
   /// alone).
   bool compare_thread_cache = false;
+  /// Also run bfc over the virtual-memory twin of the resource (vmm on a GPU, host_vmm on the
+  /// host; target "bfc over vmm" / "bfc over host_vmm"), where reserved is the bytes physically
+  /// mapped: its rows beside the others in one run. Off, or when the resource is one of them.
+  bool vmm_rows = true;
 };
 
 /// One row: a workload on one target.

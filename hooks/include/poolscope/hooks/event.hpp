@@ -34,8 +34,13 @@ enum class event_kind : std::uint8_t {
   oom,           ///< a request failed: the allocator is about to throw out_of_memory
   limit_hit,     ///< a request would exceed the allocator's limit
   invalid_free,  ///< a deallocation was rejected or corrected: see `error`
+  /// Physical memory was mapped into a virtual range the allocator holds (vmm, host_vmm):
+  /// ptr/rounded the range now backed. `reserved` counts it from this event on.
+  segment_map,
+  /// Physical memory was unmapped from such a range (pre: before the range stops being backed).
+  segment_unmap,
 };
-inline constexpr int event_kind_count = 10;
+inline constexpr int event_kind_count = 12;
 
 /// Where in the operation the event is emitted.
 enum class event_phase : std::uint8_t { pre, post, instant };

@@ -53,7 +53,7 @@ class event_filter {
   constexpr event_filter() noexcept = default;
   /// Every kind in every phase.
   [[nodiscard]] static constexpr event_filter all() noexcept {
-    return event_filter((std::uint32_t{1} << bit_count) - 1);
+    return event_filter((std::uint64_t{1} << bit_count) - 1);
   }
   /// The moments memory starts and stops being usable: pool_malloc and device_alloc post,
   /// pool_free and device_free pre (what a consumer of block and segment lifetimes needs).
@@ -66,7 +66,7 @@ class event_filter {
   }
   /// Adds `k` in phase `p`.
   constexpr event_filter& add(event_kind k, event_phase p) noexcept {
-    bits_ |= std::uint32_t{1} << bit_of(k, p);
+    bits_ |= std::uint64_t{1} << bit_of(k, p);
     return *this;
   }
   /// Adds `k` in every phase.
@@ -78,15 +78,15 @@ class event_filter {
   }
   /// Removes `k` in phase `p`.
   constexpr event_filter& remove(event_kind k, event_phase p) noexcept {
-    bits_ &= ~(std::uint32_t{1} << bit_of(k, p));
+    bits_ &= ~(std::uint64_t{1} << bit_of(k, p));
     return *this;
   }
   [[nodiscard]] constexpr bool contains(event_kind k, event_phase p) const noexcept {
-    return (bits_ & (std::uint32_t{1} << bit_of(k, p))) != 0;
+    return (bits_ & (std::uint64_t{1} << bit_of(k, p))) != 0;
   }
   [[nodiscard]] constexpr bool empty() const noexcept { return bits_ == 0; }
   /// One bit per pair, bit_of(kind, phase).
-  [[nodiscard]] constexpr std::uint32_t bits() const noexcept { return bits_; }
+  [[nodiscard]] constexpr std::uint64_t bits() const noexcept { return bits_; }
   friend constexpr bool operator==(event_filter, event_filter) noexcept = default;
 
   static constexpr int phase_count = 3;
@@ -97,10 +97,10 @@ class event_filter {
   }
 
  private:
-  explicit constexpr event_filter(std::uint32_t bits) noexcept : bits_(bits) {}
-  std::uint32_t bits_ = 0;
+  explicit constexpr event_filter(std::uint64_t bits) noexcept : bits_(bits) {}
+  std::uint64_t bits_ = 0;
 };
-static_assert(event_filter::bit_count <= 32, "one bit per (kind, phase) in 32 bits");
+static_assert(event_filter::bit_count < 64, "one bit per (kind, phase) in 64 bits");
 
 /// Base of every hook.
 class hook {

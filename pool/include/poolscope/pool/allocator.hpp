@@ -30,7 +30,8 @@
 // and 1/64 of the total per other thread (bytes another thread freed and has not yet taken off
 // the shared total). Hook events carry the same upper bound as in_use.
 // Hooks: pool_malloc pre/post, pool_free pre/post, device_alloc/device_free pre/post, release
-// pre/post, oom, limit_hit, invalid_free, and split/merge where the strategy has them. The same
+// pre/post, oom, limit_hit, invalid_free, and split/merge and segment_map/segment_unmap (over a
+// virtual resource) where the strategy has them. The same
 // code runs with or without hooks installed: a hook adds events, nothing else.
 // Thread safety: every allocator is thread-safe; each class says how.
 // Ownership: the allocator holds its resource by reference (it must outlive the allocator) and
@@ -75,6 +76,7 @@ inline constexpr std::size_t max_request_bytes = std::size_t{1} << 50;
 namespace detail {
 class allocator_counters;
 }  // namespace detail
+class virtual_resource;
 
 /// What a strategy hands back: the block and the bytes it took for it.
 struct block {
@@ -132,6 +134,15 @@ class allocator {
   /// the resource is exhausted or the limit would be passed (never throws out_of_memory).
   [[nodiscard]] void* upstream_allocate(stream_view stream, std::size_t bytes);
   void upstream_deallocate(stream_view stream, void* ptr, std::size_t bytes) noexcept;
+  /// Strategies over a virtual_resource (vmm, host_vmm) that map granules of address ranges
+  /// they reserved: upstream_map maps [ptr, ptr + bytes) through `vm`, counts the bytes as
+  /// reserved (the limit applies to them, as to upstream_allocate) and emits segment_map; false
+  /// (nothing mapped) when the resource is out of memory or the limit would be passed.
+  /// upstream_unmap emits segment_unmap, lowers reserved and unmaps. allocator_mapping.cpp.
+  [[nodiscard]] bool upstream_map(virtual_resource& vm, stream_view stream, void* ptr,
+                                  std::size_t bytes);
+  void upstream_unmap(virtual_resource& vm, stream_view stream, void* ptr,
+                      std::size_t bytes) noexcept;
   /// Bytes reserved from upstream now (stats().reserved, alone).
   [[nodiscard]] std::size_t reserved_bytes() const noexcept;
   /// A strategy whose blocks are requests rounded up to a multiple of `granularity` (a power of
@@ -207,6 +218,8 @@ class allocator {
   [[gnu::noinline]] block allocate_after_refusal(stream_view stream, std::size_t bytes,
                                                  std::size_t alignment);
   void check_limit(stream_view stream, std::size_t bytes, std::size_t limit);
+  /// True (counted as a limit hit, and reported) if `bytes` more reserved would pass the limit.
+  [[nodiscard]] bool refuses_reserve(stream_view stream, std::size_t bytes) noexcept;
   [[noreturn]] void throw_oom(stream_view stream, std::size_t bytes, const char* cause);
   [[gnu::cold]] void report_invalid_free(stream_view stream, void* ptr, std::size_t bytes,
                                          free_outcome outcome) noexcept;

@@ -36,6 +36,12 @@ struct allocator_stats {
   /// External fragmentation of the cache: 1 - largest_free_block / cached_bytes (0 if empty).
   double fragmentation = 0.0;
   std::size_t limit = SIZE_MAX;  ///< SIZE_MAX when none
+  /// Over a virtual resource (vmm, host_vmm) with a strategy that maps granules itself (bfc):
+  /// `reserved` is then the bytes physically mapped, and these say the rest. 0 otherwise.
+  std::size_t virtual_bytes = 0;      ///< address space held (the segments' ranges)
+  std::size_t mapped_free_bytes = 0;  ///< mapped granules holding no live block (hysteresis)
+  std::uint64_t maps = 0;             ///< map calls (segment_map events)
+  std::uint64_t unmaps = 0;           ///< unmap calls (segment_unmap events)
 
   /// JSON object with every field (for reports and the C ABI's poolscope_stats_json).
   [[nodiscard]] std::string to_json() const;

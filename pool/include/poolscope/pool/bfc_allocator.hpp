@@ -39,6 +39,16 @@
 //   then to 512 B) before the allocator reports failure, so a 3 MiB request does not fail
 //   merely because a 20 MiB segment does not fit. Sizes that would pass the limit are skipped.
 //
+// Over a virtual resource (vmm_resource, host_vmm_resource): segments are address ranges the
+// resource reserves, with nothing mapped; a chunk handed out gets the granules it touches mapped
+// (allocator::upstream_map), and a free unmaps the granules no live chunk touches any more, past
+// a hysteresis (keep_mapped_bytes / keep_mapped_fraction). `reserved` is then the bytes mapped:
+// live bytes plus at most a granule at each end of a live run, plus the hysteresis; the stats'
+// virtual_bytes, mapped_free_bytes, maps and unmaps say the rest, and cached_bytes are the mapped
+// bytes no live chunk holds. A large request that finds no free chunk grows the last large
+// segment in place when the addresses after it are free, so the large pool stays one range.
+// The granules are mapped and unmapped under the pool's mutex (a chunk must not be handed out
+// before its granules are mapped, nor a granule unmapped that a neighbour has just taken).
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
 // Thread safety: thread-safe. One mutex guards all state (free index, live table, segment
@@ -68,6 +78,8 @@
 #include "poolscope/pool/allocator.hpp"
 
 namespace poolscope::pool {
+
+class virtual_resource;
 
 namespace detail {
 struct bfc_chunk;
@@ -106,6 +118,14 @@ struct bfc_options {
   /// memory per pool when the huge page is granted (else only the pages touched); bookkeeping
   /// beyond the region comes from the heap. Off: all of it from the heap.
   bool huge_page_metadata = true;
+  /// Over a virtual resource (vmm, host_vmm; see the file comment): mapped granules that no live
+  /// chunk touches are kept mapped, for reuse without a map call, up to the larger of these two:
+  /// keep_mapped_bytes, and keep_mapped_fraction of the bytes mapped. A free that leaves more
+  /// unmaps granules it freed, so the granules kept never pass the larger of keep_mapped_bytes
+  /// and keep_mapped_fraction of the peak mapped. release_cached (and so an out-of-memory retry)
+  /// unmaps them all.
+  std::size_t keep_mapped_bytes = 0;
+  double keep_mapped_fraction = 1.0 / 32;
 };
 
 /// The state of a bfc_allocator's pool lock (bfc_allocator::lock_counts).
@@ -154,8 +174,10 @@ class bfc_allocator final : public allocator {
 
   /// Debug aid: walks every segment, chunk, size-class list and the live table and checks
   /// that they agree (chunks tile their segment, no two free neighbours, each free chunk in the
-  /// right sorted class list and bitmap, counters exact). Returns "" when consistent, else a
-  /// description of the first violation. Takes the mutex; O(chunks + size classes).
+  /// right sorted class list and bitmap, counters exact; over a virtual resource also that every
+  /// granule a live chunk touches is mapped and the granule counts are exact). Returns "" when
+  /// consistent, else a description of the first violation. Takes the mutex; O(chunks + size
+  /// classes), plus O(granules of the segments) over a virtual resource.
   [[nodiscard]] std::string check_invariants() const;
 
   /// The pool lock's bias now (bfc_options::lock_bias). Thread-safe; a snapshot.
@@ -201,9 +223,22 @@ class bfc_allocator final : public allocator {
                                std::size_t bytes) noexcept;
   void detach_wholly_free(bool large, detail::bfc_segment*& chain,
                           std::size_t& bytes) noexcept;  // locked
-  void release_detached(detail::bfc_segment* list) noexcept;
+  std::size_t release_detached(detail::bfc_segment* list) noexcept;
+
+  // Over a virtual resource (the file comment). Locked helpers as above.
+  [[nodiscard]] bool map_chunk(state& st, stream_view stream, detail::bfc_chunk* c);     // locked
+  void unmap_chunk(state& st, stream_view stream, const detail::bfc_chunk* c) noexcept;  // locked
+  /// A live chunk whose granules could not be mapped goes back to the index.
+  void uncarve(state& st, stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
+  /// A large request's chunk from the last large segment grown in place; {} if it cannot grow.
+  block grow_in_place(stream_view stream, std::size_t rounded, std::size_t bytes);
+  [[nodiscard]] void* acquire_range(stream_view stream, std::size_t bytes);
+  std::size_t release_range(stream_view stream, void* base, std::size_t bytes) noexcept;
+  [[nodiscard]] std::size_t release_mapped_free(state& st) noexcept;   // locked
+  void mapped_cache_stats(const state& st, allocator_stats& s) const;  // locked
 
   bfc_options options_;
+  virtual_resource* vm_ = nullptr;                 // the upstream, when it is a virtual resource
   std::unique_ptr<detail::metadata_arena> arena_;  // the state's home; outlives it
   std::unique_ptr<state, state_deleter> state_;
 };

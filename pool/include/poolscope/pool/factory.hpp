@@ -44,7 +44,8 @@ struct allocator_options {
 [[nodiscard]] std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream,
                                                         const allocator_options& options);
 
-/// A new resource: "host", "cuda", "cuda_async", "pinned". `device` selects the GPU for device
+/// A new resource: "host", "cuda", "cuda_async", "pinned", "vmm" (CUDA virtual memory),
+/// "host_vmm" (its CPU twin), each with its default options. `device` selects the GPU for device
 /// resources. Throws invalid_argument for an unknown name, device_unavailable without a GPU.
 [[nodiscard]] std::unique_ptr<resource> make_resource(std::string_view name, int device = 0);
 

@@ -1,0 +1,465 @@
+// bfc over a virtual resource (bfc_allocator.hpp, "Over a virtual resource"), on the CPU through
+// host_vmm_resource: the physical mapping follows live bytes, every live byte is mapped, no
+// unmapped granule is handed out, the hysteresis, the events, out of memory (a mapping budget and
+// a real ENOMEM), and a randomized stress. The expected mapping is computed here from the live
+// blocks (the union of the granules they touch), independently of the allocator's books; the
+// resource's own view (is_mapped, mapped_bytes) and touching the memory check the rest.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hooks/recording_hook.hpp"
+#include "pool/model.hpp"
+#include "poolscope/error.hpp"
+#include "poolscope/hooks/hook.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
+#include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
+
+namespace poolscope::pool::testing {
+namespace {
+
+using hooks::event_kind;
+using hooks::event_phase;
+using poolscope::testing::recording_hook;
+
+constexpr std::size_t granule = std::size_t{64} << 10;
+
+host_vmm_options small_options(std::size_t capacity = SIZE_MAX) {
+  return {
+      .address_range_bytes = std::size_t{1} << 30, .granule_bytes = granule, .capacity = capacity};
+}
+
+bfc_options no_hysteresis() {
+  bfc_options o;
+  o.keep_mapped_fraction = 0.0;
+  return o;
+}
+
+/// The live blocks and what they imply: the granules they touch.
+class live_blocks {
+ public:
+  explicit live_blocks(std::size_t g) : granule_(g) {}
+  void add(void* p, std::size_t bytes) {
+    ASSERT_TRUE(ranges_.insert(p, bytes)) << "a block overlaps a live one";
+    blocks_[p] = bytes;
+  }
+  std::size_t remove(void* p) {
+    const std::size_t bytes = blocks_.at(p);
+    blocks_.erase(p);
+    ranges_.erase(p);
+    return bytes;
+  }
+  /// Bytes of the granules the live blocks touch, at their 512-byte rounded sizes (bfc's chunks).
+  [[nodiscard]] std::size_t touched_bytes() const {
+    std::set<std::uintptr_t> granules;
+    for (const auto& [p, bytes] : blocks_) {
+      const auto a = reinterpret_cast<std::uintptr_t>(p);
+      const std::size_t rounded = (bytes + 511) / 512 * 512;
+      for (std::uintptr_t g = a / granule_; g <= (a + rounded - 1) / granule_; ++g) {
+        granules.insert(g);
+      }
+    }
+    return granules.size() * granule_;
+  }
+  /// Checks that every granule of every live block is mapped, as the resource sees it, and
+  /// writable (the first and last byte of each granule are written and read back).
+  void expect_mapped(const virtual_resource& r) const {
+    for (const auto& [p, bytes] : blocks_) {
+      auto* c = static_cast<unsigned char*>(p);
+      for (std::size_t off = 0; off < bytes; off += granule_) {
+        ASSERT_TRUE(r.is_mapped(c + off)) << "live byte " << off << " of a block is unmapped";
+      }
+      ASSERT_TRUE(r.is_mapped(c + bytes - 1));
+      c[0] = 0x11;
+      ASSERT_EQ(c[0], 0x11);
+      c[bytes - 1] = 0x22;
+      ASSERT_EQ(c[bytes - 1], 0x22);
+    }
+  }
+  [[nodiscard]] const std::map<void*, std::size_t>& all() const { return blocks_; }
+
+ private:
+  std::size_t granule_;
+  interval_set ranges_;
+  std::map<void*, std::size_t> blocks_;
+};
+
+TEST(bfc_over_host_vmm, the_mapping_follows_live_bytes) {
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, no_hysteresis()};
+  live_blocks live{granule};
+  std::vector<void*> order;
+  for (const std::size_t bytes : {std::size_t{1000}, std::size_t{200} << 10, std::size_t{3} << 20,
+                                  std::size_t{5} << 20, std::size_t{70000}, std::size_t{512}}) {
+    void* p = a.allocate({}, bytes);
+    live.add(p, bytes);
+    order.push_back(p);
+    live.expect_mapped(r);
+    EXPECT_EQ(a.stats().reserved, live.touched_bytes()) << "after allocating " << bytes;
+    EXPECT_EQ(r.mapped_bytes(), live.touched_bytes());
+  }
+  // Free every other block: the granules no live block touches go back at once.
+  for (std::size_t i = 0; i < order.size(); i += 2) {
+    a.deallocate({}, order[i], live.remove(order[i]));
+    EXPECT_EQ(a.stats().reserved, live.touched_bytes()) << "after free " << i;
+    live.expect_mapped(r);
+  }
+  const allocator_stats s = a.stats();
+  EXPECT_EQ(s.reserved, r.mapped_bytes());
+  EXPECT_GE(s.virtual_bytes, s.reserved) << "segments hold at least what is mapped";
+  EXPECT_EQ(s.mapped_free_bytes, 0U) << "no hysteresis";
+  EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved);
+  EXPECT_GT(s.maps, 0U);
+  EXPECT_GT(s.unmaps, 0U);
+  EXPECT_EQ(a.check_invariants(), "");
+  for (std::size_t i = 1; i < order.size(); i += 2) {
+    a.deallocate({}, order[i], live.remove(order[i]));
+  }
+  EXPECT_EQ(a.stats().reserved, 0U);
+  EXPECT_EQ(r.mapped_bytes(), 0U);
+  EXPECT_GT(a.stats().virtual_bytes, 0U) << "the address ranges stay until release_cached";
+  EXPECT_EQ(a.release_cached(), 0U) << "nothing mapped to release";
+  EXPECT_EQ(a.stats().virtual_bytes, 0U);
+  EXPECT_EQ(r.counts().address_bytes, 0U);
+}
+
+TEST(bfc_over_host_vmm, the_large_pool_grows_in_place_as_one_range) {
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, no_hysteresis()};
+  void* x = a.allocate({}, std::size_t{12} << 20);
+  void* y = a.allocate({}, std::size_t{30} << 20);  // no fit: the segment grows
+  void* z = a.allocate({}, std::size_t{3} << 20);
+  std::vector<bfc_segment_info> segs = a.segments();
+  ASSERT_EQ(segs.size(), 1U) << "three large requests, one range";
+  EXPECT_GE(segs[0].bytes, std::size_t{45} << 20);
+  EXPECT_EQ(static_cast<char*>(y), static_cast<char*>(x) + (std::size_t{12} << 20));
+  EXPECT_EQ(a.check_invariants(), "");
+  // Freed, x and y merge with each other across what used to be the segment's end.
+  a.deallocate({}, x, std::size_t{12} << 20);
+  a.deallocate({}, y, std::size_t{30} << 20);
+  void* w = a.allocate({}, std::size_t{40} << 20);
+  EXPECT_EQ(w, x) << "the 42 MiB freed in front of z serve a 40 MiB request";
+  EXPECT_EQ(a.segments().size(), 1U);
+  EXPECT_EQ(a.stats().reserved, (std::size_t{43} << 20)) << "40 + 3 MiB live, all of it mapped";
+  a.deallocate({}, w, std::size_t{40} << 20);
+  a.deallocate({}, z, std::size_t{3} << 20);
+  EXPECT_EQ(a.check_invariants(), "");
+}
+
+TEST(bfc_over_host_vmm, a_cached_pair_maps_nothing_within_the_hysteresis) {
+  host_vmm_resource r{small_options()};
+  bfc_options o;
+  o.keep_mapped_bytes = std::size_t{4} << 20;
+  bfc_allocator a{r, o};
+  void* first = a.allocate({}, std::size_t{1} << 20);
+  a.deallocate({}, first, std::size_t{1} << 20);
+  const allocator_stats warm = a.stats();
+  EXPECT_EQ(warm.mapped_free_bytes, std::size_t{1} << 20) << "kept mapped";
+  EXPECT_EQ(warm.reserved, std::size_t{1} << 20);
+  for (int i = 0; i < 1000; ++i) {
+    void* p = a.allocate({}, std::size_t{1} << 20);
+    a.deallocate({}, p, std::size_t{1} << 20);
+  }
+  const allocator_stats after = a.stats();
+  EXPECT_EQ(after.maps, warm.maps);
+  EXPECT_EQ(after.unmaps, warm.unmaps);
+  EXPECT_EQ(a.release_cached(), std::size_t{1} << 20) << "release_cached unmaps the kept granules";
+  EXPECT_EQ(a.stats().reserved, 0U);
+  EXPECT_EQ(a.stats().mapped_free_bytes, 0U);
+}
+
+TEST(bfc_over_host_vmm, map_and_unmap_events_sum_to_reserved) {
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, no_hysteresis()};
+  recording_hook rec{a.id()};
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  {
+    hooks::scoped_hook on{rec, hooks::scope::thread};
+    for (const std::size_t bytes : {std::size_t{3000}, std::size_t{2} << 20, std::size_t{300000}}) {
+      blocks.emplace_back(a.allocate({}, bytes), bytes);
+    }
+    a.deallocate({}, blocks[1].first, blocks[1].second);
+  }
+  std::size_t mapped = 0;
+  std::size_t maps = 0;
+  std::size_t unmaps = 0;
+  for (const auto& r_event : rec.events()) {
+    const hooks::event& e = r_event.e;
+    if (e.kind == event_kind::segment_map && e.phase == event_phase::post) {
+      mapped += e.rounded;
+      ++maps;
+      EXPECT_EQ(e.reserved, mapped) << "the event carries reserved after the map";
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(e.ptr) % granule, 0U) << "whole granules";
+      EXPECT_EQ(e.rounded % granule, 0U);
+    } else if (e.kind == event_kind::segment_unmap && e.phase == event_phase::post) {
+      mapped -= e.rounded;
+      ++unmaps;
+      EXPECT_EQ(e.reserved, mapped);
+    } else if (e.kind == event_kind::device_alloc) {
+      ADD_FAILURE() << "an address range is no device_alloc: reserved counts mapped bytes";
+    }
+  }
+  const allocator_stats s = a.stats();
+  EXPECT_EQ(mapped, s.reserved);
+  EXPECT_EQ(maps, s.maps);
+  EXPECT_EQ(unmaps, s.unmaps);
+  EXPECT_GT(unmaps, 0U);
+  a.deallocate({}, blocks[0].first, blocks[0].second);
+  a.deallocate({}, blocks[2].first, blocks[2].second);
+}
+
+TEST(bfc_over_host_vmm, out_of_memory_releases_the_kept_granules_and_retries_once) {
+  // A budget of 2.5 MiB of mappings. A freed 1 MiB block stays mapped (hysteresis), so a 2 MiB
+  // request fits only once the pool has released it: the retry does that.
+  host_vmm_resource r{small_options(std::size_t{5} << 19)};
+  bfc_options o;
+  o.keep_mapped_bytes = std::size_t{64} << 20;
+  bfc_allocator a{r, o};
+  recording_hook rec{a.id()};
+  hooks::scoped_hook on{rec, hooks::scope::thread};
+  void* x = a.allocate({}, std::size_t{1} << 20);
+  a.deallocate({}, x, std::size_t{1} << 20);
+  ASSERT_EQ(a.stats().mapped_free_bytes, std::size_t{1} << 20);
+  void* y = a.allocate({}, std::size_t{2} << 20);
+  ASSERT_NE(y, nullptr);
+  EXPECT_EQ(rec.of(event_kind::release, event_phase::post).size(), 1U) << "one flush";
+  EXPECT_EQ(a.stats().reserved, std::size_t{2} << 20);
+  EXPECT_EQ(a.stats().oom_count, 0U);
+
+  // Now nothing is left to release: the same explaining out_of_memory as over any resource.
+  try {
+    (void)a.allocate({}, std::size_t{1} << 20);
+    ADD_FAILURE() << "a request past the budget succeeded";
+  } catch (const out_of_memory& e) {
+    EXPECT_EQ(e.requested(), std::size_t{1} << 20);
+    EXPECT_EQ(e.context().reserved, std::size_t{2} << 20) << "reserved is what is mapped";
+    EXPECT_EQ(e.context().in_use, std::size_t{2} << 20);
+    EXPECT_NE(std::string(e.what()).find("upstream exhausted"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(a.stats().oom_count, 1U);
+  EXPECT_EQ(a.check_invariants(), "");
+  // The pool stays usable.
+  a.deallocate({}, y, std::size_t{2} << 20);
+  void* z = a.allocate({}, std::size_t{1} << 20);
+  EXPECT_TRUE(r.is_mapped(z));
+  a.deallocate({}, z, std::size_t{1} << 20);
+  EXPECT_EQ(a.check_invariants(), "");
+}
+
+TEST(bfc_over_host_vmm, a_hysteresis_fraction_outside_zero_to_one_is_named) {
+  host_vmm_resource r{small_options()};
+  for (const double bad : {-0.5, 1.5}) {
+    bfc_options o;
+    o.keep_mapped_fraction = bad;
+    try {
+      bfc_allocator a{r, o};
+      ADD_FAILURE() << "keep_mapped_fraction " << bad << " was accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("keep_mapped_fraction = " + std::to_string(bad)),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+TEST(bfc_over_host_vmm, a_limit_caps_the_bytes_mapped) {
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, no_hysteresis()};
+  a.set_limit(std::size_t{3} << 20);
+  void* p = a.allocate({}, std::size_t{2} << 20);
+  EXPECT_THROW((void)a.allocate({}, std::size_t{2} << 20), out_of_memory);
+  EXPECT_LE(a.stats().peak_reserved, std::size_t{3} << 20);
+  EXPECT_GE(a.stats().limit_hits, 1U);
+  a.deallocate({}, p, std::size_t{2} << 20);
+}
+
+/// VmData of this process (bytes), which RLIMIT_DATA bounds.
+std::size_t data_bytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmData:", 0) == 0) {
+      return std::stoull(line.substr(7)) << 10;
+    }
+  }
+  return 0;
+}
+
+/// The child of the ENOMEM test: fills a pool until the system refuses a mapping, then checks
+/// that the refusal was the usual out_of_memory and that the pool goes on. Exits 0 on success.
+[[noreturn]] void fill_until_enomem() {
+  host_vmm_resource r{{.address_range_bytes = std::size_t{1} << 30}};  // 2 MiB granules
+  bfc_allocator a{r, no_hysteresis()};
+  const rlimit lim{data_bytes() + (std::size_t{32} << 20), RLIM_INFINITY};
+  if (setrlimit(RLIMIT_DATA, &lim) != 0) {
+    std::exit(3);
+  }
+  constexpr std::size_t block = std::size_t{2} << 20;
+  std::vector<void*> blocks;
+  bool refused = false;
+  for (int i = 0; i < 64 && !refused; ++i) {
+    try {
+      blocks.push_back(a.allocate({}, block));
+    } catch (const out_of_memory& e) {
+      refused = std::string(e.what()).find("upstream exhausted") != std::string::npos;
+    }
+  }
+  if (!refused || blocks.empty() || a.stats().reserved != blocks.size() * block) {
+    std::exit(4);
+  }
+  a.deallocate({}, blocks.back(), block);
+  void* again = a.allocate({}, block);
+  std::memset(again, 1, block);
+  std::exit(a.check_invariants().empty() ? 0 : 5);
+}
+
+TEST(bfc_over_host_vmm, enomem_from_the_system_is_out_of_memory_and_the_pool_stays_usable) {
+  // In a child process: RLIMIT_DATA bounds writable private mappings, so mprotect fails with
+  // ENOMEM once the pool has mapped 32 MiB more than the process held.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(fill_until_enomem(), ::testing::ExitedWithCode(0), "");
+}
+
+template <typename Options>
+void random_operations_keep_every_live_byte_mapped(Options options, std::size_t keep_bound) {
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = env_count("POOLSCOPE_STRESS_OPS", under_sanitizer ? 3'000 : 30'000);
+  std::mt19937_64 rng(seed);
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, options};
+  live_blocks live{granule};
+  std::vector<void*> order;
+  for (std::uint64_t op = 0; op < ops; ++op) {
+    const bool alloc = order.empty() || (order.size() < 300 && rng() % 2 == 0);
+    if (alloc) {
+      const std::size_t bytes = log_uniform(rng, 1, std::size_t{8} << 20);
+      void* p = a.allocate({}, bytes);
+      live.add(p, bytes);
+      order.push_back(p);
+    } else {
+      const std::size_t i = rng() % order.size();
+      void* p = order[i];
+      order[i] = order.back();
+      order.pop_back();
+      a.deallocate({}, p, live.remove(p));
+    }
+    if (op % 997 == 0) {
+      a.release_cached();
+    }
+    if (op % 101 == 0 || op + 1 == ops) {
+      live.expect_mapped(r);
+      const allocator_stats s = a.stats();
+      const std::size_t touched = live.touched_bytes();
+      ASSERT_EQ(s.reserved, touched + s.mapped_free_bytes)
+          << "op " << op << ": mapped is not the live granules and those kept";
+      ASSERT_LE(s.mapped_free_bytes, std::max(keep_bound, s.peak_reserved / 32))
+          << "op " << op << ": the hysteresis kept more than it may";
+      ASSERT_EQ(s.reserved, r.mapped_bytes()) << "op " << op;
+      ASSERT_EQ(s.in_use + s.cached_bytes, s.reserved) << "op " << op;
+      ASSERT_EQ(a.check_invariants(), "") << "op " << op;
+    }
+  }
+  for (void* p : order) {
+    a.deallocate({}, p, live.remove(p));
+  }
+  a.release_cached();
+  EXPECT_EQ(a.stats().reserved, 0U);
+  EXPECT_EQ(r.mapped_bytes(), 0U);
+}
+
+TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped) {
+  random_operations_keep_every_live_byte_mapped(bfc_options{}, 0);
+}
+
+TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped_without_hysteresis) {
+  random_operations_keep_every_live_byte_mapped(no_hysteresis(), 0);
+}
+
+// Threads share one host_vmm: bfc over it (through its thread caches and without), and the
+// plain-resource face beside it. Granules are mapped and unmapped under contention; every block
+// stays intact while live (its first, middle and last bytes); at the end nothing is mapped.
+TEST(host_vmm_concurrency, pools_and_plain_blocks_share_one_resource) {
+  constexpr int threads = 8;
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = env_count("POOLSCOPE_CONCURRENCY_OPS", under_sanitizer ? 1000 : 4000);
+  host_vmm_resource r{small_options()};
+  bfc_allocator bare{r, no_hysteresis()};
+  auto cached = make_allocator("bfc", r);
+  std::atomic<int> broken{0};
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(t));
+    struct held {
+      void* p;
+      std::size_t bytes;
+      int where;  // 0: bare pool, 1: cached pool, 2: the resource itself
+    };
+    std::vector<held> mine;
+    const auto value = static_cast<unsigned char>(t + 1);
+    const auto give_back = [&](const held& h) {
+      const auto* c = static_cast<const unsigned char*>(h.p);
+      if (c[0] != value || c[h.bytes - 1] != value || c[h.bytes / 2] != value) {
+        broken.fetch_add(1);
+      }
+      if (h.where == 2) {
+        r.deallocate({}, h.p, h.bytes);
+      } else {
+        (h.where == 0 ? static_cast<allocator&>(bare) : *cached).deallocate({}, h.p, h.bytes);
+      }
+    };
+    for (std::uint64_t op = 0; op < ops; ++op) {
+      if (mine.empty() || (mine.size() < 24 && rng() % 2 == 0)) {
+        const int where = static_cast<int>(rng() % 3);
+        const std::size_t bytes = log_uniform(rng, 1, where == 2 ? 256 << 10 : 4 << 20);
+        void* p = where == 2   ? r.try_allocate({}, bytes)
+                  : where == 0 ? bare.allocate({}, bytes)
+                               : cached->allocate({}, bytes);
+        if (p == nullptr) {
+          broken.fetch_add(1);
+          continue;
+        }
+        // Its first, middle and last bytes: each in a granule that must be mapped (and not
+        // another thread's block).
+        auto* c = static_cast<unsigned char*>(p);
+        c[0] = c[bytes / 2] = c[bytes - 1] = value;
+        mine.push_back({p, bytes, where});
+      } else {
+        const std::size_t i = rng() % mine.size();
+        give_back(mine[i]);
+        mine[i] = mine.back();
+        mine.pop_back();
+      }
+    }
+    for (const held& h : mine) {
+      give_back(h);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back(worker, t);
+  }
+  for (auto& th : pool) {
+    th.join();
+  }
+  EXPECT_EQ(broken.load(), 0) << "a live block was overwritten, or an allocation failed";
+  EXPECT_EQ(bare.check_invariants(), "");
+  EXPECT_EQ(bare.stats().reserved, 0U) << "no hysteresis: nothing stays mapped";
+  cached->release_cached();
+  EXPECT_EQ(cached->stats().reserved, 0U);
+  EXPECT_EQ(r.mapped_bytes(), 0U);
+  EXPECT_EQ(r.allocated_bytes(), 0U);
+}
+
+}  // namespace
+}  // namespace poolscope::pool::testing
