@@ -133,14 +133,16 @@ struct on_cuda_async {
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
 };
 
-/// An allocator of type Alloc over the CUDA driver's virtual memory on device 0 (vmm_resource).
-/// Needs a GPU, as on_cuda.
+/// An allocator of type Alloc over the CUDA driver's virtual memory on device 0 (vmm_resource),
+/// the mapping budget `capacity`. Needs a GPU, as on_cuda.
 template <typename Alloc>
 struct on_vmm {
   using allocator_type = Alloc;
   using strategy_type = Alloc;
   static constexpr bool needs_gpu = true;
-  static std::unique_ptr<resource> make_resource() { return std::make_unique<vmm_resource>(0); }
+  static std::unique_ptr<resource> make_resource(std::size_t capacity = SIZE_MAX) {
+    return std::make_unique<vmm_resource>(0, vmm_options{.capacity = capacity});
+  }
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
 };
 
