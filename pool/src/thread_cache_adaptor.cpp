@@ -66,13 +66,18 @@ class thread_cache_adaptor::caches final : public detail::thread_node_owner {
 
  private:
   [[nodiscard]] std::unique_ptr<detail::thread_node> make_node() override {
-    return std::make_unique<thread_cache>(self_.options_.owner_bias);
+    auto node = std::make_unique<thread_cache>(self_.options_.owner_bias);
+    if (made_++ != 0) {
+      self_.several_caches_.store(true, std::memory_order_relaxed);
+    }
+    return node;
   }
   void retire(detail::thread_node& node) noexcept override {
     self_.retire(static_cast<thread_cache&>(node));
   }
 
   thread_cache_adaptor& self_;
+  std::size_t made_ = 0;  // under the registry's mutex
 };
 
 thread_cache_adaptor::thread_cache_adaptor(std::unique_ptr<allocator> inner,
@@ -220,8 +225,12 @@ void thread_cache_adaptor::judge(thread_cache& c) noexcept {
   if (c != nullptr && c->may_hold(ptr)) {
     return free_cached(*c, stream, ptr, bytes, alignment);
   }
-  const detail::thread_node* const first = registry_->first();
-  if (first != c || (c != nullptr && c->next != nullptr)) {
+  // Caches other than the calling thread's: for a thread with one, there are once the registry
+  // has made a second (it never removes one); a block recorded in the second was recorded after
+  // the flag was set, so its free sees the flag.
+  const bool others = c != nullptr ? several_caches_.load(std::memory_order_relaxed)
+                                   : registry_->first() != nullptr;
+  if (others) {
     return free_elsewhere(c, stream, ptr, bytes, alignment);
   }
   return strategy_deallocate(*inner_, stream, ptr, bytes, alignment);
