@@ -90,7 +90,8 @@ thread_cache_adaptor::thread_cache_adaptor(std::unique_ptr<allocator> inner,
                                           : std::min(options_.max_block_bytes, options_.max_bytes)),
       caches_(std::make_unique<caches>(*this)),
       registry_(std::make_shared<detail::thread_registry>(*caches_)),
-      cache_key_(registry_->key()) {
+      cache_key_(registry_->key()),
+      cache_slot_(detail::thread_registry::slot_offset(cache_key_)) {
   set_size_granularity(granularity_);
   adopt(*inner_, adopted_upstream::shared);
 }
@@ -120,7 +121,7 @@ thread_cache_adaptor::~thread_cache_adaptor() {
 // Every way out is a tail call: a resting cache costs the thread's table lookup and one test.
 block thread_cache_adaptor::do_allocate(stream_view stream, std::size_t bytes,
                                         std::size_t alignment) {
-  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  const detail::thread_slot& slot = detail::thread_registry::slot_at(cache_slot_);
   if (slot.key != cache_key_) [[unlikely]] {
     return serve_unslotted(stream, bytes, alignment);
   }
@@ -238,7 +239,7 @@ void thread_cache_adaptor::judge(thread_cache& c) noexcept {
 
 free_outcome thread_cache_adaptor::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                                                  std::size_t alignment) noexcept {
-  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  const detail::thread_slot& slot = detail::thread_registry::slot_at(cache_slot_);
   if (slot.key != cache_key_) [[unlikely]] {
     return free_unslotted(stream, ptr, bytes, alignment);
   }

@@ -96,7 +96,9 @@ class credited_total {
 class allocator_counters final : public thread_node_owner {
  public:
   allocator_counters()
-      : shards_(std::make_shared<thread_registry>(*this)), shard_key_(shards_->key()) {}
+      : shards_(std::make_shared<thread_registry>(*this)),
+        shard_key_(shards_->key()),
+        shard_slot_(thread_registry::slot_offset(shard_key_)) {}
   allocator_counters(const allocator_counters&) = delete;
   allocator_counters& operator=(const allocator_counters&) = delete;
   ~allocator_counters() {
@@ -152,11 +154,14 @@ class allocator_counters final : public thread_node_owner {
   /// The calling thread's upper bound of the bytes in use (published minus its own credit).
   [[nodiscard]] std::size_t in_use_bound() noexcept;
 
-  // What every allocation and free reads (the key of the thread's shard, the published totals,
-  // the peaks), written only when a credit runs dry or over or a peak rises: a line of its own.
+  // What the usual allocation and free read (the key and slot of the thread's shard, the in-use
+  // total that a free's credit cap comes from) and what their other paths read and write (the
+  // totals, the peaks), written only when a credit runs dry or over or a peak rises: a line of
+  // its own.
  private:
   std::shared_ptr<thread_registry> shards_;
   alignas(64) const std::uint32_t shard_key_;
+  const std::uint32_t shard_slot_;  // thread_registry::slot_offset(shard_key_)
   credited_total in_use_;
   credited_total requested_;
 
@@ -178,7 +183,7 @@ class allocator_counters final : public thread_node_owner {
   /// `unslotted()` (which claims the shard, or counts without one).
   template <class Counted, class Unslotted>
   [[gnu::always_inline]] void with_shard(Counted&& counted, Unslotted&& unslotted) noexcept {
-    const thread_slot& slot = thread_registry::slot(shard_key_);
+    const thread_slot& slot = thread_registry::slot_at(shard_slot_);
     if (slot.key != shard_key_) [[unlikely]] {
       unslotted();
       return;
