@@ -88,7 +88,8 @@ void* allocator::allocate(stream_view stream, std::size_t bytes, std::size_t ali
   if (unusual != 0) [[unlikely]] {
     return allocate_checked(stream, bytes, alignment);
   }
-  return serve(stream, bytes, alignment).ptr;
+  // The alignment is the default here: a constant, so it needs no register across the call.
+  return serve(stream, bytes, max_alignment).ptr;
 }
 
 void* allocator::allocate_checked(stream_view stream, std::size_t bytes, std::size_t alignment) {

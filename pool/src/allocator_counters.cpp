@@ -11,33 +11,21 @@ void allocator_counters::retire(thread_node& node) noexcept {
   requested_.settle(s.credit_requested);
 }
 
-void allocator_counters::raise_peaks(std::int64_t in_use, std::int64_t requested) noexcept {
-  if (in_use > 0) {
-    raise_peak(peak_in_use, static_cast<std::size_t>(in_use));
-  }
-  if (requested > 0) {
-    raise_peak(peak_requested, static_cast<std::size_t>(requested));
-  }
-}
-
 void allocator_counters::spend_beyond_credit(counter_shard& s, std::size_t rounded,
                                              std::size_t requested) noexcept {
-  // Each credit pays what it can; a credit that falls short adds the rest to its total.
-  std::size_t bound_u = 0;
-  std::size_t bound_r = 0;
+  // Each credit pays what it can; a credit that falls short adds the rest to its total and
+  // raises its peak to the new total. A credit that pays alone raises nothing (the header's
+  // comment, "Peaks").
   if (s.credit_in_use < rounded) {
-    bound_u = in_use_.spend_all(s.credit_in_use, rounded);
+    raise_peak(peak_in_use, in_use_.spend_all(s.credit_in_use, rounded));
   } else {
     s.credit_in_use = s.credit_in_use - rounded;
-    bound_u = in_use_.published() - s.credit_in_use;
   }
   if (s.credit_requested < requested) {
-    bound_r = requested_.spend_all(s.credit_requested, requested);
+    raise_peak(peak_requested, requested_.spend_all(s.credit_requested, requested));
   } else {
     s.credit_requested = s.credit_requested - requested;
-    bound_r = requested_.published() - s.credit_requested;
   }
-  raise_peaks(static_cast<std::int64_t>(bound_u), static_cast<std::int64_t>(bound_r));
 }
 
 void allocator_counters::return_credit(counter_shard& s, std::size_t credit_in_use,
@@ -62,8 +50,8 @@ void allocator_counters::on_allocate_unslotted(std::size_t rounded,
   }
   // No shard (no host memory for one, or the thread's exit has begun): the totals directly.
   unsharded_allocations_.fetch_add(1, std::memory_order_relaxed);
-  raise_peaks(static_cast<std::int64_t>(in_use_.add(rounded)),
-              static_cast<std::int64_t>(requested_.add(requested)));
+  raise_peak(peak_in_use, in_use_.add(rounded));
+  raise_peak(peak_requested, requested_.add(requested));
 }
 
 void allocator_counters::on_free_unslotted(std::size_t rounded, std::size_t requested) noexcept {

@@ -66,13 +66,18 @@ class thread_cache_adaptor::caches final : public detail::thread_node_owner {
 
  private:
   [[nodiscard]] std::unique_ptr<detail::thread_node> make_node() override {
-    return std::make_unique<thread_cache>(self_.options_.owner_bias);
+    auto node = std::make_unique<thread_cache>(self_.options_.owner_bias);
+    if (made_++ != 0) {
+      self_.several_caches_.store(true, std::memory_order_relaxed);
+    }
+    return node;
   }
   void retire(detail::thread_node& node) noexcept override {
     self_.retire(static_cast<thread_cache&>(node));
   }
 
   thread_cache_adaptor& self_;
+  std::size_t made_ = 0;  // under the registry's mutex
 };
 
 thread_cache_adaptor::thread_cache_adaptor(std::unique_ptr<allocator> inner,
@@ -85,7 +90,8 @@ thread_cache_adaptor::thread_cache_adaptor(std::unique_ptr<allocator> inner,
                                           : std::min(options_.max_block_bytes, options_.max_bytes)),
       caches_(std::make_unique<caches>(*this)),
       registry_(std::make_shared<detail::thread_registry>(*caches_)),
-      cache_key_(registry_->key()) {
+      cache_key_(registry_->key()),
+      cache_slot_(detail::thread_registry::slot_offset(cache_key_)) {
   set_size_granularity(granularity_);
   adopt(*inner_, adopted_upstream::shared);
 }
@@ -115,7 +121,7 @@ thread_cache_adaptor::~thread_cache_adaptor() {
 // Every way out is a tail call: a resting cache costs the thread's table lookup and one test.
 block thread_cache_adaptor::do_allocate(stream_view stream, std::size_t bytes,
                                         std::size_t alignment) {
-  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  const detail::thread_slot& slot = detail::thread_registry::slot_at(cache_slot_);
   if (slot.key != cache_key_) [[unlikely]] {
     return serve_unslotted(stream, bytes, alignment);
   }
@@ -220,8 +226,12 @@ void thread_cache_adaptor::judge(thread_cache& c) noexcept {
   if (c != nullptr && c->may_hold(ptr)) {
     return free_cached(*c, stream, ptr, bytes, alignment);
   }
-  const detail::thread_node* const first = registry_->first();
-  if (first != c || (c != nullptr && c->next != nullptr)) {
+  // Caches other than the calling thread's: for a thread with one, there are once the registry
+  // has made a second (it never removes one); a block recorded in the second was recorded after
+  // the flag was set, so its free sees the flag.
+  const bool others = c != nullptr ? several_caches_.load(std::memory_order_relaxed)
+                                   : registry_->first() != nullptr;
+  if (others) {
     return free_elsewhere(c, stream, ptr, bytes, alignment);
   }
   return strategy_deallocate(*inner_, stream, ptr, bytes, alignment);
@@ -229,7 +239,7 @@ void thread_cache_adaptor::judge(thread_cache& c) noexcept {
 
 free_outcome thread_cache_adaptor::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                                                  std::size_t alignment) noexcept {
-  const detail::thread_slot& slot = detail::thread_registry::slot(cache_key_);
+  const detail::thread_slot& slot = detail::thread_registry::slot_at(cache_slot_);
   if (slot.key != cache_key_) [[unlikely]] {
     return free_unslotted(stream, ptr, bytes, alignment);
   }

@@ -9,11 +9,14 @@
 // which stats() computes exactly, and, every credit being >= 0, published minus the calling
 // thread's own credit bounds the total from above: exact when no other thread holds credit (one
 // thread using the allocator), over by at most a credit cap per other thread (the larger of
-// 4 MiB and 1/64 of the total; credited_total). Each allocation
-// raises the peak to that bound. A thread that repeats allocate/free of similar sizes (a cache
-// hit, a training step) moves its credit back and forth and writes nothing shared. Requested
-// bytes work the same way with credits of their own; the counts of allocations and frees are
-// plain per-thread sums.
+// 4 MiB and 1/64 of the total; credited_total). Peaks: a total rises only where an allocation
+// adds what its thread's credit lacks, and that allocation raises the peak to the new total, so
+// once it returns no peak is below its total; an allocation paid from the credit leaves its
+// bound (the total minus what credit is left) at or under the total and reads no peak. Each
+// peak is thus the highest bound an allocation reached: never below the true peak, exact for one
+// thread. A thread that repeats allocate/free of similar sizes (a cache hit, a training step)
+// moves its credit back and forth and writes nothing shared. Requested bytes work the same way
+// with credits of their own; the counts of allocations and frees are plain per-thread sums.
 //
 // A thread with no shard (no host memory for one, or its exit has begun) updates the shared
 // totals directly with atomic read-modify-writes.
@@ -93,7 +96,9 @@ class credited_total {
 class allocator_counters final : public thread_node_owner {
  public:
   allocator_counters()
-      : shards_(std::make_shared<thread_registry>(*this)), shard_key_(shards_->key()) {}
+      : shards_(std::make_shared<thread_registry>(*this)),
+        shard_key_(shards_->key()),
+        shard_slot_(thread_registry::slot_offset(shard_key_)) {}
   allocator_counters(const allocator_counters&) = delete;
   allocator_counters& operator=(const allocator_counters&) = delete;
   ~allocator_counters() {
@@ -111,19 +116,10 @@ class allocator_counters final : public thread_node_owner {
             spend_beyond_credit(s, rounded, requested);
             return;
           }
-          const std::size_t left_u = cu - rounded;
-          const std::size_t left_r = cr - requested;
-          s.credit_in_use = left_u;
-          s.credit_requested = left_r;
-          // The bounds, compared signed: a total read before another thread's update may trail
-          // this thread's credit, and such a bound raises nothing.
-          const auto bound_u = static_cast<std::int64_t>(in_use_.published() - left_u);
-          const auto bound_r = static_cast<std::int64_t>(requested_.published() - left_r);
-          if ((bound_u > static_cast<std::int64_t>(peak_in_use.load(std::memory_order_relaxed))) |
-              (bound_r > static_cast<std::int64_t>(peak_requested.load(std::memory_order_relaxed))))
-              [[unlikely]] {
-            raise_peaks(bound_u, bound_r);
-          }
+          // Paid from the credits: the bounds stay at or under the totals, which no peak is
+          // below (the file comment), so no peak can rise.
+          s.credit_in_use = cu - rounded;
+          s.credit_requested = cr - requested;
         },
         [&] { on_allocate_unslotted(rounded, requested); });
   }
@@ -158,11 +154,14 @@ class allocator_counters final : public thread_node_owner {
   /// The calling thread's upper bound of the bytes in use (published minus its own credit).
   [[nodiscard]] std::size_t in_use_bound() noexcept;
 
-  // What every allocation and free reads (the key of the thread's shard, the published totals,
-  // the peaks), written only when a credit runs dry or over or a peak rises: a line of its own.
+  // What the usual allocation and free read (the key and slot of the thread's shard, the in-use
+  // total that a free's credit cap comes from) and what their other paths read and write (the
+  // totals, the peaks), written only when a credit runs dry or over or a peak rises: a line of
+  // its own.
  private:
   std::shared_ptr<thread_registry> shards_;
   alignas(64) const std::uint32_t shard_key_;
+  const std::uint32_t shard_slot_;  // thread_registry::slot_offset(shard_key_)
   credited_total in_use_;
   credited_total requested_;
 
@@ -184,7 +183,7 @@ class allocator_counters final : public thread_node_owner {
   /// `unslotted()` (which claims the shard, or counts without one).
   template <class Counted, class Unslotted>
   [[gnu::always_inline]] void with_shard(Counted&& counted, Unslotted&& unslotted) noexcept {
-    const thread_slot& slot = thread_registry::slot(shard_key_);
+    const thread_slot& slot = thread_registry::slot_at(shard_slot_);
     if (slot.key != shard_key_) [[unlikely]] {
       unslotted();
       return;
@@ -198,7 +197,6 @@ class allocator_counters final : public thread_node_owner {
                                              std::size_t requested) noexcept;
   [[gnu::noinline]] void return_credit(counter_shard& s, std::size_t credit_in_use,
                                        std::size_t credit_requested) noexcept;
-  [[gnu::noinline]] void raise_peaks(std::int64_t in_use, std::int64_t requested) noexcept;
 
   std::atomic<std::uint64_t> unsharded_allocations_{0}, unsharded_deallocations_{0};
 };

@@ -91,10 +91,17 @@ class thread_registry : public std::enable_shared_from_this<thread_registry> {
   /// The calling thread's node, now in its table; null when it cannot have one. Out of line:
   /// for callers whose table lookup missed.
   [[gnu::noinline]] thread_node* claim() noexcept;
-  /// The calling thread's table entry for registry key `key` (its node, when the entry's key is
-  /// `key`; else claim()).
-  [[nodiscard, gnu::always_inline]] static const thread_slot& slot(std::uint32_t key) noexcept {
-    return t_thread_slots[key % thread_slot_count];
+  /// Where registry key `key`'s entry lies in a thread's table, in bytes: a hot path that keeps
+  /// it beside the key reaches the entry with one add (slot_at), with no index to compute.
+  [[nodiscard]] static constexpr std::uint32_t slot_offset(std::uint32_t key) noexcept {
+    return static_cast<std::uint32_t>((key % thread_slot_count) * sizeof(thread_slot));
+  }
+  /// The calling thread's table entry at `offset` (slot_offset of a key): its node, when the
+  /// entry's key is that key; else claim().
+  [[nodiscard, gnu::always_inline]] static const thread_slot& slot_at(
+      std::uint32_t offset) noexcept {
+    return *reinterpret_cast<const thread_slot*>(
+        reinterpret_cast<const unsigned char*>(t_thread_slots.data()) + offset);
   }
   /// The key that names this registry in the threads' tables.
   [[nodiscard]] std::uint32_t key() const noexcept { return key_; }

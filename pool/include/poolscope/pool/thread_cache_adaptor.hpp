@@ -56,6 +56,7 @@
 // allocator's work; a cross-thread free walks the threads' address filters.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -166,7 +167,11 @@ class thread_cache_adaptor final : public allocator {
   std::size_t max_block_;    // the largest rounded size a cache keeps (0: none)
   std::unique_ptr<caches> caches_;
   std::shared_ptr<detail::thread_registry> registry_;
-  std::uint32_t cache_key_;  // the registry's (thread_registry::local)
+  std::uint32_t cache_key_;   // the registry's (thread_registry::local)
+  std::uint32_t cache_slot_;  // where it lies in a thread's table (thread_registry::slot_offset)
+  // Set when the registry makes its second cache: until then a free from the thread holding the
+  // first has no other cache to look in.
+  std::atomic<bool> several_caches_{false};
 };
 
 }  // namespace poolscope::pool
