@@ -14,22 +14,29 @@ tty=0
 [ -t 2 ] && tty=1
 start=$SECONDS
 echo "poolscope: building the demo (log: $log)" >&2
-# ninja's "[n/N] Building CXX object .../x.cpp.o" lines, condensed to the count and the file.
+# ninja's "[n/N] Building CXX object .../x.cpp.o" lines, condensed to the count, the file and the
+# time so far (read line by line: an awk reading a pipe may hold its lines back until the end).
 condense() {
-  awk -v tty="$tty" '
-    match($0, /^\[[0-9]+\/[0-9]+\]/) {
-      split(substr($0, 2, RLENGTH - 2), nn, "/")
-      file = $NF; sub(/.*\//, "", file); sub(/\.o$/, "", file)
-      if (tty) {
-        printf "\r\033[K  [%d/%d] %s", nn[1], nn[2], file > "/dev/stderr"
-      } else if (nn[1] == nn[2] || nn[1] - last >= nn[2] / 10) {
-        printf "  [%d/%d] %s\n", nn[1], nn[2], file > "/dev/stderr"
-        last = nn[1]
-      }
-      next
-    }
-    /^poolscope: / { print > "/dev/stderr" }   # packages being installed
-    END { if (tty) printf "\r\033[K" > "/dev/stderr" }'
+  local line n total file last=0
+  while IFS= read -r line; do
+    if [[ $line =~ ^\[([0-9]+)/([0-9]+)\]\  ]]; then
+      n=${BASH_REMATCH[1]}
+      total=${BASH_REMATCH[2]}
+      file=${line##*/}
+      file=${file%.o}
+      if [ "$tty" = 1 ]; then
+        printf '\r\033[K  [%d/%d] %d s  %s' "$n" "$total" $((SECONDS - start)) "$file" >&2
+      elif [ "$n" = "$total" ] || [ $((n - last)) -ge $((total / 10 > 0 ? total / 10 : 1)) ]; then
+        printf '  [%d/%d] %d s  %s\n' "$n" "$total" $((SECONDS - start)) "$file" >&2
+        last=$n
+      fi
+    elif [[ $line == "poolscope: "* ]]; then
+      printf '%s\n' "$line" >&2 # packages being installed
+    fi
+  done
+  if [ "$tty" = 1 ]; then
+    printf '\r\033[K' >&2
+  fi
 }
 if ! POOLSCOPE_TARGETS=poolscope_cli "$root/scripts/bootstrap.sh" "$build" 2>&1 | tee "$log" |
   condense; then
