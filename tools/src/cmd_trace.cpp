@@ -7,7 +7,8 @@
 //   poolscope trace summary trace.json --range demo.fused --each   # and each run's overlap
 //
 // Exit codes: check: 0 valid, 1 problems found (listed, each naming its event); summary: 0, or 1
-// with a message if the file cannot be read or parsed.
+// with a message if the file cannot be read or parsed or holds no usable event; both: 2 for a
+// usage error.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -35,11 +36,20 @@ struct trace_command {
   std::string json_path;
   std::vector<std::string> ranges;
   bool each = false;
+  bool force = false;
 };
 
 void run_check(const trace_command& cmd) {
   const analysis::trace_check_result r =
       analysis::check_trace(cmd.file, {.max_issues = cmd.max_issues});
+  if (r.events == 0 && r.issue_count == 1 && !r.issues.empty() && r.issues.front().index < 0) {
+    // The file itself cannot be read or is not JSON: an error like any command's, on stderr.
+    std::string why = r.issues.front().message;
+    if (why.starts_with("poolscope: ")) {
+      why.erase(0, 11);
+    }
+    throw runtime_error("poolscope trace check: " + why);
+  }
   if (!cmd.quiet || !r.ok()) {
     std::cout << r.to_text();
   }
@@ -69,8 +79,7 @@ std::vector<range_found> find_ranges(const trace_command& cmd) {
       for (const std::string& n : r.host_names) {
         known += (known.empty() ? "" : ", ") + n;
       }
-      throw invalid_argument("trace summary --range: no slice named '" + name + "' in '" +
-                             cmd.file + "'" +
+      throw invalid_argument("--range: no slice named '" + name + "' in '" + cmd.file + "'" +
                              (known.empty() ? std::string("; it has no host slices")
                                             : "; its host slices include: " + known));
     }
@@ -86,7 +95,7 @@ std::vector<range_found> find_ranges(const trace_command& cmd) {
 
 void run_summary(const trace_command& cmd) {
   check_file_arguments("poolscope trace summary",
-                       {{"FILE", cmd.file, false}, {"--json", cmd.json_path, true}});
+                       {{"FILE", cmd.file, false}, {"--json", cmd.json_path, true}}, cmd.force);
   // With the JSON on stdout, stdout holds nothing else: the text goes to stderr.
   std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
   const std::vector<range_found> ranges = find_ranges(cmd);
@@ -106,6 +115,11 @@ void run_summary(const trace_command& cmd) {
   const analysis::trace_summary s = cmd.ranges.empty()
                                         ? analysis::summarize_trace(cmd.file)
                                         : analysis::summarize_trace(cmd.file, windows, cmd.each);
+  if (s.events <= s.malformed) {
+    throw runtime_error("poolscope trace summary: '" + cmd.file + "' holds no usable event (" +
+                        std::to_string(s.events) + " events, " + std::to_string(s.malformed) +
+                        " of them unreadable; poolscope trace check " + cmd.file + " names them)");
+  }
   text << s.to_text(cmd.top);
   text.flush();
   if (!cmd.json_path.empty()) {
@@ -155,9 +169,12 @@ void register_trace(CLI::App& app) {
       ->add_option("--top", summary_cmd->top,
                    "kernels and copies listed per device, and CUDA API calls")
       ->check(poolscope::tools::non_negative_number());
-  summary->add_option("--json", summary_cmd->json_path,
-                      "also write the summary as JSON to this file ('-': stdout, the text then "
-                      "goes to stderr)");
+  summary
+      ->add_option("--json", summary_cmd->json_path,
+                   "also write the summary as JSON to this file ('-': stdout, the text then "
+                   "goes to stderr)")
+      ->check(path_value(true));
+  summary->add_flag("--force", summary_cmd->force, "replace the --json file if it exists");
   auto* range = summary->add_option(
       "--range", summary_cmd->ranges,
       "count only the time inside every slice of this name (a scope such as demo.fused, an NVTX "
