@@ -57,7 +57,7 @@ void register_demo(CLI::App& app) {
   auto outputs = std::make_shared<demo_outputs>();
   auto* sub = app.add_subcommand(
       "demo",
-      "the seed example at scale on every GPU (host:2 without one): A + B, A + "
+      "distributed arrays on every GPU (host:2 without one): A + B, A + "
       "C.reshard(A.index_map()), reductions and a block matmul, checked against the host, with a "
       "Chrome trace and a JSON report");
   sub->add_option("--devices", o->devices,

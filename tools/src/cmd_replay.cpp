@@ -28,6 +28,7 @@
 #include "poolscope/byte_size.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "profile_report.hpp"
 
 namespace poolscope::tools {
 
@@ -170,29 +171,44 @@ void print_table(std::ostream& out, const std::vector<analysis::replay_result>& 
 }
 
 // The summary's verdicts: the lowest peak reserved among the strategies that failed no
-// allocation (the memory a run needs), and separately the fastest (lowest malloc + free
-// median: the time a request costs).
+// allocation (the memory a run needs), and among those that keep a cache (naive keeps none, so
+// it needs least memory and pays an upstream call per request); separately the fastest (lowest
+// malloc + free median: the time a request costs).
 std::string verdicts(const std::vector<analysis::replay_result>& results) {
   const analysis::replay_result* leanest = nullptr;
+  const analysis::replay_result* leanest_pool = nullptr;
   const analysis::replay_result* fastest = nullptr;
   const auto cost = [](const analysis::replay_result& r) {
     return r.malloc_latency.p50_ns + r.free_latency.p50_ns;
   };
+  const auto leaner = [](const analysis::replay_result* best, const analysis::replay_result& r) {
+    return best == nullptr || r.peak_reserved < best->peak_reserved;
+  };
   for (const auto& r : results) {
-    if (r.failed_allocations == 0 &&
-        (leanest == nullptr || r.peak_reserved < leanest->peak_reserved)) {
-      leanest = &r;
+    if (r.failed_allocations == 0) {
+      if (leaner(leanest, r)) {
+        leanest = &r;
+      }
+      if (!r.allocator.starts_with("naive") && leaner(leanest_pool, r)) {
+        leanest_pool = &r;
+      }
     }
     if (fastest == nullptr || cost(r) < cost(*fastest)) {
       fastest = &r;
     }
   }
+  const auto figures = [](const analysis::replay_result& r) {
+    return r.allocator + " (" + compact_bytes(r.peak_reserved) + ", " + fixed(r.ratio, 3) +
+           " x requested)";
+  };
   std::string v;
-  if (leanest != nullptr) {
-    v += "; lowest peak reserved without a failure: " + leanest->allocator + " (" +
-         format_bytes(leanest->peak_reserved) + ", " + fixed(leanest->ratio, 3) + " x requested)";
-  } else {
+  if (leanest == nullptr) {
     v += "; every strategy failed allocations under this capacity";
+  } else {
+    v += "; lowest peak reserved without a failure: " + figures(*leanest);
+    if (leanest_pool != nullptr && leanest_pool != leanest) {
+      v += ", of the pools that cache: " + figures(*leanest_pool);
+    }
   }
   if (fastest != nullptr) {
     v += "; fastest: " + fastest->allocator + " (malloc + free median " + fixed(cost(*fastest), 0) +

@@ -114,6 +114,13 @@ int main(int argc, char** argv) {
   poolscope::tools::register_replay(app);
   poolscope::tools::register_report(app);
   poolscope::tools::register_trace(app);
+  // Every command's --help ends with the exit codes.
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    sub->footer(exit_codes_help);
+    for (CLI::App* leaf : sub->get_subcommands([](CLI::App*) { return true; })) {
+      leaf->footer(exit_codes_help);
+    }
+  }
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
     std::fprintf(stderr, "%s\nRun poolscope --help for more information.\n", unknown.c_str());
     return exit_usage;
