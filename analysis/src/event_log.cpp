@@ -26,6 +26,8 @@ std::string_view to_string(log_format f) noexcept {
       return "jsonl_hook";
     case log_format::rmm_csv:
       return "rmm_csv";
+    case log_format::memory_snapshot:
+      return "memory_snapshot";
   }
   return "unknown";
 }
@@ -239,7 +241,9 @@ void parse_json_lines(line_reader& reader, std::string first, const std::string&
       if (!j.is_object()) {
         c.fail("not a JSON object");
       }
-      if (j.contains("format")) {
+      if (j.contains("dropped")) {
+        log.dropped_events += json_u64(j, "dropped", c, true);
+      } else if (j.contains("format")) {
         const std::string f = json_string(j, "format", c);
         if (f != "poolscope.events") {
           c.fail("unknown log format '" + f + "' (expected poolscope.events)");
@@ -313,6 +317,15 @@ void parse_json_lines(line_reader& reader, std::string first, const std::string&
   // Lines from several threads may be slightly out of order in the file: seq is the true order.
   std::stable_sort(log.records.begin(), log.records.end(),
                    [](const log_record& a, const log_record& b) { return a.seq < b.seq; });
+  // A record written twice (by a crash flush and by the writer thread) is read once.
+  const auto same_event = [](const log_record& a, const log_record& b) {
+    log_record x = a;
+    x.line = b.line;
+    return a.seq != 0 && x == b;
+  };
+  const auto last = std::unique(log.records.begin(), log.records.end(), same_event);
+  log.repeated_records = static_cast<std::uint64_t>(log.records.end() - last);
+  log.records.erase(last, log.records.end());
 }
 
 // ---- RMM CSV ---------------------------------------------------------------------------------

@@ -79,6 +79,7 @@ nlohmann::ordered_json latency_json(const latency_summary& l) {
 replay_result replay(const event_log& log, pool::allocator& alloc, const replay_options& options) {
   replay_result r;
   r.allocator = alloc.name();
+  r.dropped_events = log.dropped_events;
   std::uint32_t only = UINT32_MAX;
   if (!options.only_allocator.empty()) {
     auto it = std::find(log.allocators.begin(), log.allocators.end(), options.only_allocator);
@@ -250,6 +251,7 @@ std::string replay_result::to_json() const {
   j["recorded_failures"] = recorded_failures;
   j["skipped_records"] = skipped_records;
   j["live_at_end"] = live_at_end;
+  j["dropped_events"] = dropped_events;
   j["peak_requested"] = peak_requested;
   j["peak_reserved"] = peak_reserved;
   j["peak_in_use"] = peak_in_use;

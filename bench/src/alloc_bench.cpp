@@ -4,12 +4,15 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "poolscope/bench/capped_resource.hpp"
 #include "poolscope/bench/memory_access.hpp"
@@ -20,6 +23,8 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/profiler/recorder.hpp"
+#include "poolscope/profiler/snapshot_recorder.hpp"
 
 namespace poolscope::bench {
 namespace {
@@ -434,7 +439,9 @@ std::string make_summary(const alloc_bench_report& rep, const std::vector<std::s
   if (rep.hooks) {
     sep();
     s << "hook check " << format_ns(rep.hooks->check_ns) << ", counting hook +"
-      << format_ns(rep.hooks->per_event_ns) << "/event";
+      << format_ns(rep.hooks->per_event_ns) << "/event, recorder +"
+      << format_ns(rep.hooks->per_event_recorder_ns) << "/event, snapshot +"
+      << format_ns(rep.hooks->per_event_snapshot_ns) << "/event";
     if (rep.hooks->threads > 1) {
       s << " (+" << format_ns(rep.hooks->per_event_threads_ns) << " at " << rep.hooks->threads
         << " threads)";
@@ -485,6 +492,45 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   if (hooks::active()) {
     with_row.note += " (other hooks were installed: the no-hook row is not hook-free)";
   }
+  // The recording hooks, each alone: what POOLSCOPE_RECORD and POOLSCOPE_SNAPSHOT cost the
+  // allocating thread (their writer threads run beside it).
+  const std::string log_path = (std::filesystem::temp_directory_path() /
+                                ("poolscope_bench_record_" + std::to_string(::getpid()) + ".jsonl"))
+                                   .string();
+  std::vector<bench_row> recording_rows;
+  {
+    profiler::recorder rec{log_path};
+    batch_timing timed;
+    {
+      hooks::scoped_hook on{rec};
+      timed = time_in_batches(pair, {z.hook_pairs, budget, 16, 1000}, overhead);
+    }
+    (void)rec.flush();
+    h.recorder_dropped = rec.dropped();
+    auto row = make_row("H", "best_fit, recorder", "hook", 1,
+                        {std::move(timed.samples), timed.ops, timed.batch, n,
+                         std::to_string(rec.lines()) + " lines, " +
+                             std::to_string(h.recorder_dropped) + " dropped (ring full)"});
+    h.per_event_recorder_ns = (row.ns.median - h.pair_no_hook_ns) / 2.0;
+    recording_rows.push_back(std::move(row));
+  }
+  std::filesystem::remove(log_path);
+  {
+    profiler::snapshot_recorder snap;
+    batch_timing timed;
+    {
+      hooks::scoped_hook on{snap};
+      timed = time_in_batches(pair, {z.hook_pairs, budget, 16, 1000}, overhead);
+    }
+    const auto st = snap.stats();
+    h.snapshot_dropped = st.dropped_events;
+    auto row = make_row("H", "best_fit, snapshot recorder", "hook", 1,
+                        {std::move(timed.samples), timed.ops, timed.batch, n,
+                         std::to_string(st.events) + " events with stacks, " +
+                             std::to_string(st.dropped_events) + " dropped (ring full)"});
+    h.per_event_snapshot_ns = (row.ns.median - h.pair_no_hook_ns) / 2.0;
+    recording_rows.push_back(std::move(row));
+  }
   std::vector<bench_row> threaded_rows;
   if (threads > 1) {
     // The same pairs on `threads` threads at once, each on a pool of its own: nothing is shared
@@ -534,6 +580,9 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   };
   rep.rows.push_back(std::move(none_row));
   rep.rows.push_back(std::move(with_row));
+  for (auto& r : recording_rows) {
+    rep.rows.push_back(std::move(r));
+  }
   for (auto& r : threaded_rows) {
     rep.rows.push_back(std::move(r));
   }
@@ -817,7 +866,11 @@ std::string alloc_bench_report::to_json() const {
                     {"per_event_ns", hooks->per_event_ns},
                     {"threads", hooks->threads},
                     {"per_event_threads_ns", hooks->per_event_threads_ns},
-                    {"events_per_pair", hooks->events_per_pair}};
+                    {"events_per_pair", hooks->events_per_pair},
+                    {"per_event_recorder_ns", hooks->per_event_recorder_ns},
+                    {"per_event_snapshot_ns", hooks->per_event_snapshot_ns},
+                    {"recorder_dropped", hooks->recorder_dropped},
+                    {"snapshot_dropped", hooks->snapshot_dropped}};
   } else {
     doc["hooks"] = nullptr;
   }

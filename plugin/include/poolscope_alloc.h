@@ -21,6 +21,12 @@
  *   POOLSCOPE_TRACE     = FILE   write a Chrome trace at exit: every pool event, each pool's
  *                                in-use and reserved bytes as counters, and with a GPU resource
  *                                CUPTI's kernels and copies where CUPTI attaches (docs/trace.md)
+ *   POOLSCOPE_SNAPSHOT  = FILE   record a PyTorch memory snapshot (docs/snapshot.md) and write
+ *                                it at exit and on poolscope_snapshot(); %p (pid) and %r (rank)
+ *                                in FILE are expanded at each write; checked at the first use
+ *   POOLSCOPE_SNAPSHOT_MAX_ENTRIES = N   trace entries kept per device (default 100000)
+ * In a Python process the line profile's and the snapshot's stacks hold the Python frames
+ * (file, function, line) in place of the interpreter's.
  * Pool sizing, read with the pool (bytes, with binary suffixes K, M, G, T: "512M", "20G"):
  *   POOLSCOPE_LIMIT             the pool hands out and holds at most this much
  *   POOLSCOPE_INITIAL_POOL_SIZE taken from the resource when the pool is made
@@ -91,6 +97,11 @@ typedef int (*poolscope_oom_callback)(int device, size_t size, void* user_data);
  *  when another is set finishes with its own user_data. */
 POOLSCOPE_ALLOC_API void poolscope_set_oom_callback(poolscope_oom_callback callback,
                                                     void* user_data);
+/** Writes the memory snapshot recorded since the first allocation (POOLSCOPE_SNAPSHOT must be
+ *  set then) to `path`, or to POOLSCOPE_SNAPSHOT's FILE when `path` is NULL; %p and %r are
+ *  expanded. Returns 0, or -1 (and logs why) when recording is off or the file cannot be
+ *  written. Thread-safe; allocations on other threads go on meanwhile. */
+POOLSCOPE_ALLOC_API int poolscope_snapshot(const char* path);
 
 /** The library version, "major.minor.patch". */
 POOLSCOPE_ALLOC_API const char* poolscope_version(void);

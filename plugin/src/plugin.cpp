@@ -22,7 +22,9 @@
 #include "poolscope/log.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
+#include "poolscope/profiler/output_path.hpp"
 #include "poolscope/profiler/recorder.hpp"
+#include "poolscope/profiler/snapshot_recorder.hpp"
 
 #ifndef POOLSCOPE_VERSION_STRING
 #error "POOLSCOPE_VERSION_STRING must be defined by the build"
@@ -64,14 +66,31 @@ void log_error(const std::string& message) noexcept {
   log(log_level::error, message);
 }
 
-/// Profilers chosen by the environment: POOLSCOPE_RECORD=FILE (the allocator event log) and
-/// POOLSCOPE_PROFILE=FILE (the line profile as JSON, written at exit). Installed process-wide
+/// Profilers chosen by the environment: POOLSCOPE_RECORD=FILE (the allocator event log),
+/// POOLSCOPE_PROFILE=FILE (the line profile as JSON, written at exit) and POOLSCOPE_SNAPSHOT=FILE
+/// (the memory snapshot, written at exit and by poolscope_snapshot). Installed process-wide
 /// once, before the first pool is built; never destroyed (blocks may be freed during exit).
 struct env_profilers {
   std::unique_ptr<poolscope::profiler::recorder> recorder;
   std::unique_ptr<poolscope::profiler::line_profiler> line_profiler;
   std::string profile_path;
+  std::unique_ptr<poolscope::profiler::snapshot_recorder> snapshot;
+  std::string snapshot_pattern;  // %p and %r expanded when a snapshot is written
 };
+
+/// Writes the snapshot to `pattern` (expanded). Never throws; false (logged) on failure.
+bool write_snapshot(const env_profilers& e, const std::string& pattern) noexcept {
+  try {
+    const std::string path = poolscope::profiler::expand_output_path(pattern);
+    e.snapshot->write(path);
+    return true;
+  } catch (const std::exception& ex) {
+    log(log_level::error, std::string("poolscope_alloc: snapshot not written: ") + ex.what());
+  } catch (...) {
+    log(log_level::error, "poolscope_alloc: snapshot not written: unknown error");
+  }
+  return false;
+}
 std::atomic<env_profilers*> g_env_profilers{nullptr};
 std::once_flag g_env_profilers_once;
 
@@ -93,6 +112,9 @@ void finish_env_profilers() noexcept {
       if (!out) {
         log_error("poolscope_alloc: cannot write the line profile to '" + e->profile_path + "'");
       }
+    }
+    if (e->snapshot != nullptr) {
+      (void)write_snapshot(*e, e->snapshot_pattern);
     }
   } catch (const std::exception& ex) {
     log(log_level::error, std::string("poolscope_alloc: writing profiles at exit: ") + ex.what());
@@ -124,12 +146,49 @@ std::string profile_path_problem(const std::string& path, const std::string& rec
   return {};
 }
 
+void install_env_profilers() noexcept;
+
+/// POOLSCOPE_SNAPSHOT: a snapshot recorder, its path checked now (expanded as it will be at the
+/// first write) so that a run does not learn only at exit that its snapshot is lost.
+void install_snapshot(env_profilers& e, const char* pattern) noexcept {
+  try {
+    const std::string problem =
+        profile_path_problem(poolscope::profiler::expand_output_path(pattern), "");
+    if (!problem.empty()) {
+      log_error(std::string("poolscope_alloc: POOLSCOPE_SNAPSHOT ignored: '") + pattern +
+                "': " + problem);
+      return;
+    }
+    poolscope::profiler::snapshot_recorder_options options;
+    if (const char* n = std::getenv("POOLSCOPE_SNAPSHOT_MAX_ENTRIES"); n != nullptr && *n != '\0') {
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(n, &end, 10);
+      if (*end != '\0' || v == 0) {
+        log_error(std::string("poolscope_alloc: POOLSCOPE_SNAPSHOT_MAX_ENTRIES '") + n +
+                  "' is not a positive number; 100000 entries are kept");
+      } else {
+        options.max_entries = static_cast<std::size_t>(v);
+      }
+    }
+    // Stacks start at the caller of poolscope_malloc, as the line profile's do.
+    options.skip_modules_of.push_back(reinterpret_cast<const void*>(&install_env_profilers));
+    e.snapshot = std::make_unique<poolscope::profiler::snapshot_recorder>(options);
+    e.snapshot_pattern = pattern;
+    poolscope::hooks::install(*e.snapshot);
+  } catch (const std::exception& ex) {
+    e.snapshot.reset();
+    log(log_level::error, std::string("poolscope_alloc: POOLSCOPE_SNAPSHOT ignored: ") + ex.what());
+  }
+}
+
 void install_env_profilers() noexcept {
   const char* record = std::getenv("POOLSCOPE_RECORD");
   const char* profile = std::getenv("POOLSCOPE_PROFILE");
+  const char* snapshot = std::getenv("POOLSCOPE_SNAPSHOT");
   const bool want_record = record != nullptr && *record != '\0';
   bool want_profile = profile != nullptr && *profile != '\0';
-  if (!want_record && !want_profile) {
+  const bool want_snapshot = snapshot != nullptr && *snapshot != '\0';
+  if (!want_record && !want_profile && !want_snapshot) {
     return;
   }
   auto* e = new (std::nothrow) env_profilers;
@@ -174,6 +233,9 @@ void install_env_profilers() noexcept {
       log(log_level::error,
           std::string("poolscope_alloc: POOLSCOPE_PROFILE ignored: ") + ex.what());
     }
+  }
+  if (want_snapshot) {
+    install_snapshot(*e, snapshot);
   }
   g_env_profilers.store(e, std::memory_order_release);
   if (std::atexit(finish_env_profilers) != 0) {
@@ -451,6 +513,27 @@ POOLSCOPE_ALLOC_API size_t poolscope_release_cached(int device) {
 POOLSCOPE_ALLOC_API void poolscope_set_oom_callback(poolscope_oom_callback callback,
                                                     void* user_data) {
   poolscope::plugin::set_oom_callback(callback, user_data);
+}
+
+POOLSCOPE_ALLOC_API int poolscope_snapshot(const char* path) {
+  try {
+    // Recording starts with the environment's profilers: here at the latest.
+    std::call_once(g_env_profilers_once, install_env_profilers);
+  } catch (...) {
+    return -1;
+  }
+  const env_profilers* e = g_env_profilers.load(std::memory_order_acquire);
+  if (e == nullptr || e->snapshot == nullptr) {
+    log(log_level::error,
+        "poolscope_alloc: poolscope_snapshot: recording is off (set POOLSCOPE_SNAPSHOT=FILE "
+        "before the first allocation)");
+    return -1;
+  }
+  try {
+    return write_snapshot(*e, path != nullptr ? std::string(path) : e->snapshot_pattern) ? 0 : -1;
+  } catch (...) {
+    return -1;
+  }
 }
 
 POOLSCOPE_ALLOC_API const char* poolscope_version(void) {

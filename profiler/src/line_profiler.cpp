@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "detail/stack_capture.hpp"
 #include "detail/stack_seam.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
@@ -66,10 +67,8 @@ stack_unwinder unwinder_of(detail::unwind_backend b) noexcept {
   return stack_unwinder::glibc_backtrace;
 }
 
-constexpr std::size_t max_supported_depth = 256;
-// Room for poolscope's own frames (allocate, emit, deliver, on_event, capture) above the user's:
-// a first guess, raised when a stack shows more (the unwinders' cost grows with frames walked).
-constexpr std::size_t initial_own_frames = 8;
+constexpr std::size_t max_supported_depth = detail::stack_capturer::max_supported_depth;
+constexpr std::size_t max_supported_python_depth = 256;
 constexpr std::uint32_t root_index = 0;
 // Events left for the lock's holder beyond which threads wait for the lock instead (see
 // line_profiler::state::crowded).
@@ -335,9 +334,7 @@ bool has_libdw() noexcept {
 }
 
 struct line_profiler::state {
-  detail::unwind_backend backend = detail::unwind_backend::glibc_backtrace;
-  detail::own_code_ranges own;
-  std::atomic<std::size_t> own_frames{initial_own_frames};  // frames to capture beyond max_depth
+  detail::stack_capturer capturer;
 
   // A spin lock: its sections are a few table operations, and a contended std::mutex sleeps in
   // the kernel. A thread that finds it taken does not wait: it leaves its event on `pending`
@@ -363,7 +360,7 @@ struct line_profiler::state {
   std::uint64_t truncated = 0;
   std::uint64_t deferred = 0;  // events applied from `pending`
 
-  explicit state(std::span<const void* const> wrappers) : own(wrappers) { clear(); }
+  explicit state(const detail::stack_capture_options& options) : capturer(options) { clear(); }
   ~state() { discard_pending(); }
   state(const state&) = delete;
   state& operator=(const state&) = delete;
@@ -555,14 +552,26 @@ line_profiler::line_profiler(const line_profiler_options& options) : options_(op
                            std::string(to_string(options_.unwinder)) +
                            "' is not available in this build");
   }
+  if (options_.max_python_depth > max_supported_python_depth) {
+    throw invalid_argument("poolscope: line_profiler max_python_depth " +
+                           std::to_string(options_.max_python_depth) + " is above " +
+                           std::to_string(max_supported_python_depth));
+  }
   if (options_.skip_modules_of.size() > detail::own_code_ranges::max_extra) {
     throw invalid_argument("poolscope: line_profiler skip_modules_of holds " +
                            std::to_string(options_.skip_modules_of.size()) +
                            " addresses; at most " +
                            std::to_string(detail::own_code_ranges::max_extra));
   }
-  state_ = std::make_unique<state>(options_.skip_modules_of);
-  if (const std::size_t i = state_->own.first_extra_not_found();
+  detail::stack_capture_options capture;
+  capture.backend = backend_of(options_.unwinder);
+  capture.max_depth = options_.max_depth;
+  capture.skip_poolscope_frames = options_.skip_poolscope_frames;
+  capture.skip_frames = options_.skip_frames;
+  capture.skip_modules_of = options_.skip_modules_of;
+  capture.max_python_depth = options_.max_python_depth;
+  state_ = std::make_unique<state>(capture);
+  if (const std::size_t i = state_->capturer.own().first_extra_not_found();
       i < options_.skip_modules_of.size()) {
     char where[32];
     std::snprintf(where, sizeof where, "%p", options_.skip_modules_of[i]);
@@ -571,14 +580,13 @@ line_profiler::line_profiler(const line_profiler_options& options) : options_(op
                            ") is in no shared object (the main executable's frames cannot be "
                            "told from the application's by address: use skip_frames)");
   }
-  state_->backend = backend_of(options_.unwinder);
-  detail::warm_up(state_->backend);
+  detail::warm_up(capture.backend);
 }
 
 line_profiler::~line_profiler() = default;
 
 stack_unwinder line_profiler::unwinder() const noexcept {
-  return unwinder_of(state_->backend);
+  return unwinder_of(state_->capturer.backend());
 }
 
 void line_profiler::disable(const char* what) const noexcept {
@@ -618,30 +626,13 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
   r.rounded = e.rounded;
   r.seq = e.seq;
   // The stack is captured, and hashed, before taking the lock: it is the expensive part.
-  std::uintptr_t raw[max_supported_depth + 128];
-  std::size_t top = 0;
+  std::uintptr_t frames[max_supported_depth + max_supported_python_depth];
   if (is_alloc) {
-    const std::size_t own_frames = s.own_frames.load(std::memory_order_relaxed);
-    const std::size_t capacity =
-        std::min(options_.max_depth + options_.skip_frames + own_frames + 1, std::size(raw));
-    const std::size_t n = detail::capture_stack(s.backend, raw, capacity);
-    if (options_.skip_poolscope_frames) {
-      while (top < n && s.own.contains(raw[top])) {
-        ++top;
-      }
-      if (top > own_frames) {
-        // More of poolscope on the stack than room was made for (a nested allocator): this
-        // stack may be cut short, later ones are not.
-        s.own_frames.store(std::min<std::size_t>(top + 2, 96), std::memory_order_relaxed);
-      }
-    }
-    top = std::min(n, top + options_.skip_frames);
-    const std::size_t depth = n - top;
-    // One frame more than needed is captured, so a full buffer means a cut stack only when
-    // poolscope's frames took more room than planned.
-    r.truncated = depth > options_.max_depth || n == capacity;
-    r.depth = static_cast<std::uint32_t>(std::min(depth, options_.max_depth));
-    r.stack_hash = hash_stack(raw + top, r.depth);
+    bool truncated = false;
+    r.depth = static_cast<std::uint32_t>(
+        s.capturer.capture(frames, truncated, e.kind == hooks::event_kind::pool_malloc));
+    r.truncated = truncated;
+    r.stack_hash = hash_stack(frames, r.depth);
   }
   pending_event* applied = nullptr;  // events left by others, freed once the lock is released
   try {
@@ -655,10 +646,10 @@ void line_profiler::on_event(const hooks::event& e) noexcept {
       // Apply the events left by others (they happened before this one), then this one.
       std::lock_guard lock(s.table_lock, std::adopt_lock);
       applied = s.drain();
-      s.apply(r, raw + top);
+      s.apply(r, frames);
     } else {
       // Another thread holds the lock: leave the event for the next holder instead of waiting.
-      pending_event* p = pending_event::make(r, raw + top);
+      pending_event* p = pending_event::make(r, frames);
       if (p == nullptr) {
         throw std::bad_alloc();
       }
@@ -735,7 +726,7 @@ line_profile line_profiler::report(const report_options& options) const {
     out.deferred_events = s.deferred;
     out.complete = enabled();
   }
-  out.unwinder = detail::unwind_backend_name(state_->backend);
+  out.unwinder = detail::unwind_backend_name(state_->capturer.backend());
   out.max_depth = options_.max_depth;
 
   std::vector<std::vector<std::uint32_t>> kids(copy.size());
@@ -755,7 +746,7 @@ line_profile line_profiler::report(const report_options& options) const {
     p.address = copy[i].address;
     p.self = copy[i].self;
     if (i != root_index && sym) {
-      detail::symbol info = sym->resolve(copy[i].address);
+      detail::symbol info = detail::symbolize_frame(*sym, copy[i].address);
       p.function = std::move(info.function);
       p.file = std::move(info.file);
       p.line = info.line;

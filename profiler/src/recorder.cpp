@@ -11,7 +11,10 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
+#include "detail/drain_thread.hpp"
+#include "detail/event_ring.hpp"
 #include "detail/recorder_crash.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/log.hpp"
@@ -44,11 +47,192 @@ std::string_view action_name(hooks::event_kind k) noexcept {
   return "unknown";
 }
 
+namespace detail {
+
+/// Allocator names as the recorder writes them (escaped JSON string bodies), by allocator id:
+/// filled by the recording threads the first time they see an id, read by the writer thread and
+/// by the fatal-signal handler (atomics only). Ids past the table's room are written "?".
+struct recorder_names {
+  static constexpr std::size_t slots = 4096;
+  std::atomic<std::uint32_t> id[slots] = {};  // 0: empty
+  std::atomic<const char*> name[slots] = {};  // set after id, then never changed
+  ~recorder_names() {
+    for (auto& n : name) {
+      delete[] n.load(std::memory_order_relaxed);
+    }
+  }
+};
+
+}  // namespace detail
+
 namespace {
+
+/// One event in the ring, as on_event copies it.
+struct ring_record {
+  std::uint64_t seq = 0;
+  std::uint64_t time_ns = 0;
+  std::uint64_t thread = 0;
+  std::uint64_t stream = 0;
+  std::uint64_t ptr = 0;
+  std::uint64_t requested = 0;
+  std::uint64_t rounded = 0;
+  std::int32_t device = -1;
+  std::uint32_t allocator_id = 0;
+  hooks::event_kind kind = hooks::event_kind::pool_malloc;
+  hooks::event_phase phase = hooks::event_phase::post;
+};
 
 constexpr std::size_t min_buffer_bytes = 4096;
 constexpr std::size_t max_buffer_bytes = std::size_t{1} << 30;  // offsets fit in 32 bits
 constexpr std::size_t max_line_bytes = 1024;
+
+// ---- line formatting -------------------------------------------------------------------------
+
+/// JSON string body of an allocator name: escaped, ASCII only, at most 128 bytes of the name.
+void escape_name(const char* name, char* out, std::size_t cap) noexcept {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::size_t n = 0;
+  std::size_t taken = 0;
+  for (const char* p = name != nullptr ? name : ""; *p != '\0' && n + 7 < cap && taken < 128;
+       ++p, ++taken) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c == '"' || c == '\\') {
+      out[n++] = '\\';
+      out[n++] = static_cast<char>(c);
+    } else if (c < 0x20) {
+      const char esc[] = {'\\', 'u', '0', '0', hex[c >> 4], hex[c & 15]};
+      for (char e : esc) {
+        out[n++] = e;
+      }
+    } else if (c >= 0x80) {
+      out[n++] = '?';  // keep every line valid UTF-8 whatever the name holds
+    } else {
+      out[n++] = static_cast<char>(c);
+    }
+  }
+  out[n] = '\0';
+}
+
+/// The escaped name of `e`'s allocator, interned the first time its id is seen. Never fails:
+/// an id the table has no room for (or no memory for its name) is written "?".
+void intern_name(detail::recorder_names& t, const hooks::event& e) noexcept {
+  const std::uint32_t id = e.allocator_id;
+  for (std::size_t k = 0; k < detail::recorder_names::slots; ++k) {
+    const std::size_t i = (id * 0x9E3779B1U + k) % detail::recorder_names::slots;
+    std::uint32_t seen = t.id[i].load(std::memory_order_acquire);
+    if (seen == 0 && t.id[i].compare_exchange_strong(seen, id, std::memory_order_acq_rel)) {
+      char buf[160];
+      escape_name(e.allocator_name, buf, sizeof buf);
+      const std::size_t len = std::strlen(buf);
+      char* copy = new (std::nothrow) char[len + 1];
+      if (copy != nullptr) {
+        std::memcpy(copy, buf, len + 1);
+      }
+      t.name[i].store(copy != nullptr ? copy : "?", std::memory_order_release);
+      return;
+    }
+    if (seen == id) {
+      // Another thread may be storing the name right now: its store comes soon.
+      while (t.name[i].load(std::memory_order_acquire) == nullptr) {
+      }
+      return;
+    }
+  }
+}
+
+/// The name interned for `id`, or "?". Async-signal-safe.
+const char* name_of(const detail::recorder_names& t, std::uint32_t id) noexcept {
+  for (std::size_t k = 0; k < detail::recorder_names::slots; ++k) {
+    const std::size_t i = (id * 0x9E3779B1U + k) % detail::recorder_names::slots;
+    const std::uint32_t seen = t.id[i].load(std::memory_order_acquire);
+    if (seen == id) {
+      const char* n = t.name[i].load(std::memory_order_acquire);
+      return n != nullptr ? n : "?";
+    }
+    if (seen == 0) {
+      break;
+    }
+  }
+  return "?";
+}
+
+/// Appends text and numbers to a fixed buffer; async-signal-safe (no locale, no allocation).
+class line_writer {
+ public:
+  line_writer(char* out, std::size_t cap) noexcept : p_(out), end_(out + cap) {}
+  line_writer& put(std::string_view s) noexcept {
+    if (static_cast<std::size_t>(end_ - p_) < s.size()) {
+      ok_ = false;
+      return *this;
+    }
+    std::memcpy(p_, s.data(), s.size());
+    p_ += s.size();
+    return *this;
+  }
+  line_writer& dec(std::uint64_t v) noexcept {
+    char digits[20];
+    int n = 0;
+    do {
+      digits[n++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v != 0);
+    char out[20];
+    for (int i = 0; i < n; ++i) {
+      out[i] = digits[n - 1 - i];
+    }
+    return put(std::string_view(out, static_cast<std::size_t>(n)));
+  }
+  line_writer& sdec(std::int64_t v) noexcept {
+    if (v < 0) {
+      put("-");
+      return dec(static_cast<std::uint64_t>(-(v + 1)) + 1);
+    }
+    return dec(static_cast<std::uint64_t>(v));
+  }
+  line_writer& hex(std::uint64_t v) noexcept {
+    static constexpr char digits[] = "0123456789abcdef";
+    char out[18] = {'0', 'x'};
+    int n = 0;
+    char rev[16];
+    do {
+      rev[n++] = digits[v & 15];
+      v >>= 4;
+    } while (v != 0);
+    for (int i = 0; i < n; ++i) {
+      out[2 + i] = rev[n - 1 - i];
+    }
+    return put(std::string_view(out, static_cast<std::size_t>(n + 2)));
+  }
+  /// Bytes written, or 0 if the line did not fit.
+  [[nodiscard]] std::size_t size(const char* begin) const noexcept {
+    return ok_ ? static_cast<std::size_t>(p_ - begin) : 0;
+  }
+
+ private:
+  char* p_;
+  char* end_;
+  bool ok_ = true;
+};
+
+/// One log line for `r`; returns its length (0 if it did not fit). Async-signal-safe.
+std::size_t format_line(const ring_record& r, const char* name, char* out,
+                        std::size_t cap) noexcept {
+  line_writer w(out, cap);
+  w.put("{\"seq\":").dec(r.seq).put(",\"time_ns\":").dec(r.time_ns).put(",\"thread\":");
+  w.dec(r.thread).put(",\"device\":").sdec(r.device).put(",\"stream\":\"").hex(r.stream);
+  w.put("\",\"allocator\":\"").put(name).put("\",\"allocator_id\":").dec(r.allocator_id);
+  w.put(",\"action\":\"").put(action_name(r.kind)).put("\",\"phase\":\"");
+  w.put(hooks::to_string(r.phase)).put("\",\"ptr\":\"").hex(r.ptr).put("\",\"size\":");
+  w.dec(r.requested).put(",\"rounded\":").dec(r.rounded).put("}\n");
+  return w.size(out);
+}
+
+/// The line saying `n` events were dropped. Async-signal-safe.
+std::size_t format_dropped(std::uint64_t n, char* out, std::size_t cap) noexcept {
+  line_writer w(out, cap);
+  w.put("{\"dropped\":").dec(n).put("}\n");
+  return w.size(out);
+}
 
 // ---- fatal-signal flushing -------------------------------------------------------------------
 
@@ -125,6 +309,16 @@ void flush_views_for_crash() noexcept {
         break;
       }
     }
+    // Then what the writer thread has not formatted yet, in ring order.
+    if (v->ring != nullptr && v->names != nullptr) {
+      v->ring->peek([v](const void* record) {
+        ring_record r;
+        std::memcpy(&r, record, sizeof r);
+        char line[max_line_bytes];
+        const std::size_t n = format_line(r, name_of(*v->names, r.allocator_id), line, sizeof line);
+        write_all(v->fd, line, n);
+      });
+    }
   }
 }
 
@@ -182,27 +376,6 @@ int register_view(recorder::crash_view* v) noexcept {
   return -1;
 }
 
-// ---- line formatting -------------------------------------------------------------------------
-
-/// JSON string body of an allocator name: escaped, ASCII only, at most 128 bytes.
-void escape_name(const char* name, char* out, std::size_t cap) noexcept {
-  std::size_t n = 0;
-  for (const char* p = name != nullptr ? name : ""; *p != '\0' && n + 7 < cap && n < 128; ++p) {
-    const auto c = static_cast<unsigned char>(*p);
-    if (c == '"' || c == '\\') {
-      out[n++] = '\\';
-      out[n++] = static_cast<char>(c);
-    } else if (c < 0x20) {
-      n += static_cast<std::size_t>(std::snprintf(out + n, cap - n, "\\u%04x", c));
-    } else if (c >= 0x80) {
-      out[n++] = '?';  // keep every line valid UTF-8 whatever the name holds
-    } else {
-      out[n++] = static_cast<char>(c);
-    }
-  }
-  out[n] = '\0';
-}
-
 // What a recorder writes: every event with all_phases; otherwise allocations and releases
 // when done (post), frees before the memory is reusable (pre), every phase of the other kinds.
 constexpr hooks::event_filter recorded(bool all_phases) noexcept {
@@ -226,28 +399,6 @@ constexpr hooks::event_filter recorded_usual = recorded(false);
 
 bool wanted(const hooks::event& e, bool all_phases) noexcept {
   return (all_phases ? recorded_all : recorded_usual).contains(e.kind, e.phase);
-}
-
-std::size_t format_line(const hooks::event& e, char* out, std::size_t cap) noexcept {
-  char name[160];
-  escape_name(e.allocator_name, name, sizeof name);
-  const std::string_view action = action_name(e.kind);
-  const std::string_view phase = hooks::to_string(e.phase);
-  const int n = std::snprintf(
-      out, cap,
-      "{\"seq\":%" PRIu64 ",\"time_ns\":%" PRIu64 ",\"thread\":%" PRIu64
-      ",\"device\":%d,\"stream\":\"0x%" PRIxPTR "\",\"allocator\":\"%s\",\"allocator_id\":%" PRIu32
-      ",\"action\":\"%.*s\",\"phase\":\"%.*s\",\"ptr\":\"0x%" PRIxPTR
-      "\",\"size\":%zu"
-      ",\"rounded\":%zu}\n",
-      e.seq, e.time_ns, e.thread, e.device, reinterpret_cast<std::uintptr_t>(e.stream), name,
-      e.allocator_id, static_cast<int>(action.size()), action.data(),
-      static_cast<int>(phase.size()), phase.data(), reinterpret_cast<std::uintptr_t>(e.ptr),
-      e.requested, e.rounded);
-  if (n <= 0 || static_cast<std::size_t>(n) >= cap) {
-    return 0;
-  }
-  return static_cast<std::size_t>(n);
 }
 
 }  // namespace
@@ -285,6 +436,10 @@ recorder::recorder(const std::string& path, const recorder_options& options)
                               static_cast<long>(::getpid()));
   std::memcpy(buffer_.get(), header, static_cast<std::size_t>(n));
   view_->state.store(pack_state(0, static_cast<std::size_t>(n)), std::memory_order_release);
+  names_ = std::make_unique<detail::recorder_names>();
+  ring_ = std::make_unique<detail::event_ring>(options_.ring_slots, sizeof(ring_record));
+  view_->ring = ring_.get();
+  view_->names = names_.get();
   if (options_.flush_on_fatal_signal) {
     install_handlers_once();
     slot_ = register_view(view_.get());
@@ -293,19 +448,35 @@ recorder::recorder(const std::string& path, const recorder_options& options)
                                "' will not be flushed on a fatal signal");
     }
   }
+  if (options_.writer_thread) {
+    writer_ = std::make_unique<detail::drain_thread>(
+        [this] {
+          std::lock_guard lock(mutex_);
+          drain_locked();
+        },
+        std::chrono::milliseconds(5));
+  }
 }
 
 recorder::~recorder() {
+  if (writer_ != nullptr) {
+    writer_->stop();
+  }
   if (slot_ >= 0) {
     g_views[slot_].store(nullptr, std::memory_order_release);
   }
   {
     std::lock_guard lock(mutex_);
+    drain_locked();
     if (!failed_.load(std::memory_order_relaxed)) {
       write_buffer_locked();
     }
   }
   ::close(view_->fd);
+}
+
+std::uint64_t recorder::dropped() const noexcept {
+  return ring_->dropped();
 }
 
 void recorder::fail(const char* what, int err) noexcept {
@@ -369,36 +540,74 @@ void recorder::on_event(const hooks::event& e) noexcept {
   if (failed_.load(std::memory_order_relaxed) || !wanted(e, options_.all_phases)) {
     return;
   }
-  char line[max_line_bytes];
-  const std::size_t n = format_line(e, line, sizeof line);
-  if (n == 0) {
+  intern_name(*names_, e);
+  ring_record r;
+  r.seq = e.seq;
+  r.time_ns = e.time_ns;
+  r.thread = e.thread;
+  r.stream = reinterpret_cast<std::uintptr_t>(e.stream);
+  r.ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
+  r.requested = e.requested;
+  r.rounded = e.rounded;
+  r.device = e.device;
+  r.allocator_id = e.allocator_id;
+  r.kind = e.kind;
+  r.phase = e.phase;
+  if (write_through_.load(std::memory_order_acquire)) [[unlikely]] {
+    // The end of the program: the writer thread may be gone, so the line is written here.
+    std::lock_guard lock(mutex_);
+    drain_locked();
+    char line[max_line_bytes];
+    if (append_locked(line, format_line(r, name_of(*names_, r.allocator_id), line, sizeof line))) {
+      (void)write_buffer_locked();
+    }
     return;
   }
-  std::lock_guard lock(mutex_);
-  if (failed_.load(std::memory_order_relaxed)) {
-    return;
+  ring_->try_push([&r](void* slot) { std::memcpy(slot, &r, sizeof r); });
+  if (writer_ != nullptr && ring_->waiting() > ring_->capacity() / 2) {
+    writer_->wake();
+  }
+}
+
+bool recorder::append_locked(const char* line, std::size_t n) noexcept {
+  if (n == 0 || failed_.load(std::memory_order_relaxed)) {
+    return false;
   }
   std::size_t used = committed_of(view_->state.load(std::memory_order_relaxed));
   if (used + n > capacity_) {
     if (!write_buffer_locked()) {
-      return;
+      return false;
     }
     used = committed_of(view_->state.load(std::memory_order_relaxed));
     if (used + n > capacity_) {
-      return;  // a crash flush keeps the buffer: no room left for this line
+      return false;  // a crash flush keeps the buffer: no room left for this line
     }
   }
   std::memcpy(buffer_.get() + used, line, n);
   // Adds to the low half only (used + n <= capacity_ < 2^32); the release publishes the line.
   view_->state.fetch_add(n, std::memory_order_release);
-  lines_.fetch_add(1, std::memory_order_relaxed);
-  if (write_through_) [[unlikely]] {
-    (void)write_buffer_locked();
+  return true;
+}
+
+void recorder::drain_locked() noexcept {
+  char line[max_line_bytes];
+  ring_->drain([&](const void* slot) {
+    ring_record r;
+    std::memcpy(&r, slot, sizeof r);
+    if (append_locked(line, format_line(r, name_of(*names_, r.allocator_id), line, sizeof line))) {
+      lines_.fetch_add(1, std::memory_order_relaxed);
+    }
+  });
+  const std::uint64_t dropped = ring_->dropped();
+  if (dropped != dropped_written_ &&
+      append_locked(line, format_dropped(dropped - dropped_written_, line, sizeof line))) {
+    dropped_written_ = dropped;
   }
 }
 
 bool recorder::flush() noexcept {
   std::lock_guard lock(mutex_);
+  drain_locked();
   if (failed_.load(std::memory_order_relaxed)) {
     return false;
   }
@@ -407,7 +616,8 @@ bool recorder::flush() noexcept {
 
 bool recorder::flush_and_write_through() noexcept {
   std::lock_guard lock(mutex_);
-  write_through_ = true;
+  write_through_.store(true, std::memory_order_release);
+  drain_locked();
   if (failed_.load(std::memory_order_relaxed)) {
     return false;
   }

@@ -21,6 +21,7 @@ before anything allocates through it (a pool that exists already is refused, nam
     record             POOLSCOPE_RECORD             allocator event log (poolscope replay)
     profile            POOLSCOPE_PROFILE            line profile at exit (poolscope report)
     trace              POOLSCOPE_TRACE              Chrome trace of pool events at exit
+    snapshot           POOLSCOPE_SNAPSHOT           PyTorch memory snapshot at exit (and snapshot())
 
 ``on_oom(callback)`` calls ``callback(device, size)`` when an allocation does not fit; a true
 return retries it once (after the callback freed memory). The library is found beside the package
@@ -38,6 +39,7 @@ from ._lib import (  # noqa: F401
     library_path,
     on_oom,
     release_cached,
+    snapshot,
     stats,
     version,
 )
@@ -50,6 +52,7 @@ __all__ = [
     "library_path",
     "on_oom",
     "release_cached",
+    "snapshot",
     "stats",
     "torch",
     "version",

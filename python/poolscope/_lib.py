@@ -30,6 +30,7 @@ _OPTIONS = {
     "release_threshold": ("POOLSCOPE_RELEASE_THRESHOLD", "bytes"),
     "record": ("POOLSCOPE_RECORD", "path"),
     "profile": ("POOLSCOPE_PROFILE", "path"),
+    "snapshot": ("POOLSCOPE_SNAPSHOT", "path"),
     "trace": ("POOLSCOPE_TRACE", "path"),
 }
 
@@ -65,6 +66,9 @@ def library():
             lib.poolscope_release_cached.argtypes = [ctypes.c_int]
             lib.poolscope_version.restype = ctypes.c_char_p
             lib.poolscope_version.argtypes = []
+            if hasattr(lib, "poolscope_snapshot"):
+                lib.poolscope_snapshot.restype = ctypes.c_int
+                lib.poolscope_snapshot.argtypes = [ctypes.c_char_p]
             if hasattr(lib, "poolscope_set_oom_callback"):
                 lib.poolscope_set_oom_callback.restype = None
                 lib.poolscope_set_oom_callback.argtypes = [OOM_CALLBACK, ctypes.c_void_p]
@@ -151,6 +155,16 @@ def configure(**options):
                 f"{', '.join(map(str, used))} already have a pool built from the old options")
     os.environ.update(env)
     return env
+
+
+def snapshot(path=None):
+    """Writes the PyTorch memory snapshot recorded so far (the option `snapshot` must have been
+    set before the first allocation) to `path`, or to that option's file; PoolscopeError when
+    recording is off or the file cannot be written (the plug-in logs why)."""
+    lib = library()
+    arg = None if path is None else os.fsencode(os.path.abspath(os.fspath(path)))
+    if lib.poolscope_snapshot(arg) != 0:
+        raise PoolscopeError(f"poolscope: snapshot({path!r}) failed (see the log line above)")
 
 
 def on_oom(callback):

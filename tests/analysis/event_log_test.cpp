@@ -202,6 +202,22 @@ TEST(event_log, rmm_csv_errors_name_the_line) {
   EXPECT_NE(std::string(cut.what()).find("truncated"), std::string::npos) << cut.what();
 }
 
+TEST(event_log, dropped_lines_are_counted_and_a_repeated_record_read_once) {
+  // A crash flush can write a record the writer thread also wrote (seq 2 twice); the recorder's
+  // ring dropped 5 events, then 3.
+  const std::string text = std::string(k_header) + line(1, "malloc", "0x1000", 100) +
+                           "{\"dropped\":5}\n" + line(2, "free", "0x1000", 100) +
+                           line(2, "free", "0x1000", 100) + "{\"dropped\":3}\n" +
+                           line(3, "malloc", "0x2000", 100);
+  const event_log log = parse_event_log_text(text);
+  EXPECT_EQ(log.dropped_events, 8u);
+  EXPECT_EQ(log.repeated_records, 1u);
+  ASSERT_EQ(log.records.size(), 3u);
+  EXPECT_EQ(log.records[1].seq, 2u);
+  EXPECT_EQ(log.records[2].seq, 3u);
+  EXPECT_EQ(error_of(std::string(k_header) + "{\"dropped\":-1}\n").line(), 2u);
+}
+
 TEST(event_log, actions_have_names) {
   for (auto k : {event_kind::pool_malloc, event_kind::pool_free, event_kind::device_alloc,
                  event_kind::device_free, event_kind::split, event_kind::merge, event_kind::release,

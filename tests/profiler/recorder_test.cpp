@@ -172,6 +172,7 @@ TEST(recorder, all_phases_writes_every_event_through_a_small_buffer) {
       void* p = alloc.allocate({}, 64 + static_cast<std::size_t>(i));
       alloc.deallocate({}, p, 64 + static_cast<std::size_t>(i));
     }
+    EXPECT_TRUE(rec.flush());  // the ring's last records formatted
     lines = rec.lines();
   }
   const auto expected = capture.events();
@@ -376,6 +377,34 @@ TEST(recorder, crash_on_another_thread_during_a_write_writes_each_line_once) {
   }
   ASSERT_GE(expected.size(), 60u);  // 30 pairs, and the upstream allocations
   EXPECT_EQ(seqs_in(slurp(path)), expected);
+  std::remove(path.c_str());
+}
+
+// A writer that falls behind: with no writer thread and a ring of 64, the 100 pairs' 200 events
+// between two flushes keep 64; the file says how many were dropped, exactly, and the reader and
+// replay count them.
+TEST(recorder, a_full_ring_drops_events_and_the_log_says_how_many) {
+  const std::string path = temp_path("dropped");
+  pool::host_resource host;
+  pool::best_fit_allocator alloc{host};
+  void* warm = alloc.allocate({}, 256);  // best_fit's one upstream block, before recording
+  alloc.deallocate({}, warm, 256);
+  {
+    recorder rec{path, {.ring_slots = 64, .writer_thread = false}};
+    {
+      hooks::scoped_hook on{rec};
+      for (int i = 0; i < 100; ++i) {
+        alloc.deallocate({}, alloc.allocate({}, 256), 256);
+      }
+    }
+    EXPECT_TRUE(rec.flush());
+    EXPECT_EQ(rec.lines(), 64u);
+    EXPECT_EQ(rec.dropped(), 200u - 64u);
+  }
+  const event_log log = read_event_log(path);
+  EXPECT_EQ(log.records.size(), 64u);
+  EXPECT_EQ(log.dropped_events, 136u);
+  EXPECT_EQ(slurp(path).find("{\"dropped\":136}\n") != std::string::npos, true);
   std::remove(path.c_str());
 }
 

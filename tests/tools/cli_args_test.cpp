@@ -149,7 +149,7 @@ TEST(cli_args, an_unknown_command_is_named) {
   const process_result r = run_cli({"foo"});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(contains(r.err, "poolscope: unknown command 'foo'")) << r.err;
-  EXPECT_TRUE(contains(r.err, "demo, pools, bench, replay, report, trace")) << r.err;
+  EXPECT_TRUE(contains(r.err, "demo, pools, bench, replay, snapshot, report, trace")) << r.err;
   const process_result b = run_cli({"bench", "speed"});
   EXPECT_NE(b.exit_code, 0);
   EXPECT_TRUE(contains(b.err, "poolscope bench: unknown command 'speed'")) << b.err;

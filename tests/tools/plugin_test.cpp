@@ -186,7 +186,8 @@ std::vector<std::string> exported_symbols(const char* path) {
 TEST_F(plugin, exports_only_the_c_abi) {
   const std::vector<std::string> expected{"poolscope_free",           "poolscope_malloc",
                                           "poolscope_release_cached", "poolscope_set_oom_callback",
-                                          "poolscope_stats_json",     "poolscope_version"};
+                                          "poolscope_snapshot",       "poolscope_stats_json",
+                                          "poolscope_version"};
   EXPECT_EQ(exported_symbols(POOLSCOPE_ALLOC_PLUGIN_PATH), expected);
   // "major.minor.patch": three non-empty runs of digits separated by two dots.
   const std::string v = api_->version();
@@ -445,6 +446,22 @@ TEST_F(plugin, out_of_memory_returns_null_and_is_counted) {
   EXPECT_EQ(after["oom_count"].get<std::uint64_t>(), before["oom_count"].get<std::uint64_t>() + 1);
   if (logs_shared()) {
     EXPECT_GE(logs.count("out of memory"), 1U) << logs.all();
+  }
+}
+
+// With no POOLSCOPE_SNAPSHOT when the plug-in started (this process), nothing was recorded: a
+// snapshot is refused with one log line, and no file is made.
+TEST_F(plugin, snapshot_without_recording_is_refused) {
+  using snapshot_fn = int (*)(const char*);
+  auto snap = reinterpret_cast<snapshot_fn>(::dlsym(api_->handle, "poolscope_snapshot"));
+  ASSERT_NE(snap, nullptr);
+  const std::string path = ::testing::TempDir() + "poolscope_never_written.pickle";
+  std::remove(path.c_str());
+  log_capture log;
+  EXPECT_EQ(snap(path.c_str()), -1);
+  EXPECT_FALSE(std::ifstream(path).good());
+  if (logs_shared()) {
+    EXPECT_EQ(log.count("recording is off (set POOLSCOPE_SNAPSHOT"), 1U) << log.all();
   }
 }
 

@@ -1,8 +1,11 @@
 // `poolscope replay LOG`: replays a recorded allocation log (poolscope's recorder, the jsonl
-// debug hook or RMM's CSV log; profiler/event_log.hpp) against several allocator strategies and
-// prints what each would have done, side by side (profiler/replay.hpp; docs/event_log.md).
+// debug hook or RMM's CSV log; analysis/event_log.hpp) or a PyTorch memory snapshot
+// (analysis/memory_snapshot_reader.hpp, snapshot_trace.hpp) against several allocator strategies
+// and prints what each would have done, side by side (analysis/replay.hpp; docs/event_log.md,
+// docs/snapshot.md).
 //
 //   poolscope replay run.jsonl --allocators naive,bfc --capacity 80G --json replay.json
+//   poolscope replay snap.pickle       # each device's trace; the snapshot's own peaks beside
 //
 // Exit codes: 0; 1 with a message naming the file and line if the log cannot be read or
 // parsed, holds no records or no malloc, or naming the strategy/resource that cannot be built;
@@ -24,8 +27,9 @@
 #include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "poolscope/analysis/event_log.hpp"
+#include "poolscope/analysis/memory_snapshot_reader.hpp"
 #include "poolscope/analysis/replay.hpp"
-#include "poolscope/byte_size.hpp"
+#include "poolscope/analysis/snapshot_trace.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "profile_report.hpp"
@@ -219,8 +223,9 @@ std::string verdicts(const std::vector<analysis::replay_result>& results) {
 
 /// What the log itself says, the same on every strategy: frees of pointers that were not live
 /// (a double free, or a log that starts mid-run), mallocs of pointers still live (a lost free),
-/// records skipped, failures recorded, blocks never freed (from a replay that failed no
-/// allocation: a failed block is not live). Nothing when the log is complete and consistent.
+/// records skipped, failures recorded, events the recorder dropped, blocks never freed (from a
+/// replay that failed no allocation: a failed block is not live). Nothing when the log is complete
+/// and consistent.
 void print_log_notes(std::ostream& out, const std::vector<analysis::replay_result>& results) {
   const analysis::replay_result& r = results.front();
   const auto whole = std::find_if(results.begin(), results.end(),
@@ -239,6 +244,8 @@ void print_log_notes(std::ostream& out, const std::vector<analysis::replay_resul
   note(r.skipped_records, "record skipped (another allocator's, or not a malloc or free)",
        "records skipped (another allocator's, or not a malloc or free)");
   note(r.recorded_failures, "allocation failure recorded", "allocation failures recorded");
+  note(r.dropped_events, "event dropped by the recorder (its ring was full; the replay lacks it)",
+       "events dropped by the recorder (its ring was full; the replay lacks them)");
   if (whole != results.end()) {
     note(whole->live_at_end, "block never freed", "blocks never freed");
   }
@@ -247,13 +254,63 @@ void print_log_notes(std::ostream& out, const std::vector<analysis::replay_resul
   }
 }
 
-void run_replay(const replay_command& cmd) {
-  check_file_arguments("poolscope replay",
-                       {{"LOG", cmd.file, false}, {"--json", cmd.json_path, true}}, cmd.force);
-  // With the JSON on stdout, stdout holds nothing else: the table goes to stderr.
-  std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
-  const std::size_t capacity = cmd.capacity.empty() ? std::numeric_limits<std::size_t>::max()
-                                                    : parse_byte_size(cmd.capacity);
+/// Every strategy replayed on `log`; each result named after `suffix` too (" device 1").
+std::vector<analysis::replay_result> replay_all(const replay_command& cmd,
+                                                const analysis::event_log& log,
+                                                std::size_t capacity, const std::string& suffix) {
+  const std::vector<std::string> strategies =
+      cmd.allocators.empty() ? pool::allocator_names() : cmd.allocators;
+  std::vector<analysis::replay_result> results;
+  results.reserve(strategies.size());
+  for (const auto& s : strategies) {
+    results.push_back(replay_one(cmd, log, s, capacity));
+    results.back().allocator += suffix;
+  }
+  return results;
+}
+
+/// The summary line under the table(s): failures in all, the leanest strategy without a failure
+/// and the fastest (verdicts).
+void print_summary(std::ostream& text, const std::vector<analysis::replay_result>& results,
+                   std::uint64_t mallocs) {
+  std::uint64_t failed = 0;
+  for (const auto& r : results) {
+    failed += r.failed_allocations;
+  }
+  text << "summary: " << results.size() << " allocators, " << mallocs << " mallocs replayed, "
+       << failed << " failed allocations in all" << verdicts(results) << "\n";
+  text.flush();
+}
+
+std::size_t capacity_of(const replay_command& cmd) {
+  return cmd.capacity.empty() ? std::numeric_limits<std::size_t>::max()
+                              : parse_byte_size(cmd.capacity);
+}
+
+void print_heading(std::ostream& text, const replay_command& cmd, std::string_view format,
+                   std::size_t records) {
+  text << "replay of " << cmd.file << " (" << format << ", " << records << " records) on "
+       << cmd.resource;
+  if (!cmd.capacity.empty()) {
+    text << ", capacity " << format_bytes(capacity_of(cmd));
+  }
+  text << "\n";
+}
+
+nlohmann::ordered_json json_heading(const replay_command& cmd, std::string_view format,
+                                    std::size_t records) {
+  nlohmann::ordered_json j;
+  j["log"] = cmd.file;
+  j["format"] = std::string(format);
+  j["records"] = records;
+  j["resource"] = cmd.resource;
+  j["capacity"] = cmd.capacity.empty() ? nlohmann::ordered_json(nullptr)
+                                       : nlohmann::ordered_json(capacity_of(cmd));
+  return j;
+}
+
+void replay_event_log(const replay_command& cmd, std::ostream& text) {
+  const std::size_t capacity = capacity_of(cmd);
   const analysis::event_log log = analysis::read_event_log(cmd.file);
   if (!cmd.only_allocator.empty() && std::find(log.allocators.begin(), log.allocators.end(),
                                                cmd.only_allocator) == log.allocators.end()) {
@@ -268,55 +325,145 @@ void run_replay(const replay_command& cmd) {
     throw runtime_error("poolscope replay: '" + cmd.file +
                         "' holds no allocation records: nothing to replay");
   }
-  const std::vector<std::string> strategies =
-      cmd.allocators.empty() ? pool::allocator_names() : cmd.allocators;
-
-  std::vector<analysis::replay_result> results;
-  results.reserve(strategies.size());
-  for (const auto& s : strategies) {
-    results.push_back(replay_one(cmd, log, s, capacity));
-  }
-
+  const std::vector<analysis::replay_result> results = replay_all(cmd, log, capacity, "");
   if (!results.empty() && results.front().mallocs == 0) {
     throw runtime_error("poolscope replay: '" + cmd.file + "' holds " +
                         std::to_string(log.records.size()) + " records but no malloc to replay (" +
                         std::to_string(results.front().skipped_records) +
                         " skipped: another allocator's, or not a malloc or free)");
   }
-  text << "replay of " << cmd.file << " (" << analysis::to_string(log.format) << ", "
-       << log.records.size() << " records) on " << cmd.resource;
-  if (!cmd.capacity.empty()) {
-    text << ", capacity " << format_bytes(capacity);
-  }
-  text << "\n";
+
+  print_heading(text, cmd, analysis::to_string(log.format), log.records.size());
   print_table(text, results);
   if (!results.empty()) {
     print_log_notes(text, results);
   }
-
-  std::uint64_t failed = 0;
-  for (const auto& r : results) {
-    failed += r.failed_allocations;
-  }
-  text << "summary: " << results.size() << " allocators, "
-       << (results.empty() ? 0 : results.front().mallocs) << " mallocs replayed, " << failed
-       << " failed allocations in all" << verdicts(results);
-  text << "\n";
-  text.flush();
+  print_summary(text, results, results.empty() ? 0 : results.front().mallocs);
 
   if (!cmd.json_path.empty()) {
-    nlohmann::ordered_json j;
-    j["log"] = cmd.file;
-    j["format"] = std::string(analysis::to_string(log.format));
-    j["records"] = log.records.size();
-    j["resource"] = cmd.resource;
-    j["capacity"] =
-        cmd.capacity.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(capacity);
+    nlohmann::ordered_json j =
+        json_heading(cmd, analysis::to_string(log.format), log.records.size());
     auto& arr = j["results"] = nlohmann::ordered_json::array();
     for (const auto& r : results) {
       arr.push_back(nlohmann::ordered_json::parse(r.to_json()));
     }
     write_output("poolscope replay", "--json", cmd.json_path, j.dump(2) + "\n");
+  }
+}
+
+/// What a snapshot's trace cannot tell, said: blocks from before its first event (replayed as
+/// live at its start), segments held before it, entries its writer dropped.
+void print_snapshot_notes(std::ostream& out, const analysis::snapshot_figures& f) {
+  if (f.blocks_before_trace != 0) {
+    out << "snapshot: the trace begins after " << f.blocks_before_trace << " block"
+        << (f.blocks_before_trace == 1 ? "" : "s") << " (" << format_bytes(f.bytes_before_trace)
+        << ") were allocated: they open the replay, in address order (when and where they "
+           "were allocated is not in the file; what was allocated and freed before the first "
+           "event is not either, so the peaks are those from the first event on)\n";
+  }
+  if (f.reserved_at_start != 0) {
+    out << "snapshot: segments of " << format_bytes(f.reserved_at_start)
+        << " were held before the first event (counted in source_peak_reserved)\n";
+  }
+  if (f.segments_inconsistent) {
+    out << "snapshot: the segment entries free more than the segments at the end account for "
+           "(entries lost): source_peak_reserved is a lower bound\n";
+  }
+  if (f.frees_not_live != 0) {
+    out << "snapshot: " << f.frees_not_live << " free(s) of blocks that were not live (left out)\n";
+  }
+}
+
+void replay_snapshot(const replay_command& cmd, std::ostream& text) {
+  if (!cmd.only_allocator.empty()) {
+    throw invalid_argument(
+        "poolscope replay: --only-allocator selects a recorded allocator of an event log; '" +
+        cmd.file + "' is a memory snapshot (one pool per device, each replayed)");
+  }
+  const std::size_t capacity = capacity_of(cmd);
+  const profiler::memory_snapshot snap = analysis::read_memory_snapshot(cmd.file);
+  const std::vector<int> devices = analysis::snapshot_devices(snap);
+  std::vector<analysis::snapshot_trace> traces;
+  std::size_t records = 0;
+  for (int d : devices) {
+    traces.push_back(analysis::snapshot_trace_of(snap, d));
+    records += traces.back().log.records.size();
+  }
+  print_heading(text, cmd, "memory_snapshot", records);
+  std::vector<analysis::replay_result> all;
+  std::vector<int> device_of;
+  std::uint64_t mallocs = 0;
+  for (const analysis::snapshot_trace& t : traces) {
+    const analysis::snapshot_figures& f = t.figures;
+    const std::string suffix = devices.size() > 1 ? " dev" + std::to_string(f.device) : "";
+    const std::vector<analysis::replay_result> results = replay_all(cmd, t.log, capacity, suffix);
+    text << "device " << f.device << ": " << f.entries << " trace entries; the snapshot's own "
+         << "source_peak_reserved " << format_bytes(f.source_peak_reserved) << ", peak live "
+         << format_bytes(f.source_peak_live) << ", " << f.ooms << " oom(s) recorded\n";
+    print_table(text, results);
+    if (!results.empty()) {
+      print_log_notes(text, results);
+      mallocs += results.front().mallocs;
+    }
+    print_snapshot_notes(text, f);
+    all.insert(all.end(), results.begin(), results.end());
+    device_of.insert(device_of.end(), results.size(), f.device);
+  }
+  print_summary(text, all, mallocs);
+
+  if (!cmd.json_path.empty()) {
+    nlohmann::ordered_json j = json_heading(cmd, "memory_snapshot", records);
+    auto& figures = j["devices"] = nlohmann::ordered_json::array();
+    for (const analysis::snapshot_trace& t : traces) {
+      const analysis::snapshot_figures& f = t.figures;
+      figures.push_back({{"device", f.device},
+                         {"entries", f.entries},
+                         {"source_peak_reserved", f.source_peak_reserved},
+                         {"source_peak_live", f.source_peak_live},
+                         {"reserved_at_start", f.reserved_at_start},
+                         {"reserved_at_end", f.reserved_at_end},
+                         {"blocks_before_trace", f.blocks_before_trace},
+                         {"bytes_before_trace", f.bytes_before_trace},
+                         {"ooms", f.ooms},
+                         {"segments_inconsistent", f.segments_inconsistent}});
+    }
+    if (traces.size() == 1) {
+      j["source_peak_reserved"] = traces[0].figures.source_peak_reserved;
+      j["source_peak_live"] = traces[0].figures.source_peak_live;
+    }
+    auto& arr = j["results"] = nlohmann::ordered_json::array();
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      nlohmann::ordered_json r = nlohmann::ordered_json::parse(all[i].to_json());
+      const auto& f =
+          traces[static_cast<std::size_t>(std::find(devices.begin(), devices.end(), device_of[i]) -
+                                          devices.begin())]
+              .figures;
+      r["device"] = device_of[i];
+      r["source_peak_reserved"] = f.source_peak_reserved;
+      r["source_peak_live"] = f.source_peak_live;
+      arr.push_back(std::move(r));
+    }
+    write_output("poolscope replay", "--json", cmd.json_path, j.dump(2) + "\n");
+  }
+}
+
+/// True if the file at `path` starts like a pickle (a memory snapshot).
+bool is_snapshot_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[2] = {};
+  in.read(head, 2);
+  return in.gcount() == 2 && analysis::looks_like_pickle(std::string_view(head, 2));
+}
+
+void run_replay(const replay_command& cmd) {
+  check_file_arguments("poolscope replay",
+                       {{"LOG", cmd.file, false}, {"--json", cmd.json_path, true}}, cmd.force);
+  // With the JSON on stdout, stdout holds nothing else: the table goes to stderr.
+  std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
+  if (is_snapshot_file(cmd.file)) {
+    replay_snapshot(cmd, text);
+  } else {
+    replay_event_log(cmd, text);
   }
 }
 
@@ -327,9 +474,10 @@ void register_replay(CLI::App& app) {
   auto cmd = std::make_shared<replay_command>();
   auto* sub = app.add_subcommand(
       "replay",
-      "replay a recorded allocation log (poolscope JSON Lines, jsonl hook or RMM CSV) on "
-      "allocator strategies: peaks, upstream calls, failures under a capacity, latencies");
-  sub->add_option("log", cmd->file, "the log file")->required();
+      "replay a recorded allocation log (poolscope JSON Lines, jsonl hook or RMM CSV) or a "
+      "PyTorch memory snapshot (.pickle) on allocator strategies: peaks, upstream calls, "
+      "failures under a capacity, latencies");
+  sub->add_option("log", cmd->file, "the log or snapshot file")->required();
   sub->add_option("--allocators", cmd->allocators,
                   "comma-separated strategies (default: all registered)")
       ->delimiter(',')

@@ -19,6 +19,8 @@ void register_bench(CLI::App& app);
 
 /// `poolscope replay LOG`: replays an allocation log on allocator strategies, side by side.
 void register_replay(CLI::App& app);
+/// `poolscope snapshot LOG -o SNAP`: an allocation log as a PyTorch memory snapshot.
+void register_snapshot(CLI::App& app);
 /// `poolscope report FILE`: renders a saved line-profile or function-profile JSON report.
 void register_report(CLI::App& app);
 /// `poolscope trace check|summary FILE`: validate a Chrome trace, or summarise its overlap.

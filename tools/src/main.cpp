@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   poolscope::tools::register_pools(app);
   poolscope::tools::register_bench(app);
   poolscope::tools::register_replay(app);
+  poolscope::tools::register_snapshot(app);
   poolscope::tools::register_report(app);
   poolscope::tools::register_trace(app);
   // Every command's --help ends with the exit codes.

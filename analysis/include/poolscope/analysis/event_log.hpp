@@ -16,7 +16,9 @@
 //   lines such as `140213,14:02:31.123456,allocate,0x7f1a00000000,1024,0x0`; Action is
 //   allocate, free or "allocate failure". Times are wall-clock HH:MM:SS.ffffff.
 // Records come back in event order (sorted by seq when the log has one; lines from several
-// threads can be a few events out of order in a file).
+// threads can be a few events out of order in a file); a record whose seq and fields repeat an
+// earlier one is read once. A recorder's line {"dropped":N} (events its ring had no room for)
+// adds N to event_log::dropped_events.
 //
 // Errors: a corrupt line (not JSON, a missing or mistyped field, an unknown action) or a
 // truncated last line throws parse_error naming the source and the 1-based line number.
@@ -52,9 +54,10 @@ class parse_error : public runtime_error {
   std::size_t line_;
 };
 
-/// Which format a log was in.
-enum class log_format : std::uint8_t { poolscope, jsonl_hook, rmm_csv };
-/// "poolscope", "jsonl_hook", "rmm_csv".
+/// Which format a log was in (memory_snapshot: a PyTorch memory snapshot's trace,
+/// snapshot_trace.hpp).
+enum class log_format : std::uint8_t { poolscope, jsonl_hook, rmm_csv, memory_snapshot };
+/// "poolscope", "jsonl_hook", "rmm_csv", "memory_snapshot".
 [[nodiscard]] std::string_view to_string(log_format f) noexcept;
 
 /// One event of a log.
@@ -80,6 +83,11 @@ struct event_log {
   log_format format = log_format::poolscope;
   std::vector<std::string> allocators;  ///< allocator names, indexed by log_record::allocator
   std::vector<log_record> records;
+  /// Events the recorder dropped (its ring was full: lines {"dropped":N}); not in `records`.
+  std::uint64_t dropped_events = 0;
+  /// Records read twice (a crash flush may write a record the writer thread also wrote): the
+  /// second is left out.
+  std::uint64_t repeated_records = 0;
 };
 
 /// The kind of an action name; throws invalid_argument naming `name` if unknown.

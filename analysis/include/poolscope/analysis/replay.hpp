@@ -85,6 +85,7 @@ struct replay_result {
   std::uint64_t recorded_failures = 0;   ///< oom records of the log (not replayed)
   std::uint64_t skipped_records = 0;     ///< other kinds, and other allocators' records
   std::uint64_t live_at_end = 0;         ///< blocks still allocated when the log ended
+  std::uint64_t dropped_events = 0;      ///< events the recorder dropped (event_log's count)
   std::size_t peak_requested = 0;  ///< highest sum of live requested bytes (allocator's count)
   std::size_t peak_reserved = 0;   ///< highest bytes held from upstream
   std::size_t peak_in_use = 0;     ///< highest bytes handed out (allocator's rounding)

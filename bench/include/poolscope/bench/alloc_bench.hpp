@@ -88,6 +88,14 @@ struct hook_costs {
   /// on a pool of its own (0 when threads is 1).
   int threads = 1;
   double per_event_threads_ns = 0.0;
+  /// Per event on the allocating thread with profiler::recorder installed (POOLSCOPE_RECORD: a
+  /// copy into its ring, written by its thread) and with profiler::snapshot_recorder (with
+  /// stacks: POOLSCOPE_SNAPSHOT), each (pair - pair_no_hook) / 2: a pair's malloc post and free pre
+  /// are the events they take. Events their rings dropped are counted beside.
+  double per_event_recorder_ns = 0.0;
+  double per_event_snapshot_ns = 0.0;
+  std::uint64_t recorder_dropped = 0;
+  std::uint64_t snapshot_dropped = 0;
 };
 
 /// Everything a run measured.

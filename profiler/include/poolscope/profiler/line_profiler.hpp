@@ -14,7 +14,9 @@
 //
 // What it records: every pool_malloc post event (requested and rounded bytes) and every
 // device_alloc post event (bytes acquired from upstream) is attributed to the native call stack
-// of the thread that raised it, poolscope's own frames removed. Frees (pool_free and device_free,
+// of the thread that raised it, poolscope's own frames removed; in a Python process, with the
+// thread's Python frames (file, function, line) in place of the interpreter's (docs/
+// line_profile.md, "Python frames"). Frees (pool_free and device_free,
 // at their pre events, which are in true order) are matched by pointer to the stack that
 // allocated the block. Per distinct stack the profiler keeps calls, used, rounded, acquired and
 // freed bytes, bytes live now and bytes live at the peak: the instant the sum of live requested
@@ -97,6 +99,9 @@ struct line_profiler_options {
   std::vector<const void*> skip_modules_of{};
   /// Only events of this allocator id (hooks::event::allocator_id); 0 = every allocator.
   std::uint32_t only_allocator = 0;
+  /// In a Python process, Python frames kept per stack (the innermost ones), in place of the
+  /// interpreter's native frames; 0: native frames only. At most 256.
+  std::size_t max_python_depth = 32;
 };
 
 /// Settings of line_profiler::report.

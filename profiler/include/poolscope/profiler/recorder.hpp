@@ -20,24 +20,33 @@
 // post, the rest (instants) as they come. With all_phases, pre and post events of every kind are
 // written. ptr and stream are "0x..." hex strings; the rest are JSON numbers and strings.
 //
-// Buffering: lines go into one fixed buffer (buffer_bytes), written to the file with write(2)
-// when the next line does not fit, on flush(), and on destruction. After
+// Off the allocating thread: an event is copied into a bounded ring (ring_slots records, a
+// compare-exchange and a copy); a writer thread formats the ring's records into one fixed buffer
+// (buffer_bytes) and writes it to the file with write(2) when the next line does not fit, on
+// flush(), and on destruction. When the ring is full (the writer fell behind) the event is dropped
+// and counted exactly (dropped()); the writer then writes a line {"dropped":N} where it noticed,
+// which read_event_log counts (event_log.hpp) and replay reports. After
 // flush_and_write_through() (for the end of a program: frees made by static destructors and by
-// exit handlers that run later must still reach the file) every line is written as it comes.
-// On SIGSEGV, SIGBUS, SIGILL,
-// SIGFPE and SIGABRT the recorder's handler writes what is buffered (write(2) only:
-// async-signal-safe) and then hands the signal on to the handler that was installed before it
-// (or, if that was the default action, restores it and re-raises), so the log is complete up to
-// the crash. Handlers are installed once per process, by the first recorder that asks. A line is
-// written once even when the crash comes while another thread writes the buffer (that thread
-// finishes its part; from then on recorders keep their buffers and drop lines that no longer fit).
+// exit handlers that run later must still reach the file, when the writer thread may be gone)
+// every line is formatted and written on the recording thread as it comes.
+// On SIGSEGV, SIGBUS, SIGILL, SIGFPE and SIGABRT the recorder's handler writes what is buffered
+// and formats and writes what the ring still holds (write(2) and atomics only: async-signal-safe),
+// and then hands the signal on to the handler that was installed before it (or, if that was the
+// default action, restores it and re-raises), so the log is complete up to the crash. Handlers are
+// installed once per process, by the first recorder that asks. A buffered line is written once
+// even when the crash comes while another thread writes the buffer (that thread finishes its
+// part; from then on recorders keep their buffers and drop lines that no longer fit); a record
+// the writer thread was taking when the crash came may be written twice (read_event_log reads a
+// repeated seq once).
 //
-// Ownership: owns the file descriptor and the buffer. Thread safety: thread-safe; one mutex
-// serialises formatting into the buffer (lines never interleave). Lines from several threads can
-// be a few events out of seq order; read_event_log sorts them. Stream semantics: the stream is
-// only written down. Errors: the constructor throws runtime_error naming the path if the file
-// cannot be created; on_event never throws: a failed write disables the recorder with one log
-// line. Cost: a mutex and ~150 bytes of formatting per event, a write(2) per buffer.
+// Ownership: owns the file descriptor, the ring, the buffer and the writer thread. Thread safety:
+// thread-safe; on_event takes no lock (until flush_and_write_through: then one mutex per line).
+// Lines from several threads can be a few events out of seq order; read_event_log sorts them.
+// Stream semantics: the stream is only written down. Errors: the constructor throws
+// runtime_error naming the path if the file cannot be created; on_event never throws: a failed
+// write disables the recorder with one log line. Cost on the allocating thread: a compare-exchange
+// and an 80-byte copy per event (docs/perf.md, hook rows of `bench alloc`); the writer formats
+// ~150 bytes per event and makes a write(2) per buffer.
 #pragma once
 
 #include <atomic>
@@ -47,6 +56,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "poolscope/hooks/hook.hpp"
 
@@ -64,7 +74,18 @@ struct recorder_options {
   bool all_phases = false;
   /// Install the fatal-signal handlers that flush the buffer.
   bool flush_on_fatal_signal = true;
+  /// Events the ring holds for the writer thread (rounded up to a power of two; at least 2).
+  std::size_t ring_slots = std::size_t{1} << 17;
+  /// Format and write on a writer thread (else only on flush(): between two flushes at most
+  /// ring_slots events are kept, the rest dropped and counted).
+  bool writer_thread = true;
 };
+
+namespace detail {
+class event_ring;
+class drain_thread;
+struct recorder_names;
+}  // namespace detail
 
 /// Writes allocator events as JSON Lines. See the file comment.
 class recorder final : public hooks::hook {
@@ -87,10 +108,13 @@ class recorder final : public hooks::hook {
   /// with nobody to flush it. Returns false if the recorder is disabled.
   bool flush_and_write_through() noexcept;
 
-  /// Event lines written or buffered so far (the header not counted).
+  /// Event lines written or buffered so far (the header not counted); flush() first to count
+  /// those still in the ring.
   [[nodiscard]] std::uint64_t lines() const noexcept {
     return lines_.load(std::memory_order_relaxed);
   }
+  /// Events dropped because the ring was full (the writer fell behind). Exact.
+  [[nodiscard]] std::uint64_t dropped() const noexcept;
   /// False once a write failed.
   [[nodiscard]] bool enabled() const noexcept { return !failed_.load(std::memory_order_relaxed); }
   /// The file's path.
@@ -99,6 +123,7 @@ class recorder final : public hooks::hook {
   /// What the fatal-signal handler reads: the descriptor, the buffer and how much of it is
   /// unwritten. Public only so the handler (a plain function) can reach it; not part of the API.
   ///
+  /// The handler also formats what `ring` still holds (its allocator names from `names`).
   /// `state` holds two offsets in one word, so that the handler reads both at once and takes a
   /// range with one compare-exchange: the low 32 bits count the bytes of complete lines in the
   /// buffer, the high 32 bits the bytes already handed to a write (by the recorder, or by the
@@ -109,6 +134,8 @@ class recorder final : public hooks::hook {
   struct crash_view {
     int fd = -1;
     const char* buffer = nullptr;
+    const detail::event_ring* ring = nullptr;  // records not yet formatted
+    const detail::recorder_names* names = nullptr;
     std::atomic<std::uint64_t> state{0};
     std::atomic<long> writer{0};
     std::atomic<std::size_t> writer_end{0};
@@ -117,6 +144,8 @@ class recorder final : public hooks::hook {
 
  private:
   bool write_buffer_locked() noexcept;  // caller holds mutex_
+  void drain_locked() noexcept;         // caller holds mutex_: the ring into the buffer
+  bool append_locked(const char* line, std::size_t n) noexcept;  // caller holds mutex_
   void fail(const char* what, int err) noexcept;
 
   std::string path_;
@@ -125,10 +154,14 @@ class recorder final : public hooks::hook {
   std::size_t capacity_ = 0;
   std::unique_ptr<crash_view> view_;
   int slot_ = -1;  // index in the crash registry, -1 if not registered
+  std::unique_ptr<detail::recorder_names> names_;
+  std::unique_ptr<detail::event_ring> ring_;
   std::mutex mutex_;
-  bool write_through_ = false;  // guarded by mutex_
+  std::atomic<bool> write_through_{false};
+  std::uint64_t dropped_written_ = 0;  // guarded by mutex_: drops already said in the file
   std::atomic<bool> failed_{false};
   std::atomic<std::uint64_t> lines_{0};
+  std::unique_ptr<detail::drain_thread> writer_;  // last: stopped first
 };
 
 }  // namespace poolscope::profiler
