@@ -494,29 +494,20 @@ void set_env(const char* name, const char* value) {
   }
 }
 
-/// The sizing variables, cleared again when it goes (devices made meanwhile keep them).
+/// One of the sizing variables, cleared again when it goes (devices made meanwhile keep it).
 struct sizing_env {
-  explicit sizing_env(std::vector<std::pair<const char*, const char*>> vars)
-      : vars_(std::move(vars)) {
-    for (const auto& [name, value] : vars_) {
-      set_env(name, value);
-    }
-  }
-  ~sizing_env() {
-    for (const auto& [name, value] : vars_) {
-      set_env(name, nullptr);
-    }
-  }
+  sizing_env(const char* name, const char* value) : name_(name) { set_env(name, value); }
+  ~sizing_env() { set_env(name_, nullptr); }
   sizing_env(const sizing_env&) = delete;
   sizing_env& operator=(const sizing_env&) = delete;
 
  private:
-  std::vector<std::pair<const char*, const char*>> vars_;
+  const char* name_;
 };
 
 TEST_F(plugin, limit_caps_what_a_pool_hands_out) {
   configure("best_fit");
-  const sizing_env env({{"POOLSCOPE_LIMIT", "64K"}});
+  const sizing_env env("POOLSCOPE_LIMIT", "64K");
   constexpr int dev = 40;
   void* a = api_->malloc(32 << 10, dev, nullptr);
   ASSERT_NE(a, nullptr);
@@ -556,7 +547,7 @@ TEST_F(plugin, oom_callback_frees_and_retries_once) {
       reinterpret_cast<set_oom_fn>(::dlsym(api_->handle, "poolscope_set_oom_callback"));
   ASSERT_NE(set_oom, nullptr);
   configure("best_fit");
-  const sizing_env env({{"POOLSCOPE_LIMIT", "64K"}});
+  const sizing_env env("POOLSCOPE_LIMIT", "64K");
   constexpr int dev = 41;
   oom_state st;
   st.api = api_;
@@ -580,7 +571,7 @@ TEST_F(plugin, oom_callback_frees_and_retries_once) {
 
 TEST_F(plugin, initial_pool_size_is_reserved_when_the_pool_is_made) {
   configure("bfc");
-  const sizing_env env({{"POOLSCOPE_INITIAL_POOL_SIZE", "1M"}});
+  const sizing_env env("POOLSCOPE_INITIAL_POOL_SIZE", "1M");
   constexpr int dev = 42;
   void* p = api_->malloc(256, dev, nullptr);
   ASSERT_NE(p, nullptr);
@@ -592,7 +583,7 @@ TEST_F(plugin, initial_pool_size_is_reserved_when_the_pool_is_made) {
 
 TEST_F(plugin, max_pool_size_caps_what_a_pool_takes_upstream) {
   configure("best_fit");
-  const sizing_env env({{"POOLSCOPE_MAX_POOL_SIZE", "1M"}});
+  const sizing_env env("POOLSCOPE_MAX_POOL_SIZE", "1M");
   constexpr int dev = 43;
   void* a = api_->malloc(768 << 10, dev, nullptr);
   ASSERT_NE(a, nullptr);
@@ -615,7 +606,7 @@ TEST_F(plugin, release_threshold_returns_the_cache_after_a_free) {
     void* p = api_->malloc(1 << 20, kept, nullptr);
     api_->free(p, 1 << 20, kept, nullptr);
   }
-  const sizing_env env({{"POOLSCOPE_RELEASE_THRESHOLD", "64K"}});
+  const sizing_env env("POOLSCOPE_RELEASE_THRESHOLD", "64K");
   void* p = api_->malloc(1 << 20, released, nullptr);
   ASSERT_NE(p, nullptr);
   api_->free(p, 1 << 20, released, nullptr);
@@ -625,7 +616,7 @@ TEST_F(plugin, release_threshold_returns_the_cache_after_a_free) {
 
 TEST_F(plugin, bad_sizing_values_are_named) {
   configure("bfc");
-  const sizing_env env({{"POOLSCOPE_LIMIT", "lots"}});
+  const sizing_env env("POOLSCOPE_LIMIT", "lots");
   constexpr int dev = 46;
   EXPECT_EQ(api_->malloc(256, dev, nullptr), nullptr);
   const auto s = stats(dev);
