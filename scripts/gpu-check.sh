@@ -182,6 +182,22 @@ PY
     step "bench D1 across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" "$cli" bench darray \
       --devices cuda:1 --only D1 --json "$out/bench_d1_ranks.json"
   fi
+  # Two ranks sharing GPU 0, MPI through pinned host memory between them (--between-ranks mpi:
+  # docs/multiprocess.md): the path of several ranks on a machine of one GPU.
+  if command -v mpirun >/dev/null && [ "$ngpu" -ge 1 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    shared=(env CUDA_VISIBLE_DEVICES=0 POOLSCOPE_TEST_BETWEEN_RANKS=mpi mpirun -np 2 --oversubscribe
+      -x CUDA_VISIBLE_DEVICES -x POOLSCOPE_TEST_BETWEEN_RANKS)
+    step "darray tests, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" \
+      "$build/bin/poolscope_darray_tests" \
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1:mpi_staging.*'
+    step "demo, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" demo \
+      --devices cuda:1 --between-ranks mpi --repeat 5 --trace "$out/ranks_mpi_trace.json.gz" \
+      --report "$out/ranks_mpi_report.json"
+    step "bench D1, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" \
+      bench darray --devices cuda:1 --between-ranks mpi --only D1 \
+      --json "$out/bench_d1_ranks_mpi.json"
+  fi
 fi
 if [ "$only" = darray ]; then
   echo "---- demo ----"; grep -vE '^\[demo\]' "$out/demo.log" | tail -60

@@ -23,6 +23,7 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/thread_cache_adaptor.hpp"
 #include "poolscope/profiler/recorder.hpp"
 #include "poolscope/profiler/snapshot_recorder.hpp"
 
@@ -458,6 +459,28 @@ std::string make_summary(const alloc_bench_report& rep, const std::vector<std::s
   return s.str();
 }
 
+/// The allocator of a row: `strategy` as make_allocator composes it (a thread cache in front of
+/// bfc and best_fit), or without the cache (`cached` false, rows "-tc"), or with no lock biased
+/// towards a thread (`bias` false, rows "-bias": the caches' locks and bfc's pool lock).
+std::unique_ptr<pool::allocator> make_variant(const std::string& strategy, pool::resource& res,
+                                              bool cached, bool bias) {
+  pool::allocator_options o;
+  o.thread_cache = cached;
+  o.cache.owner_bias = bias;
+  if (strategy != "bfc" || bias) {
+    return pool::make_allocator(strategy, res, o);
+  }
+  pool::bfc_options bo;
+  bo.lock_bias = false;
+  auto bfc = std::make_unique<pool::bfc_allocator>(res, bo);
+  if (!cached) {
+    return bfc;
+  }
+  o.cache.max_block_bytes =
+      std::min(o.cache.max_block_bytes, bo.small_request_max);  // as the factory
+  return std::make_unique<pool::thread_cache_adaptor>(std::move(bfc), o.cache);
+}
+
 void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, double overhead,
                     int threads, std::ostream* progress) {
   if (progress != nullptr) {
@@ -740,18 +763,7 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
         }
         std::unique_ptr<pool::allocator> alloc;
         try {
-          pool::thread_cache_options tc;
-          tc.enabled = cached;
-          tc.owner_bias = bias;
-          const std::string strategy = a.substr(0, a.find(' '));
-          if (strategy == "bfc") {
-            pool::bfc_options bo;
-            bo.thread_cache = tc;
-            bo.lock_bias = bias;
-            alloc = std::make_unique<pool::bfc_allocator>(*res, bo);
-          } else {
-            alloc = pool::make_allocator(strategy, *res, tc);
-          }
+          alloc = make_variant(a.substr(0, a.find(' ')), *res, cached, bias);
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));

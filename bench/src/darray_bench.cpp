@@ -949,6 +949,7 @@ std::string darray_bench_report::to_json() const {
   j["baselines"] = baselines;
   j["allocator"] = allocator;
   j["transport"] = transport;
+  j["between_ranks"] = between_ranks;
   j["issue_threads"] = issue_threads;
   j["kernel_graphs"] = kernel_graphs;
   j["yield_to_copies"] = yield_to_copies;
@@ -1028,6 +1029,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   bo.transfers = o.transport == "peer"   ? darray::transport::peer
                  : o.transport == "nccl" ? darray::transport::nccl
                                          : darray::transport::automatic;
+  bo.between_ranks = darray::parse_rank_transport(o.between_ranks);
   bo.group = o.group;
   auto be = darray::make_backend(o.devices, bo);
   const bool ranks = be->group()->size() > 1;
@@ -1050,6 +1052,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   rep.baselines = rep.gpu ? "cuda" : "memcpy";
   rep.allocator = o.allocator;
   rep.transport = o.transport;
+  rep.between_ranks = o.between_ranks;
   rep.issue_threads = be->issue_threads();
   rep.kernel_graphs = o.kernel_graphs;
   rep.yield_to_copies = o.yield_to_copies;
@@ -1092,7 +1095,8 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     t << (d > 0 ? ", " : "") << rep.device_names[d];
   }
   t << "), n = " << rep.n << " float32, allocator " << rep.allocator << ", transport "
-    << rep.transport << ", issuing threads " << rep.issue_threads << ", kernels launched "
+    << rep.transport << (rep.gpu && ranks ? ", between ranks " + rep.between_ranks : std::string())
+    << ", issuing threads " << rep.issue_threads << ", kernels launched "
     << (rep.kernel_graphs ? "as graphs" : "plainly")
     << (rep.yield_to_copies ? ", compute yielding to copies out" : ", compute at full occupancy")
     << ", pieces split above " << rep.split_mib << " MiB, best of " << rep.repeat

@@ -116,6 +116,26 @@ std::string_view to_string(transport t) noexcept {
   return "?";
 }
 
+std::string_view to_string(rank_transport t) noexcept {
+  switch (t) {
+    case rank_transport::nccl:
+      return "nccl";
+    case rank_transport::mpi:
+      return "mpi";
+  }
+  return "?";
+}
+
+rank_transport parse_rank_transport(std::string_view text) {
+  for (const rank_transport t : {rank_transport::nccl, rank_transport::mpi}) {
+    if (text == to_string(t)) {
+      return t;
+    }
+  }
+  throw invalid_argument("darray: between ranks '" + std::string(text) +
+                         "' (expected nccl or mpi)");
+}
+
 namespace {
 template <typename T>
 scalar identity_of(reduce_op op) noexcept {

@@ -2,7 +2,8 @@
 // chosen in backend_options over a "cuda" resource, cuBLAS handles, recycled events, and NCCL
 // communicators created on first use. Copies within a GPU use cudaMemcpy(2D)Async or the strided
 // copy kernel; between GPUs cudaMemcpyPeerAsync, 2-D peer copies, NCCL send/recv, or the copy
-// kernel reading or writing peer memory. Everything CUDA goes through cuda_seam.hpp.
+// kernel reading or writing peer memory; between ranks NCCL send/recv, or MPI through pinned host
+// memory (mpi_staging.hpp). Everything CUDA goes through cuda_seam.hpp.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -10,6 +11,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -18,11 +20,13 @@
 
 #include "cuda_seam.hpp"
 #include "kernels.hpp"
+#include "mpi_staging.hpp"
 #include "nccl_watchdog.hpp"
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/scope.hpp"
+#include "rank_gpus.hpp"
 #include "scope_sites.hpp"
 
 namespace poolscope::darray {
@@ -132,6 +136,43 @@ class cuda_event final : public detail::event_state {
   std::shared_ptr<event_pool> pool_;
   cudaEvent_t event_;
   mutable std::atomic<bool> done_{false};  // known complete: no more queries
+};
+
+// mpi_staging's copies on GPUs (between_ranks = mpi): cudaMemcpyAsync on each GPU's transfer
+// stream, then an event from the GPU's pool that the staging's worker waits for. Owned by the
+// backend; thread-safe (streams and event pools are).
+class staging_copies final : public detail::mpi_staging::device_copies {
+ public:
+  struct queue {
+    int ordinal = 0;
+    cudaStream_t stream = nullptr;  // the GPU's transfer stream
+    std::shared_ptr<event_pool> events;
+  };
+  explicit staging_copies(std::vector<queue> queues) noexcept : queues_(std::move(queues)) {}
+
+  [[nodiscard]] std::function<void()> enqueue_copy(int device, void* to, const void* from,
+                                                   std::size_t bytes, bool to_host) override {
+    const queue& q = queues_.at(static_cast<std::size_t>(device));
+    const device_guard guard(q.ordinal);
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(
+        to, from, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, q.stream));
+    auto done = std::make_shared<pooled_event>(q.events);
+    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(done->handle, q.stream));
+    return [done] { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(done->handle)); };
+  }
+
+ private:
+  // An event of a pool, given back when the last wait for it goes.
+  struct pooled_event {
+    explicit pooled_event(std::shared_ptr<event_pool> p)
+        : pool(std::move(p)), handle(pool->acquire()) {}
+    pooled_event(const pooled_event&) = delete;
+    pooled_event& operator=(const pooled_event&) = delete;
+    ~pooled_event() { pool->release(handle); }
+    std::shared_ptr<event_pool> pool;
+    cudaEvent_t handle;
+  };
+  std::vector<queue> queues_;
 };
 
 // Everything the backend holds for one GPU. Owned by the backend; not movable (mutexes).
@@ -273,6 +314,14 @@ class cuda_backend final : public backend {
                   int tag) override;
   /// do_send / do_receive: one ncclSend or ncclRecv on the transfer stream, watched.
   void nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank, bool sending);
+  /// do_send / do_receive with between_ranks = mpi: through pinned host memory (staging_).
+  void mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank, int tag,
+                     bool sending);
+  /// The NCCL rank of this process's device `local` in comms_: its global number when the
+  /// communicators span the ranks, else its local index (ncclCommInitAll within the process).
+  [[nodiscard]] int nccl_rank(int local) const noexcept {
+    return comms_span_ranks_ ? global_device(local) : local;
+  }
   [[nodiscard]] bool do_groups_automatically(const reshard_plan& plan) const override;
   void do_upload(int device, dtype t, const view& dst, const view& host_src) override;
   void do_download(int device, dtype t, const view& host_dst, const view& src) override;
@@ -350,14 +399,23 @@ class cuda_backend final : public backend {
   transport default_transport_ = transport::automatic;
   std::mutex nccl_mutex_;
   std::vector<ncclComm_t> comms_;
-  bool comms_adopted_ = false;  // comms_ is the application's: never finalized or destroyed here
-  // With several ranks: watches the NCCL work with other ranks (and may abort comms_).
+  bool comms_adopted_ = false;     // comms_ is the application's: never finalized or destroyed here
+  bool comms_span_ranks_ = false;  // comms_ number every rank's GPUs (join_rank_comms)
+  // With several ranks and NCCL between them: watches the NCCL work with other ranks (and may
+  // abort comms_).
   std::unique_ptr<detail::nccl_watchdog> watchdog_;
+  // With several ranks and between_ranks = mpi: moves pieces between ranks through the copies
+  // (else both null).
+  std::unique_ptr<staging_copies> staging_copies_;
+  std::unique_ptr<detail::mpi_staging> staging_;
   /// Throws the watchdog's failure, if any: before NCCL is called on communicators it aborted,
   /// and after synchronizing (work with a failed rank may have ended without its data).
   void check_ranks() const {
     if (watchdog_) {
       watchdog_->check();
+    }
+    if (staging_) {
+      staging_->check();
     }
   }
 };
@@ -431,7 +489,15 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
     start_issuers(options, options.kernel_graphs ? 0 : devices - 1);
     set_yield_to_copies(options.yield_to_copies);
     join_group(options.group);
-    if (group()->size() > 1) {
+    if (group()->size() > 1 && options.between_ranks == rank_transport::mpi) {
+      std::vector<staging_copies::queue> queues;
+      for (const auto& d : devices_) {
+        queues.push_back({d->ordinal, d->streams[1], d->events});
+      }
+      staging_copies_ = std::make_unique<staging_copies>(std::move(queues));
+      staging_ = std::make_unique<detail::mpi_staging>(group(), devices, *staging_copies_,
+                                                       pool::make_resource("pinned"));
+    } else if (group()->size() > 1) {
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
       join_rank_comms();
@@ -462,6 +528,9 @@ void cuda_backend::release_all() noexcept {
   // before each is destroyed, as NCCL asks: a communicator destroyed unfinalized may leave its
   // proxy threads behind, and the process then hung at exit in about one run in ten.
   // The watchdog first (it polls the communicators); communicators it aborted are freed.
+  // The MPI sends in flight finish while the streams their copies ran on still exist.
+  staging_.reset();
+  staging_copies_.reset();
   const bool aborted = watchdog_ && watchdog_->aborted();
   watchdog_.reset();
   if (comms_adopted_ || aborted) {
@@ -541,6 +610,9 @@ void cuda_backend::do_synchronize() {
     for (cudaStream_t s : d->streams) {
       POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
     }
+  }
+  if (staging_) {
+    staging_->drain();  // idle means the sends by MPI are done too, as on host devices
   }
   check_ranks();
 }
@@ -754,6 +826,7 @@ void cuda_backend::join_rank_comms() {
     // process_group::adopt_nccl: one GPU per rank, the communicator's rank is the group's.
     comms_.assign(1, static_cast<ncclComm_t>(adopted));
     comms_adopted_ = true;
+    comms_span_ranks_ = true;
     return;
   }
   ncclUniqueId id{};
@@ -780,6 +853,7 @@ void cuda_backend::join_rank_comms() {
   POOLSCOPE_DARRAY_CHECK(r);
   POOLSCOPE_DARRAY_CHECK(ended);
   comms_ = std::move(comms);
+  comms_span_ranks_ = true;
 }
 
 void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
@@ -790,11 +864,11 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
     for (const transfer& x : list) {
       const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
       POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
-                                      global_device(x.dst_device),
+                                      nccl_rank(x.dst_device),
                                       comms_[static_cast<std::size_t>(x.src_device)],
                                       stream(x.src_device, queue_kind::transfer)));
       POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
-                                      global_device(x.src_device),
+                                      nccl_rank(x.src_device),
                                       comms_[static_cast<std::size_t>(x.dst_device)],
                                       stream(x.dst_device, queue_kind::transfer)));
     }
@@ -819,6 +893,14 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
 
 void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
                                  const std::vector<rank_transfer>& between, transport how) {
+  if (staging_ && !between.empty()) {
+    // Between ranks by MPI, after the group within the process (its own way, NCCL or not).
+    if (!list.empty()) {
+      do_copy_group(t, list, {}, how);
+    }
+    exchange_one_by_one(t, between);
+    return;
+  }
   const bool nccl = how == transport::nccl ||
                     (how == transport::automatic && default_transport_ != transport::peer);
   const bool contiguous = std::all_of(list.begin(), list.end(), [](const transfer& x) {
@@ -858,30 +940,65 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
 }
 
 void cuda_backend::do_send(int device, dtype t, const view& src, int peer_device, int rank,
-                           int /*tag*/) {
-  nccl_with_rank(device, t, src, peer_device, rank, true);
+                           int tag) {
+  if (staging_) {
+    mpi_with_rank(device, t, src, peer_device, rank, tag, true);
+  } else {
+    nccl_with_rank(device, t, src, peer_device, rank, true);
+  }
 }
 
 void cuda_backend::do_receive(int device, dtype t, const view& dst, int peer_device, int rank,
-                              int /*tag*/) {
-  nccl_with_rank(device, t, dst, peer_device, rank, false);
+                              int tag) {
+  if (staging_) {
+    mpi_with_rank(device, t, dst, peer_device, rank, tag, false);
+  } else {
+    nccl_with_rank(device, t, dst, peer_device, rank, false);
+  }
+}
+
+namespace {
+// "a send of 4.00 MiB to device 1 of rank 1" (for failures).
+std::string rank_transfer_text(bool sending, std::size_t bytes, int peer_device, int rank) {
+  return std::string(sending ? "a send of " : "a receive of ") + format_bytes(bytes) +
+         (sending ? " to device " : " from device ") + std::to_string(peer_device) + " of rank " +
+         std::to_string(rank);
+}
+
+// The scope of a transfer with another rank, by NCCL or by MPI.
+const profiler::scope_site& rank_transfer_site(bool sending) {
+  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
+  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
+  return sending ? send_site : receive_site;
+}
+}  // namespace
+
+void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
+                                 int tag, bool sending) {
+  const cudaStream_t s = stream(device, queue_kind::transfer);
+  const profiler::scope scope{rank_transfer_site(sending), stream_view{s}};
+  check_ranks();
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::size_t>(v.size()) * es;
+  const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
+  if (sending) {
+    staging_->send(device, element_ptr<const void>(v, es), bytes, rank, tag, what);
+  } else {
+    staging_->receive(device, element_ptr<void>(v, es), bytes, rank, tag, what);
+  }
 }
 
 void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
                                   bool sending) {
-  static const profiler::scope_site send_site{"darray.send", category::darray_transfer};
-  static const profiler::scope_site receive_site{"darray.receive", category::darray_transfer};
   const cudaStream_t s = stream(device, queue_kind::transfer);
-  const profiler::scope scope{sending ? send_site : receive_site, stream_view{s}};
+  const profiler::scope scope{rank_transfer_site(sending), stream_view{s}};
   const device_guard guard(dev(device).ordinal);
   const std::lock_guard lock(nccl_mutex_);
   check_ranks();
   ensure_comms();
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
-  const std::string what = std::string(sending ? "a send of " : "a receive of ") +
-                           format_bytes(bytes) + (sending ? " to device " : " from device ") +
-                           std::to_string(peer_device) + " of rank " + std::to_string(rank);
+  const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
   {
     const detail::nccl_watchdog::host_call call(*watchdog_, what);
     // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
@@ -1162,45 +1279,29 @@ namespace {
 // The first GPU (CUDA ordinal) of this rank's `n`, with `available` visible here. Where every rank
 // of a host sees all its GPUs, they take them in turn (local rank k: k n .. k n + n - 1); where
 // there are too few for that, each rank is taken to see its own (CUDA_VISIBLE_DEVICES per rank,
-// srun --gpus-per-task) and takes the first n. Collective: the ranks then compare the GPUs' UUIDs,
-// and every rank refuses two ranks of a host on one GPU (NCCL needs a GPU of its own per rank).
-int first_gpu_of_rank(process_group& g, int n, int available) {
+// srun --gpus-per-task) and takes the first n. Collective: the ranks then compare their choices of
+// `between` and their GPUs' UUIDs, and all refuse alike what rank_gpus_error finds (with NCCL,
+// two ranks of a host on one GPU).
+int first_gpu_of_rank(process_group& g, int n, int available, rank_transport between) {
   const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
-  std::string mine = g.host_name();
+  detail::rank_gpus mine{g.host_name(), between, {}};
   for (int d = first; d < first + n; ++d) {
     cudaDeviceProp prop{};
     POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, d));
+    std::string uuid;
     char hex[3];
-    mine += ' ';
     for (const char byte : prop.uuid.bytes) {
       std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(byte));
-      mine += hex;
+      uuid += hex;
     }
+    mine.uuids.push_back(std::move(uuid));
   }
-  const std::vector<std::string> all = g.all_gather(mine);
-  const auto words = [](const std::string& line) {
-    std::vector<std::string> out;
-    for (std::size_t at = 0, end = 0; at < line.size(); at = end + 1) {
-      end = std::min(line.find(' ', at), line.size());
-      out.push_back(line.substr(at, end - at));
-    }
-    return out;
-  };
-  // Every rank checks every pair, so that all refuse alike.
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    const std::vector<std::string> one = words(all[r]);
-    for (std::size_t q = 0; q < r; ++q) {
-      const std::vector<std::string> other = words(all[q]);
-      for (std::size_t i = 1; i < one.size(); ++i) {
-        if (other.front() == one.front() &&
-            std::find(other.begin() + 1, other.end(), one[i]) != other.end()) {
-          throw invalid_argument("darray cuda backend: ranks " + std::to_string(q) + " and " +
-                                 std::to_string(r) + " of host " + one.front() +
-                                 " would use the same GPU (UUID " + one[i] +
-                                 "): NCCL needs a GPU of its own per rank");
-        }
-      }
-    }
+  std::vector<detail::rank_gpus> all;
+  for (const std::string& line : g.all_gather(detail::encode(mine))) {
+    all.push_back(detail::decode(line));
+  }
+  if (const std::string error = detail::rank_gpus_error(all); !error.empty()) {
+    throw invalid_argument(error);
   }
   return first;
 }
@@ -1217,12 +1318,20 @@ std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& o
                            " (expected -1 for all, or 1.." + std::to_string(available) + ")");
   }
   const int n = devices < 0 ? available : devices;
+  if (options.group && options.group->size() > 1 && options.between_ranks == rank_transport::mpi &&
+      !options.group->uses_mpi()) {
+    throw invalid_argument(
+        "darray cuda backend: between_ranks = mpi needs a process group made by "
+        "MPI, and " +
+        options.group->describe() +
+        " was adopted from an NCCL communicator (use between_ranks = nccl)");
+  }
   int first = 0;
   if (options.group && options.group->nccl_communicator() != nullptr) {
     // An adopted NCCL communicator's GPU is the one current when it was made (the application's).
     POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&first));
   } else if (options.group && options.group->size() > 1) {
-    first = first_gpu_of_rank(*options.group, n, available);
+    first = first_gpu_of_rank(*options.group, n, available, options.between_ranks);
   }
   return std::make_shared<cuda_backend>(n, first, options);
 }

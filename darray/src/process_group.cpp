@@ -49,14 +49,16 @@ std::string seconds_text(std::chrono::milliseconds t) {
   return buf;
 }
 
-// Waits between polls: none for the first 200 us (a transfer between ranks of one host completes
-// in microseconds), then sleeps growing to a millisecond (a rank far behind costs no core;
-// MPI progresses only inside its calls, so the sleep bounds how late a transfer is seen done).
+// Waits between polls: none for the first second, then sleeps growing to a millisecond (a rank
+// far behind costs no core). MPI progresses only inside its calls: a large message between ranks
+// of one host moves a fragment of shared memory per poll, so a sleep between polls throttles the
+// transfer itself (hundreds of MiB at a millisecond per fragment take seconds), while polling
+// without sleeping moves it at memory speed, as a blocking MPI_Wait would.
 class backoff {
  public:
   void pause() {
     const auto waited = std::chrono::steady_clock::now() - start_;
-    if (waited < std::chrono::microseconds(200)) {
+    if (waited < std::chrono::seconds(1)) {
       std::this_thread::yield();
       return;
     }

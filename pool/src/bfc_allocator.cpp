@@ -5,7 +5,6 @@
 #include <cstdint>
 #include <mutex>
 
-#include "detail/allocator_inline.hpp"
 #include "detail/bfc_structures.hpp"
 #include "detail/biased_lock.hpp"
 #include "detail/round_up.hpp"
@@ -55,14 +54,9 @@ struct bfc_allocator::state {
   std::size_t live_bytes = 0;  // sum of live chunk sizes (those in thread caches included)
   /// Where carve and free_chunk write a neighbour's link or flag when the chunk has no such
   /// neighbour (it is at its segment's edge): a store through a selected pointer (cmov) instead
-  /// of a branch on the null test, a coin toss on DESIGN.md §4 A2 (large requests get segments
-  /// of their own, small ones share segments of many chunks). Seven such tests per alloc+free
-  /// pair mispredicted about 0.7 times per pair (callgrind's model: 3.0 -> 2.3 conditional
-  /// mispredictions per pair in the library, instructions +4 of ~700); A2 went from ~78-81 to
-  /// ~72-75 ns per pair on the development host (AMD EPYC), thread cache on and off, and from
-  /// 106-114 to 101-106 ns on the lent H100 hosts' Xeons (the A2 driver pinned, medians of each
-  /// round's best: docs/perf.md, eighteenth session, runs D-G). Written under the mutex, never
-  /// read, in no segment.
+  /// of a branch on the null test, which is a coin toss on random sizes (large requests get
+  /// segments of their own, small ones share segments of many chunks). Written under the mutex,
+  /// never read, in no segment.
   bfc_chunk nobody;
 
   /// `c`, or `nobody` if `c` is null. (GCC 12 selects with cmov here: both are at hand and
@@ -184,17 +178,10 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   check_option("mid_segment_bytes", options_.mid_segment_bytes,
                options_.mid_segment_bytes >= options_.mid_request_max,
                "must be at least mid_request_max");
-  // Only small-pool blocks are cached per thread: a cached chunk cannot merge with its free
-  // neighbours, and in the large pool that would cost the A5 fit (file comment).
-  thread_cache_options tc = options_.thread_cache;
-  tc.max_block_bytes = std::min(tc.max_block_bytes, options_.small_request_max);
   set_size_granularity(round_bytes);
-  enable_thread_cache(tc, round_bytes);
-  count_under_lock();  // its allocations and frees run under the one mutex
 }
 
 bfc_allocator::~bfc_allocator() {
-  disable_thread_cache();  // first: an exiting thread may still reclaim into the pool until then
   // Blocks still handed out go back with their segment: the allocator owns what it reserved.
   for (bfc_segment* head : state_->segments) {
     for (bfc_segment* s = head; s != nullptr;) {
@@ -208,8 +195,8 @@ bfc_allocator::~bfc_allocator() {
 
 // Inlined into the hot paths: they run once per allocate / deallocate.
 [[gnu::always_inline]] inline void bfc_allocator::carve(state& st, stream_view stream, bfc_chunk* c,
-                                                        std::size_t rounded, std::size_t bytes,
-                                                        bool held) noexcept {
+                                                        std::size_t rounded,
+                                                        std::size_t bytes) noexcept {
   st.remove_free(c);
   // c's neighbours are live (free chunks never touch): the one below now borders a live chunk.
   st.or_nobody(c->prev)->next_free = false;
@@ -223,7 +210,6 @@ bfc_allocator::~bfc_allocator() {
     rest->next = c->next;
     rest->pool = c->pool;
     rest->is_free = true;
-    rest->held = false;
     rest->prev_free = false;             // c, below it, is live
     rest->next_free = false;             // and so is the chunk above (free chunks never touch)
     st.or_nobody(c->next)->prev = rest;  // (its prev_free stays true: rest is free)
@@ -238,21 +224,9 @@ bfc_allocator::~bfc_allocator() {
     st.or_nobody(c->next)->prev_free = false;
   }
   c->is_free = false;
-  c->held = held;
   c->requested = bytes;
   st.live_bytes += rounded;
   st.live.insert(c);
-}
-
-// Counts a chunk carve handed out, under the mutex (serve_chunk's counts its own).
-[[gnu::always_inline]] inline void bfc_allocator::count_locked(std::size_t rounded,
-                                                               std::size_t bytes,
-                                                               bool held) noexcept {
-  if (counts_under_lock()) {
-    // A thread cache counts the blocks it records; no branch on that (a coin toss on A2).
-    const std::size_t own = held ? 0 : 1;
-    account_alloc_locked(own * rounded, own * bytes, own);
-  }
 }
 
 [[gnu::always_inline]] inline void bfc_allocator::free_chunk(state& st, stream_view stream,
@@ -296,17 +270,7 @@ bfc_allocator::~bfc_allocator() {
 
 // Alignment always holds: segments are >= 256-aligned and chunks start at multiples of 512.
 block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::size_t /*alignment*/) {
-  return allocate_chunk(stream, bytes, false);
-}
-
-void* bfc_allocator::do_serve(stream_view stream, std::size_t bytes, std::size_t /*alignment*/,
-                              detail::thread_cache* cache) {
-  return serve_chunk(stream, bytes, cache);  // (a virtual function has no clones)
-}
-
-block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
-                                      std::size_t /*alignment*/) {
-  return allocate_chunk(stream, bytes, true);
+  return allocate_chunk(stream, bytes);  // (a virtual function has no clones)
 }
 
 // A request's chunk from the pool (the caller holds the mutex, and has reserved a node and a
@@ -314,15 +278,15 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
 // merge its wholly free segments first. Inlined into allocate_chunk and allocate_missed.
 [[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, stream_view stream,
                                                                    std::size_t rounded,
-                                                                   std::size_t bytes, bool large,
-                                                                   bool held) noexcept {
+                                                                   std::size_t bytes,
+                                                                   bool large) noexcept {
   // Two or more wholly free large segments holding at least half the large pool (typically
   // between the steps of a training loop): merge them into one before serving (see the header).
   // A merge of k segments makes k + 1 upstream calls and removes k - 1 segments, so merges cost
   // at most three upstream calls per segment ever acquired on a miss. (The rare condition
   // first: whether the request is large is a coin toss on mixed sizes, and two wholly free
-  // large segments are the rule on DESIGN.md §4 A2, where requests above 10 MiB get segments
-  // of their own, but half the large pool wholly free is not.)
+  // large segments are the rule on random sizes, where requests above 10 MiB get segments of
+  // their own, but half the large pool wholly free is not.)
   const bool merge_first = st.wholly_free_bytes[1] * 2 >= st.pool_reserved[1] &&
                            st.wholly_free[1] >= 2 && large && options_.consolidate;
   if (merge_first) [[unlikely]] {
@@ -333,71 +297,32 @@ block bfc_allocator::do_allocate_held(stream_view stream, std::size_t bytes,
     c = st.index[1].best_fit(rounded);
   }
   if (c != nullptr) [[likely]] {
-    carve(st, stream, c, rounded, bytes, held);
+    carve(st, stream, c, rounded, bytes);
   }
   return c;
 }
 
-// The usual request: one try under the mutex, inline. Everything else (flushing the thread
-// caches, a merge, a new segment) is allocate_missed's, out of line: the functions it is
-// inlined into then keep no loop state and save fewer registers on entry.
-[[gnu::always_inline]] inline block bfc_allocator::take_chunk(stream_view stream, std::size_t bytes,
-                                                              bool held) {
+// The usual request: one try under the mutex. Everything else (a merge, a new segment) is
+// allocate_missed's, out of line: this function then keeps no loop state and saves fewer
+// registers on entry.
+POOLSCOPE_HOT_CLONES
+block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes) {
   const std::size_t rounded = round_up(bytes, round_bytes);
   const bool large = rounded > options_.small_request_max;
   state& st = *state_;
   {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) [[likely]] {
-      count_locked(rounded, bytes, held);
+    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) [[likely]] {
       return {c->addr, rounded};
     }
   }
-  return allocate_missed(stream, bytes, held);
+  return allocate_missed(stream, bytes);
 }
 
-POOLSCOPE_HOT_CLONES
-block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes, bool held) {
-  return take_chunk(stream, bytes, held);
-}
-
-// allocate's usual request whole: the chunk and the base class's end of it (counters, peaks,
-// the post event) in one function. (The alignment holds for every chunk; see do_allocate.) As
-// take_chunk, but the chunk is counted, and the peaks raised, under the mutex
-// (account_served_locked): after it, a found chunk needs only finish_served.
-POOLSCOPE_HOT_CLONES
-void* bfc_allocator::serve_chunk(stream_view stream, std::size_t bytes,
-                                 detail::thread_cache* cache) {
-  if (!counts_under_lock()) [[unlikely]] {
-    return finish_serve(stream, bytes, max_alignment, cache, allocate_chunk(stream, bytes, false));
-  }
-  const std::size_t rounded = round_up(bytes, round_bytes);
-  const bool large = rounded > options_.small_request_max;
-  state& st = *state_;
-  void* p = nullptr;
-  {
-    std::lock_guard lock(st.mutex);
-    st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, false)) [[likely]] {
-      account_served_locked(rounded, bytes, cache);
-      p = c->addr;
-    }
-  }
-  if (p != nullptr) [[likely]] {
-    return finish_served(stream, bytes, {p, rounded});
-  }
-  return finish_serve(stream, bytes, max_alignment, cache, allocate_missed(stream, bytes, false));
-}
-
-// No free chunk fit on the first try (or a merge comes first). Before the pool grows, blocks
-// idle in threads' caches come back: they may serve this request or merge into a chunk that
-// does, and the pool stays as small as without them. Then one more try (under the mutex anew:
-// without caches, another thread may have freed a fit meanwhile), then a new segment.
-block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes, bool held) {
-  if (thread_cache_enabled()) {
-    (void)flush_thread_caches();  // outside the pool's lock (lock order: caches, then pool)
-  }
+// No free chunk fit on the first try (or a merge comes first): one more try (under the mutex
+// anew: another thread may have freed a fit meanwhile), then a new segment.
+block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes) {
   const std::size_t rounded = round_up(bytes, round_bytes);
   const bool large = rounded > options_.small_request_max;
   state& st = *state_;
@@ -407,8 +332,7 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes, bool
   {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large, held)) {
-      count_locked(rounded, bytes, held);
+    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) {
       return {c->addr, rounded};
     }
     if (large && options_.consolidate && st.wholly_free[1] != 0) {
@@ -416,12 +340,11 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes, bool
     }
     reserved_now = st.reserved;
   }
-  return allocate_segment(stream, large, rounded, bytes, held, detached, detached_bytes,
-                          reserved_now);
+  return allocate_segment(stream, large, rounded, bytes, detached, detached_bytes, reserved_now);
 }
 
 block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_t rounded,
-                                      std::size_t bytes, bool held, bfc_segment* detached,
+                                      std::size_t bytes, bfc_segment* detached,
                                       std::size_t detached_bytes, std::size_t reserved_now) {
   // Release first, acquire second: reserved bytes never hold both at once.
   release_detached(detached);
@@ -488,26 +411,8 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   seg->first = c;
   st.link(seg);
   st.add_free(c);
-  carve(st, stream, c, rounded, bytes, held);
-  count_locked(rounded, bytes, held);
+  carve(st, stream, c, rounded, bytes);
   return {p, rounded};
-}
-
-// A free's part under the mutex, for a block that is a live chunk `c` (not held) of `rounded`
-// bytes for `requested`: the free counted (`locked_counts`: the caller found counts_under_lock()
-// true, so without testing it again) and the chunk back into the index, merged with its free
-// neighbours. Inlined into deallocate_chunk and take_back_chunk.
-[[gnu::always_inline]] inline void bfc_allocator::return_live(state& st, stream_view stream,
-                                                              bfc_chunk* c, std::size_t rounded,
-                                                              std::size_t requested,
-                                                              bool locked_counts) noexcept {
-  // Under the lock: nobody can take the chunk yet.
-  if (locked_counts) {
-    account_free_locked(rounded, requested);
-  } else {
-    account_free(rounded, requested);
-  }
-  free_chunk(st, stream, c);
 }
 
 // What a free of `bytes` says of a chunk of `rounded` bytes for `requested` it returned. Chunks
@@ -520,97 +425,27 @@ block bfc_allocator::allocate_segment(stream_view stream, bool large, std::size_
   return {size_ok ? hooks::free_error::none : hooks::free_error::size_mismatch, rounded, requested};
 }
 
-// The outcome of a free, under the mutex, whose block the live table did not give as a live
-// chunk of the pool's own: `c` null (an invalid free) or held by a thread cache (it frees it).
-[[gnu::always_inline]] inline free_outcome bfc_allocator::unusual_free(
-    const state& st, const void* ptr, const bfc_chunk* c) noexcept {
-  if (c == nullptr) {
-    return {st.classify(ptr), 0, 0};
-  }
-  return {hooks::free_error::none, 0, 0, true};
-}
-
-// A free under the mutex. Inlined into deallocate_chunk.
-[[gnu::always_inline]] inline free_outcome bfc_allocator::return_chunk(stream_view stream,
-                                                                       void* ptr,
-                                                                       std::size_t bytes) noexcept {
-  state& st = *state_;
-  std::lock_guard lock(st.mutex);
-  bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
-  if (c == nullptr || c->held) [[unlikely]] {
-    return unusual_free(st, ptr, c);
-  }
-  const std::size_t rounded = c->size;
-  const std::size_t requested = c->requested;
-  return_live(st, stream, c, rounded, requested, false);
-  return returned(rounded, requested, bytes);
-}
-
 free_outcome bfc_allocator::do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                                           std::size_t /*alignment*/) noexcept {
   return deallocate_chunk(stream, ptr, bytes);  // (a virtual function has no clones)
 }
 
-void bfc_allocator::do_take_back(stream_view stream, void* ptr, std::size_t bytes,
-                                 std::size_t /*alignment*/, bool hooked) noexcept {
-  take_back_chunk(stream, ptr, bytes, hooked);
-}
-
+// A free: the live chunk back into the index, merged with its free neighbours, all under the
+// mutex (nobody can take the chunk before it is in the index). An unknown pointer or a double
+// free changes nothing.
 POOLSCOPE_HOT_CLONES
 free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
                                              std::size_t bytes) noexcept {
-  return return_chunk(stream, ptr, bytes);
-}
-
-// A free that no thread cache took, whole: the chunk back to the pool and the base class's end
-// of the free (an invalid free's report, a held block's way back, the post event). The usual
-// pool counts its frees under the mutex: tested once here, not again in the lock and after it.
-POOLSCOPE_HOT_CLONES
-void bfc_allocator::take_back_chunk(stream_view stream, void* ptr, std::size_t bytes,
-                                    bool hooked) noexcept {
-  if (!counts_under_lock()) [[unlikely]] {
-    finish_take_back(stream, ptr, bytes, deallocate_chunk(stream, ptr, bytes), hooked);
-    return;
-  }
-  // The mutex taken and left by hand (all between is noexcept): an unknown or held block leaves
-  // it on a path of its own, so the usual free's finish tests neither case again (6
-  // instructions per pair less on DESIGN.md §4 A2 than one unlock for both, callgrind).
   state& st = *state_;
-  st.mutex.lock();
-  bfc_chunk* c = st.live.erase(ptr, /*keep_held=*/true);
-  if (c == nullptr || c->held) [[unlikely]] {
-    const free_outcome out = unusual_free(st, ptr, c);
-    st.mutex.unlock();
-    finish_counted_take_back(stream, ptr, bytes, out, hooked);
-    return;
+  std::lock_guard lock(st.mutex);
+  bfc_chunk* const c = st.live.erase(ptr);
+  if (c == nullptr) [[unlikely]] {
+    return {st.classify(ptr), 0, 0};
   }
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
-  return_live(st, stream, c, rounded, requested, true);
-  st.mutex.unlock();
-  finish_counted_take_back(stream, ptr, bytes, returned(rounded, requested, bytes), hooked);
-}
-
-void bfc_allocator::do_reclaim(stream_view stream, void* ptr) noexcept {
-  state& st = *state_;
-  std::lock_guard lock(st.mutex);
-  if (bfc_chunk* c = st.live.erase(ptr)) [[likely]] {
-    c->held = false;
-    free_chunk(st, stream, c);
-  }
-}
-
-void bfc_allocator::do_unhold(void* ptr) noexcept {
-  state& st = *state_;
-  std::lock_guard lock(st.mutex);
-  if (bfc_chunk* c = st.live.find(ptr)) {
-    c->held = false;
-  }
-}
-
-bool bfc_allocator::do_size_matches(std::size_t given, std::size_t /*requested*/,
-                                    std::size_t rounded) const noexcept {
-  return rounded - given < round_bytes;  // as do_deallocate checks
+  free_chunk(st, stream, c);
+  return returned(rounded, requested, bytes);
 }
 
 void bfc_allocator::detach_wholly_free(bool large, bfc_segment*& chain,
@@ -772,9 +607,6 @@ std::string bfc_allocator::check_invariants() const {
           }
           if (c->requested != 0 || st.live.find(c->addr) != nullptr) {
             return where + ": free but in the live table";
-          }
-          if (c->held) {
-            return where + ": free but held by a thread cache";
           }
         } else {
           ++live_chunks;

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "poolscope/log.hpp"
-#include "poolscope/pool/allocator.hpp"
+#include "poolscope/pool/thread_cache_adaptor.hpp"
 
 #if defined(__SANITIZE_THREAD__)
 #define POOLSCOPE_TSAN 1

@@ -28,16 +28,10 @@ bool check_alloc(cudaError_t status, const char* call, const char* file, int lin
     (void)cudaGetLastError();
     return false;
   }
-  raise(status, call, file, line);
+  ::poolscope::detail::raise_api_error(status, call, file, line);
 }
 
 }  // namespace
-
-void raise(cudaError_t status, const char* call, const char* file, int line) {
-  (void)cudaGetLastError();
-  ::poolscope::detail::throw_api_error("CUDA", static_cast<int>(status), cudaGetErrorName(status),
-                                       call, file, line);
-}
 
 int device_count() noexcept {
   int n = 0;
@@ -190,7 +184,7 @@ bool event_query(cudaEvent_t event) {
     return false;
   }
   if (status != cudaSuccess) {
-    raise(status, "cudaEventQuery(event)", __FILE__, __LINE__);
+    ::poolscope::detail::raise_api_error(status, "cudaEventQuery(event)", __FILE__, __LINE__);
   }
   return true;
 }

@@ -1,5 +1,7 @@
 #include "poolscope/pool/factory.hpp"
 
+#include <algorithm>
+
 #include "poolscope/error.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
@@ -31,27 +33,33 @@ std::vector<std::string> resource_names() {
 }
 
 std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream) {
-  return make_allocator(name, upstream, thread_cache_options{});
+  return make_allocator(name, upstream, allocator_options{});
 }
 
 std::unique_ptr<allocator> make_allocator(std::string_view name, resource& upstream,
-                                          const thread_cache_options& thread_cache) {
+                                          const allocator_options& options) {
   if (name == "naive") {
     return std::make_unique<naive_allocator>(upstream);
-  }
-  if (name == "best_fit") {
-    return std::make_unique<best_fit_allocator>(upstream, thread_cache);
-  }
-  if (name == "bfc") {
-    bfc_options o;
-    o.thread_cache = thread_cache;
-    return std::make_unique<bfc_allocator>(upstream, o);
   }
   if (name == "stream_pool") {
     return std::make_unique<stream_pool_allocator>(upstream);
   }
-  throw invalid_argument("poolscope: unknown allocator '" + std::string(name) + "' (expected " +
-                         joined(allocator_names()) + ")");
+  std::unique_ptr<allocator> strategy;
+  thread_cache_adaptor_options cache = options.cache;
+  if (name == "best_fit") {
+    strategy = std::make_unique<best_fit_allocator>(upstream);
+  } else if (name == "bfc") {
+    const bfc_options bfc;
+    cache.max_block_bytes = std::min(cache.max_block_bytes, bfc.small_request_max);
+    strategy = std::make_unique<bfc_allocator>(upstream, bfc);
+  } else {
+    throw invalid_argument("poolscope: unknown allocator '" + std::string(name) + "' (expected " +
+                           joined(allocator_names()) + ")");
+  }
+  if (!options.thread_cache) {
+    return strategy;
+  }
+  return std::make_unique<thread_cache_adaptor>(std::move(strategy), cache);
 }
 
 std::unique_ptr<resource> make_resource(std::string_view name, int device) {

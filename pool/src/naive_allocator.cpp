@@ -39,8 +39,6 @@ free_outcome naive_allocator::do_deallocate(stream_view stream, void* ptr, std::
     }
     true_size = it->second.requested;
     live_.erase(it);
-    // Before the resource can hand the memory to another thread's allocation.
-    account_free(true_size, true_size);
   }
   upstream_deallocate(stream, ptr, true_size);
   const auto err = true_size == bytes ? hooks::free_error::none : hooks::free_error::size_mismatch;

@@ -219,11 +219,9 @@ detail::stream_state& stream_pool_allocator::state_for(stream_view stream) {
     events_->attach(stream);  // before anything can be recorded on it
     auto st = std::make_unique<detail::stream_state>(stream);
     st->upstream = std::make_unique<detail::stream_upstream>(*this, *st, upstream());
-    // The inner pool is driven only through strategy_*: a cache of its own would never be used.
-    thread_cache_options no_cache;
-    no_cache.enabled = false;
-    st->inner = make_allocator(inner_, *st->upstream, no_cache);
-    adopt(*st->inner);
+    // The inner pool is driven only through strategy_*: a thread cache would never be used.
+    st->inner = make_allocator(inner_, *st->upstream, allocator_options{.thread_cache = false});
+    adopt(*st->inner, adopted_upstream::internal);
     order_.reserve(order_.size() + 1);
     it = states_.emplace(stream.value(), std::move(st)).first;
     order_.push_back(it->second.get());
@@ -275,11 +273,7 @@ free_outcome stream_pool_allocator::do_deallocate(stream_view stream, void* ptr,
     std::lock_guard lock(st->mutex);
     auto it = st->live.find(ptr);
     if (it != st->live.end()) {
-      const detail::live_block b = it->second;
       st->live.erase(it);
-      // Accounted before the inner pool takes it back: an inner pool may pass whole blocks on
-      // to the shared cache, where another stream's thread can take them at once.
-      account_free(b.rounded, b.requested);
       // Back into the stream's own pool: reusable at once on this stream, by no other.
       return strategy_deallocate(*st->inner, stream, ptr, bytes, alignment);
     }
@@ -312,8 +306,7 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
                         "block waits for the next barrier: %s",
                         name().c_str(), e.what());
     }
-    // Counted as freed now, under the owner's mutex: the block is reusable only once drained.
-    account_free(b.rounded, b.requested);
+    // Freed now (counted so by the caller): the block is reusable only once drained.
     try {
       owner->pending.push_back({.ptr = ptr,
                                 .requested = b.requested,
@@ -346,7 +339,6 @@ free_outcome stream_pool_allocator::deallocate_elsewhere(stream_view stream, voi
     if (out.error != hooks::free_error::none) {
       return {out.error, 0, 0};
     }
-    account_free(out.rounded, out.requested);  // under the stream's mutex, as above
     return out;
   }
   return {hooks::free_error::unknown_pointer, 0, 0};

@@ -65,6 +65,7 @@ TEST_P(darray_random, reshards_and_ops_match_the_host) {
   std::string spec = GetParam();
   backend_options options;
   options.group = test_support::test_group();
+  options.between_ranks = test_support::test_between_ranks();
   if (spec.ends_with("+nographs")) {
     spec.resize(spec.size() - 9);
     options.kernel_graphs = false;

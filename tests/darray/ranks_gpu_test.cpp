@@ -1,8 +1,10 @@
-// DistributedArrays over GPUs of several ranks (one GPU per rank, NCCL between them): the seed
-// example piece by piece and as one NCCL group, a partial sum completed across ranks, and a rank
-// that stops mid-reshard, which the others' NCCL watchdog names once the timeout passes. Run
-// under mpirun on a GPU machine (scripts/gpu-check.sh); without a GPU every test skips with the
-// reason, and alone (a group of one) the first two run on one GPU with nothing to cross.
+// DistributedArrays over GPUs of several ranks (one GPU per rank, NCCL between them; or with
+// POOLSCOPE_TEST_BETWEEN_RANKS=mpi, MPI through pinned host memory, the ranks possibly sharing a
+// GPU): the seed example piece by piece and as one group, a partial sum completed across ranks,
+// and a rank that stops mid-reshard, which the others name once the timeout passes (NCCL's
+// watchdog, or the MPI receive's bound). Run under mpirun on a GPU machine
+// (scripts/gpu-check.sh); without a GPU every test skips with the reason, and alone (a group of
+// one) the first two run on one GPU with nothing to cross.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +35,7 @@ std::shared_ptr<backend> gpu_per_rank(transport how, std::string& why_not) {
   backend_options o;
   o.group = test_support::test_group();
   o.transfers = how;
+  o.between_ranks = test_support::test_between_ranks();
   try {
     return make_cuda_backend(1, o);
   } catch (const device_unavailable& e) {
@@ -107,37 +111,62 @@ TEST(darray_ranks_gpu_fault, rank_stops_mid_reshard) {
 }
 
 #ifdef POOLSCOPE_MPIEXEC
-TEST(darray_ranks_gpu_faults, a_silent_rank_is_named_and_nccl_aborted) {
-  std::string why_not;
+// darray_ranks_gpu_fault under mpirun -np 2 with `between` (POOLSCOPE_TEST_BETWEEN_RANKS) and a
+// 5 s bound: what the launch printed once it has ended with rank 0 reporting its failure (checked
+// here), or nothing with a skip's reason in `why_not`.
+std::optional<std::string> silent_rank_launch(const char* between, std::string& why_not) {
   if (process_group::launched() != 0) {
-    GTEST_SKIP() << "starts launches of its own: not run under a launcher";
+    why_not = "starts launches of its own: not run under a launcher";
+    return std::nullopt;
   }
   if (!gpu_per_rank(transport::automatic, why_not)) {
-    GTEST_SKIP() << "no GPU: " << why_not;
+    why_not = "no GPU: " + why_not;
+    return std::nullopt;
   }
-  // The launch below runs two ranks of a GPU backend, which NCCL allows only on two GPUs.
-  if (const int gpus = make_cuda_backend(-1, {})->device_count(); gpus < 2) {
-    GTEST_SKIP() << "two ranks need a GPU each and " << gpus << " is visible";
+  if (std::string(between) == "nccl" && make_cuda_backend(-1)->device_count() < 2) {
+    why_not = "NCCL between ranks needs a GPU per rank, and this machine has one";
+    return std::nullopt;
   }
   std::vector<char> self(4096);
   const ssize_t len = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
-  ASSERT_GT(len, 0);
+  EXPECT_GT(len, 0);
   const auto r = testing::run_process(
       {POOLSCOPE_MPIEXEC, "-np", "2", std::string(self.data(), static_cast<std::size_t>(len)),
        "--gtest_filter=darray_ranks_gpu_fault.*"},
       {{"POOLSCOPE_TEST_FAULT", "1"},
+       {"POOLSCOPE_TEST_BETWEEN_RANKS", between},
        {"POOLSCOPE_RANK_TIMEOUT", "5"},
        {"OMPI_ALLOW_RUN_AS_ROOT", "1"},
        {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"},
        {"OMPI_MCA_rmaps_base_oversubscribe", "1"}},
       std::chrono::seconds(180));
-  ASSERT_FALSE(r.timed_out) << r.out << r.err;
   const std::string all = r.out + r.err;
+  EXPECT_FALSE(r.timed_out) << all;
   EXPECT_NE(all.find("rank 0 failed: "), std::string::npos) << all;
+  return all;
+}
+
+TEST(darray_ranks_gpu_faults, a_silent_rank_is_named_and_nccl_aborted) {
+  std::string why_not;
+  const auto all = silent_rank_launch("nccl", why_not);
+  if (!all) {
+    GTEST_SKIP() << why_not;
+  }
   // Waiting on the GPU, or in the host call that connects to the peer (NCCL's first transfer).
-  EXPECT_TRUE(all.find("has not completed in") != std::string::npos ||
-              all.find("for its peer") != std::string::npos)
-      << all;
+  EXPECT_TRUE(all->find("has not completed in") != std::string::npos ||
+              all->find("for its peer") != std::string::npos)
+      << *all;
+}
+
+// Between ranks by MPI (the two ranks may share the GPU): rank 0's receive gives up after the
+// bound, naming rank 1 and the receive.
+TEST(darray_ranks_gpu_faults, a_silent_rank_is_named_by_the_mpi_receive) {
+  std::string why_not;
+  const auto all = silent_rank_launch("mpi", why_not);
+  if (!all) {
+    GTEST_SKIP() << why_not;
+  }
+  EXPECT_NE(all->find("for rank 1 while receiving"), std::string::npos) << *all;
 }
 #endif
 

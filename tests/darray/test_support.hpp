@@ -28,6 +28,13 @@ inline std::shared_ptr<process_group> test_group() {
   return process_group::from_launcher();
 }
 
+/// How the GPU tests written for several ranks move data between them:
+/// POOLSCOPE_TEST_BETWEEN_RANKS (nccl or mpi; mpi lets ranks share a GPU), else nccl.
+inline rank_transport test_between_ranks() {
+  const char* env = std::getenv("POOLSCOPE_TEST_BETWEEN_RANKS");
+  return env != nullptr && *env != '\0' ? parse_rank_transport(env) : rank_transport::nccl;
+}
+
 /// Seed of the randomized tests: POOLSCOPE_TEST_SEED if set, else `fallback`.
 inline std::uint64_t test_seed(std::uint64_t fallback = 20240611) {
   const char* env = std::getenv("POOLSCOPE_TEST_SEED");

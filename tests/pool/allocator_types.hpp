@@ -1,5 +1,6 @@
 // The fixture types the typed allocator suites run over. Add a line per allocator here; never
-// parameterise by strings (STYLE.md rule 9).
+// parameterise by strings (a type names its fixture at compile time; a misspelt string would
+// fail only at run time).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,13 +14,16 @@
 #include "poolscope/pool/host_resource.hpp"
 #include "poolscope/pool/naive_allocator.hpp"
 #include "poolscope/pool/stream_pool_allocator.hpp"
+#include "poolscope/pool/thread_cache_adaptor.hpp"
 
 namespace poolscope::pool::testing {
 
 /// An allocator of type Alloc over a fresh host resource (capacity unlimited unless given).
+/// `strategy_type` is the strategy whose behaviour the suites expect beyond the contract.
 template <typename Alloc>
 struct on_host {
   using allocator_type = Alloc;
+  using strategy_type = Alloc;
   static constexpr bool needs_gpu = false;
   static std::unique_ptr<resource> make_resource(std::size_t capacity = SIZE_MAX) {
     return std::make_unique<host_resource>(capacity);
@@ -27,22 +31,30 @@ struct on_host {
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
 };
 
-/// bfc without its per-thread cache: the strategy then counts its blocks under its own lock
-/// (allocator::count_under_lock), a path of its own for the counters and peaks. And with its
-/// bookkeeping on the heap (huge_page_metadata off), so that the suites run both homes of it
-/// (the out-of-host-memory sweep reaches the heap's allocations only).
-struct on_host_bfc_uncached : on_host<bfc_allocator> {
+/// bfc with its bookkeeping on the heap (huge_page_metadata off), so that the suites run both
+/// homes of it (the out-of-host-memory sweep reaches the heap's allocations only).
+struct on_host_bfc_heap_metadata : on_host<bfc_allocator> {
   static std::unique_ptr<allocator> make(resource& r) {
     bfc_options o;
-    o.thread_cache.enabled = false;
     o.huge_page_metadata = false;
     return std::make_unique<bfc_allocator>(r, o);
   }
 };
 
+/// A thread_cache_adaptor around a Strategy over a fresh host resource.
+template <typename Strategy>
+struct cached_on_host : on_host<Strategy> {
+  using allocator_type = thread_cache_adaptor;
+  static std::unique_ptr<allocator> make(resource& r) {
+    return std::make_unique<thread_cache_adaptor>(std::make_unique<Strategy>(r));
+  }
+};
+
 using host_allocators =
     ::testing::Types<on_host<naive_allocator>, on_host<best_fit_allocator>, on_host<bfc_allocator>,
-                     on_host_bfc_uncached, on_host<stream_pool_allocator>>;
+                     on_host_bfc_heap_metadata, on_host<stream_pool_allocator>,
+                     cached_on_host<naive_allocator>, cached_on_host<best_fit_allocator>,
+                     cached_on_host<bfc_allocator>, cached_on_host<stream_pool_allocator>>;
 
 /// An allocator of type Alloc over cudaMalloc on device 0. Needs a GPU: suites check needs_gpu
 /// and skip before calling make_resource (which throws device_unavailable without one). There
@@ -50,9 +62,19 @@ using host_allocators =
 template <typename Alloc>
 struct on_cuda {
   using allocator_type = Alloc;
+  using strategy_type = Alloc;
   static constexpr bool needs_gpu = true;
   static std::unique_ptr<resource> make_resource() { return std::make_unique<cuda_resource>(0); }
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
+};
+
+/// A thread_cache_adaptor around a Strategy over cudaMalloc on device 0. Needs a GPU.
+template <typename Strategy>
+struct cached_on_cuda : on_cuda<Strategy> {
+  using allocator_type = thread_cache_adaptor;
+  static std::unique_ptr<allocator> make(resource& r) {
+    return std::make_unique<thread_cache_adaptor>(std::make_unique<Strategy>(r));
+  }
 };
 
 /// An allocator of type Alloc over cudaMallocAsync (its own pool, release threshold max) on
@@ -60,6 +82,7 @@ struct on_cuda {
 template <typename Alloc>
 struct on_cuda_async {
   using allocator_type = Alloc;
+  using strategy_type = Alloc;
   static constexpr bool needs_gpu = true;
   static std::unique_ptr<resource> make_resource() {
     return std::make_unique<cuda_async_resource>(0);
@@ -67,8 +90,10 @@ struct on_cuda_async {
   static std::unique_ptr<allocator> make(resource& r) { return std::make_unique<Alloc>(r); }
 };
 
-using cuda_allocators = ::testing::Types<on_cuda<naive_allocator>, on_cuda<best_fit_allocator>,
-                                         on_cuda<bfc_allocator>, on_cuda<stream_pool_allocator>>;
+using cuda_allocators =
+    ::testing::Types<on_cuda<naive_allocator>, on_cuda<best_fit_allocator>, on_cuda<bfc_allocator>,
+                     on_cuda<stream_pool_allocator>, cached_on_cuda<best_fit_allocator>,
+                     cached_on_cuda<bfc_allocator>>;
 using cuda_async_allocators =
     ::testing::Types<on_cuda_async<naive_allocator>, on_cuda_async<best_fit_allocator>,
                      on_cuda_async<bfc_allocator>, on_cuda_async<stream_pool_allocator>>;

@@ -156,7 +156,7 @@ TEST(address_table, agrees_with_a_map_through_growth_and_erasure) {
 // may_hold may say yes for an address the table lacks (a shared slot), never no for one it holds;
 // surely_passes never for a size that has a bin or was wanted lately.
 TEST(thread_cache_filters, never_deny_what_the_cache_holds) {
-  thread_cache c(nullptr, 1);
+  thread_cache c(false);
   std::mt19937_64 rng(5);
   std::unordered_map<std::uintptr_t, bool> held;
   std::size_t false_yes = 0;
@@ -170,7 +170,7 @@ TEST(thread_cache_filters, never_deny_what_the_cache_holds) {
       ++asked_absent;
       if (rng() % 2 == 0) {
         c.table.reserve_one();
-        c.table_insert({key, 512, 512, nullptr, false});
+        c.table_insert({key, 512, 512, 512, nullptr, false});
         held[key] = true;
       }
     } else {
@@ -208,7 +208,7 @@ TEST(thread_cache_filters, never_deny_what_the_cache_holds) {
 // find_bin answers as a scan of every bin would, whether a filter bit has no bin, one, or
 // several (sizes that share a bit, one size on two streams), through random rekeyings.
 TEST(thread_cache_filters, find_bin_agrees_with_a_scan) {
-  thread_cache c(nullptr, 1);
+  thread_cache c(false);
   std::mt19937_64 rng(11);
   // Sizes in few filter bits, so that bins share bits often.
   std::vector<std::size_t> sizes;

@@ -38,18 +38,9 @@ using poolscope::testing::recording_hook;
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * KiB;
 
-/// Options without the per-thread cache: tests of the chunk layout see every free reach the
-/// pool at once (the cache itself is tested in thread_cache_test.cpp).
-bfc_options uncached() {
-  bfc_options o;
-  o.thread_cache.enabled = false;
-  return o;
-}
-
-/// Options with 1 MiB small segments, so small-pool tests reason about one known segment size
-/// (and no thread cache, as uncached()).
+/// Options with 1 MiB small segments, so small-pool tests reason about one known segment size.
 bfc_options one_mib_small_segments() {
-  bfc_options o = uncached();
+  bfc_options o;
   o.small_segment_bytes = MiB;
   return o;
 }
@@ -557,7 +548,7 @@ TEST(bfc_consolidate, without_consolidation_segments_accumulate) {
 
 TEST(bfc_borrow, small_requests_use_free_large_chunks_before_a_new_segment) {
   host_resource host;
-  bfc_allocator pool{host, uncached()};
+  bfc_allocator pool{host};
   void* big = pool.allocate({}, 12 * MiB);
   pool.deallocate({}, big, 12 * MiB);
   void* p = pool.allocate({}, 4 * KiB);
@@ -566,7 +557,7 @@ TEST(bfc_borrow, small_requests_use_free_large_chunks_before_a_new_segment) {
   pool.deallocate({}, p, 4 * KiB);
   EXPECT_EQ(pool.stats().cached_blocks, 1U);
 
-  bfc_options o = uncached();
+  bfc_options o;
   o.small_borrows_large = false;
   bfc_allocator strict{host, o};
   void* big2 = strict.allocate({}, 12 * MiB);
@@ -679,9 +670,17 @@ TEST(bfc_options_check, inconsistent_options_are_rejected_naming_the_field) {
 
 TEST(bfc_factory, builds_a_bfc_allocator_by_name) {
   host_resource host;
+  // By default behind a per-thread cache, under the strategy's name.
   auto a = make_allocator("bfc", host);
-  EXPECT_NE(dynamic_cast<bfc_allocator*>(a.get()), nullptr);
+  auto* cached = dynamic_cast<thread_cache_adaptor*>(a.get());
+  ASSERT_NE(cached, nullptr);
+  EXPECT_NE(dynamic_cast<bfc_allocator*>(&cached->inner()), nullptr);
   EXPECT_EQ(a->name(), "bfc/host");
+  EXPECT_EQ(cached->options().max_block_bytes, bfc_options{}.small_request_max)
+      << "the cache in front of bfc keeps small requests only";
+  auto bare = make_allocator("bfc", host, {.thread_cache = false});
+  EXPECT_NE(dynamic_cast<bfc_allocator*>(bare.get()), nullptr);
+  EXPECT_EQ(bare->name(), "bfc/host");
 }
 
 TEST(bfc_destroy, destruction_returns_every_segment_even_with_live_blocks) {
@@ -700,7 +699,7 @@ TEST(bfc_destroy, destruction_returns_every_segment_even_with_live_blocks) {
 // ---- the A5 sequence-batch workload
 // --------------------------------------------------------------
 
-/// Replays DESIGN.md §4's A5 shape (the bench's sequence_batch_trace: a transformer's steps at
+/// Replays docs/design.md §4's A5 shape (the bench's sequence_batch_trace: a transformer's steps at
 /// random lengths) without touching the memory, and returns peak reserved / peak requested.
 double sequence_batch_ratio(allocator& a, std::uint64_t seed, std::size_t steps, std::size_t layers,
                             std::size_t max_len) {
@@ -924,7 +923,7 @@ TEST(bfc_lock_bias, a_lone_thread_gets_the_pool_lock_and_another_threads_free_re
                     "ThreadSanitizer): the pool lock is never biased";
   }
   host_resource host;
-  bfc_allocator pool{host, uncached()};  // every request and free takes the pool lock
+  bfc_allocator pool{host};  // every request and free takes the pool lock
   void* kept = pool.allocate({}, 3000);
   EXPECT_FALSE(pool.lock_counts().biased);
   for (int i = 0; i < 200; ++i) {  // 1 + 400 lone entries: over the 256 needed
@@ -945,7 +944,7 @@ TEST(bfc_lock_bias, a_lone_thread_gets_the_pool_lock_and_another_threads_free_re
 
 TEST(bfc_lock_bias, off_by_option) {
   host_resource host;
-  bfc_options o = uncached();
+  bfc_options o;
   o.lock_bias = false;
   bfc_allocator pool{host, o};
   for (int i = 0; i < 1000; ++i) {
@@ -964,7 +963,7 @@ TEST(bfc_concurrency, a_thread_revoking_the_lock_bias_of_a_running_thread_loses_
   const std::uint64_t seed = test_seed();
   const std::uint64_t ops = under_sanitizer ? 20000 : 200000;
   host_resource host;
-  bfc_allocator pool{host, uncached()};
+  bfc_allocator pool{host};
   std::mutex handoff_mutex;
   std::vector<std::pair<void*, std::size_t>> handoff;  // the first thread's blocks, for the other
   std::atomic<std::uint64_t> progress{0};
@@ -1061,9 +1060,7 @@ TEST(bfc_concurrency, a_thread_revoking_the_lock_bias_of_a_running_thread_loses_
 // (the chunk lists' consistency check, every block back, stats at zero). Off: no region.
 TEST(bfc_metadata, bookkeeping_fills_its_region_then_the_heap_and_stays_exact) {
   host_resource host;
-  bfc_options o;
-  o.thread_cache.enabled = false;  // every block through the pool itself
-  bfc_allocator pool{host, o};
+  bfc_allocator pool{host};
   ASSERT_EQ(pool.metadata_region_bytes(), std::size_t{2} << 20)
       << "the region could not be mapped (no memory?)";
   const std::size_t at_start = pool.metadata_region_used();
@@ -1100,7 +1097,7 @@ TEST(bfc_metadata, bookkeeping_fills_its_region_then_the_heap_and_stays_exact) {
   EXPECT_EQ(pool.check_invariants(), "");
   EXPECT_EQ(pool.stats().in_use, 0U);
 
-  bfc_options off = o;
+  bfc_options off;
   off.huge_page_metadata = false;
   bfc_allocator plain{host, off};
   EXPECT_EQ(plain.metadata_region_bytes(), 0U);

@@ -5,7 +5,7 @@
 // would overwrite each other's values (and TSan would report the race).
 //
 // Two more tests bound the peaks by what the resource holds: a freed block's bytes must leave the
-// counters before another thread can take the block (issue 2).
+// counters before another thread can take the block.
 //
 // Knobs: POOLSCOPE_TEST_SEED (printed), POOLSCOPE_CONCURRENCY_OPS (operations per thread,
 // default 50000, 5000 under sanitizers; and the allocations in all of the contention test,
@@ -198,8 +198,8 @@ TYPED_TEST(allocator_concurrency, threads_never_share_live_blocks) {
 }
 
 // A block's bytes leave the in-use counters before another thread can take the block: else the
-// next owner counts them while they are still counted, and the peaks count one block twice
-// (issue 2). Deterministic: the report of a free with a wrong size (corrected: the block is
+// next owner counts them while they are still counted, and the peaks count one block twice.
+// Deterministic: the report of a free with a wrong size (corrected: the block is
 // freed with its true size) runs a thread hook after the strategy took the block back; the hook
 // lets a second thread allocate and waits for it. The resource holds one block and a half, so
 // the second thread gets the freed block or nothing, and two blocks counted at once is one

@@ -129,7 +129,7 @@ void expect_same_stats(const allocator_stats& a, const allocator_stats& b) {
 template <typename Fixture>
 class allocator_conformance : public ::testing::Test {
  protected:
-  using alloc_type = typename Fixture::allocator_type;
+  using strategy_type = typename Fixture::strategy_type;
 
   void SetUp() override {
     if constexpr (Fixture::needs_gpu) {
@@ -293,7 +293,7 @@ TYPED_TEST_P(allocator_conformance, absurd_sizes_throw_out_of_memory_naming_the_
 }
 
 TYPED_TEST_P(allocator_conformance, stats_snapshot_agrees_with_the_model) {
-  using A = typename TestFixture::alloc_type;
+  using A = typename TestFixture::strategy_type;
   auto& a = this->a();
   allocator_model model;
   const auto fresh = a.stats();
@@ -484,7 +484,7 @@ TYPED_TEST_P(allocator_conformance, limit_caps_reserved_bytes) {
 }
 
 TYPED_TEST_P(allocator_conformance, release_cached_returns_free_memory_and_keeps_live_blocks) {
-  using A = typename TestFixture::alloc_type;
+  using A = typename TestFixture::strategy_type;
   auto& a = this->a();
   auto& r = this->res();
   const std::size_t sizes[] = {1000, 5000, 64 << 10, 300 << 10, 1 << 20, 3000, 2 << 20, 700};
@@ -558,7 +558,7 @@ TYPED_TEST_P(allocator_conformance, release_cached_returns_free_memory_and_keeps
 }
 
 TYPED_TEST_P(allocator_conformance, upstream_exhaustion_releases_the_cache_and_retries) {
-  using A = typename TestFixture::alloc_type;
+  using A = typename TestFixture::strategy_type;
   using F = TypeParam;
   constexpr std::size_t capacity = 32 << 20;
   counted_resource<F> limited{capacity};

@@ -32,7 +32,7 @@ inline constexpr bool detects_double_free = !std::is_same_v<A, naive_allocator>;
 template <typename Fixture>
 class allocator_invalid_free : public ::testing::Test {
  protected:
-  using alloc_type = typename Fixture::allocator_type;
+  using strategy_type = typename Fixture::strategy_type;
 
   void SetUp() override {
     resource_ = Fixture::make_resource();
@@ -142,7 +142,7 @@ TYPED_TEST(allocator_invalid_free, unknown_pointer_is_ignored) {
 }
 
 TYPED_TEST(allocator_invalid_free, double_free_is_ignored) {
-  using A = typename TestFixture::alloc_type;
+  using A = typename TestFixture::strategy_type;
   auto& a = *this->alloc_;
   void* keep = a.allocate({}, 2000);
   void* p = a.allocate({}, 1000);

@@ -94,6 +94,7 @@ class allocator_model {
   [[nodiscard]] const std::unordered_map<void*, model_block>& live() const { return live_; }
   [[nodiscard]] std::size_t in_use() const { return in_use_; }
   [[nodiscard]] std::size_t requested_in_use() const { return requested_in_use_; }
+  [[nodiscard]] std::size_t peak_in_use() const { return peak_in_use_; }
   [[nodiscard]] std::uint64_t allocations() const { return allocations_; }
 
  private:

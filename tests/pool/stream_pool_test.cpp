@@ -234,7 +234,7 @@ stream_cached_bytes cached_of(const stream_pool_allocator& pool, stream_view s) 
   return {};
 }
 
-/// The inner strategies, as types (STYLE.md rule 9: never parameterise tests by strings).
+/// The inner strategies, as types (never strings: a type names its fixture at compile time).
 struct naive_inner {
   static constexpr const char* name = "naive";
 };

@@ -1,6 +1,7 @@
 // The profilers when the host runs out of memory: allocations and frees through a real pool (bfc
-// over the host resource), inside named scopes, run with each operator new they reach made to
-// fail in turn (a sweep: the 1st, the 2nd, ... until a run reaches no failure). The user's work
+// over the host resource, behind its per-thread cache as make_allocator composes it), inside
+// named scopes, run with each operator new they reach made to fail in turn (a sweep: the 1st,
+// the 2nd, ... until a run reaches no failure). The user's work
 // must go on (an allocation may fail only with the pool's own std::bad_alloc, a free always
 // completes), the process must not end, and each profiler must stay valid: what it saw is
 // recorded or its loss is counted (or, where the collector gives up, logged), later events are
@@ -12,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -24,6 +26,7 @@
 #include "poolscope/log.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/thread_cache_adaptor.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
 #include "poolscope/profiler/nvtx.hpp"
@@ -94,7 +97,8 @@ class profiler_out_of_host_memory : public ::testing::Test {
   }
   bool nvtx_was_on_ = false;
   poolscope::pool::host_resource host_;
-  poolscope::pool::bfc_allocator alloc_{host_};
+  poolscope::pool::thread_cache_adaptor alloc_{
+      std::make_unique<poolscope::pool::bfc_allocator>(host_)};
 };
 
 // Line profiler: each run either is attributed whole, or the profiler disabled itself, said so,

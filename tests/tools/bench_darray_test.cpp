@@ -230,15 +230,17 @@ TEST_F(bench_darray_cli, d5_matmul_flops) {
 
 TEST(bench_darray_cli_options, only_runs_the_named_workloads) {
   process_result r;
-  const json j = run_bench({"--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
-                            "D1,D4", "--transport", "peer", "--allocator", "best_fit"},
-                           r);
+  const json j =
+      run_bench({"--devices", "host:2", "--n", "4000", "--repeat", "1", "--only", "D1,D4",
+                 "--transport", "peer", "--allocator", "best_fit", "--between-ranks", "mpi"},
+                r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   ASSERT_TRUE(j.is_object());
   EXPECT_EQ(j.at("workloads").size(), 2u);
   EXPECT_TRUE(j.at("workloads").contains("D1"));
   EXPECT_TRUE(j.at("workloads").contains("D4"));
   EXPECT_EQ(j.at("transport"), "peer");
+  EXPECT_EQ(j.at("between_ranks"), "mpi");
   EXPECT_EQ(j.at("allocator"), "best_fit");
   EXPECT_EQ(j.at("workloads").at("D1").at("figures").at("bytes_moved").get<double>(), 800 * 4.0);
   EXPECT_EQ(j.at("trace"), "") << "not traced without --trace";
@@ -330,6 +332,7 @@ TEST(bench_darray_cli_options, one_device_moves_nothing_and_has_no_eta) {
 TEST(bench_darray_cli_options, rejects_bad_options) {
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--only", "D9"}, std::vector<std::string>{"--transport", "smoke"},
+        std::vector<std::string>{"--between-ranks", "gloo"},
         std::vector<std::string>{"--repeat", "0"}, std::vector<std::string>{"--devices", "tpu"}}) {
     std::vector<std::string> argv{POOLSCOPE_CLI_PATH, "bench", "darray", "--n", "4000"};
     argv.insert(argv.end(), bad.begin(), bad.end());

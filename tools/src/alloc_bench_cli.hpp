@@ -57,8 +57,9 @@ class alloc_bench_command {
         ->check(poolscope::tools::non_negative_number());
     app.add_flag("--no-baselines", no_baselines_, "skip the raw resource rows");
     app.add_flag("--compare-thread-cache", options_.compare_thread_cache,
-                 "also run each allocator that has a per-thread cache without it (rows '<name> "
-                 "-tc') and with its lock unbiased (rows '<name> -bias')");
+                 "also run bfc and best_fit without the per-thread cache the default "
+                 "composition puts in front of them (rows '<name> -tc') and with their locks "
+                 "unbiased (rows '<name> -bias')");
     app.add_option("--json", json_path_,
                    "also write the results as JSON to this file ('-': stdout, the table then "
                    "going to stderr)")

@@ -111,6 +111,12 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();
   darray_cmd
+      ->add_option("--between-ranks", d->options.between_ranks,
+                   "how GPU data moves between ranks: nccl (a GPU of its own per rank) or mpi "
+                   "(staged through pinned host memory; ranks may share a GPU)")
+      ->check(CLI::IsMember({"nccl", "mpi"}))
+      ->capture_default_str();
+  darray_cmd
       ->add_option("--issue-threads", d->options.issue_threads,
                    "threads enqueueing devices' shares of an op beside the caller's (-1: the "
                    "backend's default, one per GPU after the first with --kernel-graphs 0, "

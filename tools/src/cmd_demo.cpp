@@ -76,6 +76,11 @@ void register_demo(CLI::App& app) {
   sub->add_option("--transport", o->transport, "how pieces move between GPUs")
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();
+  sub->add_option("--between-ranks", o->between_ranks,
+                  "how GPU data moves between ranks: nccl (a GPU of its own per rank) or mpi "
+                  "(staged through pinned host memory; ranks may share a GPU)")
+      ->check(CLI::IsMember({"nccl", "mpi"}))
+      ->capture_default_str();
   sub->add_option("--out", outputs->folder,
                   "folder for trace.json and report.json (made if missing; default: a fresh "
                   "folder in $TMPDIR, named in the summary)")

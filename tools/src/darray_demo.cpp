@@ -199,6 +199,7 @@ darray::backend_options backend_options_of(const darray_demo_options& o) {
     throw invalid_argument("poolscope demo: transport '" + o.transport +
                            "' (expected auto, peer or nccl)");
   }
+  bo.between_ranks = darray::parse_rank_transport(o.between_ranks);
   return bo;
 }
 
@@ -534,6 +535,7 @@ nlohmann::json demo_metadata(const darray_demo_options& o, const demo_setup& s,
   demo["matmul_n"] = s.matmul_n;
   demo["allocator"] = o.allocator;
   demo["transport"] = o.transport;
+  demo["between_ranks"] = o.between_ranks;
   demo["kernel_graphs"] = o.kernel_graphs;
   demo["yield_to_copies"] = o.yield_to_copies;
   demo["cupti_kinds"] = s.gpu && o.cupti ? profiler::activity_kinds_of(s.cupti) : "";
@@ -644,6 +646,7 @@ void write_timings(std::ostream& t, const darray_demo_options& o, const demo_set
       << s.be->device_name(d);
   }
   t << "), N = " << s.n << " float32, allocator " << o.allocator << ", transport " << o.transport
+    << (s.group->size() > 1 && s.gpu ? ", between ranks " + o.between_ranks : std::string())
     << "\n\n";
   t << fmt("  A + B                      %9.3f ms\n", res.t_add_ms);
   t << fmt("  C.reshard(A.index_map())   %9.3f ms", res.t_reshard_ms) << "   moved "

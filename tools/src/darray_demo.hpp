@@ -44,6 +44,8 @@ struct darray_demo_options {
   std::int64_t matmul_n = 0;     ///< matmul size (0: 2048 on GPUs, 192 on host devices)
   std::string allocator = "bfc";
   std::string transport = "auto";  ///< auto, peer, nccl
+  /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
+  std::string between_ranks = "nccl";
   std::string trace_path = "trace.json";
   std::string report_path = "report.json";
   bool overwrite = false;  ///< replace a trace or report file that exists (else refused)

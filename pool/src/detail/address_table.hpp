@@ -13,11 +13,10 @@ namespace poolscope::pool::detail {
 /// Slots keyed by an address (Slot::key, a std::uintptr_t that is never 0; 0 marks an empty
 /// slot): open addressing, linear probing, backward-shift deletion (no tombstones), load factor
 /// <= 1/8, multiplicative hashing. The low load keeps almost every key in its home slot and
-/// almost every erase free of shifts, so lookups rarely take the unpredicted branch: on the
-/// random frees of DESIGN.md §4 A2 the table's mispredicted branches per alloc+free pair were
-/// 3.3 at a load of 1/2, 1.4 at 1/4 and 0.5 at 1/8 (callgrind; at 1/4 the erase's shift loop
-/// alone mispredicted 0.8 per pair with 1000 live blocks), for about 170 bytes of slots per
-/// entry on average (85 at 1/4). A lookup touches one slot's line at any load.
+/// almost every erase free of shifts, so lookups rarely take the unpredicted branch (on random
+/// frees, a higher load makes the probe and shift loops the table's main source of mispredicted
+/// branches), for about 170 bytes of slots per entry on average. A lookup touches one slot's
+/// line at any load.
 /// `FirstCapacity` (a power of two) is the first allocation; `Alloc` allocates the slots (bfc's
 /// map puts them in its metadata_arena).
 /// Ownership: owns its slots. Thread safety: none (its owner's lock guards it). Nothing throws
@@ -68,8 +67,7 @@ class address_table {
   /// Removes the slot `s` points at (from find()).
   void erase(Slot* s) noexcept {
     // At a load of 1/8 the next slot is almost always empty: then nothing moves, and the slot's
-    // index is not needed (bfc's free on DESIGN.md §4 A2: 6 instructions less per pair than
-    // the shift loop's first test by index, callgrind).
+    // index is not needed (the shift loop's first test by index would be wasted work).
     Slot* const next = s + 1 != slots_.data() + slots_.size() ? s + 1 : slots_.data();
     if (next->key == 0) [[likely]] {
       *s = Slot{};

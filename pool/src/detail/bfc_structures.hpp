@@ -20,15 +20,14 @@
 #include "metadata_arena.hpp"
 #include "poolscope/cpu_relax.hpp"
 
-// bfc's hot functions (serve_chunk and take_back_chunk, allocate's and deallocate's usual way,
-// and allocate_chunk and deallocate_chunk, the do_* virtuals', with the index and table code
-// inlined into them) are compiled twice on x86-64: for x86-64-v3 (Haswell, Zen and later: BMI,
-// BMI2, LZCNT) and for the baseline, the loader picking one for the CPU (GNU ifunc). The size
-// classes and bitmaps shift by variable amounts, which the baseline does with `shl %cl` (three
-// micro-ops on Intel cores, against one for BMI2's shlx), and std::countr_zero / bit_width test
-// for zero first without TZCNT / LZCNT: on DESIGN.md §4 A2 the v3 copy saves 4–6 ns of 110–120
-// per pair on the lent H200 hosts' Xeons and 1–2 ns on an H100 host's (docs/perf.md, thirteenth
-// session). Builds under ASan or TSan keep one (baseline) copy: the copy CI's sanitizer runs test.
+// bfc's hot functions (allocate_chunk and deallocate_chunk, which its do_* virtuals call, with
+// the index and table code inlined into them) are compiled twice on x86-64: for x86-64-v3
+// (Haswell, Zen and later: BMI, BMI2, LZCNT) and for the baseline, the loader picking one for
+// the CPU (GNU ifunc). The size classes and bitmaps shift by variable amounts, which the
+// baseline does with `shl %cl` (three micro-ops on Intel cores, against one for BMI2's shlx),
+// and std::countr_zero / bit_width test for zero first without TZCNT / LZCNT: the v3 copy is
+// measurably faster on random sizes (docs/perf.md). Builds under ASan or TSan keep one
+// (baseline) copy: the copy CI's sanitizer runs test.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define POOLSCOPE_HOT_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
@@ -115,7 +114,6 @@ struct alignas(64) bfc_chunk : bfc_free_link {
   std::uint16_t size_class = 0;  ///< free: the class list the chunk is on
   bfc_pool_kind pool = bfc_pool_kind::small;
   bool is_free = false;
-  bool held = false;  ///< live and recorded by a thread cache (allocator::do_allocate_held)
   /// Whether `prev` / `next` is free (false without one). A free reads them here rather than in
   /// the neighbours' nodes: its merge decisions wait for this node's cache line only, and the
   /// neighbours are loaded just when they merge (their flags are stored, not loaded, otherwise).
@@ -189,8 +187,7 @@ class bfc_node_pool {
     std::size_t count;
   };
   // Out of line and cold: bfc reserves a node on every allocation, and this path (a vector's
-  // growth, the arena) inlined there cost its hot path 4 instructions per pair on DESIGN.md §4
-  // A2 (callgrind).
+  // growth, the arena) inlined there would tie up its hot path's registers.
   [[gnu::noinline, gnu::cold]] void grow() {
     const std::size_t n = slabs_.empty() ? 64 : std::min<std::size_t>(capacity_, 4096);
     slabs_.reserve(slabs_.size() + 1);
@@ -215,13 +212,11 @@ class bfc_node_pool {
 /// freed first), so the best fit is the first chunk >= the request in the request's own class,
 /// or else the head of the next non-empty class, found with countr_zero on the bitmap.
 /// The lists are circular around a sentinel per class (bfc_free_link), whose size SIZE_MAX ends
-/// every walk, and the bitmap is updated without branches: on the random sizes of DESIGN.md §4
-/// A2 most of the pool's mispredicted branches were these lists' empty/head/tail cases. Each
+/// every walk, and the bitmap is updated without branches: on random sizes these lists'
+/// empty/head/tail cases would otherwise be most of the pool's mispredicted branches. Each
 /// sentinel also records its class's largest size, so that the question "does this class hold a
-/// fit / is this chunk its new largest" is answered from the sentinel's cache line alone (it
-/// used to load the list's last chunk first: a dependent cache miss before a coin-toss branch;
-/// −7 ns of ~110 per A2 pair on the lent hosts' Xeons together with bfc_chunk's neighbour flags,
-/// docs/perf.md, fifteenth session).
+/// fit / is this chunk its new largest" is answered from the sentinel's cache line alone, not
+/// after a dependent load of the list's last chunk.
 /// Cost: find O(1) plus a walk of the request's class only when its largest chunk fits;
 /// insert O(1) when the chunk is the smallest or largest of its class, else a walk of it.
 class bfc_free_index {
@@ -269,10 +264,9 @@ class bfc_free_index {
     // Before the first chunk >= c (ties: in front). A new largest goes straight before the
     // sentinel (an empty list's largest is 0).
     // (Selected without a branch: whether a chunk is its class's largest is a coin toss on
-    // random sizes, 34 % of DESIGN.md §4 A2's frees insert one that is not. The list's first
-    // link is loaded either way, so that GCC selects with conditional moves: a selection
-    // between `s` and a load made only when needed became a branch. Masks did the same in 10
-    // instructions more per A2 pair, callgrind.)
+    // random sizes. The list's first link is loaded either way, so that GCC selects with
+    // conditional moves: a selection between `s` and a load made only when needed becomes a
+    // branch, and masks take more instructions.)
     bfc_free_link* const first = s->free_next;
     const bool largest = c->size > s->largest;
     s->largest = largest ? c->size : s->largest;
@@ -416,16 +410,14 @@ class bfc_ptr_map {
     const slot* s = table_.find(p);
     return s != nullptr ? s->value : nullptr;
   }
-  /// The chunk at `p` (null if absent), removed — unless `keep_held` and the chunk is held.
-  bfc_chunk* erase(const void* p, bool keep_held = false) noexcept {
+  /// The chunk at `p` (null if absent), removed.
+  bfc_chunk* erase(const void* p) noexcept {
     slot* s = table_.find(p);
     if (s == nullptr) {
       return nullptr;
     }
     bfc_chunk* found = s->value;
-    if (!keep_held || !found->held) [[likely]] {
-      table_.erase(s);
-    }
+    table_.erase(s);
     return found;
   }
   [[nodiscard]] std::size_t size() const noexcept { return table_.size(); }

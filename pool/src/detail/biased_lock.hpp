@@ -90,9 +90,11 @@ void wait_while(F owner_inside) noexcept {
   }
 }
 
-/// The lock of a thread cache. Its owning thread calls owner_lock / owner_unlock (one thread
-/// only, the same for the lock's life); every other thread, and the owner when it acts as any
-/// thread would (a flush, its exit), lock / unlock. Mutual exclusion holds between all of them.
+/// The lock of a thread cache. Its owning thread calls owner_lock / owner_unlock (one thread at a
+/// time: the role passes to another thread only after the owner has left for good, ordered by a
+/// mutex, as a cache of an exited thread is taken over); every other thread, and the owner when
+/// it acts as any thread would (a flush, its exit), lock / unlock. Mutual exclusion holds between
+/// all of them.
 class biased_lock {
  public:
   static constexpr std::uint32_t initial_rebias_after = rebias_schedule::initial_after;
@@ -159,8 +161,8 @@ class biased_lock {
 };
 
 /// Holds a biased_lock as its owner, for a scope. Kept apart from biased_guard (which also
-/// takes the lock as any thread): it runs on every cached operation, and folding it into
-/// biased_guard cost a cached A1 pair about 60 instructions (callgrind).
+/// takes the lock as any thread): it runs on every cached operation, which then tests no
+/// "as whom" flag.
 class owner_guard {
  public:
   explicit owner_guard(biased_lock& l) noexcept : lock_(&l), through_bias_(l.owner_lock()) {}

@@ -39,9 +39,6 @@
 
 namespace poolscope::pool::detail::cudart {
 
-/// Clears the last-error state and throws cuda_error for `status` (not cudaSuccess).
-[[noreturn]] void raise(cudaError_t status, const char* call, const char* file, int line);
-
 /// Number of CUDA devices; 0 when there is no driver or no GPU. Never throws.
 [[nodiscard]] int device_count() noexcept;
 /// Why device_count() is 0: the CUDA error name ("cudaErrorNoDevice", ...), or "no device".

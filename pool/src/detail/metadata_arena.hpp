@@ -1,12 +1,10 @@
 // Host memory for one pool's own bookkeeping, on a transparent huge page where the OS grants one.
 //
-// Why: on the random sizes of DESIGN.md §4 A2 each bfc operation reads a few lines picked at
-// random from a few hundred KB of bookkeeping (the free index's class sentinels, the chunk nodes,
-// the address table), spread over about a hundred 4 KiB pages: more than the first-level data
-// TLB holds, so a good part of those reads also miss in it. One 2 MiB page holds them all. The
-// same A2 driver with its bookkeeping in one advised region ran 3–6 ns per pair faster (of about
-// 115) than with the same region advised against huge pages, on a lent H100 host's Xeon
-// (docs/perf.md, seventeenth session).
+// Why: on random sizes each bfc operation reads a few lines picked at random from a few hundred
+// KB of bookkeeping (the free index's class sentinels, the chunk nodes, the address table),
+// spread over about a hundred 4 KiB pages: more than the first-level data TLB holds, so a good
+// part of those reads also miss in it. One 2 MiB page holds them all (docs/perf.md has what it
+// saves).
 //
 // The arena maps its region once (2 MiB-aligned, MADV_HUGEPAGE) and hands out pieces of it by
 // bumping an offset; a piece given back is not reused (the region goes back whole when the arena

@@ -1,13 +1,12 @@
-// Internal data structures of the per-thread allocator cache (allocator.hpp, thread_cache_options;
-// docs/thread_cache.md). The logic that uses them is in thread_cache.cpp.
+// One thread's cache of a thread_cache_adaptor (thread_cache_adaptor.hpp, docs/thread_cache.md):
+// its record table, its bins and the filters that let most requests and frees skip them. The
+// logic that uses them is in thread_cache_adaptor.cpp.
 //
-// Locking: a thread_cache's members are guarded by its `lock` (taken by the owning thread on
-// every cached operation, through the bias, and by other threads to flush it or to free one of
-// its blocks, revoking the bias); a
-// thread_cache_registry's members by its `mutex`. Lock order: registry mutex, then a thread
-// cache's lock, then the strategy's own lock. The owning thread never holds its cache's lock
-// while it calls the strategy's do_allocate (an out-of-memory retry flushes every cache).
-// Nothing here throws except tc_table::reserve_one (std::bad_alloc), called before any change.
+// Locking: a thread_cache's members are guarded by its `lock` (taken by the thread that holds the
+// cache on every cached operation, through the bias, and by other threads to flush it or to free
+// one of its blocks, revoking the bias), except where a member says otherwise. Lock order: the
+// registry's mutex, then a cache's lock, then whatever the inner allocator takes. Nothing here
+// throws except tc_table::reserve_one (std::bad_alloc), called before any change.
 #pragma once
 
 #include <algorithm>
@@ -16,25 +15,21 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
-#include <mutex>
-#include <thread>
-#include <unordered_map>
-#include <vector>
 
 #include "address_table.hpp"
 #include "biased_lock.hpp"
-#include "poolscope/pool/allocator.hpp"
 #include "single_writer.hpp"
+#include "thread_registry.hpp"
 
 namespace poolscope::pool::detail {
 
 /// What a thread cache knows of one block: handed out through it (live) or held in a bin
 /// (cached). `stream` is the stream of the allocation (live) or of the free (cached).
 struct tc_entry {
-  std::uintptr_t key = 0;  ///< the block's address; 0 marks an empty slot
-  std::size_t rounded = 0;
-  std::size_t requested = 0;
+  std::uintptr_t key = 0;       ///< the block's address; 0 marks an empty slot
+  std::size_t rounded = 0;      ///< its size rounded to the inner allocator's granularity
+  std::size_t inner_bytes = 0;  ///< what the inner allocator was asked for (it frees by this)
+  std::size_t requested = 0;    ///< what the user asked for this time (live)
   void* stream = nullptr;
   bool cached = false;
 };
@@ -52,40 +47,29 @@ struct tc_bin {
   std::array<void*, capacity> blocks{};
 };
 
-struct thread_cache_registry;
-
-/// One thread's cache in front of one allocator. Owned by the thread (tc_thread_caches); the
-/// allocator's registry lists it until the thread exits or the allocator is destroyed.
-struct thread_cache {
+/// One thread's cache in front of an adaptor's inner allocator: a node of the adaptor's
+/// registry (thread_registry.hpp), held by one thread at a time.
+struct thread_cache final : thread_node {
   static constexpr std::size_t bin_count = 16;
+  /// The most blocks one cache can hold.
+  static constexpr std::size_t most_blocks = bin_count * tc_bin::capacity;
 
-  thread_cache(std::shared_ptr<thread_cache_registry> r, std::uint32_t id, bool owner_bias = true)
-      : lock(owner_bias), registry(std::move(r)), allocator_id(id) {
-    bin_of_bit.fill(no_bin);
-  }
+  explicit thread_cache(bool owner_bias) : lock(owner_bias) { bin_of_bit.fill(no_bin); }
 
-  /// The owning thread takes it through owner_guard, every other thread (and the owner's
-  /// flushes and exit) through lock(): biased towards the owner (biased_lock.hpp).
+  /// The holding thread takes it through owner_guard, every other thread through lock():
+  /// biased towards the holder (biased_lock.hpp). A later thread that takes the cache over
+  /// takes the bias over too (the registry's mutex orders the two threads).
   biased_lock lock;
-  const std::shared_ptr<thread_cache_registry> registry;  // the weak handle to the allocator
-  const std::uint32_t allocator_id;
-  const std::thread::id owner_thread = std::this_thread::get_id();  // created by its owner
-  /// Whether the calling thread owns this cache (takes `lock` through owner_guard).
-  [[nodiscard]] bool owned_here() const noexcept {
-    return owner_thread == std::this_thread::get_id();
-  }
-  // Guarded by `lock`:
-  bool dead = false;  // the allocator is gone: nothing here refers to live memory any more
-  tc_table table;     // every block handed out through this cache, and every block in a bin;
-                      // changed only through table_insert / table_erase / table_clear
+  tc_table table;  // every block recorded here, live or cached; changed through table_*
   std::array<tc_bin, bin_count> bins{};
   single_writer<std::size_t> cached_bytes;
   single_writer<std::size_t> cached_blocks;  // read without the lock by flushes and stats
   std::uint64_t tick = 0;
+
   // Whether the cache pays for itself (docs/thread_cache.md, "When a cache steps aside"); the
-  // owning thread's alone. Every `sample_takes` requests it counts its hits; below
+  // holding thread's alone. Every `sample_takes` requests it counts its hits; below
   // `min_sample_hits` the cache rests: for `next_rest` requests it is bypassed (its blocks go
-  // back to the strategy, frees cache nothing), then it samples again. A rest lasts
+  // back to the inner allocator, frees cache nothing), then it samples again. A rest lasts
   // `resting_takes` requests after a good sample and twice the last one after a bad one, up to
   // `max_resting_takes`: a thread whose sizes never repeat samples ever more rarely.
   static constexpr std::uint32_t sample_takes = 4096;
@@ -95,13 +79,14 @@ struct thread_cache {
   std::uint32_t sampled = 0;
   std::uint32_t sample_hits = 0;
   std::uint32_t next_rest = resting_takes;
-  // Written by the owner, read by thread_cache_counts(): requests left to rest, times rested.
+  // Written by the holder, read by counts(): requests left to rest, times rested.
   single_writer<std::uint32_t> resting;
   single_writer<std::uint64_t> rests;
+
   /// The (stream, rounded size) of the latest requests the cache missed, a ring: a freed block
-  /// of a size nobody asked for lately and no bin holds goes straight back to the strategy.
-  /// One entry more than the ring: where add_wanted puts a request too large to cache, so that
-  /// it needs no branch on that (no lookup reads the spare).
+  /// of a size nobody asked for lately and no bin holds goes straight back to the inner
+  /// allocator. One entry more than the ring: where add_wanted puts a request too large to
+  /// cache, so that it needs no branch on that (no lookup reads the spare).
   struct want {
     std::size_t rounded = 0;
     void* stream = nullptr;
@@ -114,9 +99,9 @@ struct thread_cache {
   // size_bit(r) of `bin_sizes` is set if a bin is keyed by a size with that bit, and of
   // `wanted_sizes` if an entry of `wanted` is (wanted_bit_count counts them per bit). 256 bits
   // for 16 entries: a size that is in neither passes a filter about once in 16.
-  // `wanted`, `wanted_next`, `wanted_sizes` and `wanted_bit_count` are the owning thread's alone
-  // (no other thread reads or writes them), so they need no lock. `bin_sizes` is written under
-  // `lock` (relaxed load and store) and read by the owner without it: a request whose size bit
+  // `wanted`, `wanted_next`, `wanted_sizes` and `wanted_bit_count` are the holder's alone (no
+  // other thread reads or writes them), so they need no lock. `bin_sizes` is written under
+  // `lock` (relaxed load and store) and read by the holder without it: a request whose size bit
   // is clear in both filters misses without taking the lock (a stale bit costs only that miss).
   static constexpr std::size_t filter_bits = 256;
   using size_filter = std::array<std::uint64_t, filter_bits / 64>;
@@ -129,9 +114,10 @@ struct thread_cache {
   static constexpr std::uint8_t several_bins = bin_count + 1;
   std::array<std::uint8_t, filter_bits> bin_of_bit{};
   // A counting filter over the addresses in `table`: slot address_slot(p) counts the entries
-  // whose address maps there. Written under `lock` (relaxed load and store), read by the owner
-  // without it: the owner's own inserts are visible to it, so a zero means `p` was not recorded
-  // here, and the free of such a block (most frees of a random-size workload) takes no lock.
+  // whose address maps there. Written under `lock` (relaxed load and store), read without it by
+  // the holder and by any thread freeing a block: a thread that a block was handed to after it
+  // was recorded sees its count (the record's insert happens before), so a zero means the block
+  // is not recorded here, and such a free (most of a random-size workload's) takes no lock.
   static constexpr unsigned address_slot_bits = 10;
   std::array<std::atomic<std::uint32_t>, std::size_t{1} << address_slot_bits> recorded{};
 
@@ -147,13 +133,13 @@ struct thread_cache {
     return ((bin_sizes[bit >> 6].load(std::memory_order_relaxed) >> (bit & 63)) & 1U) != 0;
   }
   /// Whether no request's size could be served or recorded here: no bin and no recent miss
-  /// share its filter bit (owner only; lock not needed). Both loads, no branch between them.
+  /// share its filter bit (holder only; lock not needed). Both loads, no branch between them.
   [[nodiscard]] bool surely_passes(std::size_t rounded) const noexcept {
     const unsigned bit = size_bit(rounded);
     return !(may_have_bin(bit) | test(wanted_sizes, bit));
   }
 
-  /// While the cache rests, counts one request and returns true (owner only).
+  /// While the cache rests, counts one request and returns true (holder only).
   [[nodiscard]] bool skip_resting() noexcept {
     const std::uint32_t left = resting;  // one load (an atomic's, which the compiler keeps)
     if (left == 0) {
@@ -167,9 +153,7 @@ struct thread_cache {
     return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(p) * 0x9E3779B97F4A7C15ULL) >>
                                     (64 - address_slot_bits));
   }
-  /// False if `p` is surely not in `table` (lock not needed): for the owner, and for any thread
-  /// that `p`'s allocation happens before (the slot's count then includes `p`'s entry, if any,
-  /// for as long as the entry stays; a free of `p` racing this one is a double free anyway).
+  /// False if `p` is surely not in `table` (lock not needed; see `recorded`).
   [[nodiscard]] bool may_hold(const void* p) const noexcept {
     return recorded[address_slot(p)].load(std::memory_order_relaxed) != 0;
   }
@@ -250,6 +234,19 @@ struct thread_cache {
     ++cached_blocks;
     e->cached = true;
   }
+  /// Takes the last block of bin `i` (not empty) out, live for a request of `bytes` (under
+  /// `lock`).
+  void* pop(std::size_t i, std::size_t bytes) noexcept {
+    tc_bin& bin = bins[i];
+    void* const p = bin.blocks[--bin.count];
+    bin.last_use = ++tick;
+    cached_bytes -= bin.rounded;
+    --cached_blocks;
+    tc_entry* e = table.find(p);
+    e->cached = false;
+    e->requested = bytes;
+    return p;
+  }
   /// Recomputes bin_sizes and bin_of_bit after a bin's key changed (under `lock`).
   void rekey_bins() noexcept {
     size_filter f{};
@@ -265,89 +262,6 @@ struct thread_cache {
       bin_sizes[w].store(f[w], std::memory_order_relaxed);
     }
   }
-
-  // The counter shard (docs/thread_cache.md, "Accounting"). Written only under `lock` (so with
-  // a relaxed load and store, no atomic read-modify-write), read by stats() without it.
-  // The allocator's shared counters count every block recorded in this table at its rounded
-  // size; the deltas take back what it does not hold: for a live block in_use 0 and requested
-  // -(rounded - requested), for a cached block -rounded in both. So each delta is <= 0, and the
-  // shared counter plus the calling thread's delta bounds the allocator's total from above.
-  std::atomic<std::int64_t> d_in_use{0};
-  std::atomic<std::int64_t> d_requested{0};
-  std::atomic<std::uint64_t> allocations{0};    // pool_malloc served through this cache
-  std::atomic<std::uint64_t> deallocations{0};  // pool_free of a block found in this table
-};
-
-/// The calling thread's most recently used cache: trivially destructible, so the hot paths
-/// read it without a TLS guard (thread_cache.cpp defines it, initial-exec; `constinit` tells
-/// every includer so, and no access calls the TLS init wrapper). `cache` is never null while
-/// `allocator_id` names an allocator (ids start at 1; it is set only to a cache and its
-/// allocator's id, or cleared), so the hot paths test the id alone.
-struct last_cache {
-  std::uint32_t allocator_id = 0;
-  thread_cache* cache = nullptr;
-};
-[[gnu::tls_model("initial-exec")]] extern thread_local constinit last_cache t_last;
-/// Set when the calling thread's caches were retired at its exit.
-[[gnu::tls_model("initial-exec")]] extern thread_local constinit bool t_exited;
-
-/// Raises `peak` to `value` if it is higher.
-inline void raise_peak(std::atomic<std::size_t>& peak, std::size_t value) noexcept {
-  std::size_t cur = peak.load(std::memory_order_relaxed);
-  while (value > cur && !peak.compare_exchange_weak(cur, value, std::memory_order_relaxed)) {
-  }
-}
-
-/// Adds `v` to a shard counter its writers update only under the shard's lock.
-template <class T, class V>
-inline void shard_add(std::atomic<T>& a, V v) noexcept {
-  a.store(static_cast<T>(a.load(std::memory_order_relaxed) + static_cast<T>(v)),
-          std::memory_order_relaxed);
-}
-
-/// Shared by an allocator and its threads' caches: the allocator's end of the weak handle.
-struct thread_cache_registry {
-  explicit thread_cache_registry(allocator* a, const thread_cache_options& o)
-      : owner(a), options(o) {}
-
-  std::mutex mutex;
-  allocator* owner;  // null once the allocator is destroyed (guarded by mutex)
-  const thread_cache_options options;
-  std::vector<thread_cache*> caches;  // guarded by mutex
-  /// Blocks handed out through the cache of a thread that has exited, still live: a later free
-  /// (from any thread) finds them here. Guarded by mutex.
-  std::unordered_map<void*, tc_entry> orphans;
 };
 
 }  // namespace poolscope::pool::detail
-
-namespace poolscope::pool {
-
-[[gnu::always_inline]] inline void allocator::raise_peaks(std::int64_t used,
-                                                          std::int64_t requested) noexcept {
-  if (used > static_cast<std::int64_t>(peak_in_use_.load(std::memory_order_relaxed))) [[unlikely]] {
-    detail::raise_peak(peak_in_use_, static_cast<std::size_t>(used));
-  }
-  if (requested > static_cast<std::int64_t>(peak_requested_.load(std::memory_order_relaxed)))
-      [[unlikely]] {
-    detail::raise_peak(peak_requested_, static_cast<std::size_t>(requested));
-  }
-}
-
-// Inline: called after every allocation the strategy serves to a thread with a cache. Forced:
-// GCC otherwise kept it out of line: a call through the PLT (the library's symbols may be
-// interposed) and a spill of the block around it, on most allocations of DESIGN.md §4 A2
-// (9 instructions per pair, callgrind).
-[[gnu::always_inline]] inline void allocator::tc_raise_peaks(
-    const detail::thread_cache& c) noexcept {
-  // Every other shard is <= 0, so shared + this shard bounds the total from above: the peak
-  // never misses a high, and it is exact when no other thread holds cached blocks. Compared
-  // signed (peaks stay far below 2^63): a sum below zero, from counters another thread changed
-  // between the loads, raises nothing, with no clamp to zero on the way.
-  const auto bound = [](std::size_t shared, const std::atomic<std::int64_t>& delta) {
-    return static_cast<std::int64_t>(shared) + delta.load(std::memory_order_relaxed);
-  };
-  raise_peaks(bound(shared_in_use(), c.d_in_use), bound(shared_requested(), c.d_requested));
-}
-
-}  // namespace poolscope::pool

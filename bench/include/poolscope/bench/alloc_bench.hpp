@@ -50,11 +50,12 @@ struct alloc_bench_options {
   double seconds_per_row = 0.0;         ///< time budget per row (default 1 s, quick 0.05 s)
   double capacity_gib = -1.0;           ///< cap on the resource (default: host 80, device none)
   bool baselines = true;                ///< measure the raw resource rows
-  /// Also run every allocator that has a per-thread cache with the cache off (target
-  /// "<name> -tc") and with no lock biased towards a thread (thread_cache_options::owner_bias
-  /// and, for bfc, bfc_options::lock_bias off: "<name> -bias"), beside the default rows: their
-  /// effects in one run; for bfc also with neither ("bfc -tc -bias": against "bfc -tc", the
-  /// pool lock's bias alone).
+  /// Also run every allocator that make_allocator puts behind a thread_cache_adaptor (bfc,
+  /// best_fit) without it, the strategy alone (target "<name> -tc"), and with no lock biased
+  /// towards a thread (thread_cache_adaptor_options::owner_bias and, for bfc,
+  /// bfc_options::lock_bias off: "<name> -bias"), beside the default rows: their effects in one
+  /// run; for bfc also with neither ("bfc -tc -bias": against "bfc -tc", the pool lock's bias
+  /// alone).
   bool compare_thread_cache = false;
 };
 

@@ -54,7 +54,9 @@ struct darray_bench_options {
   std::int64_t matmul_n = 0;       ///< D5 matrix side (0: 8192 on GPUs, 256 on host devices)
   int repeat = 5;                  ///< timed runs per figure, after one warm-up
   std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
-  std::string allocator = "bfc";   ///< darray's pool strategy per device
+  /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
+  std::string between_ranks = "nccl";
+  std::string allocator = "bfc";  ///< darray's pool strategy per device
   /// backend_options::issue_threads (-1: the backend's default)
   int issue_threads = -1;
   /// backend_options::kernel_graphs: CUDA kernels launched as graphs (default) or plainly.
@@ -125,6 +127,7 @@ struct darray_bench_report {
   std::string baselines;  ///< "cuda" or "memcpy"
   std::string allocator;
   std::string transport;
+  std::string between_ranks;      ///< darray_bench_options::between_ranks
   std::size_t issue_threads = 0;  ///< the backend's issuing threads (backend::issue_threads)
   bool kernel_graphs = true;      ///< darray_bench_options::kernel_graphs
   bool yield_to_copies = true;    ///< darray_bench_options::yield_to_copies

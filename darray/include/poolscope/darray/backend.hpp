@@ -39,8 +39,9 @@
 // Building a backend over a group of several ranks is collective (every rank builds one, with the
 // same spec shape). Work is enqueued on this process's devices only (others throw
 // invalid_argument); send() and receive() move data between ranks (host devices: MPI on the
-// transfer worker; GPUs: NCCL on the transfer stream), each rank enqueuing its own side in the
-// same order as every other rank (the executor issues a plan's pieces in plan order).
+// transfer worker; GPUs: NCCL on the transfer stream, or with between_ranks = mpi through pinned
+// host memory and MPI), each rank enqueuing its own side in the same order as every other rank
+// (the executor issues a plan's pieces in plan order).
 // Ownership: the backend owns its devices' queues, allocators and worker threads; buffers and
 // events keep the backend state they need alive. Thread safety: enqueue methods may be called
 // from several threads at once; calls of different threads on one queue interleave in some order,
@@ -232,6 +233,16 @@ enum class transport : std::uint8_t {
 };
 [[nodiscard]] std::string_view to_string(transport t) noexcept;
 
+/// How a CUDA backend over several ranks moves GPU data between them (backend_options::
+/// between_ranks; docs/multiprocess.md). Host devices always use MPI.
+enum class rank_transport : std::uint8_t {
+  nccl,  ///< ncclSend / ncclRecv on the transfer stream: a GPU of its own per rank
+  mpi,   ///< staged through pinned host memory: device -> host, MPI, host -> device (any GPUs)
+};
+[[nodiscard]] std::string_view to_string(rank_transport t) noexcept;
+/// "nccl" or "mpi". Throws invalid_argument naming any other text.
+[[nodiscard]] rank_transport parse_rank_transport(std::string_view text);
+
 /// Settings of a backend.
 struct backend_options {
   std::string allocator = "bfc";  ///< pool strategy per device (pool::allocator_names())
@@ -258,6 +269,10 @@ struct backend_options {
   bool yield_to_copies = true;
   /// The processes whose devices the backend numbers (null: a group of one, this process).
   std::shared_ptr<process_group> group;
+  /// CUDA over several ranks: NCCL between ranks (each rank needs a GPU of its own), or MPI
+  /// staged through pinned host memory (ranks may share a GPU; NCCL need not be usable). Every
+  /// rank must choose the same. Ignored by host backends and by a group of one.
+  rank_transport between_ranks = rank_transport::nccl;
 };
 
 /// What a backend did.
@@ -423,7 +438,9 @@ class backend : public std::enable_shared_from_this<backend> {
   /// Receives into `dst` (contiguous, on this process's `device`) what `peer_device` of another
   /// rank sends, on the transfer queue of `device`: an event recorded there afterwards marks the
   /// data arrived. A failure or a peer silent for the group's timeout fails the queue's task
-  /// (communication_error, reported as a failed task is).
+  /// (communication_error, reported as a failed task is). On GPUs with between_ranks = mpi the
+  /// bytes are received into host memory before this returns (then copied on the queue), and
+  /// such a failure throws communication_error from here.
   void receive(int device, dtype t, const view& dst, int peer_device);
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).

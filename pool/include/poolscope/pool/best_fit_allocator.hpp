@@ -7,12 +7,10 @@
 //   pool.deallocate(s, a, 1000);        // cached under 1024
 //   void* b = pool.allocate(s, 700);    // 1024 again: the cached block, no upstream call
 //
-// Thread safety: thread-safe. Each thread has a cache of the blocks it freed (the
-// thread_cache_options argument; allocator.hpp): a request it can serve, and the free of a block
-// the thread allocated, take only that thread's own uncontended cache lock. Behind the caches one
-// mutex guards the shared cache and the live table.
-// Cost: a thread-cache hit is a lookup in small per-thread tables; otherwise O(log distinct
-// sizes) per operation under the mutex; one upstream call per cache miss.
+// Thread safety: thread-safe; one mutex guards the cache and the live table (upstream calls run
+// outside it). make_allocator("best_fit") puts a thread_cache_adaptor in front of it, so that a
+// thread's repeated sizes do not take the mutex.
+// Cost: O(log distinct sizes) per operation under the mutex; one upstream call per cache miss.
 // Stream: not stream-aware. A block freed on one stream may be handed out for another at once;
 // use stream_pool_allocator when several streams share a pool.
 #pragma once
@@ -31,30 +29,22 @@ class best_fit_allocator final : public allocator {
   /// Size-class granularity.
   static constexpr std::size_t round_bytes = 512;
 
-  /// A pool over `upstream` (which must outlive it), with a per-thread cache unless
-  /// `thread_cache.enabled` is false.
-  explicit best_fit_allocator(resource& upstream, thread_cache_options thread_cache = {});
+  /// A pool over `upstream` (which must outlive it).
+  explicit best_fit_allocator(resource& upstream);
   ~best_fit_allocator() override;
 
  private:
   block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) override;
-  block do_allocate_held(stream_view stream, std::size_t bytes, std::size_t alignment) override;
   free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                              std::size_t alignment) noexcept override;
   void do_cache_stats(allocator_stats& s) const override;
   std::size_t do_release_cached() override;
-  void do_reclaim(stream_view stream, void* ptr) noexcept override;
-  void do_unhold(void* ptr) noexcept override;
-  [[nodiscard]] bool do_size_matches(std::size_t given, std::size_t requested,
-                                     std::size_t rounded) const noexcept override;
 
   bool cache_block(void* ptr, std::size_t rounded) noexcept;  // caller holds mutex_
-  block allocate_block(stream_view stream, std::size_t bytes, bool held);
 
   struct live_block {
     std::size_t rounded;
     std::size_t requested;
-    bool held;  ///< recorded by a thread cache (allocator::do_allocate_held)
   };
   mutable std::mutex mutex_;
   std::map<std::size_t, std::vector<void*>> free_;  // rounded size -> cached blocks

@@ -10,9 +10,9 @@
 //   pool.deallocate(s, a, 256 << 10);       // a's chunk is free again
 //   pool.deallocate(s, b, 100 << 10);       // merges with both neighbours: one free 2 MiB chunk
 //
-// Policy (bfc_options). DESIGN.md §4 A5 (tensors whose sizes follow a random sequence length
-// each step) is what it is tuned for: peak reserved / peak requested 1.02-1.06 on the bench's
-// A5 trace (PyTorch ~1.8; this allocator without consolidation 1.3-2.5).
+// Policy (bfc_options). Tuned for docs/design.md §4 A5 (tensors whose sizes follow a random
+// sequence length each step), where it keeps peak reserved within a few percent of peak
+// requested (docs/perf.md has the figures).
 // - Small and large segments are kept apart, as in PyTorch: requests up to 1 MiB are served
 //   from 2 MiB "small" segments, larger ones from "large" segments, so long-lived small blocks
 //   do not pin large segments. One exception: a small request that finds no small chunk takes
@@ -41,21 +41,16 @@
 //
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
-// Thread safety: thread-safe. Each thread has a cache of recently freed blocks (options
-// thread_cache; allocator.hpp): a request it can serve, and the free of a block the thread
-// allocated, take only that thread's own uncontended cache lock. Behind the caches one mutex
-// guards all state (free index, live table, segment lists): an inline futex-style lock
-// (detail/bfc_structures.hpp) whose waiters spin briefly, then sleep, biased towards a thread
-// that takes it alone (lock_bias; detail/biased_lock.hpp: after 256 entries with no other
-// thread in between, that thread enters with plain stores until another thread revokes the
-// bias with one membarrier(2); the count doubles per revocation). The critical section is
-// short: a bitmap search, a few pointer updates and a hash-table operation. Upstream calls and
-// segment releases run outside it; split/merge hooks run inside it, so a hook must be short and
-// must not call back into the same allocator. The counters of the blocks it serves are written
-// under that mutex too (allocator::count_under_lock), with plain loads and stores, and the
-// usual request raises the peaks there (allocator::account_served_locked).
-// Threads that miss their cache contend on the one lock and on the cache lines it guards. Chunks
-// held in a thread cache stay carved (live in segments(); counted as cached in stats()).
+// Thread safety: thread-safe. One mutex guards all state (free index, live table, segment
+// lists): an inline futex-style lock (detail/bfc_structures.hpp) whose waiters spin briefly,
+// then sleep, biased towards a thread that takes it alone (lock_bias; detail/biased_lock.hpp:
+// after 256 entries with no other thread in between, that thread enters with plain stores until
+// another thread revokes the bias with one membarrier(2); the count doubles per revocation). The
+// critical section is short: a bitmap search, a few pointer updates and a hash-table operation.
+// Upstream calls and segment releases run outside it; split/merge hooks run inside it, so a hook
+// must be short and must not call back into the same allocator. Threads share the one lock;
+// make_allocator("bfc") puts a thread_cache_adaptor in front of the pool so that a thread's
+// repeated sizes do not take it.
 // Stream semantics: not stream-aware. A block freed on one stream may be handed out for another
 // at once; use stream_pool_allocator when several streams share a pool. Segments are acquired on
 // the requesting stream and released on the default stream. Cost: O(1) per allocate/deallocate
@@ -99,20 +94,17 @@ struct bfc_options {
   /// A small request that finds no free small chunk takes the best-fitting free chunk of the
   /// large pool before a new small segment is acquired (see the file comment).
   bool small_borrows_large = true;
-  /// The per-thread cache in front of the pool (allocator.hpp); on by default.
-  thread_cache_options thread_cache{};
   /// Bias the pool's lock towards a thread that takes it alone (no other thread in between for
   /// a while): that thread then takes and leaves it with plain stores, no locked instruction,
   /// and another thread's first entry revokes the bias with an asymmetric fence, membarrier(2)
-  /// (see the file comment). Off, or where the fence is missing (owner_bias_available()): one
-  /// compare-exchange and one exchange per lock.
+  /// (see the file comment). Off, or where the fence is missing (owner_bias_available(),
+  /// thread_cache_adaptor.hpp): one compare-exchange and one exchange per lock.
   bool lock_bias = true;
   /// Keep the pool's bookkeeping (free index, chunk nodes, live table) in one 2 MiB region
   /// advised for a transparent huge page (MADV_HUGEPAGE), where the OS grants one: its random
-  /// reads then stay within one TLB entry (on random sizes, 3-6 ns of about 115 per alloc+free
-  /// pair on the lent hosts' Xeons, docs/perf.md). Costs 2 MiB of host memory per pool when
-  /// the huge page is granted (else only the pages touched); bookkeeping beyond the region
-  /// comes from the heap. Off: all of it from the heap.
+  /// reads then stay within one TLB entry, which pays on random sizes. Costs 2 MiB of host
+  /// memory per pool when the huge page is granted (else only the pages touched); bookkeeping
+  /// beyond the region comes from the heap. Off: all of it from the heap.
   bool huge_page_metadata = true;
 };
 
@@ -183,49 +175,30 @@ class bfc_allocator final : public allocator {
   };
 
   block do_allocate(stream_view stream, std::size_t bytes, std::size_t alignment) override;
-  block do_allocate_held(stream_view stream, std::size_t bytes, std::size_t alignment) override;
-  void* do_serve(stream_view stream, std::size_t bytes, std::size_t alignment,
-                 detail::thread_cache* cache) override;
   free_outcome do_deallocate(stream_view stream, void* ptr, std::size_t bytes,
                              std::size_t alignment) noexcept override;
-  void do_take_back(stream_view stream, void* ptr, std::size_t bytes, std::size_t alignment,
-                    bool hooked) noexcept override;
   void do_cache_stats(allocator_stats& s) const override;
   std::size_t do_release_cached() override;
-  void do_reclaim(stream_view stream, void* ptr) noexcept override;
-  void do_unhold(void* ptr) noexcept override;
-  [[nodiscard]] bool do_size_matches(std::size_t given, std::size_t requested,
-                                     std::size_t rounded) const noexcept override;
 
   // The helpers below marked "locked" require the caller to hold the mutex. Those that take the
   // state take it from the caller, which read state_ before locking (read after the lock's
   // acquire, it would be loaded again).
-  // The hot paths: take_chunk and return_chunk (and their parts fit_locked, return_live),
-  // inlined into the functions the virtuals call (allocate_chunk, serve_chunk; deallocate_chunk,
-  // take_back_chunk), each compiled once per instruction set (POOLSCOPE_HOT_CLONES,
+  // The hot paths, allocate_chunk and deallocate_chunk (fit_locked, carve and free_chunk inlined
+  // into them), are compiled once per instruction set (POOLSCOPE_HOT_CLONES,
   // detail/bfc_structures.hpp).
-  block take_chunk(stream_view stream, std::size_t bytes, bool held);
-  block allocate_chunk(stream_view stream, std::size_t bytes, bool held);
-  void* serve_chunk(stream_view stream, std::size_t bytes, detail::thread_cache* cache);
-  [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes, bool held);
-  detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
-                                std::size_t bytes, bool large, bool held) noexcept;  // locked
-  free_outcome return_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
-  void return_live(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
-                   std::size_t requested, bool locked_counts) noexcept;  // locked
-  static free_outcome returned(std::size_t rounded, std::size_t requested,
-                               std::size_t bytes) noexcept;
-  static free_outcome unusual_free(const state& st, const void* ptr,
-                                   const detail::bfc_chunk* c) noexcept;  // locked
+  block allocate_chunk(stream_view stream, std::size_t bytes);
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
-  void take_back_chunk(stream_view stream, void* ptr, std::size_t bytes, bool hooked) noexcept;
+  [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes);
+  detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
+                                std::size_t bytes, bool large) noexcept;  // locked
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
-                         bool held, detail::bfc_segment* detached, std::size_t detached_bytes,
+                         detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
   void carve(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
-             std::size_t bytes, bool held) noexcept;                              // locked
-  void count_locked(std::size_t rounded, std::size_t bytes, bool held) noexcept;  // locked
+             std::size_t bytes) noexcept;                                         // locked
   void free_chunk(state& st, stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
+  static free_outcome returned(std::size_t rounded, std::size_t requested,
+                               std::size_t bytes) noexcept;
   void detach_wholly_free(bool large, detail::bfc_segment*& chain,
                           std::size_t& bytes) noexcept;  // locked
   void release_detached(detail::bfc_segment* list) noexcept;

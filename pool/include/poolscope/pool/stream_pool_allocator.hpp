@@ -12,7 +12,7 @@
 //   void* c = pool.allocate(s2, 1 << 20);                 // never memory s1 may still be using
 //   pool.release_cached(s1);                              // s1's free blocks -> shared cache
 //
-// How memory moves (DESIGN.md §2):
+// How memory moves (docs/design.md §2):
 // - Each stream S has its own inner pool, created on S's first request by
 //   make_allocator(inner, ...) over an internal per-stream upstream. That upstream takes
 //   whole blocks from: S's own released blocks (no wait), the shared cache (blocks S released

@@ -1,0 +1,34 @@
+// What each rank of a CUDA backend over several ranks says of its GPUs when the backend is built
+// (make_cuda_backend gathers one line per rank), and the check every rank makes of all of them:
+// the same between_ranks everywhere, and, with NCCL between ranks, no GPU used by two ranks of a
+// host. Internal to darray; no CUDA here (tested on the CPU: rank_gpus_test.cpp).
+// Thread safety: reentrant. Cost: pairs of ranks times their GPUs.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "poolscope/darray/backend.hpp"
+
+namespace poolscope::darray::detail {
+
+/// One rank's GPUs: its host, its choice of transport, the UUIDs of its GPUs (hex text).
+struct rank_gpus {
+  std::string host;
+  rank_transport between = rank_transport::nccl;
+  std::vector<std::string> uuids;
+};
+
+/// One line of text for process_group::all_gather ("host mode uuid ..."); host names have no
+/// spaces.
+[[nodiscard]] std::string encode(const rank_gpus& g);
+/// The rank_gpus of an encode()d line. Throws invalid_argument naming a line not made by encode.
+[[nodiscard]] rank_gpus decode(const std::string& line);
+
+/// What is wrong with every rank's GPUs (in rank order), "" when nothing is: ranks that chose
+/// different transports, or (NCCL) two ranks of one host on one GPU — the message then names
+/// between_ranks = mpi as the way to share it. Every rank computes the same text from the same
+/// lines, so all refuse alike.
+[[nodiscard]] std::string rank_gpus_error(const std::vector<rank_gpus>& ranks);
+
+}  // namespace poolscope::darray::detail

@@ -1,0 +1,108 @@
+// How GPU data moves between ranks (backend_options::between_ranks): the names, the lines every
+// rank of a CUDA backend gathers about its GPUs and the check all ranks make of them
+// (darray/src/rank_gpus.hpp: NCCL refuses two ranks on one GPU and names the way out; MPI lets
+// them share it; ranks must agree), and host backends, which ignore the option.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "poolscope/darray/backend.hpp"
+#include "poolscope/darray/distributed_array.hpp"
+#include "poolscope/error.hpp"
+#include "rank_gpus.hpp"
+#include "test_support.hpp"
+
+namespace poolscope::darray {
+namespace {
+
+using detail::rank_gpus;
+
+TEST(between_ranks, names_parse_and_print_back) {
+  EXPECT_EQ(parse_rank_transport("nccl"), rank_transport::nccl);
+  EXPECT_EQ(parse_rank_transport("mpi"), rank_transport::mpi);
+  EXPECT_EQ(to_string(rank_transport::nccl), "nccl");
+  EXPECT_EQ(to_string(rank_transport::mpi), "mpi");
+  EXPECT_EQ(backend_options{}.between_ranks, rank_transport::nccl);
+  for (const char* bad : {"", "MPI", "gloo", "mpi "}) {
+    try {
+      (void)parse_rank_transport(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + std::string(bad) + "'"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected nccl or mpi"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(between_ranks, gpu_lines_round_trip) {
+  const rank_gpus g{"node7", rank_transport::mpi, {"00ff", "a1b2"}};
+  EXPECT_EQ(detail::encode(g), "node7 mpi 00ff a1b2");
+  const rank_gpus back = detail::decode(detail::encode(g));
+  EXPECT_EQ(back.host, "node7");
+  EXPECT_EQ(back.between, rank_transport::mpi);
+  EXPECT_EQ(back.uuids, (std::vector<std::string>{"00ff", "a1b2"}));
+  EXPECT_TRUE(detail::decode("h nccl").uuids.empty());
+  EXPECT_THROW((void)detail::decode("lonely"), invalid_argument);
+  EXPECT_THROW((void)detail::decode("h tcp 00ff"), invalid_argument);
+}
+
+TEST(between_ranks, nccl_refuses_two_ranks_of_a_host_on_one_gpu_and_names_mpi) {
+  const std::vector<rank_gpus> ranks{{"h", rank_transport::nccl, {"aa"}},
+                                     {"h", rank_transport::nccl, {"bb"}},
+                                     {"h", rank_transport::nccl, {"aa"}}};
+  const std::string e = detail::rank_gpus_error(ranks);
+  EXPECT_NE(e.find("ranks 0 and 2 of host h would use the same GPU (UUID aa)"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("NCCL needs a GPU of its own per rank"), std::string::npos) << e;
+  EXPECT_NE(e.find("between_ranks = mpi"), std::string::npos) << e;
+  EXPECT_NE(e.find("--between-ranks mpi"), std::string::npos) << e;
+}
+
+TEST(between_ranks, gpus_of_their_own_or_mpi_pass) {
+  // Distinct GPUs; the same UUID text on two hosts (not one GPU); one GPU shared by MPI.
+  EXPECT_EQ(detail::rank_gpus_error({{"h", rank_transport::nccl, {"aa", "bb"}},
+                                     {"h", rank_transport::nccl, {"cc", "dd"}}}),
+            "");
+  EXPECT_EQ(detail::rank_gpus_error(
+                {{"h1", rank_transport::nccl, {"aa"}}, {"h2", rank_transport::nccl, {"aa"}}}),
+            "");
+  EXPECT_EQ(detail::rank_gpus_error(
+                {{"h", rank_transport::mpi, {"aa"}}, {"h", rank_transport::mpi, {"aa"}}}),
+            "");
+  EXPECT_EQ(detail::rank_gpus_error({}), "");
+}
+
+TEST(between_ranks, ranks_that_choose_differently_are_refused_alike) {
+  const std::string e = detail::rank_gpus_error({{"h", rank_transport::mpi, {"aa"}},
+                                                 {"h", rank_transport::mpi, {"bb"}},
+                                                 {"h", rank_transport::nccl, {"cc"}}});
+  EXPECT_NE(e.find("rank 0 moves data between ranks by mpi and rank 2 by nccl"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("every rank must choose the same"), std::string::npos) << e;
+}
+
+// Host devices always move data between ranks by MPI: the option changes nothing there (under
+// mpirun, the pieces still cross ranks and the values match).
+TEST(between_ranks, host_backends_ignore_it) {
+  for (const rank_transport t : {rank_transport::nccl, rank_transport::mpi}) {
+    backend_options o;
+    o.group = test_support::test_group();
+    o.between_ranks = t;
+    const auto be = make_host_backend(2, o);
+    const int devs = be->device_count();
+    const std::int64_t n = 1000;
+    std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      v[i] = static_cast<std::int64_t>(i) * 3;
+    }
+    auto a =
+        distributed_array<std::int64_t>::from_host(be, v, {n}, index_map::blocks({n}, 0, devs));
+    auto r = a.reshard(index_map::replicated({n}, {devs - 1}));
+    EXPECT_EQ(r.to_host(), v) << to_string(t);
+  }
+}
+
+}  // namespace
+}  // namespace poolscope::darray
