@@ -1,18 +1,16 @@
 #!/usr/bin/env python3
-"""Uses poolscope's C ABI allocator (libpoolscope_alloc.so) as CuPy's allocator and checks it.
+"""Uses poolscope's allocator as CuPy's through the Python package and checks it.
 
-    python3 scripts/cupy_plugin_check.py [build/lib/libpoolscope_alloc.so]
-        [--allocator bfc] [--resource cuda]
+    python3 scripts/cupy_plugin_check.py [build] [--allocator bfc] [--resource cuda]
+        [--trace run.json]
 
-CuPy takes any callable `size -> cupy.cuda.MemoryPointer` through cupy.cuda.set_allocator. Here
-the callable calls poolscope_malloc through ctypes and wraps the block in a
-cupy.cuda.UnownedMemory whose owner object calls poolscope_free when CuPy drops the last
-reference (a finalizer). The script runs a short workload (arrays of varying sizes, a matmul
+poolscope.cupy.use() (build/python) installs, through cupy.cuda.set_allocator, a callable
+`size -> cupy.cuda.MemoryPointer` that calls poolscope_malloc and wraps the block in a
+cupy.cuda.UnownedMemory whose owner calls poolscope_free when CuPy drops the last reference. The script runs a short workload (arrays of varying sizes, a matmul
 checked against NumPy, frees), prints poolscope_stats_json(device) and exits 1 if the statistics
 do not match the workload, 0 if they do, 77 without a GPU.
 """
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -20,34 +18,17 @@ import sys
 SKIP = 77
 
 
-class _PoolscopeBlock:
-    """Owns one poolscope block; frees it when CuPy's last reference to the memory goes."""
-
-    __slots__ = ("_free", "ptr", "size", "device", "stream")
-
-    def __init__(self, free_fn, ptr: int, size: int, device: int, stream: int) -> None:
-        self._free = free_fn
-        self.ptr, self.size, self.device, self.stream = ptr, size, device, stream
-
-    def __del__(self) -> None:
-        if self.ptr:
-            self._free(ctypes.c_void_p(self.ptr), self.size, self.device, ctypes.c_void_p(self.stream))
-            self.ptr = 0
-
-
 def main() -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("lib", nargs="?", default=os.path.join(root, "build", "lib", "libpoolscope_alloc.so"))
+    ap.add_argument("build", nargs="?", default=os.path.join(root, "build"),
+                    help="the build folder (its python/ holds the poolscope package)")
     ap.add_argument("--allocator", default=os.environ.get("POOLSCOPE_ALLOCATOR", "bfc"))
     ap.add_argument("--resource", default=os.environ.get("POOLSCOPE_RESOURCE", "cuda"))
+    ap.add_argument("--trace", help="also write the plug-in's Chrome trace here at exit")
     args = ap.parse_args()
-    lib_path = os.path.abspath(args.lib)
-    if not os.path.exists(lib_path):
-        print(f"cupy_plugin_check: {lib_path} does not exist (build the poolscope_alloc target)")
-        return 1
-    os.environ["POOLSCOPE_ALLOCATOR"] = args.allocator
-    os.environ["POOLSCOPE_RESOURCE"] = args.resource
+    sys.path.insert(0, os.path.join(os.path.abspath(args.build), "python"))
+    import poolscope
 
     import numpy as np
     import cupy
@@ -59,32 +40,11 @@ def main() -> int:
         print("cupy_plugin_check: SKIP (no CUDA device)")
         return SKIP
 
-    lib = ctypes.CDLL(lib_path)
-    lib.poolscope_malloc.restype = ctypes.c_void_p
-    lib.poolscope_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-    lib.poolscope_free.restype = None
-    lib.poolscope_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-    lib.poolscope_stats_json.restype = ctypes.c_char_p
-    lib.poolscope_stats_json.argtypes = [ctypes.c_int]
-    lib.poolscope_release_cached.restype = ctypes.c_size_t
-    lib.poolscope_release_cached.argtypes = [ctypes.c_int]
-
-    def poolscope_allocator(size: int) -> "cupy.cuda.MemoryPointer":
-        device = cupy.cuda.runtime.getDevice()
-        if size == 0:
-            return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, device), 0)
-        stream = cupy.cuda.get_current_stream().ptr
-        ptr = lib.poolscope_malloc(size, device, ctypes.c_void_p(stream))
-        if not ptr:
-            raise cupy.cuda.memory.OutOfMemoryError(size, -1)
-        owner = _PoolscopeBlock(lib.poolscope_free, ptr, size, device, stream)
-        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(ptr, size, owner, device), 0)
-
-    cupy.cuda.set_allocator(poolscope_allocator)
+    poolscope.cupy.use(allocator=args.allocator, resource=args.resource, trace=args.trace)
     device = cupy.cuda.runtime.getDevice()
 
     def stats() -> dict:
-        return json.loads(lib.poolscope_stats_json(device).decode())
+        return poolscope.stats(device)
 
     failures = []
 
@@ -128,7 +88,7 @@ def main() -> int:
     check(s3["oom_count"] == 0, "no out-of-memory")
     check(s3["invalid_frees"] == 0, "no invalid frees")
 
-    released = lib.poolscope_release_cached(device)
+    released = poolscope.release_cached(device)
     s4 = stats()
     stages = {"after allocating": s1, "after the matmul": s2, "after freeing": s3,
               "after release": s4}

@@ -238,13 +238,16 @@ done
 
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
   step "PyTorch plug-in workload" "$out/plugin.log" env POOLSCOPE_ALLOCATOR=bfc \
-    python3 "$root/scripts/torch_plugin_check.py" "$build/lib/libpoolscope_alloc.so"
+    python3 "$root/scripts/torch_plugin_check.py" "$build" --trace "$out/torch_trace.json"
+  # POOLSCOPE_TRACE through the Python package: pool events, counters and CUPTI's kernels.
+  step "PyTorch plug-in trace" "$out/plugin.log" \
+    "$build/bin/poolscope" trace summary "$out/torch_trace.json" --top 5
   # Its line profile (POOLSCOPE_PROFILE): rendered, and every stack must start at the plug-in's
   # caller (PyTorch), never inside libpoolscope_alloc.so.
   rm -f /tmp/torch_profile.json
   step "PyTorch plug-in line profile" "$out/plugin.log" bash -c "
     POOLSCOPE_ALLOCATOR=bfc POOLSCOPE_PROFILE=/tmp/torch_profile.json \
-      python3 '$root/scripts/torch_plugin_check.py' '$build/lib/libpoolscope_alloc.so' >/dev/null &&
+      python3 '$root/scripts/torch_plugin_check.py' '$build' >/dev/null &&
     '$build/bin/poolscope' report /tmp/torch_profile.json | head -40 &&
     python3 - /tmp/torch_profile.json <<'PY'
 import json, sys
@@ -270,7 +273,9 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
 fi
 if python3 -c "import cupy" 2>/dev/null && [ -f "$root/scripts/cupy_plugin_check.py" ]; then
   step "CuPy plug-in workload" "$out/plugin.log" \
-    python3 "$root/scripts/cupy_plugin_check.py" "$build/lib/libpoolscope_alloc.so"
+    python3 "$root/scripts/cupy_plugin_check.py" "$build" --trace "$out/cupy_trace.json"
+  step "CuPy plug-in trace" "$out/plugin.log" \
+    "$build/bin/poolscope" trace summary "$out/cupy_trace.json" --top 5
 fi
 
 echo

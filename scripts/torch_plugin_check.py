@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Plugs poolscope's C ABI allocator (libpoolscope_alloc.so) into PyTorch and checks it.
+"""Plugs poolscope's allocator into PyTorch through the Python package and checks it.
 
-    python3 scripts/torch_plugin_check.py [build/lib/libpoolscope_alloc.so]
-        [--allocator bfc] [--resource cuda]
+    python3 scripts/torch_plugin_check.py [build] [--allocator bfc] [--resource cuda]
+        [--trace run.json]
 
-PyTorch loads the library through torch.cuda.memory.CUDAPluggableAllocator(path,
-"poolscope_malloc", "poolscope_free") and change_current_allocator(), which must happen before
-the first CUDA allocation. The script then runs a short workload (tensors of varying sizes, a
+poolscope.torch.use() (build/python) loads libpoolscope_alloc.so through
+torch.cuda.memory.CUDAPluggableAllocator and change_current_allocator(), which must happen
+before the first CUDA allocation. The script then runs a short workload (tensors of varying sizes, a
 matmul checked against the CPU, frees), prints poolscope_stats_json(0) read through ctypes, and
 exits 1 if the statistics do not match what the workload did, 0 if they do, 77 without a GPU.
 
@@ -14,7 +14,6 @@ POOLSCOPE_ALLOCATOR / POOLSCOPE_RESOURCE (or --allocator / --resource) choose th
 upstream resource; the plug-in reads them at the device's first allocation.
 """
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -25,17 +24,14 @@ SKIP = 77
 def main() -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("lib", nargs="?", default=os.path.join(root, "build", "lib", "libpoolscope_alloc.so"))
+    ap.add_argument("build", nargs="?", default=os.path.join(root, "build"),
+                    help="the build folder (its python/ holds the poolscope package)")
     ap.add_argument("--allocator", default=os.environ.get("POOLSCOPE_ALLOCATOR", "bfc"))
     ap.add_argument("--resource", default=os.environ.get("POOLSCOPE_RESOURCE", "cuda"))
+    ap.add_argument("--trace", help="also write the plug-in's Chrome trace here at exit")
     args = ap.parse_args()
-    lib_path = os.path.abspath(args.lib)
-    if not os.path.exists(lib_path):
-        print(f"torch_plugin_check: {lib_path} does not exist (build the poolscope_alloc target)")
-        return 1
-    # Read by the plug-in at each device's first use: set before anything allocates.
-    os.environ["POOLSCOPE_ALLOCATOR"] = args.allocator
-    os.environ["POOLSCOPE_RESOURCE"] = args.resource
+    sys.path.insert(0, os.path.join(os.path.abspath(args.build), "python"))
+    import poolscope
 
     import torch
 
@@ -43,19 +39,12 @@ def main() -> int:
         print("torch_plugin_check: SKIP (no CUDA device)")
         return SKIP
 
-    pluggable = torch.cuda.memory.CUDAPluggableAllocator(lib_path, "poolscope_malloc", "poolscope_free")
-    torch.cuda.memory.change_current_allocator(pluggable)
-
-    # The same file, so dlopen hands back the library PyTorch loaded: one set of pools.
-    lib = ctypes.CDLL(lib_path)
-    lib.poolscope_stats_json.restype = ctypes.c_char_p
-    lib.poolscope_stats_json.argtypes = [ctypes.c_int]
-    lib.poolscope_release_cached.restype = ctypes.c_size_t
-    lib.poolscope_release_cached.argtypes = [ctypes.c_int]
-    lib.poolscope_version.restype = ctypes.c_char_p
+    # Before the first CUDA allocation: the package sets the options and installs the plug-in.
+    poolscope.torch.use(allocator=args.allocator, resource=args.resource, trace=args.trace)
+    lib = poolscope.library()  # the same file PyTorch loaded: one set of pools
 
     def stats() -> dict:
-        return json.loads(lib.poolscope_stats_json(0).decode())
+        return poolscope.stats(0)
 
     failures = []
 
@@ -120,14 +109,14 @@ def main() -> int:
               "reallocation is served mostly from the cache")
     del again
     torch.cuda.synchronize()
-    released = lib.poolscope_release_cached(0)
+    released = poolscope.release_cached(0)
     s5 = stats()
     stages = {"after allocating": s1, "after the matmul": s2, "after freeing": s3,
               "after reallocating": s4, "after release": s5}
     check(s5["cached_bytes"] <= s4["cached_bytes"] + s4["in_use"], "release_cached shrinks the cache")
 
     print(f"held {held_bytes} bytes at once")
-    print(f"poolscope {lib.poolscope_version().decode()} in PyTorch {torch.__version__}, "
+    print(f"poolscope {poolscope.version()} in PyTorch {torch.__version__}, "
           f"{torch.cuda.get_device_name(0)}: released {released} bytes")
     print(json.dumps(s5, indent=2))
     if failures:

@@ -29,11 +29,11 @@ int main(int argc, char** argv) {
       ->check(poolscope::tools::positive_number())
       ->capture_default_str();
   app.add_option("--repeat", o.repeat, "timed runs per figure after a warm-up")
-      ->check(CLI::Range(1, 100000))
+      ->check(poolscope::tools::whole_number(1, 100000))
       ->capture_default_str();
   app.add_option("--planner-devices", o.planner_devices, "device counts of the planner rows")
       ->delimiter(',')
-      ->check(CLI::Range(2, 1 << 20));
+      ->check(poolscope::tools::whole_number(2, 1 << 20));
   app.add_option("--planner-patterns", o.planner_patterns,
                  "planner patterns: rotate, rows_to_columns, split_07, replicate_to_blocks")
       ->delimiter(',')

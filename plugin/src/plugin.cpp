@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "plugin_options.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/log.hpp"
@@ -46,6 +47,7 @@ struct device_pool {
   std::unique_ptr<poolscope::pool::resource> resource;
   std::unique_ptr<poolscope::pool::allocator> allocator;  // null if creation failed
   std::string error;                                      // why creation failed
+  poolscope::plugin::pool_sizing sizing;                  // POOLSCOPE_LIMIT, ... (plugin_options)
 };
 
 /// Constant-initialized and trivially destructible, so nothing here runs at exit.
@@ -241,6 +243,17 @@ void install_env_profilers() noexcept {
   }
 }
 
+/// POOLSCOPE_TRACE (plugin_options.hpp), with CUPTI unless the pools are on the host resource.
+std::once_flag g_env_trace_once;
+void install_trace() noexcept {
+  try {
+    const std::string resource = env_or("POOLSCOPE_RESOURCE", default_resource);
+    poolscope::plugin::install_env_trace(resource != "host");
+  } catch (const std::exception& e) {
+    log(log_level::error, std::string("poolscope_alloc: POOLSCOPE_TRACE ignored: ") + e.what());
+  }
+}
+
 /// Builds the device's pool from the environment. Never throws: a failure is recorded in the
 /// pool (and logged here, once).
 device_pool* create_pool(int device) noexcept {
@@ -250,6 +263,7 @@ device_pool* create_pool(int device) noexcept {
   }
   try {
     std::call_once(g_env_profilers_once, install_env_profilers);
+    std::call_once(g_env_trace_once, install_trace);
   } catch (...) {
     // call_once itself failed: run without the environment's profilers.
   }
@@ -257,8 +271,11 @@ device_pool* create_pool(int device) noexcept {
     p->device = device;
     p->allocator_name = env_or("POOLSCOPE_ALLOCATOR", default_allocator);
     p->resource_name = env_or("POOLSCOPE_RESOURCE", default_resource);
-    p->resource = poolscope::pool::make_resource(p->resource_name, device);
+    p->sizing = poolscope::plugin::read_pool_sizing();
+    p->resource = poolscope::plugin::cap_resource(
+        poolscope::pool::make_resource(p->resource_name, device), p->sizing);
     p->allocator = poolscope::pool::make_allocator(p->allocator_name, *p->resource);
+    poolscope::plugin::apply_sizing(*p->allocator, p->sizing);
   } catch (const std::exception& e) {
     p->allocator.reset();
     try {
@@ -323,6 +340,7 @@ std::string stats_json(int device) {
     j["name"] = p->allocator->name();
   }
   j["device"] = device;
+  j["bad_frees"] = poolscope::plugin::bad_frees(device);
   j["initialized"] = p != nullptr && p->allocator != nullptr;
   j["allocator"] =
       p != nullptr ? p->allocator_name : env_or("POOLSCOPE_ALLOCATOR", default_allocator);
@@ -380,6 +398,19 @@ const char* keep_report(const std::string& text) noexcept {
   return t_report;
 }
 
+/// Allocates; on out_of_memory asks the OOM callback (plugin_options.hpp), and retries once if
+/// it says so. Throws what the last try threw.
+void* allocate_or_ask(device_pool& p, int device, std::size_t size, void* stream) {
+  try {
+    return p.allocator->allocate(poolscope::stream_view{stream}, size);
+  } catch (const poolscope::out_of_memory&) {
+    if (!poolscope::plugin::oom_callback_asks_retry(device, size)) {
+      throw;
+    }
+  }
+  return p.allocator->allocate(poolscope::stream_view{stream}, size);
+}
+
 }  // namespace
 
 extern "C" {
@@ -405,7 +436,7 @@ POOLSCOPE_ALLOC_API void* poolscope_malloc(ssize_t size, int device, void* strea
     return nullptr;  // creation failed; logged once when it did
   }
   try {
-    return p->allocator->allocate(poolscope::stream_view{stream}, static_cast<std::size_t>(size));
+    return allocate_or_ask(*p, device, static_cast<std::size_t>(size), stream);
   } catch (const poolscope::out_of_memory& e) {
     log(log_level::error, e.what());
   } catch (const std::exception& e) {
@@ -434,15 +465,12 @@ POOLSCOPE_ALLOC_API void poolscope_free(void* ptr, ssize_t size, int device, voi
   }
   device_pool* p = existing_pool(device);
   if (p == nullptr || p->allocator == nullptr) [[unlikely]] {
-    try {
-      log_error("poolscope_alloc: poolscope_free: device " + std::to_string(device) +
-                " has no pool; a block it never allocated is ignored");
-    } catch (...) {
-    }
+    poolscope::plugin::report_bad_free(device, ptr, static_cast<std::size_t>(size));
     return;
   }
   // noexcept: unknown pointers, double frees and wrong sizes are reported by the allocator.
   p->allocator->deallocate(poolscope::stream_view{stream}, ptr, static_cast<std::size_t>(size));
+  poolscope::plugin::after_free(*p->allocator, p->sizing);
 }
 
 POOLSCOPE_ALLOC_API const char* poolscope_stats_json(int device) {
@@ -480,6 +508,11 @@ POOLSCOPE_ALLOC_API size_t poolscope_release_cached(int device) {
     }
   }
   return released;
+}
+
+POOLSCOPE_ALLOC_API void poolscope_set_oom_callback(poolscope_oom_callback callback,
+                                                    void* user_data) {
+  poolscope::plugin::set_oom_callback(callback, user_data);
 }
 
 POOLSCOPE_ALLOC_API int poolscope_snapshot(const char* path) {

@@ -38,6 +38,7 @@ constexpr std::int64_t matmul_n = 64;
 /// Runs `poolscope bench darray args... --json FILE`; returns the parsed JSON (null if none).
 json run_bench(const std::vector<std::string>& args, process_result& r) {
   const std::string path = temp_path("poolscope-darray-json");
+  std::remove(path.c_str());  // a name of its own, which the command may create (no --force)
   std::vector<std::string> argv{POOLSCOPE_CLI_PATH, "bench", "darray"};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back("--json");

@@ -1,10 +1,12 @@
 // The poolscope command's output files, run as a subprocess: an output path that is an input or
-// another output, or that could not be written, is refused before any work (paths compared after
-// normalising them, links followed), and `--json -` leaves only JSON on stdout, the text going to
-// stderr.
+// another output, that exists (without --force), or that could not be written, is refused before
+// any work (paths compared after normalising them, links followed; exit code 2); the demo's
+// default outputs go into a fresh folder; and `--json -` leaves only JSON on stdout, the text
+// going to stderr.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -46,7 +48,7 @@ TEST(cli_args, demo_refuses_one_file_for_trace_and_report_before_running) {
   const std::string path = temp_path("poolscope-same") + ".json";
   const process_result r = run_cli({"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1",
                                     "--trace", path, "--report", path});
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "--report '" + path + "' is the same file as --trace")) << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;  // refused before the demo ran
   EXPECT_FALSE(std::filesystem::exists(path)) << "nothing written";
@@ -61,20 +63,24 @@ TEST(cli_args, demo_compares_paths_after_normalising_them) {
       (p.parent_path() / ".." / p.parent_path().filename() / p.filename()).string();
   const process_result r = run_cli(
       {"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1", "--trace", a, "--report", b});
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "is the same file as --trace")) << r.err;
-  // The default report (report.json in the current directory) is an output too.
-  const process_result d = run_cli(
-      {"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1", "--trace", "report.json"});
-  EXPECT_EQ(d.exit_code, 1) << d.out << d.err;
-  EXPECT_TRUE(contains(d.err, "--report 'report.json' is the same file as --trace 'report.json'"))
-      << d.err;
+  // The report in the --out folder is an output too.
+  const std::string folder = temp_path("poolscope-out");
+  std::filesystem::remove(folder);
+  std::filesystem::create_directory(folder);
+  const std::string in_folder = folder + "/report.json";
+  const process_result d = run_cli({"demo", "--devices", "host:2", "--n", "4096", "--repeat", "1",
+                                    "--out", folder, "--trace", in_folder});
+  EXPECT_EQ(d.exit_code, 2) << d.out << d.err;
+  EXPECT_TRUE(contains(d.err, "--report '" + in_folder + "' is the same file as --trace")) << d.err;
+  std::filesystem::remove_all(folder);
 }
 
 TEST(cli_args, trace_summary_refuses_to_overwrite_its_input) {
   const std::string path = write_file("poolscope-trace", small_trace_text);
   const process_result r = run_cli({"trace", "summary", path, "--json", path});
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "--json '" + path + "' is the input FILE")) << r.err;
   EXPECT_EQ(read_file(path), small_trace_text) << "the input is untouched";
   // A symbolic link to the input is the input.
@@ -82,7 +88,7 @@ TEST(cli_args, trace_summary_refuses_to_overwrite_its_input) {
   std::remove(link.c_str());
   ASSERT_EQ(::symlink(path.c_str(), link.c_str()), 0);
   const process_result l = run_cli({"trace", "summary", path, "--json", link});
-  EXPECT_EQ(l.exit_code, 1) << l.out << l.err;
+  EXPECT_EQ(l.exit_code, 2) << l.out << l.err;
   EXPECT_EQ(read_file(path), small_trace_text);
   std::remove(link.c_str());
   std::remove(path.c_str());
@@ -91,7 +97,7 @@ TEST(cli_args, trace_summary_refuses_to_overwrite_its_input) {
 TEST(cli_args, replay_refuses_to_overwrite_its_log) {
   const std::string log = write_file("poolscope-log", event_log_text());
   const process_result r = run_cli({"replay", log, "--json", log});
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "--json '" + log + "' is the input LOG")) << r.err;
   EXPECT_EQ(read_file(log), event_log_text()) << "the log is untouched";
   // A hard link to the log is the log.
@@ -99,7 +105,7 @@ TEST(cli_args, replay_refuses_to_overwrite_its_log) {
   std::remove(hard.c_str());
   ASSERT_EQ(::link(log.c_str(), hard.c_str()), 0);
   const process_result h = run_cli({"replay", log, "--json", hard});
-  EXPECT_EQ(h.exit_code, 1) << h.out << h.err;
+  EXPECT_EQ(h.exit_code, 2) << h.out << h.err;
   EXPECT_EQ(read_file(log), event_log_text());
   std::remove(hard.c_str());
   std::remove(log.c_str());
@@ -110,7 +116,7 @@ TEST(cli_args, bench_darray_refuses_one_file_for_json_and_trace) {
   const process_result r =
       run_cli({"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
                "D4", "--json", path, "--trace", path});
-  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "--trace '" + path + "' is the same file as --json")) << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
   EXPECT_FALSE(std::filesystem::exists(path));
@@ -131,7 +137,7 @@ TEST(cli_args, outputs_that_cannot_be_written_are_refused_before_running) {
   std::remove(trace.c_str());
   const process_result demo = run_cli({"demo", "--devices", "host:2", "--n", "4096", "--repeat",
                                        "1", "--trace", trace, "--report", missing});
-  EXPECT_EQ(demo.exit_code, 1) << demo.out << demo.err;
+  EXPECT_EQ(demo.exit_code, 2) << demo.out << demo.err;
   EXPECT_TRUE(contains(demo.err, "poolscope demo: --report '" + missing + "': its folder '" +
                                      folder + "' does not exist"))
       << demo.err;
@@ -141,7 +147,7 @@ TEST(cli_args, outputs_that_cannot_be_written_are_refused_before_running) {
   const std::string log = write_file("poolscope-log", event_log_text());
   const std::string here = std::filesystem::path(log).parent_path().string();
   const process_result replay = run_cli({"replay", log, "--json", here});
-  EXPECT_EQ(replay.exit_code, 1) << replay.out << replay.err;
+  EXPECT_EQ(replay.exit_code, 2) << replay.out << replay.err;
   EXPECT_TRUE(contains(replay.err, "poolscope replay: --json '" + here + "' is a folder"))
       << replay.err;
   EXPECT_TRUE(replay.out.empty()) << replay.out;
@@ -152,7 +158,7 @@ TEST(cli_args, outputs_that_cannot_be_written_are_refused_before_running) {
   const process_result bench =
       run_cli({"bench", "darray", "--devices", "host:2", "--n", "4000", "--repeat", "1", "--only",
                "D4", "--json", file + "/out.json"});
-  EXPECT_EQ(bench.exit_code, 1) << bench.out << bench.err;
+  EXPECT_EQ(bench.exit_code, 2) << bench.out << bench.err;
   EXPECT_TRUE(contains(bench.err, "poolscope bench darray: --json '" + file + "/out.json': '" +
                                       file + "' is not a folder"))
       << bench.err;
@@ -163,13 +169,88 @@ TEST(cli_args, outputs_that_cannot_be_written_are_refused_before_running) {
        {std::vector<std::string>{"pools", "--steps", "1", "--json", missing},
         std::vector<std::string>{"bench", "alloc", "--seconds", "0.001", "--json", missing}}) {
     const process_result r = run_cli(args);
-    EXPECT_EQ(r.exit_code, 1) << args[0] << ": " << r.out << r.err;
+    EXPECT_EQ(r.exit_code, 2) << args[0] << ": " << r.out << r.err;
     EXPECT_TRUE(contains(r.err, "--json '" + missing + "': its folder")) << r.err;
     EXPECT_TRUE(r.out.empty()) << r.out;
   }
 }
 
-// ---- 2. --json - : stdout holds the JSON alone, the text goes to stderr ----
+// ---- 2. no file replaced silently, nothing written where nobody asked ----
+
+TEST(cli_args, an_output_that_exists_is_replaced_only_with_force) {
+  const std::string log = write_file("poolscope-log", event_log_text());
+  const std::string out = write_file("poolscope-json", "keep");
+  const process_result r = run_cli({"replay", log, "--json", out});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "poolscope replay: --json '" + out +
+                                  "' exists; give another path, or --force to replace it"))
+      << r.err;
+  EXPECT_EQ(read_file(out), "keep");
+  const process_result f = run_cli({"replay", log, "--json", out, "--force"});
+  EXPECT_EQ(f.exit_code, 0) << f.out << f.err;
+  EXPECT_TRUE(nlohmann::json::parse(read_file(out)).is_object());
+  std::remove(log.c_str());
+  std::remove(out.c_str());
+}
+
+// A plain demo writes into a fresh folder in TMPDIR that it names, so it runs from a folder it
+// cannot write and two runs never share files.
+TEST(cli_args, demo_writes_into_a_fresh_folder_it_names) {
+  const std::string tmp = temp_path("poolscope-tmp");
+  std::filesystem::remove(tmp);
+  std::filesystem::create_directory(tmp);
+  const std::string locked = tmp + "/locked";
+  std::filesystem::create_directory(locked);
+  std::filesystem::permissions(
+      locked, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+  const std::string cmd = "cd '" + locked + "' && exec '" + std::string(POOLSCOPE_CLI_PATH) +
+                          "' demo --devices host:2 --n 4096 --repeat 1 --no-cupti";
+  std::vector<std::string> folders;
+  for (int run = 0; run < 2; ++run) {
+    const process_result r =
+        run_process({"/bin/sh", "-c", cmd}, {{"TMPDIR", tmp}, {"POOLSCOPE_LOG", "warn"}});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    std::string found;
+    for (const auto& e : std::filesystem::directory_iterator(tmp)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with("poolscope-demo-") &&
+          std::find(folders.begin(), folders.end(), e.path().string()) == folders.end()) {
+        found = e.path().string();
+      }
+    }
+    ASSERT_FALSE(found.empty()) << "no new poolscope-demo-* folder in " << tmp;
+    EXPECT_TRUE(contains(r.out, found + "/trace.json")) << r.out;
+    EXPECT_TRUE(std::filesystem::exists(found + "/trace.json"));
+    EXPECT_TRUE(std::filesystem::exists(found + "/report.json"));
+    folders.push_back(found);
+  }
+  EXPECT_NE(folders[0], folders[1]);
+  std::filesystem::permissions(locked, std::filesystem::perms::owner_all);
+  std::filesystem::remove_all(tmp);
+}
+
+// An option that takes a path never takes the next option as its path.
+TEST(cli_args, a_path_option_does_not_swallow_the_next_option) {
+  const process_result r = run_cli({"replay", "x.jsonl", "--json", "--force"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "poolscope replay: ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "needs a path, not '--force'")) << r.err;
+  EXPECT_FALSE(std::filesystem::exists("--force"));
+  // The demo's --trace and --report alone mean "the default place": both into the fresh folder.
+  const std::string tmp = temp_path("poolscope-tmp");
+  std::filesystem::remove(tmp);
+  std::filesystem::create_directory(tmp);
+  const process_result d =
+      run_process({POOLSCOPE_CLI_PATH, "demo", "--devices", "host:2", "--n", "4096", "--repeat",
+                   "1", "--no-cupti", "--trace", "--report"},
+                  {{"TMPDIR", tmp}, {"POOLSCOPE_LOG", "warn"}});
+  EXPECT_EQ(d.exit_code, 0) << d.out << d.err;
+  EXPECT_FALSE(std::filesystem::exists("--report"));
+  EXPECT_TRUE(contains(d.out, tmp + "/poolscope-demo-")) << d.out;
+  std::filesystem::remove_all(tmp);
+}
+
+// ---- 3. --json - : stdout holds the JSON alone, the text goes to stderr ----
 
 TEST(cli_args, json_to_stdout_is_pure_json) {
   const std::string trace = write_file("poolscope-trace", small_trace_text);

@@ -3,6 +3,8 @@
 // documented behaviour), and clean failures on bad options. Nothing here asserts on time.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -30,6 +32,7 @@ using poolscope::testing::temp_path;
 /// Runs `poolscope args... --json FILE` and returns the parsed JSON (and the result).
 json run_json(const std::vector<std::string>& args, poolscope::testing::process_result& r) {
   const std::string path = temp_path("poolscope-json");
+  std::remove(path.c_str());  // a name of its own, which the command may create (no --force)
   std::vector<std::string> argv{POOLSCOPE_CLI_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
   argv.push_back("--json");

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -82,5 +83,43 @@ TEST(docs, line_profile_schema_lists_the_unwinders_a_profile_names) {
   EXPECT_NE(row.find("`" + written + "`"), std::string::npos) << written << " missing: " << row;
 }
 #endif
+
+// Every POOLSCOPE_* variable the tree names in a string (what getenv and the tests' env helpers
+// read) has a row in README's environment-variable table.
+TEST(docs, readme_env_table_has_every_variable_the_tree_reads) {
+  namespace fs = std::filesystem;
+  const std::string readme = read_source("README.md");
+  const auto table = readme.find("## Environment variables");
+  ASSERT_NE(table, std::string::npos) << "README has no \"Environment variables\" section";
+  const std::string section = readme.substr(table, readme.find("\n## ", table + 1) - table);
+  const std::regex name("\"(POOLSCOPE_[A-Z0-9_]+)\"");
+  std::set<std::string> names;
+  for (const char* dir : {"core", "hooks", "pool", "profiler", "plugin", "darray", "analysis",
+                          "tools", "bench", "tests", "python"}) {
+    const fs::path root = fs::path(POOLSCOPE_SOURCE_DIR) / dir;
+    if (!fs::exists(root)) {
+      continue;
+    }
+    for (const auto& e : fs::recursive_directory_iterator(root)) {
+      const std::string ext = e.path().extension().string();
+      if (!e.is_regular_file() ||
+          (ext != ".cpp" && ext != ".hpp" && ext != ".h" && ext != ".cu" && ext != ".py")) {
+        continue;
+      }
+      std::ifstream f(e.path());
+      std::stringstream text;
+      text << f.rdbuf();
+      const std::string body = text.str();
+      for (std::sregex_iterator it(body.begin(), body.end(), name), end; it != end; ++it) {
+        names.insert((*it)[1].str());
+      }
+    }
+  }
+  EXPECT_GE(names.size(), 5U) << "the scan found too few names to be right";
+  for (const std::string& n : names) {
+    EXPECT_NE(section.find("`" + n + "`"), std::string::npos)
+        << n << " is read by the tree but has no row in README's environment-variable table";
+  }
+}
 
 }  // namespace

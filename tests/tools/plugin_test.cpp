@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "poolscope/log.hpp"
@@ -184,8 +185,9 @@ std::vector<std::string> exported_symbols(const char* path) {
 
 TEST_F(plugin, exports_only_the_c_abi) {
   const std::vector<std::string> expected{"poolscope_free",           "poolscope_malloc",
-                                          "poolscope_release_cached", "poolscope_snapshot",
-                                          "poolscope_stats_json",     "poolscope_version"};
+                                          "poolscope_release_cached", "poolscope_set_oom_callback",
+                                          "poolscope_snapshot",       "poolscope_stats_json",
+                                          "poolscope_version"};
   EXPECT_EQ(exported_symbols(POOLSCOPE_ALLOC_PLUGIN_PATH), expected);
   // "major.minor.patch": three non-empty runs of digits separated by two dots.
   const std::string v = api_->version();
@@ -476,6 +478,166 @@ TEST_F(plugin, foreign_pointer_is_reported_not_fatal) {
             before["invalid_frees"].get<std::uint64_t>() + 1);
   EXPECT_EQ(after["in_use"], before["in_use"]);
   api_->free(p, 256, dev, nullptr);
+}
+
+// ---- sizing, the OOM callback and bad frees (plugin/src/plugin_options.hpp) ----
+
+using oom_callback_fn = int (*)(int, std::size_t, void*);
+using set_oom_fn = void (*)(oom_callback_fn, void*);
+
+/// Sets (value) or clears (nullptr) one of the plug-in's variables for the devices made next.
+void set_env(const char* name, const char* value) {
+  if (value == nullptr) {
+    ::unsetenv(name);
+  } else {
+    ::setenv(name, value, 1);
+  }
+}
+
+/// One of the sizing variables, cleared again when it goes (devices made meanwhile keep it).
+struct sizing_env {
+  sizing_env(const char* name, const char* value) : name_(name) { set_env(name, value); }
+  ~sizing_env() { set_env(name_, nullptr); }
+  sizing_env(const sizing_env&) = delete;
+  sizing_env& operator=(const sizing_env&) = delete;
+
+ private:
+  const char* name_;
+};
+
+TEST_F(plugin, limit_caps_what_a_pool_hands_out) {
+  configure("best_fit");
+  const sizing_env env("POOLSCOPE_LIMIT", "64K");
+  constexpr int dev = 40;
+  void* a = api_->malloc(32 << 10, dev, nullptr);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(stats(dev)["limit"].get<std::uint64_t>(), 64U << 10);
+  EXPECT_EQ(api_->malloc(48 << 10, dev, nullptr), nullptr) << "32K + 48K is past the 64K limit";
+  EXPECT_GE(stats(dev)["oom_count"].get<std::uint64_t>(), 1U);
+  api_->free(a, 32 << 10, dev, nullptr);
+  void* b = api_->malloc(48 << 10, dev, nullptr);
+  EXPECT_NE(b, nullptr) << "fits once the first block is back";
+  api_->free(b, 48 << 10, dev, nullptr);
+}
+
+// The OOM callback sees the device and size, frees what it can, and asks for one retry.
+struct oom_state {
+  plugin_api* api = nullptr;
+  void* held = nullptr;
+  int calls = 0;
+  int device = -1;
+  std::size_t size = 0;
+  bool retry = true;
+};
+
+int free_held_block(int device, std::size_t size, void* user) {
+  auto* s = static_cast<oom_state*>(user);
+  ++s->calls;
+  s->device = device;
+  s->size = size;
+  if (s->held != nullptr) {
+    s->api->free(s->held, 32 << 10, device, nullptr);
+    s->held = nullptr;
+  }
+  return s->retry ? 1 : 0;
+}
+
+TEST_F(plugin, oom_callback_frees_and_retries_once) {
+  const auto set_oom =
+      reinterpret_cast<set_oom_fn>(::dlsym(api_->handle, "poolscope_set_oom_callback"));
+  ASSERT_NE(set_oom, nullptr);
+  configure("best_fit");
+  const sizing_env env("POOLSCOPE_LIMIT", "64K");
+  constexpr int dev = 41;
+  oom_state st;
+  st.api = api_;
+  st.held = api_->malloc(32 << 10, dev, nullptr);
+  ASSERT_NE(st.held, nullptr);
+  set_oom(&free_held_block, &st);
+  void* big = api_->malloc(48 << 10, dev, nullptr);
+  EXPECT_NE(big, nullptr) << "the callback freed 32K, the retry fits";
+  EXPECT_EQ(st.calls, 1);
+  EXPECT_EQ(st.device, dev);
+  EXPECT_EQ(st.size, std::size_t{48} << 10);
+  // Nothing left to free: the callback declines, the request fails, once asked.
+  st.retry = false;
+  EXPECT_EQ(api_->malloc(48 << 10, dev, nullptr), nullptr);
+  EXPECT_EQ(st.calls, 2);
+  set_oom(nullptr, nullptr);
+  EXPECT_EQ(api_->malloc(48 << 10, dev, nullptr), nullptr);
+  EXPECT_EQ(st.calls, 2) << "removed: not called";
+  api_->free(big, 48 << 10, dev, nullptr);
+}
+
+TEST_F(plugin, initial_pool_size_is_reserved_when_the_pool_is_made) {
+  configure("bfc");
+  const sizing_env env("POOLSCOPE_INITIAL_POOL_SIZE", "1M");
+  constexpr int dev = 42;
+  void* p = api_->malloc(256, dev, nullptr);
+  ASSERT_NE(p, nullptr);
+  const auto s = stats(dev);
+  EXPECT_GE(s["reserved"].get<std::uint64_t>(), 1U << 20);
+  EXPECT_EQ(s["upstream_allocs"].get<std::uint64_t>(), 1U) << "256 B came out of the 1 MiB";
+  api_->free(p, 256, dev, nullptr);
+}
+
+TEST_F(plugin, max_pool_size_caps_what_a_pool_takes_upstream) {
+  configure("best_fit");
+  const sizing_env env("POOLSCOPE_MAX_POOL_SIZE", "1M");
+  constexpr int dev = 43;
+  void* a = api_->malloc(768 << 10, dev, nullptr);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(api_->malloc(512 << 10, dev, nullptr), nullptr) << "768K + 512K is past 1M";
+  const auto s = stats(dev);
+  EXPECT_GE(s["upstream_failures"].get<std::uint64_t>(), 1U);
+  EXPECT_LE(s["peak_reserved"].get<std::uint64_t>(), 1U << 20);
+  api_->free(a, 768 << 10, dev, nullptr);
+  // The cached 768K goes back upstream before the pool fails: 512K now fits.
+  void* b = api_->malloc(512 << 10, dev, nullptr);
+  EXPECT_NE(b, nullptr);
+  api_->free(b, 512 << 10, dev, nullptr);
+}
+
+TEST_F(plugin, release_threshold_returns_the_cache_after_a_free) {
+  configure("bfc");
+  constexpr int kept = 44;
+  constexpr int released = 45;
+  {
+    void* p = api_->malloc(1 << 20, kept, nullptr);
+    api_->free(p, 1 << 20, kept, nullptr);
+  }
+  const sizing_env env("POOLSCOPE_RELEASE_THRESHOLD", "64K");
+  void* p = api_->malloc(1 << 20, released, nullptr);
+  ASSERT_NE(p, nullptr);
+  api_->free(p, 1 << 20, released, nullptr);
+  EXPECT_GE(stats(kept)["reserved"].get<std::uint64_t>(), 1U << 20) << "no threshold: kept";
+  EXPECT_EQ(stats(released)["reserved"].get<std::uint64_t>(), 0U) << "1 MiB cached > 64K";
+}
+
+TEST_F(plugin, bad_sizing_values_are_named) {
+  configure("bfc");
+  const sizing_env env("POOLSCOPE_LIMIT", "lots");
+  constexpr int dev = 46;
+  EXPECT_EQ(api_->malloc(256, dev, nullptr), nullptr);
+  const auto s = stats(dev);
+  ASSERT_TRUE(s.contains("error")) << s.dump();
+  EXPECT_NE(s["error"].get<std::string>().find("POOLSCOPE_LIMIT='lots'"), std::string::npos)
+      << s.dump();
+}
+
+TEST_F(plugin, a_free_on_a_device_without_a_pool_is_a_counted_bad_free) {
+  log_capture logs;
+  constexpr int dev = 47;  // never allocated on
+  int local = 0;
+  EXPECT_EQ(stats(dev)["bad_frees"].get<std::uint64_t>(), 0U);
+  api_->free(&local, sizeof local, dev, nullptr);
+  api_->free(&local, sizeof local, dev, nullptr);
+  EXPECT_EQ(stats(dev)["bad_frees"].get<std::uint64_t>(), 2U);
+  if (logs_shared()) {
+    char where[32];
+    std::snprintf(where, sizeof where, "%p", static_cast<void*>(&local));
+    EXPECT_EQ(logs.count(std::string("bad free of ") + where), 2U) << logs.all();
+  }
 }
 
 // poolscope_stats_json kept its text in a thread_local std::string, destroyed with the calling

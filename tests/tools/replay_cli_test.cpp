@@ -15,6 +15,7 @@
 #include "poolscope/analysis/event_log.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
+#include "profile_report.hpp"
 #include "profiler/profile_test_data.hpp"
 #include "subprocess.hpp"
 
@@ -116,12 +117,64 @@ TEST(replay_cli, every_resource_listed_is_replayed_under_every_strategy) {
 TEST(replay_cli, table_and_summary_line) {
   const std::string log = write_file("poolscope-replay", hand_log());
   const std::string out = run_cli({"replay", log, "--allocators", "naive,bfc"});
-  EXPECT_NE(out.find("peak req"), std::string::npos) << out;
+  EXPECT_NE(out.find("peak requested (MiB)"), std::string::npos) << out;  // units in headers
+  EXPECT_NE(out.find("malloc p50 ("), std::string::npos) << out;
   EXPECT_NE(out.find("naive"), std::string::npos) << out;
   EXPECT_NE(out.find("bfc"), std::string::npos) << out;
   EXPECT_NE(out.find("summary: 2 allocators, 3 mallocs replayed, 0 failed"), std::string::npos)
       << out;
+  EXPECT_NE(out.find("lowest peak reserved without a failure: "), std::string::npos) << out;
+  EXPECT_NE(out.find("; fastest: "), std::string::npos) << out;
   EXPECT_EQ(out.find("\nlog: "), std::string::npos) << out;  // a complete, consistent log
+  // Aligned: the header and every row are one width (each column padded to its widest cell),
+  // and a figure's column ends where its header does.
+  std::istringstream lines(out);
+  std::string line;
+  std::getline(lines, line);  // "replay of ..."
+  std::vector<std::string> table;
+  while (std::getline(lines, line) && !line.starts_with("summary")) {
+    table.push_back(line);
+  }
+  ASSERT_EQ(table.size(), 3U) << out;
+  EXPECT_EQ(table[1].size(), table[0].size()) << out;
+  EXPECT_EQ(table[2].size(), table[0].size()) << out;
+  const auto header_end = table[0].find(')', table[0].find("peak reserved (")) + 1;
+  EXPECT_NE(table[1][header_end - 1], ' ') << "a figure ends under the end of its header:\n" << out;
+}
+
+// The best by memory is the lowest peak reserved among the strategies that failed nothing: under
+// a capacity that fails naive (it takes exactly what is asked, and C does not fit), bfc and
+// best_fit are still judged, and naive is not named even if its peak is lower.
+TEST(replay_cli, best_is_chosen_among_strategies_without_failures) {
+  const std::string log = write_file("poolscope-replay", hand_log());
+  const json j = replay_json({"--allocators", "naive", "--capacity", "4096"}, log);
+  ASSERT_EQ(j["results"][0]["failed_allocations"], 1);
+  const std::string out = run_cli({"replay", log, "--allocators", "naive", "--capacity", "4096"});
+  EXPECT_NE(out.find("every strategy failed allocations under this capacity"), std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("lowest peak reserved without a failure"), std::string::npos) << out;
+}
+
+TEST(replay_cli, an_empty_log_is_an_error) {
+  const std::string empty =
+      write_file("poolscope-empty", R"({"format":"poolscope.events","version":1,"pid":1})"
+                                    "\n");
+  try {
+    (void)run_cli({"replay", empty});
+    ADD_FAILURE() << "an empty log replayed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("holds no allocation records"), std::string::npos)
+        << e.what();
+  }
+  const std::string frees_only = write_file(
+      "poolscope-frees", std::string(R"({"format":"poolscope.events","version":1,"pid":1})") +
+                             "\n" + rec(1, "free", "0x1000", 1000, "pre"));
+  try {
+    (void)run_cli({"replay", frees_only});
+    ADD_FAILURE() << "a log without a malloc replayed";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no malloc to replay"), std::string::npos) << e.what();
+  }
 }
 
 TEST(replay_cli, an_inconsistent_log_is_said_so_under_the_table) {
@@ -268,20 +321,59 @@ poolscope::profiler::line_profile hand_profile() {
 TEST(report_cli, line_profile_text_threshold_and_folded) {
   const auto p = hand_profile();
   const std::string path = write_file("poolscope-lp", p.to_json());
+  // By default: call sites with 1 % of the peak (no peak here: of the 3010 bytes used, 30 B).
   const std::string text = run_cli({"report", path});
-  EXPECT_EQ(text, p.to_text());
   EXPECT_NE(text.find("big (m.cpp:10)"), std::string::npos) << text;
-  EXPECT_NE(text.find("small (m.cpp:20)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("small (m.cpp:20)"), std::string::npos) << text;  // 10 B < 30 B
+  EXPECT_NE(text.find("(1 more call site, below the threshold or past --top)"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("--threshold 1%"), std::string::npos) << text;
+  // Labelled columns, each figure under its name.
+  EXPECT_NE(text.find("used  acquired  calls  call site"), std::string::npos) << text;
+  EXPECT_NE(text.find("2.93 KiB  4.00 KiB      1      big (m.cpp:10)"), std::string::npos) << text;
 
+  const std::string all = run_cli({"report", path, "--threshold", "0"});
+  EXPECT_NE(all.find("small (m.cpp:20)"), std::string::npos) << all;
   const std::string cut = run_cli({"report", path, "--threshold", "1K"});
   EXPECT_NE(cut.find("big (m.cpp:10)"), std::string::npos) << cut;
-  EXPECT_EQ(cut.find("small"), std::string::npos) << cut;  // 10 B < 1 KiB
+  EXPECT_EQ(cut.find("small (m.cpp:20)"), std::string::npos) << cut;  // 10 B < 1 KiB
+  const std::string top = run_cli({"report", path, "--threshold", "0", "--top", "1"});
+  EXPECT_NE(top.find("big (m.cpp:10)"), std::string::npos) << top;
+  EXPECT_EQ(top.find("small (m.cpp:20)"), std::string::npos) << top;  // the second callee
 
   const std::string folded = run_cli({"report", path, "--folded"});
   EXPECT_NE(folded.find("main (m.cpp:3);big (m.cpp:10) 3000\n"), std::string::npos) << folded;
   EXPECT_NE(folded.find("main (m.cpp:3);small (m.cpp:20) 10\n"), std::string::npos) << folded;
   const std::string rounded = run_cli({"report", path, "--folded", "--metric", "rounded"});
   EXPECT_NE(rounded.find("small (m.cpp:20) 512\n"), std::string::npos) << rounded;
+}
+
+TEST(report_cli, function_names_lose_their_parameter_lists_unless_asked) {
+  using namespace poolscope::profiler::test_data;
+  const std::string full =
+      "ns::run<int>(std::vector<int, std::allocator<int> > const&, char) const";
+  auto node = source_frame(full, "m.cpp", 7, allocations(1, 4096, 4096));
+  const std::string path = write_file("poolscope-lp", profile_of({node}).to_json());
+  const std::string text = run_cli({"report", path});
+  EXPECT_NE(text.find("ns::run<int> (m.cpp:7)"), std::string::npos) << text;
+  EXPECT_EQ(text.find("char) const"), std::string::npos) << text;
+  const std::string kept = run_cli({"report", path, "--full-names"});
+  EXPECT_NE(kept.find(full + " (m.cpp:7)"), std::string::npos) << kept;
+}
+
+TEST(report_cli, short_function_names) {
+  using poolscope::tools::short_function_name;
+  EXPECT_EQ(short_function_name("f(int)"), "f");
+  EXPECT_EQ(short_function_name("ns::f<int>(int, char const*) const"), "ns::f<int>");
+  EXPECT_EQ(short_function_name("S::operator()(int) const"), "S::operator()");
+  EXPECT_EQ(short_function_name("S::operator()"), "S::operator()");
+  EXPECT_EQ(short_function_name("main::{lambda(int)#1}::operator()(int) const"),
+            "main::{lambda(int)#1}::operator()");
+  EXPECT_EQ(short_function_name("std::function<void (int)>::operator()(int) const"),
+            "std::function<void (int)>::operator()");
+  EXPECT_EQ(short_function_name("bool operator<(A const&, A const&)"), "bool operator<");
+  EXPECT_EQ(short_function_name("plain"), "plain");
+  EXPECT_EQ(short_function_name("_start"), "_start");
 }
 
 TEST(report_cli, function_profile_table) {

@@ -20,6 +20,7 @@
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
 #include "poolscope/profiler/report.hpp"
+#include "profile_report.hpp"
 #include "profiler/profile_test_data.hpp"
 
 namespace poolscope::tools {
@@ -34,6 +35,16 @@ using poolscope::testing::temp_path;
 /// Runs `poolscope report args...` in-process; returns stdout.
 std::string run_report_cli(const std::vector<std::string>& args) {
   return poolscope::testing::run_in_process(args, poolscope::tools::register_report);
+}
+
+/// What `poolscope report` prints for the line profile `p` by default (1 % of its peak), or with
+/// --show-live.
+std::string table_of(const poolscope::profiler::line_profile& p, bool show_live = false) {
+  poolscope::tools::profile_report_options o;
+  o.threshold_bytes = poolscope::tools::resolve_threshold("1%", p);
+  o.threshold_text = "1%";
+  o.show_live = show_live;
+  return poolscope::tools::profile_report_text(p, o);
 }
 
 std::string error_of(const std::vector<std::string>& args) {
@@ -90,13 +101,14 @@ TEST(report_cli, run_report_prints_the_profiles_it_holds) {
   const std::string out = run_report_cli({"report", path});
   const std::string expected = "function profile (profiles.function):\n" +
                                scopes_profile().to_table() + "\nline profile (profiles.line):\n" +
-                               stacks_profile().to_text();
+                               table_of(stacks_profile());
   EXPECT_EQ(out, expected);
   EXPECT_NE(out.find("grow (m.cpp:9)"), std::string::npos) << out;
 
   // The line profile's options apply to the embedded one.
   const std::string live = run_report_cli({"report", path, "--show-live"});
-  EXPECT_NE(live.find(stacks_profile().to_text({.show_live = true})), std::string::npos) << live;
+  EXPECT_NE(live.find(table_of(stacks_profile(), true)), std::string::npos) << live;
+  EXPECT_NE(live.find("live at peak"), std::string::npos) << live;
   EXPECT_EQ(run_report_cli({"report", path, "--folded", "--metric", "rounded"}),
             "main (m.cpp:3);grow (m.cpp:9) 3072\n");
   std::remove(path.c_str());
@@ -112,7 +124,7 @@ TEST(report_cli, run_report_with_one_profile_or_none) {
 
   const std::string only_line = write_run_report(false, true);
   EXPECT_EQ(run_report_cli({"report", only_line}),
-            "line profile (profiles.line):\n" + stacks_profile().to_text());
+            "line profile (profiles.line):\n" + table_of(stacks_profile()));
 
   const std::string none = write_run_report(false, false);
   m = error_of({"report", none});
@@ -173,7 +185,7 @@ TEST(report_cli, deeply_nested_run_report_is_refused_not_a_crash) {
   const std::string elsewhere = write_raw_run_report(
       "{\"line\":" + json::parse(stacks_profile().to_json()).dump() + ",\"x\":" + brackets + "}");
   EXPECT_EQ(run_report_cli({"report", elsewhere}),
-            "line profile (profiles.line):\n" + stacks_profile().to_text());
+            "line profile (profiles.line):\n" + table_of(stacks_profile()));
   for (const auto& p : {deep_line, deep_function, elsewhere}) {
     std::remove(p.c_str());
   }

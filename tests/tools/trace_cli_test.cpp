@@ -102,7 +102,7 @@ TEST(trace_cli, check_of_a_missing_or_broken_file_fails) {
   require_trace_command();
   process_result r = run_cli({"trace", "check", "/nonexistent-poolscope-dir/x.json"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.out.find("cannot open"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("poolscope trace check: cannot open trace"), std::string::npos) << r.err;
   const std::string path = temp_path("poolscope-broken") + ".json";
   {
     std::ofstream f(path);
@@ -110,7 +110,7 @@ TEST(trace_cli, check_of_a_missing_or_broken_file_fails) {
   }
   r = run_cli({"trace", "check", path});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.out.find("not valid JSON"), std::string::npos) << r.out;
+  EXPECT_NE((r.out + r.err).find("not valid JSON"), std::string::npos) << r.out << r.err;
   std::remove(path.c_str());
 }
 
@@ -118,7 +118,8 @@ TEST(trace_cli, summary_matches_hand_computed_figures) {
   require_trace_command();
   const std::string path = write_trace(valid_events);
   const std::string json_path = temp_path("poolscope-summary") + ".json";
-  const process_result r = run_cli({"trace", "summary", path, "--top", "3", "--json", json_path});
+  const process_result r =
+      run_cli({"trace", "summary", path, "--top", "3", "--json", json_path, "--force"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("device 0"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("overlap ratio 0.500"), std::string::npos) << r.out;
@@ -199,7 +200,7 @@ TEST(trace_cli, summary_of_overlapping_ranges_gives_their_sum_and_their_union) {
   {"ph":"X","name":"op","cat":"user","pid":1,"tid":2,"ts":20.000,"dur":20.000})JSON");
   const std::string json_path = temp_path("poolscope-summary") + ".json";
   const process_result r =
-      run_cli({"trace", "summary", path, "--range", "op", "--json", json_path});
+      run_cli({"trace", "summary", path, "--range", "op", "--json", json_path, "--force"});
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("range 'op': 2 slice(s), sum of slices 0.040 ms, union 0.030 ms"),
             std::string::npos)
@@ -213,6 +214,21 @@ TEST(trace_cli, summary_of_overlapping_ranges_gives_their_sum_and_their_union) {
   EXPECT_EQ(j["ranges"][0]["sum_ns"], 40000);
   EXPECT_EQ(j["ranges"][0]["union_ns"], 30000);
   std::remove(json_path.c_str());
+  std::remove(path.c_str());
+}
+
+// A trace with nothing to count is an error, not a summary of zeros.
+TEST(trace_cli, summary_of_a_trace_without_a_usable_event_fails) {
+  require_trace_command();
+  const std::string path = temp_path("poolscope-broken") + ".json";
+  std::ofstream(path) << R"JSON({"traceEvents":[{"ph":"X","name":"broken","pid":1,"tid":1}]})JSON";
+  const process_result r = run_cli({"trace", "summary", path});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("poolscope trace summary: '" + path +
+                       "' holds no usable event (1 events, 1 "
+                       "of them unreadable"),
+            std::string::npos)
+      << r.err;
   std::remove(path.c_str());
 }
 

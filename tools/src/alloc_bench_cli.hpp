@@ -43,7 +43,7 @@ class alloc_bench_command {
                    "comma-separated A3 thread counts (default "
                    "1,2,4,8,16)")
         ->delimiter(',')
-        ->check(CLI::Range(1, 1024));
+        ->check(poolscope::tools::whole_number(1, 1024));
     app.add_option("--workloads", options_.workloads, "comma-separated workloads: A1..A5, H")
         ->delimiter(',')
         ->check(CLI::IsMember(bench::alloc_workload_names()));
@@ -67,12 +67,14 @@ class alloc_bench_command {
     app.add_option("--json", json_path_,
                    "also write the results as JSON to this file ('-': stdout, the table then "
                    "going to stderr)")
+        ->check(path_value(true))
         ->transform(output_path_option());
+    app.add_flag("--force", force_, "replace the --json file if it exists");
   }
 
   /// Runs the benchmark: table and summary line to `out`, progress to `progress`, JSON to the
   /// --json file. With --json - the JSON goes to `out` and the table to `progress`, so `out`
-  /// holds one JSON document. Returns 0, or 3 if a row failed. Throws on bad names or a missing
+  /// holds one JSON document. Returns 0, or 1 if a row failed. Throws on bad names or a missing
   /// device.
   int run(std::ostream& out, std::ostream& progress) {
     options_.baselines = !no_baselines_;
@@ -82,7 +84,7 @@ class alloc_bench_command {
       rep.print_table(progress);
       out << rep.to_json() << '\n';
       out.flush();
-      return rep.any_error() ? 3 : 0;
+      return rep.any_error() ? 1 : 0;
     }
     rep.print_table(out);
     if (!json_path_.empty()) {
@@ -92,12 +94,14 @@ class alloc_bench_command {
         throw runtime_error("poolscope bench: cannot write " + json_path_);
       }
     }
-    return rep.any_error() ? 3 : 0;
+    return rep.any_error() ? 1 : 0;
   }
 
   [[nodiscard]] const bench::alloc_bench_options& options() const noexcept { return options_; }
   /// The --json path ("" if none, "-" for stdout).
   [[nodiscard]] const std::string& json_path() const noexcept { return json_path_; }
+  /// Whether --force was given (an existing --json file may be replaced).
+  [[nodiscard]] bool force() const noexcept { return force_; }
   /// Sets the time budget per row (what --seconds sets).
   void set_seconds_per_row(double s) noexcept { options_.seconds_per_row = s; }
 
@@ -105,6 +109,7 @@ class alloc_bench_command {
   bench::alloc_bench_options options_;
   bool no_baselines_ = false;
   bool no_vmm_rows_ = false;
+  bool force_ = false;
   std::string json_path_;
 };
 

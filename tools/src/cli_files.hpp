@@ -1,7 +1,9 @@
 // The file arguments of the CLI's commands: a command whose output would overwrite one of its
-// inputs or another of its outputs, or could not be written at all (a missing folder, a folder
-// named as the file, no write permission), is refused before it does any work, so a long run is
-// not lost at its end; an output named "-" goes to stdout.
+// inputs or another of its outputs, or an existing file (unless the command was given --force),
+// or could not be written at all (a missing folder, a folder named as the file, no write
+// permission), is refused before it does any work, so a long run is not lost at its end and no
+// file is replaced silently; an output named "-" goes to stdout. Commands that write files
+// nobody named write them into a fresh folder (fresh_output_folder) and say where.
 //
 //   check_file_arguments("poolscope replay", {{"LOG", cmd.file, false},
 //                                             {"--json", cmd.json_path, true}});
@@ -11,6 +13,7 @@
 // Cost: a few stat calls per path.
 #pragma once
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -26,6 +29,13 @@
 #include "poolscope/error.hpp"
 
 namespace poolscope::tools {
+
+/// A mistake in the command line found after parsing (paths that clash, an output that exists):
+/// the poolscope command exits 2 for it, as for CLI11's own refusals.
+class usage_error : public invalid_argument {
+ public:
+  using invalid_argument::invalid_argument;
+};
 
 /// One file argument of a command: the option or positional that names it ("--json", "LOG"),
 /// its path, and whether the command writes it. An empty path or "-" (stdout) is no file.
@@ -69,8 +79,9 @@ inline bool is_file(const file_argument& f) {
 
 /// Throws poolscope::invalid_argument, naming the command, the option and the path, if the output
 /// `f` could not be written: its folder is missing or is not a folder, the path is a folder, or
-/// the file (an existing one) or its folder (a new one) is not writable. Creates nothing.
-inline void check_writable(std::string_view command, const file_argument& f) {
+/// the file (an existing one) or its folder (a new one) is not writable, or the file exists and
+/// `may_overwrite` is false (usage_error for the clashes). Creates nothing.
+inline void check_writable(std::string_view command, const file_argument& f, bool may_overwrite) {
   namespace fs = std::filesystem;
   const std::string head = std::string(command) + ": " + f.option + " '" + f.path + "'";
   std::error_code ec;
@@ -78,24 +89,27 @@ inline void check_writable(std::string_view command, const file_argument& f) {
   const fs::file_status st = fs::status(p, ec);
   if (!ec && fs::exists(st)) {
     if (fs::is_directory(st)) {
-      throw invalid_argument(head + " is a folder; name a file in it");
+      throw usage_error(head + " is a folder; name a file in it");
+    }
+    if (!may_overwrite && fs::is_regular_file(st)) {
+      throw usage_error(head + " exists; give another path, or --force to replace it");
     }
     if (::access(f.path.c_str(), W_OK) != 0) {
-      throw invalid_argument(head + " cannot be written: " + std::strerror(errno));
+      throw usage_error(head + " cannot be written: " + std::strerror(errno));
     }
     return;
   }
   const fs::path folder = p.has_parent_path() ? p.parent_path() : fs::path(".");
   const fs::file_status fst = fs::status(folder, ec);
   if (ec || !fs::exists(fst)) {
-    throw invalid_argument(head + ": its folder '" + folder.string() + "' does not exist");
+    throw usage_error(head + ": its folder '" + folder.string() + "' does not exist");
   }
   if (!fs::is_directory(fst)) {
-    throw invalid_argument(head + ": '" + folder.string() + "' is not a folder");
+    throw usage_error(head + ": '" + folder.string() + "' is not a folder");
   }
   if (::access(folder.c_str(), W_OK | X_OK) != 0) {
-    throw invalid_argument(head + ": its folder '" + folder.string() +
-                           "' cannot be written: " + std::strerror(errno));
+    throw usage_error(head + ": its folder '" + folder.string() +
+                      "' cannot be written: " + std::strerror(errno));
   }
 }
 
@@ -104,15 +118,14 @@ inline void check_writable(std::string_view command, const file_argument& f) {
 /// Throws poolscope::invalid_argument, naming both arguments and the path, if an output of
 /// `command` is the same file as one of its inputs (it would be destroyed) or as another output
 /// (one would overwrite the other); naming the output, if it could not be written
-/// (detail::check_writable).
-inline void check_file_arguments(std::string_view command,
-                                 const std::vector<file_argument>& files) {
+/// (detail::check_writable), or if it exists and `may_overwrite` (the command's --force) is false.
+inline void check_file_arguments(std::string_view command, const std::vector<file_argument>& files,
+                                 bool may_overwrite = false) {
   for (std::size_t i = 0; i < files.size(); ++i) {
     const file_argument& out = files[i];
     if (!out.output || !detail::is_file(out)) {
       continue;
     }
-    detail::check_writable(command, out);
     for (std::size_t j = 0; j < files.size(); ++j) {
       const file_argument& other = files[j];
       // Each pair of outputs once; an output against every input.
@@ -124,13 +137,34 @@ inline void check_file_arguments(std::string_view command,
       }
       const std::string head = std::string(command) + ": " + out.option + " '" + out.path + "'";
       if (other.output) {
-        throw invalid_argument(head + " is the same file as " + other.option + " '" + other.path +
-                               "': one output would overwrite the other; give each its own path");
+        throw usage_error(head + " is the same file as " + other.option + " '" + other.path +
+                          "': one output would overwrite the other; give each its own path");
       }
-      throw invalid_argument(head + " is the input " + other.option + " '" + other.path +
-                             "': writing it would destroy the input; choose another path");
+      throw usage_error(head + " is the input " + other.option + " '" + other.path +
+                        "': writing it would destroy the input; choose another path");
     }
   }
+  // Then each output on its own (after the clashes, which say more about a path that exists).
+  for (const file_argument& out : files) {
+    if (out.output && detail::is_file(out)) {
+      detail::check_writable(command, out, may_overwrite);
+    }
+  }
+}
+
+/// A new, empty folder for the outputs of one run of `command` (`stem`: "poolscope-demo"): made
+/// in $TMPDIR (else /tmp) as stem-XXXXXX, so that a run never replaces an earlier run's files and
+/// works from a folder it cannot write. Throws runtime_error naming the folder if it cannot be
+/// made.
+inline std::string fresh_output_folder(std::string_view command, const std::string& stem) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + stem + "-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {
+    throw runtime_error(std::string(command) + ": cannot make an output folder '" + templ +
+                        "': " + std::strerror(errno));
+  }
+  return templ;
 }
 
 /// Writes `text` to the file `path`, or to stdout for "-". Throws poolscope::runtime_error naming

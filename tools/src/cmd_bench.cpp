@@ -71,7 +71,8 @@ void register_bench(CLI::App& app) {
   // The seed is unsigned: a negative one would wrap silently.
   alloc->get_option("--seed")->check(poolscope::tools::non_negative_number());
   alloc->callback([cmd] {
-    check_file_arguments("poolscope bench alloc", {{"--json", cmd->json_path(), true}});
+    check_file_arguments("poolscope bench alloc", {{"--json", cmd->json_path(), true}},
+                         cmd->force());
     const int rc = cmd->run(std::cout, std::cerr);
     if (rc != 0) {
       throw CLI::RuntimeError(rc);
@@ -81,6 +82,7 @@ void register_bench(CLI::App& app) {
   struct darray_cli {
     bench::darray_bench_options options;
     std::string json_path;
+    bool force = false;
   };
   auto d = std::make_shared<darray_cli>();
   auto* darray_cmd = bench->add_subcommand(
@@ -104,7 +106,7 @@ void register_bench(CLI::App& app) {
                    "D5 matrix side (default 8192 on GPUs, 256 on host devices)")
       ->check(poolscope::tools::positive_number());
   darray_cmd->add_option("--repeat", d->options.repeat, "timed runs per figure after a warm-up")
-      ->check(CLI::Range(1, 100000))
+      ->check(poolscope::tools::whole_number(1, 100000))
       ->capture_default_str();
   darray_cmd->add_option("--transport", d->options.transport, "how reshards move data")
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
@@ -120,7 +122,7 @@ void register_bench(CLI::App& app) {
                    "threads enqueueing devices' shares of an op beside the caller's (-1: the "
                    "backend's default, one per GPU after the first with --kernel-graphs 0, "
                    "else none; 0: none)")
-      ->check(CLI::Range(-1, 1024))
+      ->check(poolscope::tools::whole_number(-1, 1024))
       ->capture_default_str();
   darray_cmd
       ->add_option("--kernel-graphs", d->options.kernel_graphs,
@@ -136,7 +138,7 @@ void register_bench(CLI::App& app) {
   darray_cmd
       ->add_option("--split-mib", d->options.split_mib,
                    "reshard pieces above this many MiB are split (0: never)")
-      ->check(CLI::Range(std::int64_t{0}, std::int64_t{1} << 30))
+      ->check(poolscope::tools::whole_number(0, std::int64_t{1} << 30))
       ->capture_default_str();
   darray_cmd->add_option("--allocator", d->options.allocator, "pool strategy per device")
       ->check(CLI::IsMember(pool::allocator_names()))
@@ -148,10 +150,14 @@ void register_bench(CLI::App& app) {
       ->add_option("--json", d->json_path,
                    "also write the results as JSON to this file ('-': stdout, the table "
                    "then goes to stderr)")
+      ->check(path_value(true))
       ->transform(output_path_option());
-  darray_cmd->add_option("--trace", d->options.trace_path,
-                         "write a Chrome trace of the runs (.gz compresses; on GPUs with CUPTI's "
-                         "kernels, copies, memsets and markers); times then include its cost");
+  darray_cmd
+      ->add_option("--trace", d->options.trace_path,
+                   "write a Chrome trace of the runs (.gz compresses; on GPUs with CUPTI's "
+                   "kernels, copies, memsets and markers); times then include its cost")
+      ->check(path_value());
+  darray_cmd->add_flag("--force", d->force, "replace the --json or --trace file if it exists");
   darray_cmd
       ->add_option("--cupti-kinds", d->options.cupti_kinds,
                    "with --trace on GPUs, the CUPTI activity to collect: all, or a "
@@ -170,7 +176,8 @@ void register_bench(CLI::App& app) {
     bench::darray_bench_report rep;
     on_every_rank(*group, "poolscope bench darray", [&] {
       check_file_arguments("poolscope bench darray",
-                           {{"--json", d->json_path, true}, {"--trace", o.trace_path, true}});
+                           {{"--json", d->json_path, true}, {"--trace", o.trace_path, true}},
+                           d->force);
       check_darray_bench_memory(o);
       rep = bench::run_darray_bench(o, prints ? &std::cerr : nullptr);
     });
@@ -182,7 +189,7 @@ void register_bench(CLI::App& app) {
       }
     }
     if (rep.any_error()) {
-      throw CLI::RuntimeError(3);
+      throw CLI::RuntimeError(1);
     }
   });
 }

@@ -1,5 +1,6 @@
 // `poolscope pools`: every allocator strategy on one trace, with integrity checks and a pool
-// report (see demo.hpp). Exit code 2 on an integrity failure, 1 if a strategy failed otherwise.
+// report (see pools_demo.hpp). Exit code 1 on an integrity failure or if a strategy failed
+// otherwise, 2 for a usage error.
 #include <iostream>
 #include <memory>
 
@@ -17,6 +18,7 @@ namespace {
 struct demo_command {
   demo_options options;
   std::string json_path;
+  bool force = false;
 };
 }  // namespace
 
@@ -33,7 +35,7 @@ void register_pools(CLI::App& app) {
       ->check(poolscope::tools::non_negative_number());
   sub->add_option("--steps", cmd->options.steps,
                   "sequence-batch steps (the random mix adds 100 pairs per step)")
-      ->check(CLI::Range(1, 100000));
+      ->check(poolscope::tools::whole_number(1, 100000));
   sub->add_option("--seed", cmd->options.seed, "seed of the workload")
       ->check(poolscope::tools::non_negative_number());
   sub->add_option("--allocators", cmd->options.allocators,
@@ -43,9 +45,11 @@ void register_pools(CLI::App& app) {
   sub->add_option("--json", cmd->json_path,
                   "also write the report as JSON to this file ('-': stdout, the text then goes "
                   "to stderr)")
+      ->check(path_value(true))
       ->transform(output_path_option());
+  sub->add_flag("--force", cmd->force, "replace the --json file if it exists");
   sub->callback([cmd] {
-    check_file_arguments("poolscope pools", {{"--json", cmd->json_path, true}});
+    check_file_arguments("poolscope pools", {{"--json", cmd->json_path, true}}, cmd->force);
     const demo_report rep = run_demo(cmd->options, &std::cerr);
     // With the JSON on stdout, stdout holds nothing else.
     rep.print(cmd->json_path == "-" ? std::cerr : std::cout);
@@ -53,7 +57,7 @@ void register_pools(CLI::App& app) {
       write_output("poolscope pools", "--json", cmd->json_path, rep.to_json() + "\n");
     }
     if (!rep.integrity_ok()) {
-      throw CLI::RuntimeError(2);
+      throw CLI::RuntimeError(1);
     }
     if (rep.any_error()) {
       throw CLI::RuntimeError(1);

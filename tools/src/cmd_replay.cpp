@@ -8,13 +8,12 @@
 //   poolscope replay snap.pickle       # each device's trace; the snapshot's own peaks beside
 //   poolscope replay run.jsonl --resource host,host_vmm    # peak physical memory over each
 //
-// Exit codes: 0, or 1 with a message naming the file and line if the log cannot be read or
-// parsed, or naming the strategy/resource that cannot be built. Failed allocations under the
-// capacity are a measurement, not an error.
+// Exit codes: 0; 1 with a message naming the file and line if the log cannot be read or
+// parsed, holds no records or no malloc, or naming the strategy/resource that cannot be built;
+// 2 for a usage error. Failed allocations under the capacity are a measurement, not an error.
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -26,7 +25,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "byte_size.hpp"
 #include "cli_checks.hpp"
 #include "cli_files.hpp"
 #include "output_option.hpp"
@@ -37,6 +35,7 @@
 #include "poolscope/error.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/pool/host_vmm_resource.hpp"
+#include "profile_report.hpp"
 
 namespace poolscope::tools {
 
@@ -50,6 +49,7 @@ struct replay_command {
   std::string capacity;
   std::string only_allocator;
   std::string json_path;
+  bool force = false;
   bool progress = true;
 };
 
@@ -101,35 +101,139 @@ analysis::replay_result replay_one(const replay_command& cmd, const analysis::ev
   return analysis::replay(log, *alloc, opt);
 }
 
-std::string fmt_ns(double ns) {
-  char buf[32];
-  if (ns < 1e4) {
-    std::snprintf(buf, sizeof buf, "%.0f ns", ns);
-  } else if (ns < 1e7) {
-    std::snprintf(buf, sizeof buf, "%.1f us", ns / 1e3);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f ms", ns / 1e6);
+// One unit for a whole column, picked by its largest value, so the column's numbers compare at
+// a glance and the unit sits in the header.
+struct column_unit {
+  const char* name;
+  double scale;
+};
+
+column_unit bytes_unit(std::size_t largest) {
+  if (largest >= (std::size_t{1} << 30)) {
+    return {"GiB", 1.0 / static_cast<double>(std::size_t{1} << 30)};
   }
+  if (largest >= (std::size_t{1} << 20)) {
+    return {"MiB", 1.0 / static_cast<double>(std::size_t{1} << 20)};
+  }
+  if (largest >= (std::size_t{1} << 10)) {
+    return {"KiB", 1.0 / 1024.0};
+  }
+  return {"B", 1.0};
+}
+
+column_unit time_unit(double largest_ns) {
+  if (largest_ns >= 1e7) {
+    return {"ms", 1e-6};
+  }
+  if (largest_ns >= 1e4) {
+    return {"us", 1e-3};
+  }
+  return {"ns", 1.0};
+}
+
+std::string fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
 }
 
-void print_table(std::ostream& out, const std::vector<analysis::replay_result>& results) {
-  char line[512];
-  std::snprintf(line, sizeof line, "%-22s %12s %12s %7s %15s %8s %10s %10s %10s %10s\n",
-                "allocator", "peak req", "peak rsv", "ratio", "upstream a/f", "failed",
-                "malloc p50", "malloc p99", "free p50", "free p99");
-  out << line;
-  for (const auto& r : results) {
-    const std::string upstream =
-        std::to_string(r.upstream_allocs) + "/" + std::to_string(r.upstream_frees);
-    std::snprintf(
-        line, sizeof line, "%-22s %12s %12s %7.3f %15s %8" PRIu64 " %10s %10s %10s %10s\n",
-        r.allocator.c_str(), format_bytes(r.peak_requested).c_str(),
-        format_bytes(r.peak_reserved).c_str(), r.ratio, upstream.c_str(), r.failed_allocations,
-        fmt_ns(r.malloc_latency.p50_ns).c_str(), fmt_ns(r.malloc_latency.p99_ns).c_str(),
-        fmt_ns(r.free_latency.p50_ns).c_str(), fmt_ns(r.free_latency.p99_ns).c_str());
-    out << line;
+// Rows of cells printed with each column as wide as its widest cell; the first column left-
+// aligned, the others right-aligned.
+void print_aligned(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width;
+  for (const auto& row : rows) {
+    width.resize(std::max(width.size(), row.size()), 0);
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
   }
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(width[c] - row[c].size(), ' ');
+      line += c == 0 ? row[c] + pad : "  " + pad + row[c];
+    }
+    out << line << "\n";
+  }
+}
+
+// The table of every strategy: peaks in one byte unit, latencies in one time unit (both in the
+// headers), upstream calls, failures.
+void print_table(std::ostream& out, const std::vector<analysis::replay_result>& results) {
+  std::size_t most_bytes = 0;
+  double most_ns = 0;
+  for (const auto& r : results) {
+    most_bytes = std::max({most_bytes, r.peak_requested, r.peak_reserved});
+    most_ns = std::max({most_ns, r.malloc_latency.p99_ns, r.free_latency.p99_ns});
+  }
+  const column_unit b = bytes_unit(most_bytes);
+  const column_unit t = time_unit(most_ns);
+  const auto bytes = [&b](std::size_t v) {
+    return fixed(static_cast<double>(v) * b.scale, b.scale == 1.0 ? 0 : 2);
+  };
+  const auto time = [&t](double ns) { return fixed(ns * t.scale, t.scale == 1.0 ? 0 : 1); };
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back(
+      {"allocator", std::string("peak requested (") + b.name + ")",
+       std::string("peak reserved (") + b.name + ")", "reserved/requested", "upstream allocs",
+       "upstream frees", "failed allocs", std::string("malloc p50 (") + t.name + ")",
+       std::string("malloc p99 (") + t.name + ")", std::string("free p50 (") + t.name + ")",
+       std::string("free p99 (") + t.name + ")"});
+  for (const auto& r : results) {
+    rows.push_back({r.allocator, bytes(r.peak_requested), bytes(r.peak_reserved), fixed(r.ratio, 3),
+                    std::to_string(r.upstream_allocs), std::to_string(r.upstream_frees),
+                    std::to_string(r.failed_allocations), time(r.malloc_latency.p50_ns),
+                    time(r.malloc_latency.p99_ns), time(r.free_latency.p50_ns),
+                    time(r.free_latency.p99_ns)});
+  }
+  print_aligned(out, rows);
+}
+
+// The summary's verdicts: the lowest peak reserved among the strategies that failed no
+// allocation (the memory a run needs), and among those that keep a cache (naive keeps none, so
+// it needs least memory and pays an upstream call per request); separately the fastest (lowest
+// malloc + free median: the time a request costs).
+std::string verdicts(const std::vector<analysis::replay_result>& results) {
+  const analysis::replay_result* leanest = nullptr;
+  const analysis::replay_result* leanest_pool = nullptr;
+  const analysis::replay_result* fastest = nullptr;
+  const auto cost = [](const analysis::replay_result& r) {
+    return r.malloc_latency.p50_ns + r.free_latency.p50_ns;
+  };
+  const auto leaner = [](const analysis::replay_result* best, const analysis::replay_result& r) {
+    return best == nullptr || r.peak_reserved < best->peak_reserved;
+  };
+  for (const auto& r : results) {
+    if (r.failed_allocations == 0) {
+      if (leaner(leanest, r)) {
+        leanest = &r;
+      }
+      if (!r.allocator.starts_with("naive") && leaner(leanest_pool, r)) {
+        leanest_pool = &r;
+      }
+    }
+    if (fastest == nullptr || cost(r) < cost(*fastest)) {
+      fastest = &r;
+    }
+  }
+  const auto figures = [](const analysis::replay_result& r) {
+    return r.allocator + " (" + compact_bytes(r.peak_reserved) + ", " + fixed(r.ratio, 3) +
+           " x requested)";
+  };
+  std::string v;
+  if (leanest == nullptr) {
+    v += "; every strategy failed allocations under this capacity";
+  } else {
+    v += "; lowest peak reserved without a failure: " + figures(*leanest);
+    if (leanest_pool != nullptr && leanest_pool != leanest) {
+      v += ", of the pools that cache: " + figures(*leanest_pool);
+    }
+  }
+  if (fastest != nullptr) {
+    v += "; fastest: " + fastest->allocator + " (malloc + free median " + fixed(cost(*fastest), 0) +
+         " ns)";
+  }
+  return v;
 }
 
 /// What the log itself says, the same on every strategy: frees of pointers that were not live
@@ -182,28 +286,16 @@ std::vector<analysis::replay_result> replay_all(const replay_command& cmd,
   return results;
 }
 
-/// The summary line under the table(s): failures in all, the lowest peak reserved.
+/// The summary line under the table(s): failures in all, the leanest strategy without a failure
+/// and the fastest (verdicts).
 void print_summary(std::ostream& text, const std::vector<analysis::replay_result>& results,
                    std::uint64_t mallocs) {
-  const auto best =
-      std::min_element(results.begin(), results.end(), [](const auto& a, const auto& b) {
-        return a.failed_allocations != b.failed_allocations
-                   ? a.failed_allocations < b.failed_allocations
-                   : a.peak_reserved < b.peak_reserved;
-      });
   std::uint64_t failed = 0;
   for (const auto& r : results) {
     failed += r.failed_allocations;
   }
   text << "summary: " << results.size() << " allocators, " << mallocs << " mallocs replayed, "
-       << failed << " failed allocations in all";
-  if (best != results.end()) {
-    char ratio[32];
-    std::snprintf(ratio, sizeof ratio, "%.3f", best->ratio);
-    text << "; lowest peak reserved: " << best->allocator << " ("
-         << format_bytes(best->peak_reserved) << ", ratio " << ratio << ")";
-  }
-  text << "\n";
+       << failed << " failed allocations in all" << verdicts(results) << "\n";
   text.flush();
 }
 
@@ -251,7 +343,17 @@ void replay_event_log(const replay_command& cmd, std::ostream& text) {
     throw invalid_argument("poolscope replay: the log has no allocator '" + cmd.only_allocator +
                            "' (it has: " + names + ")");
   }
+  if (log.records.empty()) {
+    throw runtime_error("poolscope replay: '" + cmd.file +
+                        "' holds no allocation records: nothing to replay");
+  }
   const std::vector<analysis::replay_result> results = replay_all(cmd, log, capacity, "");
+  if (!results.empty() && results.front().mallocs == 0) {
+    throw runtime_error("poolscope replay: '" + cmd.file + "' holds " +
+                        std::to_string(log.records.size()) + " records but no malloc to replay (" +
+                        std::to_string(results.front().skipped_records) +
+                        " skipped: another allocator's, or not a malloc or free)");
+  }
 
   print_heading(text, cmd, analysis::to_string(log.format), log.records.size());
   print_table(text, results);
@@ -377,7 +479,7 @@ bool is_snapshot_file(const std::string& path) {
 
 void run_replay(const replay_command& cmd) {
   check_file_arguments("poolscope replay",
-                       {{"LOG", cmd.file, false}, {"--json", cmd.json_path, true}});
+                       {{"LOG", cmd.file, false}, {"--json", cmd.json_path, true}}, cmd.force);
   // With the JSON on stdout, stdout holds nothing else: the table goes to stderr.
   std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
   if (is_snapshot_file(cmd.file)) {
@@ -427,7 +529,9 @@ void register_replay(CLI::App& app) {
   sub->add_option("--json", cmd->json_path,
                   "also write the results as JSON to this file ('-': stdout, the table then goes "
                   "to stderr)")
+      ->check(path_value(true))
       ->transform(output_path_option());
+  sub->add_flag("--force", cmd->force, "replace the --json file if it exists");
   sub->add_flag("!--no-progress", cmd->progress, "no progress bar on stderr");
   sub->callback([cmd] { run_replay(*cmd); });
 }

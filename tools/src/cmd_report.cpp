@@ -2,16 +2,22 @@
 // (profiler/line_profile.hpp, docs/line_profile.md) prints as its text tree, or as folded stacks
 // with --folded; a function-profile JSON (profiler/function_profiler.hpp) prints as its table; a
 // run report (profiler/report.hpp, `poolscope demo --report`) prints the profiles it holds.
-// Which one the file is, is found from its content. Several files (the profiles of the ranks of one
-// launch: POOLSCOPE_PROFILE=p.%r.json, `poolscope demo --report` under mpirun) are shown side by
-// side and summed (analysis/rank_profiles.hpp).
+// Which one the file is, is found from its content. Several files (the profiles of the ranks of
+// one launch: POOLSCOPE_PROFILE=p.%r.json, `poolscope demo --report` under mpirun) are shown side
+// by side and summed (analysis/rank_profiles.hpp).
 //
-//   poolscope report alloc.json --threshold 1M
+// A line profile prints as a labelled table (profile_report.hpp): by default the call sites with
+// at least 1 % of the profile's peak, at most 10 callees under each, functions without their
+// parameter lists.
+//
+//   poolscope report alloc.json                    # --threshold 1% --top 10
+//   poolscope report alloc.json --threshold 1M --top 0 --full-names
 //   poolscope report alloc.json --folded --metric rounded > alloc.folded
 //   poolscope report scopes.json
 //   poolscope report r.rank0.json r.rank1.json r.rank2.json
 //
-// Exit codes: 0, or 1 with a message naming the file if it cannot be read or is neither kind.
+// Exit codes: 0; 1 with a message naming the file if it cannot be read or is neither kind; 2 for
+// a usage error.
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -24,14 +30,15 @@
 
 #include <CLI/CLI.hpp>
 
-#include "byte_size.hpp"
 #include "cli_checks.hpp"
 #include "poolscope/analysis/line_profile_reader.hpp"
 #include "poolscope/analysis/rank_profiles.hpp"
+#include "poolscope/byte_size.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profile.hpp"
 #include "poolscope/profiler/report.hpp"
+#include "profile_report.hpp"
 
 namespace poolscope::tools {
 
@@ -40,8 +47,9 @@ namespace {
 struct report_command {
   std::vector<std::string> files;
   std::string file;  // the one being read
+  std::string threshold = "1%";
   std::size_t top = 10;
-  std::string threshold = "0";
+  bool full_names = false;
   bool show_live = false;
   bool folded = false;
   std::string metric = "used";
@@ -70,18 +78,24 @@ profiler::function_profile parse_function_profile(const report_command& cmd,
 }
 
 void print_line_profile(const report_command& cmd, const profiler::line_profile& p,
-                        std::size_t threshold, profiler::profile_metric metric) {
+                        profiler::profile_metric metric) {
   if (cmd.folded) {
     std::cout << p.to_folded(metric);
-  } else {
-    std::cout << p.to_text({.threshold_bytes = threshold, .show_live = cmd.show_live});
+    return;
   }
+  profile_report_options o;
+  o.threshold_bytes = resolve_threshold(cmd.threshold, p);
+  o.threshold_text = cmd.threshold;
+  o.top = cmd.top;
+  o.full_names = cmd.full_names;
+  o.show_live = cmd.show_live;
+  std::cout << profile_report_text(p, o);
 }
 
 // A run report (profiler/report.hpp: "schema": "poolscope.report", what `poolscope demo
 // --report` writes) carries its profiles under "profiles": the function profile's table and the
 // line profile's tree (or folded stacks) are printed from there.
-void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_t threshold,
+void report_run(const report_command& cmd, const nlohmann::json& doc,
                 profiler::profile_metric metric) {
   const auto profiles = doc.find("profiles");
   const bool have_profiles = profiles != doc.end() && profiles->is_object();
@@ -95,7 +109,7 @@ void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_
                              "' is a run report without a line profile (profiles.line); "
                              "--folded needs one");
     }
-    print_line_profile(cmd, parse_line_profile(cmd, *line, " (profiles.line)"), threshold, metric);
+    print_line_profile(cmd, parse_line_profile(cmd, *line, " (profiles.line)"), metric);
     return;
   }
   if (!have_function && !have_line) {
@@ -117,7 +131,7 @@ void report_run(const report_command& cmd, const nlohmann::json& doc, std::size_
   }
   if (lp) {
     std::cout << (fp ? "\n" : "") << "line profile (profiles.line):\n";
-    print_line_profile(cmd, *lp, threshold, metric);
+    print_line_profile(cmd, *lp, metric);
   }
 }
 
@@ -180,8 +194,7 @@ rank_profiles load_rank(const report_command& cmd, std::size_t i) {
 }
 
 // Several ranks' profiles: those every file holds, side by side, then summed.
-void report_ranks(const report_command& cmd, std::size_t threshold,
-                  profiler::profile_metric metric) {
+void report_ranks(const report_command& cmd, profiler::profile_metric metric) {
   std::vector<rank_profiles> ranks;
   for (std::size_t i = 0; i < cmd.files.size(); ++i) {
     report_command one = cmd;
@@ -226,15 +239,17 @@ void report_ranks(const report_command& cmd, std::size_t threshold,
     std::cout << "\nline profiles side by side (used, acquired bytes below each call site):\n"
               << analysis::side_by_side(labels, lines, cmd.top) << "\nline profiles summed over "
               << ranks.size() << " ranks:\n";
-    print_line_profile(cmd, analysis::sum_profiles(lines), threshold, metric);
+    print_line_profile(cmd, analysis::sum_profiles(lines), metric);
   }
 }
 
 void run_report(report_command cmd) {
-  const std::size_t threshold = parse_byte_size(cmd.threshold);
+  if (cmd.threshold.empty() || cmd.threshold.back() != '%') {
+    (void)parse_byte_size(cmd.threshold);  // a bad count is refused before the file is read
+  }
   const profiler::profile_metric metric = profiler::parse_profile_metric(cmd.metric);
   if (cmd.files.size() > 1) {
-    report_ranks(cmd, threshold, metric);
+    report_ranks(cmd, metric);
     std::cout.flush();
     return;
   }
@@ -245,10 +260,10 @@ void run_report(report_command cmd) {
     return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
   if (string_field("format") == "poolscope.line_profile") {
-    print_line_profile(cmd, parse_line_profile(cmd, doc, ""), threshold, metric);
+    print_line_profile(cmd, parse_line_profile(cmd, doc, ""), metric);
   } else if (string_field("schema") == profiler::report_schema) {
     // Checked before "scopes": a run report has a "scopes" summary of its own.
-    report_run(cmd, doc, threshold, metric);
+    report_run(cmd, doc, metric);
   } else if (doc.contains("scopes")) {
     if (cmd.folded) {
       throw invalid_argument("poolscope report: '" + cmd.file +
@@ -275,12 +290,20 @@ void register_report(CLI::App& app) {
       "function-profile JSON as its table, a run report as the profiles it holds");
   sub->add_option("files", cmd->files,
                   "the JSON report; several (the ranks' of one launch): side by side and summed")
-      ->required();
-  sub->add_option("--top", cmd->top, "several files: scopes and call sites side by side")
-      ->check(poolscope::tools::non_negative_number());
+      ->required()
+      ->check(path_value());
   sub->add_option("--threshold", cmd->threshold,
-                  "line profile: leave out call sites below this many used and acquired bytes "
-                  "(suffixes K, M, G: 1M)");
+                  "line profile: leave out call sites below this many used and acquired bytes: "
+                  "a share of the profile's peak (5%) or a byte count (suffixes K, M, G: 1M; 0 "
+                  "shows all)")
+      ->capture_default_str();
+  sub->add_option("--top", cmd->top,
+                  "line profile: callees shown under each call site (0: all); several files: "
+                  "the scopes and call sites side by side")
+      ->check(whole_number(0, 1000000))
+      ->capture_default_str();
+  sub->add_flag("--full-names", cmd->full_names,
+                "line profile: keep the functions' parameter lists");
   sub->add_flag("--show-live", cmd->show_live,
                 "line profile: also show live and live-at-peak bytes and calls");
   sub->add_flag("--folded", cmd->folded,

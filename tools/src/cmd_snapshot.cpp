@@ -29,10 +29,12 @@ struct snapshot_command {
   std::string output;
   std::size_t max_entries = 100000;
   std::string only_allocator;
+  bool force = false;
 };
 
 void run_snapshot(const snapshot_command& cmd) {
-  check_file_arguments("poolscope snapshot", {{"LOG", cmd.file, false}, {"-o", cmd.output, true}});
+  check_file_arguments("poolscope snapshot", {{"LOG", cmd.file, false}, {"-o", cmd.output, true}},
+                       cmd.force);
   const analysis::event_log log = analysis::read_event_log(cmd.file);
   std::uint32_t only = UINT32_MAX;
   if (!cmd.only_allocator.empty()) {
@@ -96,10 +98,13 @@ void register_snapshot(CLI::App& app) {
       "pytorch.org/memory_viz and torch.cuda._memory_viz");
   sub->add_option("log", cmd->file, "the log file (poolscope JSON Lines, jsonl hook, RMM CSV)")
       ->required();
-  sub->add_option("-o,--output", cmd->output, "the snapshot to write ('-': stdout)")->required();
+  sub->add_option("-o,--output", cmd->output, "the snapshot to write ('-': stdout)")
+      ->required()
+      ->check(path_value(true));
+  sub->add_flag("--force", cmd->force, "replace the -o file if it exists");
   sub->add_option("--max-entries", cmd->max_entries,
                   "trace entries kept per device, the last ones (default 100000)")
-      ->check(CLI::PositiveNumber);
+      ->check(poolscope::tools::whole_number(1, std::int64_t{1} << 40));
   sub->add_option("--only-allocator", cmd->only_allocator,
                   "only the records of this recorded allocator");
   sub->callback([cmd] { run_snapshot(*cmd); });

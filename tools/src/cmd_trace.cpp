@@ -9,7 +9,8 @@
 //   poolscope trace merge -o t.json t.rank0.json t.rank1.json      # one timeline of the ranks
 //
 // Exit codes: check: 0 valid, 1 problems found (listed, each naming its event); summary and
-// merge: 0, or 1 with a message if a file cannot be read, parsed or written.
+// merge: 0, or 1 with a message if a file cannot be read, parsed or written or holds no usable
+// event; all: 2 for a usage error.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -42,6 +43,7 @@ struct trace_command {
   std::vector<std::string> inputs;  ///< merge
   std::string output;               ///< merge
   bool quiet_merge = false;
+  bool force = false;
 };
 
 void run_merge(const trace_command& cmd) {
@@ -50,7 +52,7 @@ void run_merge(const trace_command& cmd) {
     files.push_back({"FILE " + std::to_string(i + 1), cmd.inputs[i], false});
   }
   files.push_back({"-o", cmd.output, true});
-  check_file_arguments("poolscope trace merge", files);
+  check_file_arguments("poolscope trace merge", files, cmd.force);
   const analysis::merge_result r = analysis::merge_traces(cmd.inputs, cmd.output);
   if (!cmd.quiet_merge) {
     std::cout << r.to_text();
@@ -61,6 +63,14 @@ void run_merge(const trace_command& cmd) {
 void run_check(const trace_command& cmd) {
   const analysis::trace_check_result r =
       analysis::check_trace(cmd.file, {.max_issues = cmd.max_issues});
+  if (r.events == 0 && r.issue_count == 1 && !r.issues.empty() && r.issues.front().index < 0) {
+    // The file itself cannot be read or is not JSON: an error like any command's, on stderr.
+    std::string why = r.issues.front().message;
+    if (why.starts_with("poolscope: ")) {
+      why.erase(0, 11);
+    }
+    throw runtime_error("poolscope trace check: " + why);
+  }
   if (!cmd.quiet || !r.ok()) {
     std::cout << r.to_text();
   }
@@ -90,8 +100,7 @@ std::vector<range_found> find_ranges(const trace_command& cmd) {
       for (const std::string& n : r.host_names) {
         known += (known.empty() ? "" : ", ") + n;
       }
-      throw invalid_argument("trace summary --range: no slice named '" + name + "' in '" +
-                             cmd.file + "'" +
+      throw invalid_argument("--range: no slice named '" + name + "' in '" + cmd.file + "'" +
                              (known.empty() ? std::string("; it has no host slices")
                                             : "; its host slices include: " + known));
     }
@@ -107,7 +116,7 @@ std::vector<range_found> find_ranges(const trace_command& cmd) {
 
 void run_summary(const trace_command& cmd) {
   check_file_arguments("poolscope trace summary",
-                       {{"FILE", cmd.file, false}, {"--json", cmd.json_path, true}});
+                       {{"FILE", cmd.file, false}, {"--json", cmd.json_path, true}}, cmd.force);
   // With the JSON on stdout, stdout holds nothing else: the text goes to stderr.
   std::ostream& text = cmd.json_path == "-" ? std::cerr : std::cout;
   const std::vector<range_found> ranges = find_ranges(cmd);
@@ -127,6 +136,11 @@ void run_summary(const trace_command& cmd) {
   const analysis::trace_summary s = cmd.ranges.empty()
                                         ? analysis::summarize_trace(cmd.file)
                                         : analysis::summarize_trace(cmd.file, windows, cmd.each);
+  if (s.events <= s.malformed) {
+    throw runtime_error("poolscope trace summary: '" + cmd.file + "' holds no usable event (" +
+                        std::to_string(s.events) + " events, " + std::to_string(s.malformed) +
+                        " of them unreadable; poolscope trace check " + cmd.file + " names them)");
+  }
   text << s.to_text(cmd.top);
   text.flush();
   if (!cmd.json_path.empty()) {
@@ -181,7 +195,9 @@ void register_trace(CLI::App& app) {
       ->add_option("--json", summary_cmd->json_path,
                    "also write the summary as JSON to this file ('-': stdout, the text then "
                    "goes to stderr)")
+      ->check(path_value(true))
       ->transform(output_path_option());
+  summary->add_flag("--force", summary_cmd->force, "replace the --json file if it exists");
   auto* range = summary->add_option(
       "--range", summary_cmd->ranges,
       "count only the time inside every slice of this name (a scope such as demo.fused, an NVTX "
@@ -201,10 +217,12 @@ void register_trace(CLI::App& app) {
       "around barriers, flows from each reshard piece's send to its receive");
   merge->add_option("-o,--output", merge_cmd->output, "the merged trace to write (.gz compresses)")
       ->required()
+      ->check(path_value())
       ->transform(output_path_option());
   merge->add_option("files", merge_cmd->inputs, "the ranks' traces (.json or .json.gz)")
       ->required();
   merge->add_flag("-q,--quiet", merge_cmd->quiet_merge, "print nothing");
+  merge->add_flag("--force", merge_cmd->force, "replace the -o file if it exists");
   merge->callback([merge_cmd] { run_merge(*merge_cmd); });
 }
 

@@ -1,7 +1,9 @@
 // Subcommands of the poolscope CLI. Each lives in its own cmd_<name>.cpp and registers itself
 // on the app (options and a callback that runs it); main.cpp calls every register function.
-// A callback reports failure by throwing: CLI::RuntimeError(code) for a quiet exit code, any
-// std::exception for "poolscope: <message>" and exit code 1.
+// A callback reports failure by throwing: CLI::RuntimeError(1) for a quiet exit (what it checked
+// failed, and it has printed why), usage_error (cli_files.hpp) for a mistake in the command line
+// found late (exit code 2), any other std::exception for "poolscope <command>: <message>" and
+// exit code 1 (main.cpp).
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -7,7 +7,7 @@
 //   o.devices = "host:2";
 //   auto r = poolscope::tools::run_darray_demo(o, &std::cerr);
 //   std::cout << r.text;
-//   return r.ok() ? 0 : 2;
+//   return r.ok() ? 0 : 1;
 //
 // Times are wall-clock on the host from the first enqueue to the end of the last piece of work:
 // the three steps take turns for `repeat` rounds after a warm-up round, and each keeps its best
@@ -51,7 +51,8 @@ struct darray_demo_options {
   std::string between_ranks = "nccl";
   std::string trace_path = "trace.json";
   std::string report_path = "report.json";
-  int repeat = 0;  ///< rounds; 0: 3 on GPUs, 20 on host devices
+  bool overwrite = false;  ///< replace a trace or report file that exists (else refused)
+  int repeat = 0;          ///< rounds; 0: 3 on GPUs, 20 on host devices
   std::uint64_t seed = 1;
   bool cupti = true;  ///< collect CUPTI activity on GPUs
   /// profiler::with_activity_kinds' list. The records of API calls (runtime, driver, sync,
@@ -78,6 +79,8 @@ struct darray_demo_result {
   std::vector<demo_check> checks;
   double t_add_ms = 0, t_reshard_ms = 0, t_fused_ms = 0;
   double eta = 0;  ///< NaN when the reshard moves nothing (one device): no transfer to hide
+  /// eta of each timed round from that round's own three times: its spread (NaN as eta).
+  double eta_min = 0, eta_median = 0, eta_max = 0;
   std::int64_t bytes_moved = 0;  ///< remote bytes of C.reshard(A.index_map())
   std::int64_t bytes_local = 0;  ///< bytes already in place
   std::vector<double> overlap;   ///< per device: overlap ratio from the trace (NaN: unknown)

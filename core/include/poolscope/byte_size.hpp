@@ -1,4 +1,5 @@
-// Byte counts on the command line: "4096", "512K", "80G", "1.5GiB" (binary units: K = 1024).
+// Byte counts as the command line and the environment take them: "4096", "512K", "80G", "1.5GiB"
+// (binary units: K = 1024). Used by the poolscope command and the plug-in.
 //
 // Thread safety: reentrant. Cost: linear in the text.
 #pragma once
@@ -12,7 +13,7 @@
 
 #include "poolscope/error.hpp"
 
-namespace poolscope::tools {
+namespace poolscope {
 
 /// Parses a byte count with an optional binary suffix: K, M, G, T (also KB/KiB, ... and a bare
 /// B), case-insensitive. Throws poolscope::invalid_argument naming `text` if it is not one or
@@ -63,4 +64,4 @@ namespace poolscope::tools {
   return static_cast<std::size_t>(bytes);
 }
 
-}  // namespace poolscope::tools
+}  // namespace poolscope

@@ -1,0 +1,6 @@
+// The CUDA backend's kernels for fill, unary ops, reductions and gemm on float (kernels_typed.hpp).
+#include "kernels_impl.cuh"
+
+namespace poolscope::darray::detail {
+template struct typed_kernels<float>;
+}  // namespace poolscope::darray::detail
