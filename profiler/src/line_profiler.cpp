@@ -35,9 +35,7 @@ std::string_view to_string(stack_unwinder u) noexcept {
   return "unknown";
 }
 
-namespace {
-
-detail::unwind_backend backend_of(stack_unwinder u) noexcept {
+detail::unwind_backend detail::backend_of(stack_unwinder u) noexcept {
   switch (u) {
     case stack_unwinder::libunwind:
       return detail::unwind_backend::libunwind;
@@ -52,6 +50,8 @@ detail::unwind_backend backend_of(stack_unwinder u) noexcept {
   }
   return detail::default_unwind_backend();
 }
+
+namespace {
 
 stack_unwinder unwinder_of(detail::unwind_backend b) noexcept {
   switch (b) {
@@ -322,7 +322,7 @@ class leaf_table {
 }  // namespace
 
 bool unwinder_available(stack_unwinder u) noexcept {
-  return u == stack_unwinder::automatic || detail::unwind_backend_available(backend_of(u));
+  return u == stack_unwinder::automatic || detail::unwind_backend_available(detail::backend_of(u));
 }
 
 bool has_libdw() noexcept {
@@ -565,7 +565,7 @@ line_profiler::line_profiler(const line_profiler_options& options) : options_(op
                            std::to_string(detail::own_code_ranges::max_extra));
   }
   detail::stack_capture_options capture;
-  capture.backend = backend_of(options_.unwinder);
+  capture.backend = detail::backend_of(options_.unwinder);
   capture.max_depth = options_.max_depth;
   capture.skip_poolscope_frames = options_.skip_poolscope_frames;
   capture.skip_frames = options_.skip_frames;

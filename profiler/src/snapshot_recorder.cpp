@@ -58,25 +58,9 @@ std::int64_t realtime_offset_ns() noexcept {
          (static_cast<std::int64_t>(real.tv_nsec) - mono.tv_nsec);
 }
 
-detail::unwind_backend backend_for(stack_unwinder u) {
-  switch (u) {
-    case stack_unwinder::libunwind:
-      return detail::unwind_backend::libunwind;
-    case stack_unwinder::glibc_backtrace:
-      return detail::unwind_backend::glibc_backtrace;
-    case stack_unwinder::frame_pointer:
-      return detail::unwind_backend::frame_pointer;
-    case stack_unwinder::cached_dwarf:
-      return detail::unwind_backend::cached_dwarf;
-    case stack_unwinder::automatic:
-      break;
-  }
-  return detail::default_unwind_backend();
-}
-
 detail::stack_capture_options capture_options(const snapshot_recorder_options& o) {
   detail::stack_capture_options c;
-  c.backend = backend_for(o.unwinder);
+  c.backend = detail::backend_of(o.unwinder);
   c.max_depth = o.max_depth;
   c.skip_frames = o.skip_frames;
   c.skip_modules_of = o.skip_modules_of;

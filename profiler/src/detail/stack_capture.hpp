@@ -23,7 +23,14 @@
 
 #include "detail/stack_seam.hpp"
 
+namespace poolscope::profiler {
+enum class stack_unwinder : std::uint8_t;  // line_profiler.hpp
+}  // namespace poolscope::profiler
+
 namespace poolscope::profiler::detail {
+
+/// The unwinder a profiler's option names; `automatic`: default_unwind_backend().
+[[nodiscard]] unwind_backend backend_of(stack_unwinder u) noexcept;
 
 /// Settings of a stack_capturer.
 struct stack_capture_options {
