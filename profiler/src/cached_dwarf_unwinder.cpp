@@ -530,7 +530,7 @@ bool cached_dwarf_supported() noexcept {
 
 // Not instrumented by AddressSanitizer: the walk reads saved registers in other frames.
 __attribute__((noinline, no_sanitize_address)) std::size_t walk_cached_dwarf(
-    std::uintptr_t* out, std::size_t capacity) noexcept {
+    std::uintptr_t* out, std::size_t capacity, const stop_ranges* stop) noexcept {
   thread_unwind_state* ts = this_thread_state();
   if (ts == nullptr || ts->stack.hi == 0) {
     return 0;
@@ -576,6 +576,9 @@ __attribute__((noinline, no_sanitize_address)) std::size_t walk_cached_dwarf(
       break;
     }
     if (keep) {
+      if (stop != nullptr && stop->contains(ra)) {
+        break;
+      }
       out[n++] = ra;
       if (n == capacity) {
         break;
@@ -597,7 +600,7 @@ namespace poolscope::profiler::detail {
 bool cached_dwarf_supported() noexcept {
   return false;
 }
-std::size_t walk_cached_dwarf(std::uintptr_t*, std::size_t) noexcept {
+std::size_t walk_cached_dwarf(std::uintptr_t*, std::size_t, const stop_ranges*) noexcept {
   return 0;
 }
 }  // namespace poolscope::profiler::detail

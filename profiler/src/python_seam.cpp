@@ -3,7 +3,11 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <mutex>
 #include <new>
 #include <unordered_map>
@@ -28,7 +32,12 @@ struct api {
   object* (*frame_back)(object*) = nullptr;  // new reference
   object* (*frame_code)(object*) = nullptr;  // new reference
   int (*frame_line)(object*) = nullptr;
-  int (*frame_lasti)(object*) = nullptr;  // 3.11 on; without it every line is computed
+  int (*frame_lasti)(object*) = nullptr;        // 3.11 on; without it every line is computed
+  int (*code_line)(object*, int) = nullptr;     // PyCode_Addr2Line(code, byte offset)
+  object* (*current_thread_state)() = nullptr;  // with the GIL held; null without it
+  const unsigned long* version = nullptr;       // Py_Version (3.11 on)
+  const object* code_type = nullptr;            // &PyCode_Type
+  const object* frame_type = nullptr;           // &PyFrame_Type
   void (*incref)(object*) = nullptr;
   void (*decref)(object*) = nullptr;
   object* (*get_attr)(object*, const char*) = nullptr;  // new reference
@@ -88,6 +97,13 @@ const api& the_api() noexcept {
            find(r.this_thread_state, "PyGILState_GetThisThreadState") &&
            find(r.gil_ensure, "PyGILState_Ensure") && find(r.gil_release, "PyGILState_Release");
     (void)find(r.frame_lasti, "PyFrame_GetLasti");
+    (void)find(r.code_line, "PyCode_Addr2Line");
+    if (!find(r.current_thread_state, "PyThreadState_GetUnchecked")) {
+      (void)find(r.current_thread_state, "_PyThreadState_UncheckedGet");
+    }
+    r.version = static_cast<const unsigned long*>(dlsym(RTLD_DEFAULT, "Py_Version"));
+    r.code_type = dlsym(RTLD_DEFAULT, "PyCode_Type");
+    r.frame_type = dlsym(RTLD_DEFAULT, "PyFrame_Type");
     if (!find(r.is_finalizing, "Py_IsFinalizing")) {
       (void)find(r.is_finalizing, "_Py_IsFinalizing");
     }
@@ -170,35 +186,43 @@ bool available() noexcept {
   return the_api().ok;
 }
 
-bool in_interpreter(std::uintptr_t return_address) noexcept {
-  const api& a = the_api();
-  for (std::size_t i = 0; i < a.ranges; ++i) {
-    if (return_address >= a.lo[i] && return_address < a.hi[i]) {
-      return true;
+const stop_ranges& interpreter_code() noexcept {
+  static const stop_ranges r = [] {
+    const api& a = the_api();
+    stop_ranges out;
+    for (std::size_t i = 0; i < a.ranges && out.count < stop_ranges::max; ++i) {
+      out.lo[out.count] = a.lo[i];
+      out.hi[out.count] = a.hi[i];
+      ++out.count;
     }
-  }
-  return false;
+    return out;
+  }();
+  return r;
 }
 
 namespace {
 
-/// A thread's last frame words by (code object, instruction offset): a frame that has not moved
-/// since the last walk (the outer frames of a loop) is one lookup, not a line-table search and a
-/// table lookup under a lock. Only interned (kept-alive) code objects are cached, so a key never
-/// names another object.
+/// A thread's frame words by (code object, position): a frame seen before (the outer frames of
+/// a loop) is one lookup, not a line-table search and a table lookup under a lock. The position
+/// is the instruction's address where the interpreter's frames are read directly (direct_reader
+/// below), its offset where they are read through the C API: a code object's instructions lie
+/// inside it, so either names one place of one code object. Only interned (kept-alive) code
+/// objects are cached, so a key never names another object.
 struct word_cache {
   static constexpr std::size_t size = 1024;
-  struct entry {
+  struct alignas(32) entry {  // one cache line holds two
     const object* code = nullptr;
-    int lasti = -1;
+    std::uintptr_t at = ~std::uintptr_t{0};
     std::uintptr_t word = 0;
   };
   entry entries[size];
-  static std::size_t slot(const object* code, int lasti) noexcept {
-    const auto h = (reinterpret_cast<std::uintptr_t>(code) >> 4) * 0x9E3779B97F4A7C15ULL +
-                   static_cast<std::uintptr_t>(lasti);
+  static std::size_t slot(const object* code, std::uintptr_t at) noexcept {
+    // Both halves mixed into the top bits: the places of one code object differ by a few bytes.
+    const auto h = (reinterpret_cast<std::uintptr_t>(code) ^ (at * 0xD6E8FEB86659FD93ULL)) *
+                   0x9E3779B97F4A7C15ULL;
     return static_cast<std::size_t>(h >> 54) & (size - 1);
   }
+  entry& find(const object* code, std::uintptr_t at) noexcept { return entries[slot(code, at)]; }
 };
 thread_local word_cache t_words;
 
@@ -213,20 +237,20 @@ std::uintptr_t frame_word(const api& a, object* frame, object* code) noexcept {
     return word_of(code_id(a, code), a.frame_line(frame));
   }
   const int lasti = a.frame_lasti(frame);
-  word_cache::entry& e = t_words.entries[word_cache::slot(code, lasti)];
-  if (e.code == code && e.lasti == lasti) {
+  word_cache::entry& e = t_words.find(code, static_cast<std::uintptr_t>(lasti));
+  if (e.code == code && e.at == static_cast<std::uintptr_t>(lasti)) {
     return e.word;
   }
   const std::uint32_t id = code_id(a, code);
   const std::uintptr_t word = word_of(id, a.frame_line(frame));
   if (id != 0) {
-    e = {code, lasti, word};
+    e = {code, static_cast<std::uintptr_t>(lasti), word};
   }
   return word;
 }
 
-// With the GIL held: the thread's frames, innermost first.
-std::size_t walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& truncated) {
+// With the GIL held: the thread's frames through the C API, innermost first.
+std::size_t api_walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& truncated) {
   object* frame = a.get_frame();
   if (frame == nullptr) {
     return 0;
@@ -252,6 +276,326 @@ std::size_t walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& 
   return n;
 }
 
+// ---- reading the interpreter's frames directly ---------------------------------------------
+//
+// From 3.11 on, CPython keeps a thread's frames as a linked list of _PyInterpreterFrame structs
+// that its thread state points to; the C API walk turns each into a frame object and takes two
+// references per frame. direct_reader reads the list itself: per frame a few loads and a cache
+// lookup, no call, no reference, and no GIL (the list of the calling thread changes only when
+// that thread runs Python, and it is here instead; the code objects are held by their frames).
+// The GIL is taken only to intern a code object or place met for the first time.
+//
+// The layouts come from CPython's headers of each version (Include/internal/pycore_frame.h,
+// Include/cpython/pystate.h and code.h) and are trusted only after a check against the C API on
+// this interpreter: the first captures made with the GIL held walk both ways and compare every
+// frame (its struct's address, code object, instruction offset and line). A mismatch (another
+// build of CPython, a debug or free-threaded build) turns the reader off for good.
+
+/// Byte offsets of what the walk reads, for one minor version.
+struct frame_layout {
+  unsigned minor;
+  std::size_t tstate_frame;     // thread state -> its _PyCFrame (3.11, 3.12) or top frame (3.13)
+  std::ptrdiff_t cframe_top;    // _PyCFrame -> top frame; -1: the thread state points at it
+  std::size_t code;             // frame -> code object (f_code; f_executable in 3.13)
+  std::size_t previous;         // frame -> the frame below
+  std::size_t instr;            // frame -> instruction pointer (prev_instr; instr_ptr in 3.13)
+  std::size_t owner;            // frame -> owner (char)
+  std::size_t code_start;       // code object -> its instructions (co_code_adaptive)
+  std::size_t first_traceable;  // code object -> _co_firsttraceable (int, in code units)
+  bool shim_frames;             // frames owned by the C stack (3.12 on) are the evaluator's own
+};
+constexpr frame_layout layouts[] = {
+    {11, 56, 8, 32, 48, 56, 69, 184, 168, false},
+    {12, 56, 0, 0, 8, 56, 70, 192, 176, true},
+    {13, 72, -1, 0, 8, 56, 70, 200, 184, true},
+};
+constexpr char owned_by_generator = 1;
+constexpr char owned_by_c_stack = 3;
+constexpr std::size_t object_type = 8;         // PyObject -> ob_type
+constexpr std::size_t frame_object_data = 24;  // PyFrameObject -> f_frame (3.11 to 3.13)
+constexpr std::size_t code_unit = 2;
+
+template <class T>
+T load(const void* base, std::size_t offset) noexcept {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(base) + offset, sizeof v);
+  return v;
+}
+
+/// One frame as the direct reader sees it.
+struct raw_frame {
+  const void* frame;
+  object* code;
+  std::uintptr_t instr;
+};
+
+class direct_reader {
+ public:
+  /// The layout of the running interpreter, or null (a version without one).
+  static const frame_layout* layout_of(const api& a) noexcept {
+    if (a.version == nullptr || a.code_type == nullptr || a.frame_type == nullptr ||
+        a.code_line == nullptr || a.frame_lasti == nullptr || a.current_thread_state == nullptr) {
+      return nullptr;
+    }
+    const unsigned long v = *a.version;
+    if ((v >> 24) != 3) {
+      return nullptr;
+    }
+    for (const frame_layout& l : layouts) {
+      if (((v >> 16) & 0xff) == l.minor) {
+        return &l;
+      }
+    }
+    return nullptr;
+  }
+
+  explicit direct_reader(const frame_layout& l, const api& a) noexcept : l_(l), a_(a) {}
+
+  /// The innermost frame of `tstate` (null: no Python frame).
+  [[nodiscard]] const void* top(const void* tstate) const noexcept {
+    const void* p = load<const void*>(tstate, l_.tstate_frame);
+    if (l_.cframe_top < 0 || p == nullptr) {
+      return p;
+    }
+    return load<const void*>(p, static_cast<std::size_t>(l_.cframe_top));
+  }
+  [[nodiscard]] const void* previous(const void* frame) const noexcept {
+    return load<const void*>(frame, l_.previous);
+  }
+  /// The frame's code object and instruction as they are (read() checks them).
+  [[nodiscard]] object* code(const void* frame) const noexcept {
+    return load<object*>(frame, l_.code);
+  }
+  [[nodiscard]] std::uintptr_t instr(const void* frame) const noexcept {
+    return load<std::uintptr_t>(frame, l_.instr);
+  }
+  /// The frame's code object and instruction, or false for a frame the C API skips (the
+  /// evaluator's shim frames, frames that have not started).
+  bool read(const void* frame, raw_frame& out) const noexcept {
+    const char owner = load<char>(frame, l_.owner);
+    if (l_.shim_frames && owner == owned_by_c_stack) {
+      return false;
+    }
+    auto* code = load<object*>(frame, l_.code);
+    if (code == nullptr || load<const void*>(code, object_type) != a_.code_type) {
+      return false;
+    }
+    const auto instr = load<std::uintptr_t>(frame, l_.instr);
+    const std::uintptr_t start = reinterpret_cast<std::uintptr_t>(code) + l_.code_start;
+    if (owner != owned_by_generator) {
+      const auto first = static_cast<std::uintptr_t>(load<int>(code, l_.first_traceable));
+      if (instr < start + first * code_unit) {
+        return false;
+      }
+    } else if (instr < start) {
+      return false;
+    }
+    out = {frame, code, instr};
+    return true;
+  }
+  /// The byte offset of the frame's instruction (PyFrame_GetLasti's value).
+  [[nodiscard]] int offset(const raw_frame& f) const noexcept {
+    return static_cast<int>(f.instr - reinterpret_cast<std::uintptr_t>(f.code) - l_.code_start);
+  }
+
+ private:
+  const frame_layout& l_;
+  const api& a_;
+};
+
+/// The direct reader's state: 0 until checked, 1 on, -1 off for good.
+std::atomic<int> direct_state{0};
+std::atomic<int> direct_checks{0};
+constexpr int checks_needed = 4;  // captures that must agree with the C API
+
+const frame_layout* direct_layout() noexcept {
+  static const frame_layout* const l = direct_reader::layout_of(the_api());
+  return l;
+}
+
+// With the GIL held: true if the direct reader sees exactly the frames the C API gives.
+bool agrees_with_api(const api& a, const direct_reader& r, const void* tstate) noexcept {
+  object* frame = a.get_frame();
+  const void* mine = r.top(tstate);
+  if (frame == nullptr) {
+    raw_frame f{};
+    while (mine != nullptr && !r.read(mine, f)) {
+      mine = r.previous(mine);
+    }
+    return mine == nullptr;
+  }
+  a.incref(frame);
+  bool same = true;
+  while (frame != nullptr && same) {
+    // Only a frame the C API names is read: a wrong layout fails the comparison first.
+    same = load<const void*>(frame, object_type) == a.frame_type;
+    const void* theirs = same ? load<const void*>(frame, frame_object_data) : nullptr;
+    raw_frame f{};
+    while (same && mine != nullptr && mine != theirs && !r.read(mine, f)) {
+      mine = r.previous(mine);
+    }
+    same = same && mine == theirs && r.read(mine, f);
+    if (same) {
+      object* code = a.frame_code(frame);
+      same = code == f.code && a.frame_lasti(frame) == r.offset(f) &&
+             a.frame_line(frame) == a.code_line(f.code, r.offset(f));
+      if (code != nullptr) {
+        a.decref(code);
+      }
+      mine = r.previous(mine);
+    }
+    object* back = a.frame_back(frame);
+    a.decref(frame);
+    frame = back;
+  }
+  if (frame != nullptr) {
+    a.decref(frame);
+    return false;
+  }
+  if (same) {
+    // The C API has no more frames: neither may the reader.
+    raw_frame f{};
+    while (mine != nullptr && !r.read(mine, f)) {
+      mine = r.previous(mine);
+    }
+    same = mine == nullptr;
+  }
+  return same;
+}
+
+// 3.11 and 3.12 reach the top frame through a _PyCFrame: the thread state's own (root_cframe)
+// or one on the evaluator's C stack. Anything else means the layout is not this interpreter's,
+// and is not followed.
+bool plausible_cframe(const void* tstate, const void* cframe) noexcept {
+  const auto p = reinterpret_cast<std::uintptr_t>(cframe);
+  const auto t = reinterpret_cast<std::uintptr_t>(tstate);
+  if (p == 0 || p % alignof(void*) != 0) {
+    return false;
+  }
+  if (p >= t && p < t + 4096) {
+    return true;
+  }
+  pthread_attr_t attr;
+  if (pthread_getattr_np(pthread_self(), &attr) != 0) {
+    return false;
+  }
+  void* lo = nullptr;
+  std::size_t size = 0;
+  const bool on_stack = pthread_attr_getstack(&attr, &lo, &size) == 0 &&
+                        p >= reinterpret_cast<std::uintptr_t>(lo) &&
+                        p + 2 * sizeof(void*) <= reinterpret_cast<std::uintptr_t>(lo) + size;
+  pthread_attr_destroy(&attr);
+  return on_stack;
+}
+
+// With the GIL held, while the direct reader is being checked: one more comparison.
+void check_direct_reader(const api& a) noexcept {
+  const frame_layout* l = direct_layout();
+  if (l == nullptr) {
+    direct_state.store(-1, std::memory_order_relaxed);
+    return;
+  }
+  const void* tstate = a.current_thread_state();
+  if (tstate == nullptr) {
+    return;
+  }
+  if (l->cframe_top >= 0 && !plausible_cframe(tstate, load<const void*>(tstate, l->tstate_frame))) {
+    direct_state.store(-1, std::memory_order_relaxed);
+    return;
+  }
+  const direct_reader r(*l, a);
+  if (!agrees_with_api(a, r, tstate)) {
+    direct_state.store(-1, std::memory_order_relaxed);
+    return;
+  }
+  if (direct_checks.fetch_add(1, std::memory_order_relaxed) + 1 >= checks_needed) {
+    int expected = 0;
+    direct_state.compare_exchange_strong(expected, 1, std::memory_order_relaxed);
+  }
+}
+
+// With the GIL held: the words of the frames the cache did not know (out[i] == 0).
+void resolve_missing(const api& a, const direct_reader& r, word_cache& cache,
+                     const raw_frame* frames, std::uintptr_t* out, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    if (out[i] != 0) {
+      continue;
+    }
+    const raw_frame& f = frames[i];
+    const std::uint32_t id = code_id(a, f.code);
+    out[i] = word_of(id, a.code_line(f.code, r.offset(f)));
+    if (id != 0) {
+      cache.find(f.code, f.instr) = {f.code, f.instr, out[i]};
+    }
+  }
+}
+
+// The words of the frames from `top` outwards, 0 for those not cached (their raw frames are in
+// `frames` at the same index, and counted in `missing`). Apart from direct_walk, and opaque to
+// interprocedural optimization, so that the cache is a plain pointer here: the compiler would
+// otherwise look the thread-local up again for each frame (a call, in a shared library).
+__attribute__((noipa)) std::size_t read_frames(const direct_reader& r, word_cache& cache,
+                                               const void* top, std::uintptr_t* out,
+                                               raw_frame* frames, std::size_t capacity,
+                                               std::size_t& missing, bool& truncated) noexcept {
+  std::size_t n = 0;
+  for (const void* p = top; p != nullptr; p = r.previous(p)) {
+    // A cached place is a frame read() accepted before (of a code object kept alive, so no
+    // other object is at its address): its checks need not be made again.
+    object* code = r.code(p);
+    const std::uintptr_t instr = r.instr(p);
+    const word_cache::entry& e = cache.find(code, instr);
+    std::uintptr_t word = e.word;
+    if (e.code != code || e.at != instr) [[unlikely]] {
+      raw_frame f;
+      if (!r.read(p, f)) {
+        continue;
+      }
+      if (n < capacity) {
+        frames[n] = f;
+        ++missing;
+        word = 0;
+      }
+    }
+    if (n == capacity) {
+      truncated = true;
+      break;
+    }
+    out[n++] = word;
+  }
+  return n;
+}
+
+// The calling thread's frames read directly; the GIL is taken only for frames not cached.
+std::size_t direct_walk(const api& a, std::uintptr_t* out, std::size_t capacity, bool& truncated,
+                        bool holds_gil, bool may_take_gil) noexcept {
+  const void* tstate = holds_gil ? a.current_thread_state() : a.this_thread_state();
+  if (tstate == nullptr) {
+    return 0;  // a thread that never ran Python
+  }
+  const direct_reader r(*direct_layout(), a);
+  word_cache& cache = t_words;
+  raw_frame frames[256];  // the frames not cached, at their index
+  std::size_t missing = 0;
+  const std::size_t n = read_frames(r, cache, r.top(tstate), out, frames,
+                                    std::min(capacity, std::size(frames)), missing, truncated);
+  if (missing == 0) {
+    return n;
+  }
+  if (holds_gil) {
+    resolve_missing(a, r, cache, frames, out, n);
+    return n;
+  }
+  if (!may_take_gil) {
+    truncated = false;
+    return 0;
+  }
+  const int state = a.gil_ensure();
+  resolve_missing(a, r, cache, frames, out, n);
+  a.gil_release(state);
+  return n;
+}
+
 }  // namespace
 
 std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated,
@@ -262,19 +606,30 @@ std::size_t capture(std::uintptr_t* out, std::size_t capacity, bool& truncated,
       (a.is_finalizing != nullptr && a.is_finalizing() != 0)) {
     return 0;
   }
-  if (a.gil_check() != 0) {
-    return walk(a, out, capacity, truncated);
+  const bool holds_gil = a.gil_check() != 0;
+  const int direct = direct_state.load(std::memory_order_relaxed);
+  if (direct > 0) {
+    return direct_walk(a, out, capacity, truncated, holds_gil, may_take_gil);
   }
   // A Python thread that released the GIL around a call into C (PyTorch's operators, ctypes):
   // its frames are read with the GIL taken for the walk. A thread that never ran Python has no
   // thread state and no frames: it is not made one.
-  if (!may_take_gil || a.this_thread_state() == nullptr) {
+  if (!holds_gil && (!may_take_gil || a.this_thread_state() == nullptr)) {
     return 0;
   }
-  const int state = a.gil_ensure();
-  const std::size_t n = walk(a, out, capacity, truncated);
-  a.gil_release(state);
+  const int state = holds_gil ? 0 : a.gil_ensure();
+  if (direct == 0) {
+    check_direct_reader(a);
+  }
+  const std::size_t n = api_walk(a, out, capacity, truncated);
+  if (!holds_gil) {
+    a.gil_release(state);
+  }
   return n;
+}
+
+bool direct_reads() noexcept {
+  return direct_state.load(std::memory_order_relaxed) > 0;
 }
 
 bool resolve(std::uintptr_t word, std::string& function, std::string& file, int& line) {

@@ -24,11 +24,21 @@ stack_capturer::stack_capturer(const stack_capture_options& options) noexcept
 
 std::size_t stack_capturer::capture(std::uintptr_t* out, bool& truncated,
                                     bool outside_lock) noexcept {
+  // The Python frames first: when there are some, they stand in for the native frames from the
+  // interpreter's first one outwards (the evaluator running them), so the native walk stops there.
+  bool python_cut = false;
+  std::size_t py = 0;
+  std::uintptr_t py_frames[256];
+  if (options_.max_python_depth != 0) {
+    py = python::capture(py_frames, std::min(options_.max_python_depth, std::size(py_frames)),
+                         python_cut, outside_lock);
+  }
   std::uintptr_t raw[max_supported_depth + 128];
   const std::size_t own_frames = own_frames_.load(std::memory_order_relaxed);
   const std::size_t capacity =
       std::min(options_.max_depth + options_.skip_frames + own_frames + 1, std::size(raw));
-  const std::size_t n = capture_stack(options_.backend, raw, capacity);
+  const std::size_t n = capture_stack(options_.backend, raw, capacity,
+                                      py != 0 ? &python::interpreter_code() : nullptr);
   std::size_t top = 0;
   if (options_.skip_poolscope_frames) {
     while (top < n && own_.contains(raw[top])) {
@@ -44,30 +54,10 @@ std::size_t stack_capturer::capture(std::uintptr_t* out, bool& truncated,
   std::size_t native = n - top;
   // One frame more than needed is captured, so a full buffer means a cut stack only when
   // poolscope's frames took more room than planned.
-  truncated = native > options_.max_depth || n == capacity;
-
-  bool python_cut = false;
-  std::size_t py = 0;
-  std::uintptr_t py_frames[256];
-  if (options_.max_python_depth != 0) {
-    py = python::capture(py_frames, std::min(options_.max_python_depth, std::size(py_frames)),
-                         python_cut, outside_lock);
-  }
-  if (py != 0) {
-    // The native frames from the interpreter's first one outwards are the evaluator running
-    // the Python frames: those stand in for them.
-    for (std::size_t i = 0; i < native; ++i) {
-      if (python::in_interpreter(raw[top + i])) {
-        native = i;
-        truncated = native > options_.max_depth;
-        break;
-      }
-    }
-  }
+  truncated = native > options_.max_depth || n == capacity || python_cut;
   native = std::min(native, options_.max_depth);
   std::memcpy(out, raw + top, native * sizeof(std::uintptr_t));
   std::memcpy(out + native, py_frames, py * sizeof(std::uintptr_t));
-  truncated = truncated || python_cut;
   return native + py;
 }
 

@@ -67,7 +67,7 @@ const stack_bounds& this_thread_stack() noexcept {
 // stack's base, so code built without frame pointers yields a short stack, never a fault.
 // Not instrumented by AddressSanitizer: a broken chain may point anywhere in the stack.
 __attribute__((noinline, no_sanitize_address)) std::size_t walk_frame_pointers(
-    std::uintptr_t* out, std::size_t capacity) noexcept {
+    std::uintptr_t* out, std::size_t capacity, const stop_ranges* stop) noexcept {
   const stack_bounds& b = this_thread_stack();
   if (!b.known) {
     return 0;
@@ -87,6 +87,9 @@ __attribute__((noinline, no_sanitize_address)) std::size_t walk_frame_pointers(
       break;
     }
     if (!skip_own) {
+      if (stop != nullptr && stop->contains(ret)) {
+        break;
+      }
       out[n++] = ret;
     }
     skip_own = false;
@@ -149,7 +152,8 @@ void warm_up(unwind_backend b) noexcept {
 }
 
 __attribute__((noinline)) std::size_t capture_stack(unwind_backend b, std::uintptr_t* out,
-                                                    std::size_t capacity) noexcept {
+                                                    std::size_t capacity,
+                                                    const stop_ranges* stop) noexcept {
   if (capacity == 0) {
     return 0;
   }
@@ -161,13 +165,13 @@ __attribute__((noinline)) std::size_t capture_stack(unwind_backend b, std::uintp
   int got = 0;
   switch (b) {
     case unwind_backend::frame_pointer: {
-      const std::size_t n = walk_frame_pointers(out, capacity);
+      const std::size_t n = walk_frame_pointers(out, capacity, stop);
       // Keep the call from being a tail call, so walk_frame_pointers' return address is here.
       asm volatile("" ::: "memory");
       return n;
     }
     case unwind_backend::cached_dwarf: {
-      const std::size_t n = walk_cached_dwarf(out, capacity);
+      const std::size_t n = walk_cached_dwarf(out, capacity, stop);
       asm volatile("" ::: "memory");  // as above: the walker drops its return address into here
       return n;
     }
@@ -188,6 +192,9 @@ __attribute__((noinline)) std::size_t capture_stack(unwind_backend b, std::uintp
   const auto n = static_cast<std::size_t>(got) - 1;
   for (std::size_t i = 0; i < n; ++i) {
     out[i] = reinterpret_cast<std::uintptr_t>(raw[i + 1]);
+    if (stop != nullptr && stop->contains(out[i])) {
+      return i;
+    }
   }
   return n;
 }

@@ -6,15 +6,27 @@
 // is false and capture() returns nothing: stacks are native frames only.
 //
 // Preconditions and error conventions:
-// - capture() reads the frames of the calling thread holding the GIL, as the interpreter requires.
-//   A thread that holds it already is read at once. A Python thread that released it around a
-//   call into C (PyTorch's operators do, ctypes does) takes it for the walk (PyGILState_Ensure),
-//   but only when the caller says it may: an event raised while the allocator holds its own lock
-//   (device_alloc, inside the strategy) must not wait for the GIL, which a thread freeing a tensor
-//   holds while it waits for that lock. The pool's events pool_malloc post and pool_free pre come
-//   outside the allocator's lock (allocator.cpp), so the profilers take the GIL for those only.
+// - Two ways to read the calling thread's frames. Through the C API (PyEval_GetFrame,
+//   PyFrame_GetBack, PyFrame_GetCode: any version from 3.9), holding the GIL as the interpreter
+//   requires: a thread that holds it already is read at once; a Python thread that released it
+//   around a call into C (PyTorch's operators do, ctypes does) takes it for the walk
+//   (PyGILState_Ensure). And on CPython 3.11 to 3.13, directly: the thread state's list of
+//   frames, read by a few loads per frame with no call, no reference and no GIL (only the thread
+//   itself changes that list, and it is here), each frame's word found in a per-thread cache by
+//   (code object, instruction); the GIL is taken only to intern a code object or place met for
+//   the first time. The direct reader's layout (python_seam.cpp) is used only once the first
+//   captures made holding the GIL found it giving exactly the C API's frames (addresses, code
+//   objects, offsets and lines) on this interpreter; any difference turns it off for good.
+// - The GIL is taken only when the caller says it may: an event raised while the allocator holds
+//   its own lock (device_alloc, segment_map, inside the strategy) must not wait for the GIL,
+//   which a thread freeing a tensor holds while it waits for that lock. The pool's events
+//   pool_malloc post and pool_free pre come outside the allocator's lock (allocator.cpp), so the
+//   profilers take the GIL for those only. An event that may not take it gets the Python frames
+//   only if the thread holds the GIL or every frame is cached; else none (native frames only).
 //   A thread that never ran Python (no thread state) is never given one: native frames only.
 //   Nothing is read while the interpreter is not initialized or is finalizing.
+// - Lines are those of the instruction each frame is at (PyFrame_GetLineNumber's, computed once
+//   per place with PyCode_Addr2Line); a line a tracer set on a frame object is not read.
 // - A Python frame is one word: python_flag | code-object id << 24 | line (a line at or past
 //   2^24 is written as 0). Code objects are kept alive (a reference is held) from their first
 //   capture, so an id never names another object; at most max_code_objects are kept, later
@@ -26,6 +38,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+
+#include "detail/stack_seam.hpp"
 
 namespace poolscope::profiler::detail::python {
 
@@ -42,9 +56,13 @@ inline constexpr std::size_t max_code_objects = std::size_t{1} << 16;
 /// True if the interpreter's API was found in this process (looked up once, at the first call).
 [[nodiscard]] bool available() noexcept;
 
-/// True if `return_address` lies in the interpreter's code (the python executable or libpython):
-/// where a native stack enters the evaluator.
-[[nodiscard]] bool in_interpreter(std::uintptr_t return_address) noexcept;
+/// The interpreter's code (the python executable or libpython): where a native stack enters the
+/// evaluator. Empty without an interpreter.
+[[nodiscard]] const stop_ranges& interpreter_code() noexcept;
+
+/// True once the interpreter's frames are read directly (see the file comment), false while
+/// they are read through the C API.
+[[nodiscard]] bool direct_reads() noexcept;
 
 /// Writes the calling thread's Python frames, innermost first, up to `capacity`; returns how
 /// many (0 without an interpreter, for a thread that never ran Python, and for one that does not

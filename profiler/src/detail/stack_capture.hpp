@@ -5,14 +5,17 @@
 //
 // A stack is innermost first: the native frames between the allocation and the first frame of
 // the interpreter (an extension's C++: PyTorch's operators, ctypes' libffi), at most max_depth;
-// then, when the thread holds the GIL, its Python frames (python_seam.hpp), at most
-// max_python_depth. Without Python frames the native stack is kept whole (up to max_depth).
+// then the thread's Python frames (python_seam.hpp), at most max_python_depth. The Python frames
+// are read first, so that when there are some the native walk stops at the interpreter instead
+// of walking the evaluator they replace. Without Python frames the native stack is kept whole
+// (up to max_depth).
 // Symbolizing a stack (symbolize_frame) gives native frames their function, file and line, and
 // Python frames theirs.
 //
 // Thread safety: capture() may be called from any number of threads at once (the adaptive room
 // for poolscope's own frames is one relaxed atomic). Cost: the native unwind (stack_seam.hpp),
-// and with Python frames a C API call or two per Python frame.
+// and with Python frames their read: a few loads and a cache lookup per frame where the
+// interpreter's frames are read directly, C API calls per frame where they are not.
 #pragma once
 
 #include <atomic>

@@ -43,11 +43,32 @@ enum class unwind_backend : std::uint8_t {
 /// stack bounds) happens here and not inside the first hook call. Never throws.
 void warm_up(unwind_backend b) noexcept;
 
+/// Code address ranges where a walk ends: the frame whose return address lies in one, and those
+/// below it, are not written (where a native stack enters an interpreter whose own frames stand
+/// in for the rest). The cached DWARF and frame-pointer walks stop there; the others walk on
+/// and the stack is cut there.
+struct stop_ranges {
+  static constexpr std::size_t max = 4;
+  std::uintptr_t lo[max] = {};
+  std::uintptr_t hi[max] = {};
+  std::size_t count = 0;
+  [[nodiscard]] bool contains(std::uintptr_t address) const noexcept {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (address >= lo[i] && address < hi[i]) {
+        return true;
+      }
+    }
+    return false;
+  }
+};
+
 /// Writes up to `capacity` return addresses into `out`, innermost first; the first one is in the
 /// caller of capture_stack. Returns how many were written (0 if the backend is unavailable).
+/// With `stop`, the stack ends before the first return address in it.
 /// The frame-pointer walk stays inside the calling thread's stack bounds, so it cannot fault
 /// even on code built without frame pointers (it then returns a short or partial stack).
-std::size_t capture_stack(unwind_backend b, std::uintptr_t* out, std::size_t capacity) noexcept;
+std::size_t capture_stack(unwind_backend b, std::uintptr_t* out, std::size_t capacity,
+                          const stop_ranges* stop = nullptr) noexcept;
 
 /// True on x86-64, where walk_cached_dwarf works (cached_dwarf_unwinder.cpp).
 [[nodiscard]] bool cached_dwarf_supported() noexcept;
@@ -55,7 +76,9 @@ std::size_t capture_stack(unwind_backend b, std::uintptr_t* out, std::size_t cap
 /// _Unwind_Find_FDE, parsed once per return address and kept in a per-thread cache). Writes the
 /// return addresses above its caller's frame, innermost first; stops early at frames it cannot
 /// describe (signal trampolines, DWARF expressions). Reads only inside the thread's stack.
-std::size_t walk_cached_dwarf(std::uintptr_t* out, std::size_t capacity) noexcept;
+/// With `stop`, ends before the first return address in it.
+std::size_t walk_cached_dwarf(std::uintptr_t* out, std::size_t capacity,
+                              const stop_ranges* stop = nullptr) noexcept;
 
 /// Address ranges (executable segments) of the shared objects holding poolscope's hooks, pool
 /// and profiler code, and of those holding the `extra` code addresses (a library wrapping
