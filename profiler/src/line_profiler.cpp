@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <span>
@@ -201,6 +202,12 @@ std::uint64_t hash_stack(const std::uintptr_t* frames, std::size_t depth) noexce
   return h;
 }
 
+/// A range mapped by a segment_map: where it ends and the node it is charged to.
+struct mapped_range {
+  std::uintptr_t end = 0;
+  std::uint32_t node = 0;
+};
+
 /// One event, as the lock's holder applies it.
 struct event_record {
   hooks::event_kind kind = hooks::event_kind::pool_malloc;
@@ -351,6 +358,9 @@ struct line_profiler::state {
   leaf_table leaves;
   block_table blocks;    // pool_malloc ptr -> block
   block_table segments;  // device_alloc ptr -> segment
+  // Memory mapped into a virtual resource's range (segment_map), by address: an unmap may cover
+  // part of a map, or several maps, so ranges are matched by overlap, not by pointer.
+  std::map<std::uintptr_t, mapped_range> mapped;
   std::uint64_t total_live = 0;
   std::uint64_t peak_live = 0;
   std::uint64_t peak_seq = 0;
@@ -425,6 +435,7 @@ struct line_profiler::state {
     leaves.clear();
     blocks.clear();
     segments.clear();
+    mapped.clear();
     total_live = peak_live = peak_seq = epoch = events = unmatched_frees = truncated = deferred = 0;
   }
 
@@ -473,12 +484,56 @@ struct line_profiler::state {
     return leaf;
   }
 
+  // With the lock held: [addr, addr + bytes) mapped, charged to `leaf`. What it overlaps was
+  // unmapped without an event seen (filtered or lost): it is no longer charged.
+  void map_range(std::uintptr_t addr, std::uint64_t bytes, std::uint32_t leaf) {
+    (void)unmap_range(addr, bytes);
+    mapped.emplace(addr, mapped_range{addr + bytes, leaf});
+    nodes[leaf].acquire_count += 1;
+    nodes[leaf].acquired += bytes;
+    nodes[leaf].live_acquired += bytes;
+  }
+
+  // With the lock held: gives back the charge of every mapped byte in [addr, addr + bytes),
+  // splitting the ranges it cuts through; returns the bytes found mapped.
+  std::uint64_t unmap_range(std::uintptr_t addr, std::uint64_t bytes) {
+    const std::uintptr_t end = addr + bytes;
+    auto it = mapped.upper_bound(addr);
+    if (it != mapped.begin() && std::prev(it)->second.end > addr) {
+      --it;
+    }
+    std::uint64_t found = 0;
+    while (it != mapped.end() && it->first < end) {
+      const std::uintptr_t lo = it->first;
+      const mapped_range m = it->second;
+      const std::uintptr_t cut_lo = std::max(lo, addr);
+      const std::uintptr_t cut_hi = std::min(m.end, end);
+      nodes[m.node].live_acquired -= cut_hi - cut_lo;
+      found += cut_hi - cut_lo;
+      if (m.end > end) {
+        mapped.emplace_hint(std::next(it), end, mapped_range{m.end, m.node});
+      }
+      if (lo < addr) {
+        it->second.end = addr;
+        ++it;
+      } else {
+        it = mapped.erase(it);
+      }
+    }
+    return found;
+  }
+
   // With the lock held: records one event. May throw std::bad_alloc (tables growing).
   void apply(const event_record& r, const std::uintptr_t* frames) {
     ++events;
-    const bool is_free = r.kind == hooks::event_kind::pool_free ||
-                         r.kind == hooks::event_kind::device_free ||
-                         r.kind == hooks::event_kind::segment_unmap;
+    if (r.kind == hooks::event_kind::segment_unmap) {
+      if (unmap_range(r.ptr, r.rounded) != r.rounded) {
+        ++unmatched_frees;  // some of it was mapped before the profile began
+      }
+      return;
+    }
+    const bool is_free =
+        r.kind == hooks::event_kind::pool_free || r.kind == hooks::event_kind::device_free;
     if (is_free) {
       auto& table = r.kind == hooks::event_kind::pool_free ? blocks : segments;
       live_block* it = table.find(r.ptr);
@@ -527,6 +582,8 @@ struct line_profiler::state {
         peak_seq = r.seq;
         ++epoch;
       }
+    } else if (r.kind == hooks::event_kind::segment_map) {
+      map_range(r.ptr, r.rounded, leaf);
     } else {
       const std::uint64_t bytes = r.rounded != 0 ? r.rounded : r.requested;
       if (live_block* old_segment = segments.find(r.ptr); old_segment != nullptr) {

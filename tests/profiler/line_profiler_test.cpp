@@ -12,7 +12,9 @@
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/best_fit_allocator.hpp"
+#include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/pool/naive_allocator.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
 
@@ -412,6 +414,60 @@ TEST(line_profiler, random_allocations_keep_exact_live_figures) {
   const line_profile r = prof.report({.symbolize = false});
   EXPECT_EQ(r.root.total.live, 0u);
   EXPECT_EQ(r.root.total.live_acquired, 0u);
+  EXPECT_EQ(r.unmatched_frees, 0u);
+}
+
+TEST(line_profiler, granules_unmapped_in_part_or_across_maps_match_what_was_mapped) {
+  // bfc over host_vmm with 64 KiB granules and no hysteresis: a block maps the granules it
+  // touches (one map call), a free unmaps those no live block touches any more, which may be
+  // part of one map (its neighbours keep the shared granules) or span several maps. The
+  // profile's live acquired bytes must follow the pool's mapped bytes throughout.
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  pool::host_vmm_resource vm{
+      {.address_range_bytes = std::size_t{1} << 30, .granule_bytes = std::size_t{64} << 10}};
+  pool::bfc_allocator alloc{vm, {.keep_mapped_fraction = 0.0}};
+  line_profiler prof;
+  std::vector<std::pair<void*, std::size_t>> live;
+  {
+    hooks::scoped_hook on{prof};
+    // A scripted case first: three neighbours in one granule run, the middle one large.
+    void* left = site_a(alloc, 40 << 10);
+    void* middle = site_b(alloc, 300 << 10);
+    void* right = site_c(alloc, 40 << 10);
+    alloc.deallocate({}, middle, 300 << 10);  // unmaps the middle of what was mapped
+    alloc.deallocate({}, left, 40 << 10);
+    alloc.deallocate({}, right, 40 << 10);  // unmaps what is left, across the maps
+    for (int i = 0; i < 4000; ++i) {
+      if (live.empty() || (live.size() < 300 && rng() % 100 < 55)) {
+        const std::size_t base = std::size_t{1} << (8 + rng() % 13);
+        const std::size_t n = base + rng() % base;
+        live.emplace_back(site_a(alloc, n), n);
+      } else {
+        const std::size_t k = rng() % live.size();
+        alloc.deallocate({}, live[k].first, live[k].second);
+        live[k] = live.back();
+        live.pop_back();
+      }
+      if (i % 1000 == 999) {
+        const line_profile r = prof.report({.symbolize = false});
+        const pool::allocator_stats st = alloc.stats();
+        EXPECT_EQ(r.root.total.live_acquired, st.reserved);
+        EXPECT_EQ(r.root.total.acquire_count, st.maps);
+        EXPECT_EQ(r.unmatched_frees, 0u);
+      }
+    }
+    for (auto [p, n] : live) {
+      alloc.deallocate({}, p, n);
+    }
+    (void)alloc.release_cached();
+  }
+  const pool::allocator_stats st = alloc.stats();
+  ASSERT_GT(st.unmaps, 0u);
+  const line_profile r = prof.report({.symbolize = false});
+  EXPECT_EQ(r.root.total.live_acquired, st.reserved);
+  EXPECT_EQ(r.root.total.acquire_count, st.maps);
   EXPECT_EQ(r.unmatched_frees, 0u);
 }
 
