@@ -132,18 +132,25 @@ def check_segments(p, snap, ref):
 
 
 def replay_backwards(p, snap, device):
-    """The viewer's replay (MemoryViz.js, simulate_memory): from the end, undo each entry."""
-    segs = {}   # address -> size
+    """The viewer's replay (MemoryViz.js, simulate_memory): from the end, undo each entry.
+
+    Segments are [address, size, stream] in address order. Undoing a segment_alloc or a
+    segment_free takes out or puts back the segment at that address; undoing a segment_map takes
+    its range out of the segment holding it (the viewer fails if none holds it whole), undoing a
+    segment_unmap puts the range back, joined with adjacent segments of the same stream.
+    """
+    segs = []
     blocks = {}  # address -> size
     for seg in snap["segments"]:
         if seg["device"] != device:
             continue
-        segs[seg["address"]] = seg["total_size"]
+        segs.append([seg["address"], seg["total_size"], seg["stream"]])
         addr = seg["address"]
         for b in seg["blocks"]:
             if b["state"] in ("active_allocated", "active_pending_free"):
                 blocks[addr] = b["size"]
             addr += b["size"]
+    segs.sort()
     trace = snap["device_traces"][device]
     for i in range(len(trace) - 1, -1, -1):
         e = trace[i]
@@ -158,23 +165,64 @@ def replay_backwards(p, snap, device):
                 p.add(w, f"no block at {e['addr']:#x} to mark (the viewer fails here)")
         elif a == "alloc":
             blocks.pop(e["addr"], None)
-        elif a in ("segment_free", "segment_unmap"):
-            segs[e["addr"]] = e["size"]
-        elif a in ("segment_alloc", "segment_map"):
-            if e["addr"] not in segs:
+        elif a == "segment_free":
+            bisect.insort(segs, [e["addr"], e["size"], e.get("stream", 0)])
+        elif a == "segment_unmap":
+            map_segment(segs, [e["addr"], e["size"], e.get("stream", 0)])
+        elif a == "segment_alloc":
+            at = [k for k, s in enumerate(segs) if s[0] == e["addr"]]
+            if not at:
                 p.add(w, f"no segment at {e['addr']:#x} to take back (the viewer fails here)")
+                continue
+            del segs[at[0]]
+            check_empty(p, w, blocks, e)
+        elif a == "segment_map":
+            if not unmap_segment(segs, e["addr"], e["size"]):
+                p.add(w, f"no segment holds [{e['addr']:#x}, +{e['size']}) to take back (the "
+                         "viewer fails here)")
+                continue
+            check_empty(p, w, blocks, e)
+
+
+def map_segment(segs, seg):
+    k = bisect.bisect_left(segs, seg)
+    segs.insert(k, seg)
+    if k + 1 < len(segs) and seg[0] + seg[1] == segs[k + 1][0] and seg[2] == segs[k + 1][2]:
+        seg[1] += segs[k + 1][1]
+        del segs[k + 1]
+    if k > 0 and segs[k - 1][0] + segs[k - 1][1] == seg[0] and segs[k - 1][2] == seg[2]:
+        segs[k - 1][1] += seg[1]
+        del segs[k]
+
+
+def unmap_segment(segs, addr, size):
+    end = addr + size
+    for k, (lo, n, stream) in enumerate(segs):
+        if lo <= addr and end <= lo + n:
+            if lo == addr:
+                segs[k][0] += size
+                segs[k][1] -= size
+                if segs[k][1] == 0:
+                    del segs[k]
+            elif lo + n == end:
+                segs[k][1] -= size
             else:
-                del segs[e["addr"]]
-                inside = [b for b in blocks if e["addr"] <= b < e["addr"] + e["size"]]
-                if inside:
-                    p.add(w, f"blocks {[hex(b) for b in inside[:3]]} are in the segment before "
-                             "it is allocated")
+                segs[k][1] = addr - lo
+                segs.insert(k + 1, [end, lo + n - end, stream])
+            return True
+    return False
+
+
+def check_empty(p, w, blocks, e):
+    inside = [b for b in blocks if e["addr"] <= b < e["addr"] + e["size"]]
+    if inside:
+        p.add(w, f"blocks {[hex(b) for b in inside[:3]]} are in the segment before it is "
+                 "allocated")
 
 
 def in_segment(segs, addr, size):
-    starts = sorted(segs)
-    k = bisect.bisect_right(starts, addr) - 1
-    return k >= 0 and addr + size <= starts[k] + segs[starts[k]]
+    k = bisect.bisect_right(segs, [addr, float("inf"), float("inf")]) - 1
+    return k >= 0 and addr + size <= segs[k][0] + segs[k][1]
 
 
 def reference_shapes(path):

@@ -6,17 +6,20 @@
 In one run:
 1. PyTorch's own allocator runs a variable-length workload (tensors sized by a random length per
    step, a second stream, an out-of-memory caught, a second GPU when there is one) under
-   torch.cuda.memory._record_memory_history, twice: with stacks="python" and a ring that holds
-   the whole run, and with stacks="all" and a ring of 300 entries that loses the run's start.
-   Each writes its snapshot (torch-full.pickle, torch-ring.pickle) and what
+   torch.cuda.memory._record_memory_history, three times: with stacks="python" and a ring that
+   holds the whole run, with stacks="all" and a ring of 300 entries that loses the run's start,
+   and with stacks="python" and expandable_segments:True. Each writes its snapshot
+   (torch-full.pickle, torch-ring.pickle, torch-expandable.pickle) and what
    torch.cuda.max_memory_reserved() said per device.
-2. The same workload runs through the plug-in (CUDAPluggableAllocator) on every strategy, with
-   POOLSCOPE_SNAPSHOT=poolscope-<strategy>.pickle (written at exit) and a poolscope_snapshot()
-   call mid-run (poolscope-<strategy>-mid.pickle).
+2. The same workload runs through the plug-in (CUDAPluggableAllocator) on every strategy over
+   cudaMalloc and on bfc over the vmm resource (POOLSCOPE_RESOURCE=vmm: granules mapped and
+   unmapped), with POOLSCOPE_SNAPSHOT=poolscope-<strategy>[-vmm].pickle (written at exit) and a
+   poolscope_snapshot() call mid-run (poolscope-<strategy>[-vmm]-mid.pickle).
 3. Every file, PyTorch's and poolscope's, goes through `python -m torch.cuda._memory_viz`
    stats, trace_plot and segment_plot (each must succeed), and poolscope's are checked against
    torch-full.pickle's structure by scripts/snapshot_check.py (keys, value types, tiling, the
-   viewer's backwards replay).
+   viewer's backwards replay); bfc over vmm also against torch-expandable.pickle, and it must
+   hold segment_map entries and expandable segments as that file does.
 4. `poolscope replay` reads PyTorch's files: each device's source_peak_reserved must equal
    torch.cuda.max_memory_reserved() of that run.
 Prints a line per check and a summary; exits 1 if any failed, 77 without a GPU or torch.
@@ -41,7 +44,7 @@ if mode == "poolscope":
                                                      "poolscope_free")
     torch.cuda.memory.change_current_allocator(alloc)
     lib = ctypes.CDLL(sys.argv[3])
-elif mode == "torch-full":
+elif mode in ("torch-full", "torch-expandable"):
     torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
 else:
     torch.cuda.memory._record_memory_history(max_entries=300, stacks="all")
@@ -82,6 +85,23 @@ if mode != "poolscope":
 """
 
 
+# Each file must hold segment_map entries and expandable segments, as PyTorch's does with
+# expandable_segments:True (and the replay check above has followed its maps and unmaps).
+MAPPED_CHECK = r"""
+import pickle, sys
+bad = 0
+for path in sys.argv[1:]:
+    snap = pickle.load(open(path, "rb"))
+    actions = {e["action"] for t in snap["device_traces"] for e in t}
+    expandable = sum(1 for s in snap["segments"] if s["is_expandable"])
+    ok = "segment_map" in actions and expandable > 0
+    print(f"{'ok  ' if ok else 'FAIL'} {path}: {sorted(actions)}, {expandable} of "
+          f"{len(snap['segments'])} segments expandable")
+    bad += 0 if ok else 1
+sys.exit(1 if bad else 0)
+"""
+
+
 def run(cmd, env=None, quiet=False):
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0 and not quiet:
@@ -113,18 +133,24 @@ def main():
         print(f"{'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}")
 
     files = []
-    for mode in ("torch-full", "torch-ring"):
-        r = run([sys.executable, "-c", WORKLOAD, mode, os.path.join(out, mode)])
+    for mode in ("torch-full", "torch-ring", "torch-expandable"):
+        env = dict(os.environ)
+        if mode == "torch-expandable":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        r = run([sys.executable, "-c", WORKLOAD, mode, os.path.join(out, mode)], env=env)
         check(f"{mode}: PyTorch's allocator runs the workload", r.returncode == 0)
         files.append(os.path.join(out, mode + ".pickle"))
-    strategies = ["naive", "best_fit", "bfc", "stream_pool"]
-    for s in strategies:
-        base = os.path.join(out, "poolscope-" + s)
-        env = dict(os.environ, POOLSCOPE_ALLOCATOR=s, POOLSCOPE_RESOURCE="cuda",
+    # Every strategy over cudaMalloc, and bfc over the vmm resource: it maps and unmaps granules,
+    # written as PyTorch writes its expandable segments (segment_map / segment_unmap).
+    pools = [(s, "cuda") for s in ("naive", "best_fit", "bfc", "stream_pool")] + [("bfc", "vmm")]
+    for s, resource in pools:
+        base = os.path.join(out, "poolscope-" + s + ("" if resource == "cuda" else "-" + resource))
+        env = dict(os.environ, POOLSCOPE_ALLOCATOR=s, POOLSCOPE_RESOURCE=resource,
                    POOLSCOPE_SNAPSHOT=base + ".pickle")
         r = run([sys.executable, "-c", WORKLOAD, "poolscope", base, os.path.abspath(args.lib)],
                 env=env)
-        check(f"poolscope {s}: the plug-in runs the workload and snapshots", r.returncode == 0)
+        check(f"poolscope {s} over {resource}: the plug-in runs the workload and snapshots",
+              r.returncode == 0)
         files += [base + ".pickle", base + "-mid.pickle"]
 
     for f in files:
@@ -142,8 +168,20 @@ def main():
              "--reference", files[0]])
     print(r.stdout, end="")
     check("poolscope's files have the structure of PyTorch's", r.returncode == 0)
+    mapped = [f for f in ours if "-vmm" in f]
+    expandable = os.path.join(out, "torch-expandable.pickle")
+    if mapped and os.path.exists(expandable):
+        r = run([sys.executable, os.path.join(ROOT, "scripts", "snapshot_check.py"), *mapped,
+                 "--reference", expandable])
+        print(r.stdout, end="")
+        check("bfc over vmm has the structure of PyTorch's expandable segments",
+              r.returncode == 0)
+        r = run([sys.executable, "-c", MAPPED_CHECK, *mapped, expandable])
+        print(r.stdout, end="")
+        check("bfc over vmm and PyTorch's expandable segments: segment_map/unmap entries and "
+              "is_expandable segments", r.returncode == 0)
 
-    for mode in ("torch-full", "torch-ring"):
+    for mode in ("torch-full", "torch-ring", "torch-expandable"):
         path = os.path.join(out, mode)
         if not os.path.exists(path + ".json"):
             continue

@@ -54,6 +54,16 @@ void snapshot_builder::add(const snapshot_event& e) {
         on_segment_free(state_of(e.device), e);
       }
       return;
+    case event_kind::segment_map:
+      if (post && e.ptr != 0 && e.rounded != 0) {
+        on_map(state_of(e.device), e);
+      }
+      return;
+    case event_kind::segment_unmap:
+      if (pre && e.ptr != 0 && e.rounded != 0) {
+        on_unmap(state_of(e.device), e);
+      }
+      return;
     case event_kind::oom:
       ++stats_.events;
       record(state_of(e.device), trace_action::oom, e, e.device_free, e.requested, e.stack);
@@ -244,6 +254,107 @@ void snapshot_builder::on_segment_free(device_state& d, const snapshot_event& e)
   record(d, trace_action::segment_free, e, e.ptr, size, stack);
 }
 
+std::uint64_t snapshot_builder::cut_mapped(device_state& d, std::uint64_t addr,
+                                           std::uint64_t size) {
+  const std::uint64_t end = addr + size;
+  auto it = d.segments.upper_bound(addr);
+  if (it != d.segments.begin() && std::prev(it)->first + std::prev(it)->second.size > addr) {
+    --it;
+  }
+  std::uint64_t found = 0;
+  while (it != d.segments.end() && it->first < end) {
+    if (!it->second.mapped) {
+      ++it;
+      continue;
+    }
+    const std::uint64_t lo = it->first;
+    const segment s = it->second;
+    const std::uint64_t hi = lo + s.size;
+    found += std::min(hi, end) - std::max(lo, addr);
+    if (hi > end) {
+      segment rest = s;
+      rest.size = hi - end;
+      d.segments.emplace_hint(std::next(it), end, rest);
+    }
+    if (lo < addr) {
+      it->second.size = addr - lo;
+      ++it;
+    } else {
+      it = d.segments.erase(it);
+    }
+  }
+  return found;
+}
+
+void snapshot_builder::on_map(device_state& d, const snapshot_event& e) {
+  const std::uint64_t stream = d.map_streams.try_emplace(e.allocator, e.stream).first->second;
+  // What the range overlaps lost its unmap (dropped events), or was met as blocks from before
+  // the first event: it is mapped from here on.
+  (void)cut_mapped(d, e.ptr, e.rounded);
+  for (auto it = d.segments.lower_bound(e.ptr);
+       it != d.segments.end() && it->first < e.ptr + e.rounded;) {
+    if (it->second.unknown) {
+      it = d.segments.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (overlaps_real_segment(d.segments, e.ptr, e.rounded)) {
+    ++stats_.left_out_blocks;  // inside a segment of another kind: events were lost
+    return;
+  }
+  std::uint64_t lo = e.ptr;
+  std::uint64_t hi = e.ptr + e.rounded;
+  std::uint32_t stack = e.stack;
+  // Joined with the allocator's mapped ranges it touches: one contiguous mapped range is one
+  // segment.
+  auto next = d.segments.lower_bound(hi);
+  if (next != d.segments.end() && next->first == hi && next->second.mapped &&
+      next->second.allocator == e.allocator) {
+    hi += next->second.size;
+    d.segments.erase(next);
+  }
+  auto prev = d.segments.lower_bound(lo);
+  if (prev != d.segments.begin()) {
+    --prev;
+    if (prev->first + prev->second.size == lo && prev->second.mapped &&
+        prev->second.allocator == e.allocator) {
+      lo = prev->first;
+      stack = prev->second.stack;
+      d.segments.erase(prev);
+    }
+  }
+  segment s;
+  s.size = hi - lo;
+  s.stream = stream;
+  s.stack = stack;
+  s.mapped = true;
+  s.allocator = e.allocator;
+  d.segments.emplace(lo, s);
+  ++stats_.events;
+  snapshot_event entry = e;
+  entry.stream = stream;
+  record(d, trace_action::segment_map, entry, e.ptr, e.rounded, e.stack);
+}
+
+void snapshot_builder::on_unmap(device_state& d, const snapshot_event& e) {
+  const std::uint64_t stream = d.map_streams.try_emplace(e.allocator, e.stream).first->second;
+  // Blocks still live there lost their frees (dropped events): they go with the memory.
+  for (auto b = d.blocks.lower_bound(e.ptr); b != d.blocks.end() && b->first < e.ptr + e.rounded;) {
+    b = d.blocks.erase(b);
+  }
+  if (cut_mapped(d, e.ptr, e.rounded) == 0 && overlaps_real_segment(d.segments, e.ptr, e.rounded)) {
+    ++stats_.left_out_blocks;  // inside a segment of another kind: events were lost
+    return;
+  }
+  // Memory mapped before the first event is unmapped too: for the viewer it was a segment from
+  // the start.
+  ++stats_.events;
+  snapshot_event entry = e;
+  entry.stream = stream;
+  record(d, trace_action::segment_unmap, entry, e.ptr, e.rounded, e.stack);
+}
+
 std::vector<std::uint32_t> snapshot_builder::stacks_in_use() const {
   std::vector<std::uint32_t> used;
   for (const device_state& d : devices_) {
@@ -278,6 +389,7 @@ memory_snapshot snapshot_builder::snapshot(std::vector<std::vector<snapshot_fram
       seg.stream = s.stream;
       seg.large = s.size > options_.small_segment_bytes;
       seg.stack = s.stack;
+      seg.is_expandable = s.mapped;
       std::uint64_t at = addr;
       for (auto b = d.blocks.lower_bound(addr); b != d.blocks.end() && b->first < addr + s.size;
            ++b) {

@@ -30,6 +30,7 @@ struct ring_record {
   std::uint64_t time_ns = 0;
   std::uint64_t device_free = 0;
   std::int32_t device = -1;
+  std::uint32_t allocator = 0;
   hooks::event_kind kind = hooks::event_kind::pool_malloc;
   hooks::event_phase phase = hooks::event_phase::post;
   std::uint16_t depth = 0;
@@ -39,6 +40,14 @@ static_assert(sizeof(ring_record) % alignof(std::uintptr_t) == 0);
 constexpr std::size_t max_supported_depth = detail::stack_capturer::max_supported_depth;
 constexpr std::size_t max_supported_python_depth = 256;
 constexpr std::size_t named_allocators = 4096;  // ids below this are named without a lock
+
+/// Block and segment lifetimes, granules mapped and unmapped, failures.
+constexpr hooks::event_filter recorded_events() noexcept {
+  return hooks::event_filter::lifetimes()
+      .add(hooks::event_kind::segment_map, hooks::event_phase::post)
+      .add(hooks::event_kind::segment_unmap, hooks::event_phase::pre)
+      .add(hooks::event_kind::oom, hooks::event_phase::instant);
+}
 
 std::uint64_t hash_frames(const std::uintptr_t* f, std::size_t depth) noexcept {
   std::uint64_t h = depth;
@@ -196,19 +205,19 @@ snapshot_recorder::~snapshot_recorder() {
 }
 
 hooks::event_filter snapshot_recorder::interests() const noexcept {
-  return hooks::event_filter::lifetimes().add(hooks::event_kind::oom, hooks::event_phase::instant);
+  return recorded_events();
 }
 
 void snapshot_recorder::on_event(const hooks::event& e) noexcept {
-  const bool lifetime = hooks::event_filter::lifetimes().contains(e.kind, e.phase);
-  if (!lifetime && e.kind != hooks::event_kind::oom) {
+  if (!recorded_events().contains(e.kind, e.phase) && e.kind != hooks::event_kind::oom) {
     return;
   }
   state& s = *state_;
   s.name(e);
-  const bool with_stack = s.frame_capacity != 0 && (e.kind == hooks::event_kind::pool_malloc ||
-                                                    e.kind == hooks::event_kind::device_alloc ||
-                                                    e.kind == hooks::event_kind::oom);
+  const bool with_stack =
+      s.frame_capacity != 0 &&
+      (e.kind == hooks::event_kind::pool_malloc || e.kind == hooks::event_kind::device_alloc ||
+       e.kind == hooks::event_kind::segment_map || e.kind == hooks::event_kind::oom);
   std::uintptr_t frames[max_supported_depth + max_supported_python_depth];
   std::size_t depth = 0;
   if (with_stack) {
@@ -222,6 +231,7 @@ void snapshot_recorder::on_event(const hooks::event& e) noexcept {
   r.rounded = e.rounded;
   r.time_ns = e.time_ns;
   r.device = e.device;
+  r.allocator = e.allocator_id;
   r.kind = e.kind;
   r.phase = e.phase;
   r.depth = static_cast<std::uint16_t>(depth);
@@ -255,6 +265,7 @@ void snapshot_recorder::drain_locked() const {
     ev.time_us =
         static_cast<std::uint64_t>(static_cast<std::int64_t>(r.time_ns) + s.offset_ns) / 1000;
     ev.device_free = r.device_free;
+    ev.allocator = r.allocator;
     try {
       ev.stack = s.intern(frames, r.depth);
       s.builder.add(ev);

@@ -220,11 +220,12 @@ __attribute__((noipa)) void* snapshot_site(pool::allocator& a, std::size_t n) {
   return p;
 }
 
+/// A random workload on a fresh Fixture allocator, snapshotted; the snapshot must hold the
+/// workload's live blocks, the pool's reserved bytes, its allocations, frees, maps and unmaps, and
+/// load as PyTorch's does.
 template <typename Fixture>
-class snapshot_on_every_strategy : public ::testing::Test {};
-TYPED_TEST_SUITE(snapshot_on_every_strategy, pool::testing::host_allocators);
-
-TYPED_TEST(snapshot_on_every_strategy, holds_the_workloads_blocks_and_loads_as_pytorchs) {
+void check_workload_snapshot() {
+  using TypeParam = Fixture;
   const std::uint32_t seed = std::random_device{}();
   std::printf("seed %u\n", seed);
   std::mt19937_64 rng(seed);
@@ -279,6 +280,23 @@ TYPED_TEST(snapshot_on_every_strategy, holds_the_workloads_blocks_and_loads_as_p
   EXPECT_EQ(allocs, mallocs);
   EXPECT_EQ(completed, frees);
   EXPECT_EQ(snap.stats().dropped_events, 0U);
+  // Over a virtual resource, bfc's mapped memory: segments that are its contiguous mapped
+  // ranges (expandable, as PyTorch's), an entry for each map and unmap.
+  std::uint64_t maps = 0;
+  std::uint64_t unmaps = 0;
+  for (const auto& t : s.device_traces[0]) {
+    maps += t.action == trace_action::segment_map ? 1 : 0;
+    unmaps += t.action == trace_action::segment_unmap ? 1 : 0;
+  }
+  EXPECT_EQ(maps, alloc->stats().maps);
+  EXPECT_EQ(unmaps, alloc->stats().unmaps);
+  for (std::size_t i = 0; i < s.segments.size(); ++i) {
+    EXPECT_EQ(s.segments[i].is_expandable, maps != 0);
+    if (maps != 0 && i > 0) {
+      EXPECT_LT(s.segments[i - 1].address + s.segments[i - 1].total_size, s.segments[i].address)
+          << "adjacent mapped ranges are one segment";
+    }
+  }
   // Allocations carry the stack that asked: snapshot_site is on it.
   const auto& first_alloc =
       *std::find_if(s.device_traces[0].begin(), s.device_traces[0].end(),
@@ -307,6 +325,22 @@ TYPED_TEST(snapshot_on_every_strategy, holds_the_workloads_blocks_and_loads_as_p
   std::string output;
   EXPECT_TRUE(python_check(path, output)) << output;
   std::filesystem::remove(path);
+}
+
+template <typename Fixture>
+class snapshot_on_every_strategy : public ::testing::Test {};
+TYPED_TEST_SUITE(snapshot_on_every_strategy, pool::testing::host_allocators);
+
+TYPED_TEST(snapshot_on_every_strategy, holds_the_workloads_blocks_and_loads_as_pytorchs) {
+  check_workload_snapshot<TypeParam>();
+}
+
+template <typename Fixture>
+class snapshot_over_host_vmm : public ::testing::Test {};
+TYPED_TEST_SUITE(snapshot_over_host_vmm, pool::testing::host_vmm_allocators);
+
+TYPED_TEST(snapshot_over_host_vmm, holds_the_workloads_blocks_and_mapped_ranges) {
+  check_workload_snapshot<TypeParam>();
 }
 
 TEST(snapshot_recorder, an_oom_carries_the_free_host_memory) {

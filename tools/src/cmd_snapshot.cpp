@@ -63,6 +63,7 @@ void run_snapshot(const snapshot_command& cmd) {
     e.requested = r.size;
     e.rounded = r.rounded;
     e.time_us = r.time_ns / 1000;
+    e.allocator = r.allocator;
     builder.add(e);
   }
   const profiler::memory_snapshot snap = builder.snapshot();

@@ -15,6 +15,15 @@
 // entry carrying the device's free bytes. Other kinds and phases are ignored. A segment's blocks
 // tile it: the active blocks, and inactive blocks for the gaps.
 //
+// Pools over virtual memory (bfc over vmm or host_vmm) map and unmap granules of address ranges
+// they reserved: a segment_map (post) is a `segment_map` entry and a segment_unmap (pre) a
+// `segment_unmap` entry, and the segments are the contiguous mapped ranges (`is_expandable`),
+// tiled by blocks as any other, as PyTorch writes its expandable segments. An unmap may take part
+// of a range (splitting it) or several maps at once. The viewer joins adjacent mapped ranges of
+// one stream when it replays the trace backwards, so one allocator's map entries and ranges
+// carry one stream, that of its first map (a range of bfc belongs to no stream; a stream pool's
+// inner pools map on their own streams).
+//
 // Memory from before the first event: a block whose pointer lies in no known segment (its
 // segment was acquired before recording began) gets a segment made for it, covering the blocks
 // seen there and present from the start (no segment_alloc: for the viewer it existed before the
@@ -67,6 +76,7 @@ struct snapshot_event {
   std::uint64_t time_us = 0;      ///< since the Unix epoch
   std::uint32_t stack = 0;        ///< index into the stacks snapshot() is given
   std::uint64_t device_free = 0;  ///< oom: the device's free bytes
+  std::uint32_t allocator = 0;    ///< the allocator's id (segment_map, segment_unmap)
 };
 
 /// What a builder saw that the snapshot cannot show whole.
@@ -101,7 +111,9 @@ class snapshot_builder {
     std::uint64_t size = 0;
     std::uint64_t stream = 0;
     std::uint32_t stack = 0;
-    bool unknown = false;  // made for blocks from before the first event
+    bool unknown = false;         // made for blocks from before the first event
+    bool mapped = false;          // mapped memory of a virtual range (segment_map)
+    std::uint32_t allocator = 0;  // mapped: the allocator that mapped it
   };
   struct block {
     std::uint64_t size = 0;
@@ -114,6 +126,7 @@ class snapshot_builder {
     std::vector<trace_entry> ring;              // the last max_entries entries
     std::size_t next = 0;                       // ring slot of the next entry once full
     std::uint64_t dropped = 0;
+    std::map<std::uint32_t, std::uint64_t> map_streams;  // allocator -> stream of its maps
   };
 
   device_state& state_of(int device);
@@ -123,6 +136,10 @@ class snapshot_builder {
   void on_free(device_state& d, const snapshot_event& e);
   void on_segment_alloc(device_state& d, const snapshot_event& e);
   void on_segment_free(device_state& d, const snapshot_event& e);
+  void on_map(device_state& d, const snapshot_event& e);
+  void on_unmap(device_state& d, const snapshot_event& e);
+  // Takes [addr, addr + size) out of the mapped segments; returns the bytes that were in them.
+  std::uint64_t cut_mapped(device_state& d, std::uint64_t addr, std::uint64_t size);
   // The segment holding [addr, addr + size), or end().
   std::map<std::uint64_t, segment>::iterator segment_of(device_state& d, std::uint64_t addr,
                                                         std::uint64_t size);

@@ -17,7 +17,7 @@
 // symbolized when a snapshot is taken. Timestamps are wall-clock microseconds (time_us),
 // derived from the events' monotonic clock.
 //
-// Cost on the allocating thread: the stack capture (mallocs, segment acquisitions and ooms; a
+// Cost on the allocating thread: the stack capture (mallocs, segment acquisitions and maps, ooms; a
 // free is a copy: it shows the stack of its allocation) and one copy of the event into a bounded
 // ring (event_ring); a writer thread applies the ring to the snapshot. When the ring is full an
 // event is dropped and counted exactly (stats().dropped_events; in the file,
@@ -89,7 +89,8 @@ class snapshot_recorder final : public hooks::hook {
   ~snapshot_recorder() override;
 
   void on_event(const hooks::event& e) noexcept override;
-  /// pool_malloc and device_alloc post, pool_free and device_free pre, oom.
+  /// pool_malloc, device_alloc and segment_map post; pool_free, device_free and segment_unmap
+  /// pre; oom.
   [[nodiscard]] hooks::event_filter interests() const noexcept override;
   /// False: the ring keeps the order events reach it in, which for one pointer is the true one.
   [[nodiscard]] bool wants_sequence() const noexcept override { return false; }
