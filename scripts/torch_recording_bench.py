@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""What recording costs a PyTorch program, per tensor (issue 44): ns per allocate + free.
+
+    python3 scripts/torch_recording_bench.py [build/lib/libpoolscope_alloc.so] [--tensors N]
+
+One call measures, on GPU 0, a variable-length workload (each step makes tensors whose sizes
+follow a random sequence length, then frees them: one allocation and one free per tensor) under:
+  torch                      PyTorch's own caching allocator
+  torch history python       the same with _record_memory_history(stacks="python")
+  plug-in                    libpoolscope_alloc.so (bfc over cudaMalloc) through
+                             CUDAPluggableAllocator, nothing recorded
+  plug-in RECORD             with POOLSCOPE_RECORD (the event log)
+  plug-in PROFILE            with POOLSCOPE_PROFILE (the line profile, native and Python stacks)
+  plug-in SNAPSHOT           with POOLSCOPE_SNAPSHOT (the memory snapshot, the same stacks)
+Each configuration runs in a child process of its own (an allocator is chosen before PyTorch's
+first CUDA allocation), one after another in the same call; each times the workload five times
+after a warm-up and keeps the best (wall clock of the whole step loop over the tensors made, and
+the calling thread's CPU time). Prints a table, "added" being the ns per tensor over the plain
+plug-in (over PyTorch's allocator for its history), and a summary line; exits 77 without a GPU
+or torch, 1 if a configuration failed.
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77
+
+CHILD = r"""
+import os, random, sys, time
+import torch
+mode, lib, tensors = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if mode.startswith("plug-in"):
+    alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "poolscope_malloc", "poolscope_free")
+    torch.cuda.memory.change_current_allocator(alloc)
+elif mode == "torch history python":
+    torch.cuda.memory._record_memory_history(max_entries=100000, stacks="python")
+
+def step(rng, per_step):
+    n = rng.randint(16, 512)  # the step's sequence length
+    made = []
+    for k in range(per_step):
+        made.append(torch.empty((n, 64 * (1 + k % 4)), device="cuda"))
+    del made
+
+def run(count):
+    rng = random.Random(11)
+    per_step = 8
+    for _ in range(count // per_step):
+        step(rng, per_step)
+    return (count // per_step) * per_step
+
+run(2000)  # warm: the pools' segments, the caches, the unwinders
+torch.cuda.synchronize()
+best = None
+for _ in range(5):
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    made = run(tensors)
+    torch.cuda.synchronize()
+    wall = (time.perf_counter_ns() - t0) / made
+    cpu = (time.thread_time_ns() - c0) / made
+    best = (wall, cpu) if best is None or wall < best[0] else best
+print(best[0], best[1])
+"""
+
+CONFIGS = [
+    ("torch", {}),
+    ("torch history python", {}),
+    ("plug-in", {}),
+    ("plug-in RECORD", {"POOLSCOPE_RECORD": "{tmp}/events.jsonl"}),
+    ("plug-in PROFILE", {"POOLSCOPE_PROFILE": "{tmp}/profile.json"}),
+    ("plug-in SNAPSHOT", {"POOLSCOPE_SNAPSHOT": "{tmp}/snap.pickle"}),
+]
+
+
+def main():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("lib", nargs="?", default=os.path.join(root, "build", "lib",
+                                                           "libpoolscope_alloc.so"))
+    ap.add_argument("--tensors", type=int, default=40000)
+    args = ap.parse_args()
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            print("torch_recording_bench: no GPU")
+            return SKIP
+    except ImportError:
+        print("torch_recording_bench: no torch")
+        return SKIP
+    print(f"{'configuration':<22} {'wall ns/tensor':>15} {'added':>8} {'thread CPU ns':>14}")
+    results = {}
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, extra in CONFIGS:
+            env = dict(os.environ)
+            for k in ("POOLSCOPE_RECORD", "POOLSCOPE_PROFILE", "POOLSCOPE_SNAPSHOT"):
+                env.pop(k, None)
+            env.update({"POOLSCOPE_ALLOCATOR": "bfc", "POOLSCOPE_RESOURCE": "cuda"})
+            env.update({k: v.format(tmp=tmp) for k, v in extra.items()})
+            r = subprocess.run([sys.executable, "-c", CHILD, name, os.path.abspath(args.lib),
+                                str(args.tensors)], env=env, capture_output=True, text=True)
+            if r.returncode != 0:
+                print(f"{name:<22} FAILED\n{(r.stdout + r.stderr)[-2000:]}")
+                failed += 1
+                continue
+            wall, cpu = (float(x) for x in r.stdout.strip().splitlines()[-1].split())
+            results[name] = wall
+            base = results.get("torch" if name.startswith("torch") else "plug-in", wall)
+            print(f"{name:<22} {wall:>15.0f} {wall - base:>+8.0f} {cpu:>14.0f}")
+    added = {k: v - results.get("plug-in", v) for k, v in results.items()
+             if k.startswith("plug-in ")}
+    print("summary: ns per tensor: " + ", ".join(f"{k} {v:.0f}" for k, v in results.items()) +
+          "; added over the plug-in: " + ", ".join(f"{k[8:]} {v:+.0f}" for k, v in added.items()))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
