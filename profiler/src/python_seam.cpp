@@ -202,27 +202,25 @@ const stop_ranges& interpreter_code() noexcept {
 
 namespace {
 
-/// A thread's frame words by (code object, position): a frame seen before (the outer frames of
-/// a loop) is one lookup, not a line-table search and a table lookup under a lock. The position
-/// is the instruction's address where the interpreter's frames are read directly (direct_reader
-/// below), its offset where they are read through the C API: a code object's instructions lie
-/// inside it, so either names one place of one code object. Only interned (kept-alive) code
-/// objects are cached, so a key never names another object.
+/// A thread's frame words by (code object, instruction offset), for the C API walk: a frame seen
+/// before (the outer frames of a loop) is one lookup, not a line-table search and a table lookup
+/// under a lock. Only interned (kept-alive) code objects are cached, so a key never names another
+/// object.
 struct word_cache {
   static constexpr std::size_t size = 1024;
-  struct alignas(32) entry {  // one cache line holds two
+  struct entry {
     const object* code = nullptr;
-    std::uintptr_t at = ~std::uintptr_t{0};
+    int lasti = -1;
     std::uintptr_t word = 0;
   };
   entry entries[size];
-  static std::size_t slot(const object* code, std::uintptr_t at) noexcept {
-    // Both halves mixed into the top bits: the places of one code object differ by a few bytes.
-    const auto h = (reinterpret_cast<std::uintptr_t>(code) ^ (at * 0xD6E8FEB86659FD93ULL)) *
+  static std::size_t slot(const object* code, int lasti) noexcept {
+    // Both halves mixed into the top bits: the offsets of one code object differ by a few bytes.
+    const auto h = (reinterpret_cast<std::uintptr_t>(code) ^
+                    (static_cast<std::uintptr_t>(lasti) * 0xD6E8FEB86659FD93ULL)) *
                    0x9E3779B97F4A7C15ULL;
     return static_cast<std::size_t>(h >> 54) & (size - 1);
   }
-  entry& find(const object* code, std::uintptr_t at) noexcept { return entries[slot(code, at)]; }
 };
 thread_local word_cache t_words;
 
@@ -237,14 +235,14 @@ std::uintptr_t frame_word(const api& a, object* frame, object* code) noexcept {
     return word_of(code_id(a, code), a.frame_line(frame));
   }
   const int lasti = a.frame_lasti(frame);
-  word_cache::entry& e = t_words.find(code, static_cast<std::uintptr_t>(lasti));
-  if (e.code == code && e.at == static_cast<std::uintptr_t>(lasti)) {
+  word_cache::entry& e = t_words.entries[word_cache::slot(code, lasti)];
+  if (e.code == code && e.lasti == lasti) {
     return e.word;
   }
   const std::uint32_t id = code_id(a, code);
   const std::uintptr_t word = word_of(id, a.frame_line(frame));
   if (id != 0) {
-    e = {code, static_cast<std::uintptr_t>(lasti), word};
+    e = {code, lasti, word};
   }
   return word;
 }
@@ -329,6 +327,23 @@ struct raw_frame {
   std::uintptr_t instr;
 };
 
+/// A thread's frame words by instruction address, for the direct reader. An instruction lies
+/// inside its code object, so its address names one place of one code object; only places of
+/// interned (kept-alive) code objects are cached, so no other object can be at that address, and
+/// a frame whose instruction is cached needs neither its code object read nor its checks made.
+struct place_cache {
+  static constexpr std::size_t size = 2048;
+  struct entry {
+    std::uintptr_t instr = 0;
+    std::uintptr_t word = 0;
+  };
+  entry entries[size];
+  entry& find(std::uintptr_t instr) noexcept {
+    return entries[(instr * 0x9E3779B97F4A7C15ULL) >> 53 & (size - 1)];
+  }
+};
+thread_local place_cache t_places;
+
 class direct_reader {
  public:
   /// The layout of the running interpreter, or null (a version without one).
@@ -362,10 +377,7 @@ class direct_reader {
   [[nodiscard]] const void* previous(const void* frame) const noexcept {
     return load<const void*>(frame, l_.previous);
   }
-  /// The frame's code object and instruction as they are (read() checks them).
-  [[nodiscard]] object* code(const void* frame) const noexcept {
-    return load<object*>(frame, l_.code);
-  }
+  /// The frame's instruction as it is (read() checks it).
   [[nodiscard]] std::uintptr_t instr(const void* frame) const noexcept {
     return load<std::uintptr_t>(frame, l_.instr);
   }
@@ -515,7 +527,7 @@ void check_direct_reader(const api& a) noexcept {
 }
 
 // With the GIL held: the words of the frames the cache did not know (out[i] == 0).
-void resolve_missing(const api& a, const direct_reader& r, word_cache& cache,
+void resolve_missing(const api& a, const direct_reader& r, place_cache& cache,
                      const raw_frame* frames, std::uintptr_t* out, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     if (out[i] != 0) {
@@ -525,7 +537,7 @@ void resolve_missing(const api& a, const direct_reader& r, word_cache& cache,
     const std::uint32_t id = code_id(a, f.code);
     out[i] = word_of(id, a.code_line(f.code, r.offset(f)));
     if (id != 0) {
-      cache.find(f.code, f.instr) = {f.code, f.instr, out[i]};
+      cache.find(f.instr) = {f.instr, out[i]};
     }
   }
 }
@@ -534,19 +546,16 @@ void resolve_missing(const api& a, const direct_reader& r, word_cache& cache,
 // `frames` at the same index, and counted in `missing`). Apart from direct_walk, and opaque to
 // interprocedural optimization, so that the cache is a plain pointer here: the compiler would
 // otherwise look the thread-local up again for each frame (a call, in a shared library).
-__attribute__((noipa)) std::size_t read_frames(const direct_reader& r, word_cache& cache,
+__attribute__((noipa)) std::size_t read_frames(const direct_reader& r, place_cache& cache,
                                                const void* top, std::uintptr_t* out,
                                                raw_frame* frames, std::size_t capacity,
                                                std::size_t& missing, bool& truncated) noexcept {
   std::size_t n = 0;
   for (const void* p = top; p != nullptr; p = r.previous(p)) {
-    // A cached place is a frame read() accepted before (of a code object kept alive, so no
-    // other object is at its address): its checks need not be made again.
-    object* code = r.code(p);
     const std::uintptr_t instr = r.instr(p);
-    const word_cache::entry& e = cache.find(code, instr);
+    const place_cache::entry& e = cache.find(instr);
     std::uintptr_t word = e.word;
-    if (e.code != code || e.at != instr) [[unlikely]] {
+    if (e.instr != instr) [[unlikely]] {
       raw_frame f;
       if (!r.read(p, f)) {
         continue;
@@ -574,7 +583,7 @@ std::size_t direct_walk(const api& a, std::uintptr_t* out, std::size_t capacity,
     return 0;  // a thread that never ran Python
   }
   const direct_reader r(*direct_layout(), a);
-  word_cache& cache = t_words;
+  place_cache& cache = t_places;
   raw_frame frames[256];  // the frames not cached, at their index
   std::size_t missing = 0;
   const std::size_t n = read_frames(r, cache, r.top(tstate), out, frames,

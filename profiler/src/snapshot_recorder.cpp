@@ -16,6 +16,7 @@
 #include "detail/event_ring.hpp"
 #include "detail/stack_capture.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/spin_lock.hpp"
 
 namespace poolscope::profiler {
 
@@ -31,15 +32,28 @@ struct ring_record {
   std::uint64_t device_free = 0;
   std::int32_t device = -1;
   std::uint32_t allocator = 0;
+  std::uint32_t stack = 0;  // interned on the allocating thread (state::intern)
   hooks::event_kind kind = hooks::event_kind::pool_malloc;
   hooks::event_phase phase = hooks::event_phase::post;
-  std::uint16_t depth = 0;
 };
 static_assert(sizeof(ring_record) % alignof(std::uintptr_t) == 0);
 
 constexpr std::size_t max_supported_depth = detail::stack_capturer::max_supported_depth;
 constexpr std::size_t max_supported_python_depth = 256;
 constexpr std::size_t named_allocators = 4096;  // ids below this are named without a lock
+
+/// The stack a thread interned last, for which recorder, and its id: an allocation from a loop
+/// has the stack of the one before it, which then costs a comparison with this copy, not a
+/// lookup under the stack table's lock.
+struct last_interned_stack {
+  std::uint64_t recorder = 0;  // state::recorder_id; 0: none
+  std::size_t depth = 0;
+  std::uint32_t id = 0;
+  std::uintptr_t frames[max_supported_depth + max_supported_python_depth];
+};
+thread_local last_interned_stack t_last_stack;
+
+std::atomic<std::uint64_t> next_recorder_id{1};
 
 /// Block and segment lifetimes, granules mapped and unmapped, failures.
 constexpr hooks::event_filter recorded_events() noexcept {
@@ -126,19 +140,22 @@ struct snapshot_recorder::state {
   explicit state(const snapshot_recorder_options& o)
       : capturer(capture_options(o)),
         frame_capacity(o.stacks ? capturer.max_frames() : 0),
-        ring(o.ring_slots, sizeof(ring_record) + frame_capacity * sizeof(std::uintptr_t)),
+        ring(o.ring_slots, sizeof(ring_record)),
         builder({.max_entries = o.max_entries, .host_device = o.host_device}),
         offset_ns(realtime_offset_ns()) {}
 
   detail::stack_capturer capturer;
   std::size_t frame_capacity;
   detail::event_ring ring;
+  const std::uint64_t recorder_id = next_recorder_id.fetch_add(1, std::memory_order_relaxed);
   // Applied by the writer thread (or by snapshot()) under the recorder's mutex:
   snapshot_builder builder;
-  // Stack hash -> the ids of the stacks with that hash (a lookup allocates nothing).
-  std::unordered_multimap<std::uint64_t, std::uint32_t> stack_ids;
-  std::vector<std::vector<std::uintptr_t>> stacks{{}};        // [0]: the empty stack
   std::unordered_map<std::uintptr_t, snapshot_frame> frames;  // symbolized so far
+  // The distinct stacks, interned by the allocating threads under stacks_lock. Stack hash ->
+  // the ids of the stacks with that hash (a lookup allocates nothing).
+  spin_lock stacks_lock;
+  std::unordered_multimap<std::uint64_t, std::uint32_t> stack_ids;
+  std::vector<std::vector<std::uintptr_t>> stacks{{}};  // [0]: the empty stack
   std::int64_t offset_ns;
   // Allocator names, copied the first time an id is seen (an allocator may be gone by the time
   // a snapshot is taken).
@@ -147,7 +164,8 @@ struct snapshot_recorder::state {
   std::map<std::uint32_t, std::string> names;
   std::unique_ptr<detail::drain_thread> writer;  // last: stopped first
 
-  std::uint32_t intern(const std::uintptr_t* f, std::size_t depth) {
+  // The id of a stack, with stacks_lock held. May throw std::bad_alloc.
+  std::uint32_t intern_locked(const std::uintptr_t* f, std::size_t depth) {
     if (depth == 0) {
       return 0;
     }
@@ -162,6 +180,27 @@ struct snapshot_recorder::state {
     const auto id = static_cast<std::uint32_t>(stacks.size());
     stacks.emplace_back(f, f + depth);
     stack_ids.emplace(h, id);
+    return id;
+  }
+
+  // On the allocating thread: the id of the stack just captured (0 if it cannot be stored).
+  std::uint32_t intern(const std::uintptr_t* f, std::size_t depth) noexcept {
+    last_interned_stack& last = t_last_stack;
+    if (last.recorder == recorder_id && last.depth == depth &&
+        std::memcmp(last.frames, f, depth * sizeof(std::uintptr_t)) == 0) {
+      return last.id;
+    }
+    std::uint32_t id = 0;
+    try {
+      std::lock_guard lock(stacks_lock);
+      id = intern_locked(f, depth);
+    } catch (...) {
+      return 0;  // no memory for the stack: the event goes without one
+    }
+    last.recorder = recorder_id;
+    last.depth = depth;
+    last.id = id;
+    std::memcpy(last.frames, f, depth * sizeof(std::uintptr_t));
     return id;
   }
 
@@ -234,14 +273,11 @@ void snapshot_recorder::on_event(const hooks::event& e) noexcept {
   r.allocator = e.allocator_id;
   r.kind = e.kind;
   r.phase = e.phase;
-  r.depth = static_cast<std::uint16_t>(depth);
+  r.stack = depth != 0 ? s.intern(frames, depth) : 0;
   if (e.kind == hooks::event_kind::oom) {
     (void)detail::device_memory::free_bytes(e.device, r.device_free);
   }
-  s.ring.try_push([&](void* slot) {
-    std::memcpy(slot, &r, sizeof r);
-    std::memcpy(static_cast<std::byte*>(slot) + sizeof r, frames, depth * sizeof(std::uintptr_t));
-  });
+  s.ring.try_push([&](void* slot) { std::memcpy(slot, &r, sizeof r); });
   if (s.writer != nullptr && s.ring.waiting() > s.ring.capacity() / 2) {
     s.writer->wake();
   }
@@ -252,8 +288,6 @@ void snapshot_recorder::drain_locked() const {
   s.ring.drain([&s](const void* slot) {
     ring_record r;
     std::memcpy(&r, slot, sizeof r);
-    const auto* frames =
-        reinterpret_cast<const std::uintptr_t*>(static_cast<const std::byte*>(slot) + sizeof r);
     snapshot_event ev;
     ev.kind = r.kind;
     ev.phase = r.phase;
@@ -266,8 +300,8 @@ void snapshot_recorder::drain_locked() const {
         static_cast<std::uint64_t>(static_cast<std::int64_t>(r.time_ns) + s.offset_ns) / 1000;
     ev.device_free = r.device_free;
     ev.allocator = r.allocator;
+    ev.stack = r.stack;
     try {
-      ev.stack = s.intern(frames, r.depth);
       s.builder.add(ev);
     } catch (...) {
       // No memory to apply it: the snapshot lacks this event, as if the ring had dropped it.
@@ -281,15 +315,27 @@ memory_snapshot snapshot_recorder::snapshot() const {
   state& s = *state_;
   // Only the stacks the snapshot refers to are symbolized, and renumbered 1..n in that order.
   const std::vector<std::uint32_t> used = s.builder.stacks_in_use();
-  std::vector<std::uint32_t> renumber(s.stacks.size(), 0);
+  // The stacks used, copied under the table's lock (allocating threads add to it meanwhile) and
+  // symbolized outside it.
+  std::vector<std::vector<std::uintptr_t>> raw(used.size());
+  std::size_t known = 0;
+  {
+    std::lock_guard stacks_lock(s.stacks_lock);
+    known = s.stacks.size();
+    for (std::size_t i = 0; i < used.size(); ++i) {
+      raw[i] = s.stacks[used[i]];
+    }
+  }
+  std::vector<std::uint32_t> renumber(known, 0);
   std::vector<std::vector<snapshot_frame>> symbolized{{}};
   std::unique_ptr<detail::symbolizer> sym;
-  for (std::uint32_t id : used) {
+  for (std::size_t i = 0; i < used.size(); ++i) {
+    const std::uint32_t id = used[i];
     if (id == 0) {
       continue;
     }
     std::vector<snapshot_frame> stack;
-    for (std::uintptr_t address : s.stacks[id]) {
+    for (std::uintptr_t address : raw[i]) {
       auto it = s.frames.find(address);
       if (it == s.frames.end()) {
         if (sym == nullptr) {
@@ -349,7 +395,10 @@ snapshot_recorder_stats snapshot_recorder::stats() const {
   snapshot_recorder_stats out;
   out.events = state_->ring.pushed();
   out.dropped_events = state_->ring.dropped();
-  out.stacks = state_->stacks.size() - 1;
+  {
+    std::lock_guard stacks_lock(state_->stacks_lock);
+    out.stacks = state_->stacks.size() - 1;
+  }
   out.builder = state_->builder.stats();
   return out;
 }
