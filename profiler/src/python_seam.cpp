@@ -3,7 +3,6 @@
 
 #include <dlfcn.h>
 #include <link.h>
-#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
@@ -484,20 +483,7 @@ bool plausible_cframe(const void* tstate, const void* cframe) noexcept {
   if (p == 0 || p % alignof(void*) != 0) {
     return false;
   }
-  if (p >= t && p < t + 4096) {
-    return true;
-  }
-  pthread_attr_t attr;
-  if (pthread_getattr_np(pthread_self(), &attr) != 0) {
-    return false;
-  }
-  void* lo = nullptr;
-  std::size_t size = 0;
-  const bool on_stack = pthread_attr_getstack(&attr, &lo, &size) == 0 &&
-                        p >= reinterpret_cast<std::uintptr_t>(lo) &&
-                        p + 2 * sizeof(void*) <= reinterpret_cast<std::uintptr_t>(lo) + size;
-  pthread_attr_destroy(&attr);
-  return on_stack;
+  return (p >= t && p < t + 4096) || on_this_thread_stack(p, 2 * sizeof(void*));
 }
 
 // With the GIL held, while the direct reader is being checked: one more comparison.

@@ -103,6 +103,11 @@ __attribute__((noinline, no_sanitize_address)) std::size_t walk_frame_pointers(
 
 }  // namespace
 
+bool on_this_thread_stack(std::uintptr_t address, std::size_t bytes) noexcept {
+  const stack_bounds& b = this_thread_stack();
+  return b.known && address >= b.lo && address <= b.hi && bytes <= b.hi - address;
+}
+
 bool unwind_backend_available(unwind_backend b) noexcept {
   switch (b) {
     case unwind_backend::frame_pointer:

@@ -70,6 +70,10 @@ struct stop_ranges {
 std::size_t capture_stack(unwind_backend b, std::uintptr_t* out, std::size_t capacity,
                           const stop_ranges* stop = nullptr) noexcept;
 
+/// True if [address, address + bytes) lies in the calling thread's stack (its bounds found once
+/// per thread); false if they cannot be found.
+[[nodiscard]] bool on_this_thread_stack(std::uintptr_t address, std::size_t bytes) noexcept;
+
 /// True on x86-64, where walk_cached_dwarf works (cached_dwarf_unwinder.cpp).
 [[nodiscard]] bool cached_dwarf_supported() noexcept;
 /// The cached DWARF walker: follows .eh_frame call-frame rules (found through libgcc's

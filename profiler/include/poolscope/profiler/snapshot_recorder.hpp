@@ -18,8 +18,10 @@
 // derived from the events' monotonic clock.
 //
 // Cost on the allocating thread: the stack capture (mallocs, segment acquisitions and maps, ooms; a
-// free is a copy: it shows the stack of its allocation) and one copy of the event into a bounded
-// ring (event_ring); a writer thread applies the ring to the snapshot. When the ring is full an
+// free has none: it shows the stack of its allocation), the stack's interning (the same stack as
+// the thread's previous one is a comparison with its copy; another is a lookup, or an insertion,
+// in the stack table under its spin lock) and one 64-byte copy of the event into a bounded ring
+// (event_ring); a writer thread applies the ring to the snapshot. When the ring is full an
 // event is dropped and counted exactly (stats().dropped_events; in the file,
 // allocator_settings["dropped_events"]): the snapshot then lacks it (a block may stay active
 // that was freed). With `writer_thread` false there is no thread: the ring is applied when a
