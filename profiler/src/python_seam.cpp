@@ -376,10 +376,7 @@ class direct_reader {
   [[nodiscard]] const void* previous(const void* frame) const noexcept {
     return load<const void*>(frame, l_.previous);
   }
-  /// The frame's instruction as it is (read() checks it).
-  [[nodiscard]] std::uintptr_t instr(const void* frame) const noexcept {
-    return load<std::uintptr_t>(frame, l_.instr);
-  }
+  [[nodiscard]] const frame_layout& layout() const noexcept { return l_; }
   /// The frame's code object and instruction, or false for a frame the C API skips (the
   /// evaluator's shim frames, frames that have not started).
   bool read(const void* frame, raw_frame& out) const noexcept {
@@ -536,9 +533,12 @@ __attribute__((noipa)) std::size_t read_frames(const direct_reader& r, place_cac
                                                const void* top, std::uintptr_t* out,
                                                raw_frame* frames, std::size_t capacity,
                                                std::size_t& missing, bool& truncated) noexcept {
+  // The offsets in registers: the stores to `out` could otherwise alias the layout's fields.
+  const std::size_t instr_at = r.layout().instr;
+  const std::size_t previous_at = r.layout().previous;
   std::size_t n = 0;
-  for (const void* p = top; p != nullptr; p = r.previous(p)) {
-    const std::uintptr_t instr = r.instr(p);
+  for (const void* p = top; p != nullptr; p = load<const void*>(p, previous_at)) {
+    const auto instr = load<std::uintptr_t>(p, instr_at);
     const place_cache::entry& e = cache.find(instr);
     std::uintptr_t word = e.word;
     if (e.instr != instr) [[unlikely]] {
