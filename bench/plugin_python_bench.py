@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The plug-in's recording costs seen from Python: ns per allocate+free pair through ctypes.
 
-    python3 bench/plugin_python_bench.py build/lib/libpoolscope_alloc.so [--pairs N]
+    python3 bench/plugin_python_bench.py build/lib/libpoolscope_alloc.so [--pairs N] [--repeat R]
 
 Each row runs in a fresh python3 process that loads the plug-in (POOLSCOPE_RESOURCE=host,
 POOLSCOPE_ALLOCATOR=bfc) and times N pairs of 1 KiB from a Python function D frames deep, in CPU
@@ -11,8 +11,9 @@ with nothing recorded (the baseline), with POOLSCOPE_RECORD (the event log), wit
 POOLSCOPE_PROFILE (the line profile: native and Python stacks) and with POOLSCOPE_SNAPSHOT (the
 memory snapshot: the same stacks, a ring and a writer thread). "per event" is (pair - baseline)
 / 2: a pair's malloc and free are the two events each of them takes; with stacks, the malloc
-carries the stack walk, Python frames included. Prints a table and a summary line; the figures
-go to docs/perf.md ("Recording and snapshots").
+carries the stack walk, Python frames included. With --repeat R each row is the best of R such
+processes (on a shared, loaded machine one process may be slowed throughout). Prints a table and
+a summary line; the figures go to docs/perf.md ("Recording and snapshots").
 """
 import argparse
 import os
@@ -65,6 +66,7 @@ def main():
     ap.add_argument("plugin")
     ap.add_argument("--pairs", type=int, default=200000)
     ap.add_argument("--depths", default="5,20,50")
+    ap.add_argument("--repeat", type=int, default=1, help="best of this many processes per row")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         modes = [("none", {}),
@@ -77,7 +79,8 @@ def main():
         for depth in [int(d) for d in args.depths.split(",")]:
             base = None
             for name, env in modes:
-                t, p = run(args.plugin, args.pairs, depth, env)
+                t, p = min(run(args.plugin, args.pairs, depth, env)
+                           for _ in range(max(1, args.repeat)))
                 base = (t, p) if base is None else base
                 et, ep = (t - base[0]) / 2, (p - base[1]) / 2
                 print(f"{depth:>12} {name:<20} {t:>15.0f} {et:>9.0f} {p:>16.0f} {ep:>9.0f}")
