@@ -263,13 +263,16 @@ sys.exit(1 if inside or not leaves else 0)
 PY"
 fi
 if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
-  # Memory snapshots (docs/snapshot.md): PyTorch's and the plug-in's (every strategy) through
-  # torch.cuda._memory_viz, poolscope's against PyTorch's structure, and `poolscope replay` of
-  # PyTorch's against its max_memory_reserved().
-  # (The files go to /tmp: $OUT returns only a few.)
+  # Memory snapshots (docs/snapshot.md): PyTorch's and the plug-in's (every strategy, and bfc
+  # over vmm against PyTorch's expandable segments) through torch.cuda._memory_viz, poolscope's
+  # against PyTorch's structure, and `poolscope replay` of PyTorch's against its
+  # max_memory_reserved(). (The files go to /tmp: $OUT returns only a few.)
   step "memory snapshots vs PyTorch" "$out/snapshot.log" \
     python3 "$root/scripts/snapshot_gpu_check.py" "$build/lib/libpoolscope_alloc.so" \
       --out /tmp/poolscope-gpu-check --poolscope "$build/bin/poolscope"
+  # What recording costs per tensor (docs/perf.md, "Recording and snapshots").
+  step "PyTorch recording cost per tensor" "$out/snapshot.log" \
+    python3 "$root/scripts/torch_recording_bench.py" "$build/lib/libpoolscope_alloc.so"
 fi
 if python3 -c "import cupy" 2>/dev/null && [ -f "$root/scripts/cupy_plugin_check.py" ]; then
   step "CuPy plug-in workload" "$out/plugin.log" \
