@@ -24,10 +24,13 @@
 #include "nccl_watchdog.hpp"
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/hooks/event.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/scope.hpp"
+#include "poolscope/profiler/timeline.hpp"
 #include "rank_gpus.hpp"
 #include "scope_sites.hpp"
+#include "transfer_slices.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -138,9 +141,30 @@ class cuda_event final : public detail::event_state {
   mutable std::atomic<bool> done_{false};  // known complete: no more queries
 };
 
+// Enqueues on `s` (of the current device) a wait until the 32-bit word at `word` (pinned host
+// memory: unified addressing maps it at the same address on every device) is at least `value`:
+// cuStreamWaitValue32, reached through the runtime's entry-point query (nothing links libcuda).
+void stream_wait_value(cudaStream_t s, const std::uint32_t* word, std::uint32_t value) {
+  using wait_value_fn = decltype(&cuStreamWaitValue32);
+  static const wait_value_fn wait_value = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    POOLSCOPE_DARRAY_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
+                                                            cudaEnableDefault, &found));
+    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<wait_value_fn>(fn) : nullptr;
+  }();
+  if (wait_value == nullptr) {
+    detail::seam::raise(CUDA_ERROR_NOT_FOUND, "cuStreamWaitValue32 (not in this driver)", __FILE__,
+                        __LINE__);
+  }
+  POOLSCOPE_DARRAY_CHECK(
+      wait_value(s, reinterpret_cast<CUdeviceptr>(word), value, CU_STREAM_WAIT_VALUE_GEQ));
+}
+
 // mpi_staging's copies on GPUs (between_ranks = mpi): cudaMemcpyAsync on each GPU's transfer
-// stream, then an event from the GPU's pool that the staging's worker waits for. Owned by the
-// backend; thread-safe (streams and event pools are).
+// stream (an upload behind a cuStreamWaitValue32 on its gate), then an event from the GPU's pool
+// that the staging's worker waits for. Owned by the backend; thread-safe (streams and event pools
+// are).
 class staging_copies final : public detail::mpi_staging::device_copies {
  public:
   struct queue {
@@ -150,15 +174,22 @@ class staging_copies final : public detail::mpi_staging::device_copies {
   };
   explicit staging_copies(std::vector<queue> queues) noexcept : queues_(std::move(queues)) {}
 
-  [[nodiscard]] std::function<void()> enqueue_copy(int device, void* to, const void* from,
-                                                   std::size_t bytes, bool to_host) override {
+  [[nodiscard]] std::function<void()> enqueue_download(int device, void* to, const void* from,
+                                                       std::size_t bytes) override {
     const queue& q = queues_.at(static_cast<std::size_t>(device));
     const device_guard guard(q.ordinal);
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(
-        to, from, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, q.stream));
-    auto done = std::make_shared<pooled_event>(q.events);
-    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(done->handle, q.stream));
-    return [done] { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(done->handle)); };
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, q.stream));
+    return completion(q);
+  }
+
+  [[nodiscard]] std::function<void()> enqueue_gated_upload(int device, void* to, const void* from,
+                                                           std::size_t bytes,
+                                                           std::uint32_t* gate) override {
+    const queue& q = queues_.at(static_cast<std::size_t>(device));
+    const device_guard guard(q.ordinal);
+    stream_wait_value(q.stream, gate, 1);
+    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, q.stream));
+    return completion(q);
   }
 
  private:
@@ -172,6 +203,12 @@ class staging_copies final : public detail::mpi_staging::device_copies {
     std::shared_ptr<event_pool> pool;
     cudaEvent_t handle;
   };
+  // A wait for the work enqueued so far on `q` (its device current).
+  static std::function<void()> completion(const queue& q) {
+    auto done = std::make_shared<pooled_event>(q.events);
+    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(done->handle, q.stream));
+    return [done] { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(done->handle)); };
+  }
   std::vector<queue> queues_;
 };
 
@@ -317,6 +354,10 @@ class cuda_backend final : public backend {
   /// do_send / do_receive with between_ranks = mpi: through pinned host memory (staging_).
   void mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank, int tag,
                      bool sending);
+  /// The host-side end of a transfer with another rank, issued since `begin_ns`, as the attached
+  /// timeline's slice (transfer_slices.hpp: what `trace merge` joins into a flow per piece).
+  void trace_with_rank(int device, int peer_device, bool sending, std::size_t bytes,
+                       std::uint64_t begin_ns) const noexcept;
   /// The NCCL rank of this process's device `local` in comms_: its global number when the
   /// communicators span the ranks, else its local index (ncclCommInitAll within the process).
   [[nodiscard]] int nccl_rank(int local) const noexcept {
@@ -496,7 +537,8 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
       }
       staging_copies_ = std::make_unique<staging_copies>(std::move(queues));
       staging_ = std::make_unique<detail::mpi_staging>(group(), devices, *staging_copies_,
-                                                       pool::make_resource("pinned"));
+                                                       pool::make_resource("pinned"),
+                                                       [this] { return attached_timeline(); });
     } else if (group()->size() > 1) {
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
@@ -876,6 +918,7 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
       const auto bytes = static_cast<std::size_t>(x.data.size()) * es;
       const ncclComm_t comm = comms_[static_cast<std::size_t>(x.device)];
       const cudaStream_t s = stream(x.device, queue_kind::transfer);
+      const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
       if (x.sending) {
         POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
                                         x.peer_device, comm, s));
@@ -883,6 +926,7 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
         POOLSCOPE_DARRAY_CHECK(
             ncclRecv(element_ptr<void>(x.data, es), bytes, ncclUint8, x.peer_device, comm, s));
       }
+      trace_with_rank(x.device, x.peer_device, x.sending, bytes, begin);
     }
   } catch (...) {
     (void)ncclGroupEnd();
@@ -981,10 +1025,21 @@ void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_de
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
   const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
+  const detail::transfer_ends traced =
+      detail::rank_transfer_ends(sending, global_device(device), peer_device, bytes);
   if (sending) {
-    staging_->send(device, element_ptr<const void>(v, es), bytes, rank, tag, what);
+    staging_->send(device, element_ptr<const void>(v, es), bytes, rank, tag, traced, what);
   } else {
-    staging_->receive(device, element_ptr<void>(v, es), bytes, rank, tag, what);
+    staging_->receive(device, element_ptr<void>(v, es), bytes, rank, tag, traced, what);
+  }
+}
+
+void cuda_backend::trace_with_rank(int device, int peer_device, bool sending, std::size_t bytes,
+                                   std::uint64_t begin_ns) const noexcept {
+  if (profiler::timeline* tl = attached_timeline(); tl != nullptr) {
+    const int me = global_device(device);
+    detail::add_transfer_slice(*tl, detail::rank_transfer_ends(sending, me, peer_device, bytes), me,
+                               detail::rank_piece_category, begin_ns, hooks::now_ns());
   }
 }
 
@@ -1003,6 +1058,7 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
     const detail::nccl_watchdog::host_call call(*watchdog_, what);
     // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
     const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
+    const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
     if (sending) {
       POOLSCOPE_DARRAY_CHECK(
           ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
@@ -1010,6 +1066,7 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
       POOLSCOPE_DARRAY_CHECK(
           ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
     }
+    trace_with_rank(device, peer_device, sending, bytes, begin);
   }
   watchdog_->watch(dev(device).ordinal, s, what);
 }
