@@ -134,8 +134,13 @@ void mpi_staging::receive(int device, void* dst, std::size_t bytes, int peer, in
                           const transfer_ends& traced, const std::string& what) {
   const std::size_t d = checked(device);
   auto host = take(bytes);
-  std::function<void()> copied =
-      copies_.enqueue_gated_upload(device, dst, host->data(), bytes, host->gate());
+  std::function<void()> copied;
+  try {
+    copied = copies_.enqueue_gated_upload(device, dst, host->data(), bytes, host->gate());
+  } catch (...) {
+    open_gate(host->gate());  // the wait may be enqueued without its copy: let the queue go on
+    throw;
+  }
   try {
     receivers_[d]->push([this, g = group_, host, bytes, peer, tag, traced, what] {
       const gate_opener open(host->gate());  // after the bytes, or after the failure
