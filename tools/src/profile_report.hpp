@@ -32,6 +32,10 @@ struct profile_report_options {
   std::size_t top = 10;               ///< callees shown under each call site (0: all)
   bool full_names = false;            ///< keep functions' parameter lists
   bool show_live = false;             ///< also live, live-at-peak bytes
+  /// Runs of interpreter frames collapsed into one node each, and the frames they stand for
+  /// (analysis/interpreter_frames.hpp), for the header.
+  std::size_t interpreter_runs = 0;
+  std::size_t interpreter_frames = 0;
 };
 
 /// `full` without its trailing parameter list and qualifiers: "ns::f<int>(int, char const*)
@@ -188,6 +192,11 @@ inline std::string profile_report_text(const profiler::line_profile& p,
                      : ", at most " + std::to_string(o.top) + " callees each (--top)") +
          (o.full_names ? std::string() : "; functions without parameter lists (--full-names)") +
          "\n";
+  if (o.interpreter_runs != 0) {
+    out += std::to_string(o.interpreter_frames) + " Python interpreter frames shown as " +
+           std::to_string(o.interpreter_runs) + " node" + (o.interpreter_runs == 1 ? "" : "s") +
+           " (\u2026 N interpreter frames; --full-stacks shows them)\n";
+  }
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> head{"used", "acquired", "calls"};
   if (o.show_live) {
