@@ -38,10 +38,57 @@ struct profile_report_options {
   std::size_t interpreter_frames = 0;
 };
 
-/// `full` without its trailing parameter list and qualifiers: "ns::f<int>(int, char const*)
-/// const" -> "ns::f<int>"; "operator()(int)" -> "operator()". A name without one is returned as
-/// it is.
-inline std::string short_function_name(std::string_view full) {
+namespace profile_report_detail {
+
+/// `name` with the parameter list of each function it is nested in (a lambda's or a local class's
+/// enclosing function: "f(int, char)::{lambda()#1}") as "(…)", its qualifiers dropped; lists
+/// that are empty, "(anonymous namespace)", and lists not followed by "::" (a lambda's own, a
+/// function type's) are kept.
+inline std::string without_enclosing_lists(std::string_view name) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < name.size()) {
+    if (name[i] != '(') {
+      out += name[i++];
+      continue;
+    }
+    std::size_t depth = 0;
+    std::size_t close = i;
+    for (; close < name.size(); ++close) {
+      if (name[close] == '(') {
+        ++depth;
+      } else if (name[close] == ')' && --depth == 0) {
+        break;
+      }
+    }
+    if (close == name.size()) {
+      out.append(name.substr(i));  // unbalanced: as it is
+      break;
+    }
+    std::size_t next = close + 1;
+    for (bool more = true; more;) {
+      more = false;
+      for (const std::string_view q :
+           {" const", " volatile", " &&", " &", "&&", "&", " noexcept"}) {
+        if (name.substr(next).starts_with(q)) {
+          next += q.size();
+          more = true;
+        }
+      }
+    }
+    const std::string_view inner = name.substr(i + 1, close - i - 1);
+    if (name.substr(next).starts_with("::") && !inner.empty() && inner != "anonymous namespace") {
+      out += "(\u2026)";
+      i = next;
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
+
+/// `full` without its trailing parameter list and qualifiers (see short_function_name).
+inline std::string without_trailing_list(std::string_view full) {
   // From the end: skip qualifiers after the last ')' (const, &, noexcept...), then find the '('
   // matching it, counting nesting of (), <> and [].
   const std::size_t close = full.rfind(')');
@@ -76,6 +123,17 @@ inline std::string short_function_name(std::string_view full) {
     }
   }
   return std::string(full);
+}
+
+}  // namespace profile_report_detail
+
+/// `full` without its trailing parameter list and qualifiers, and with the parameter lists of the
+/// functions it is nested in shortened to "(…)": "ns::f<int>(int, char const*) const" ->
+/// "ns::f<int>"; "operator()(int)" -> "operator()"; "ns::f(int)::{lambda()#1}::operator()() const"
+/// -> "ns::f(…)::{lambda()#1}::operator()". A name without lists is returned as it is.
+inline std::string short_function_name(std::string_view full) {
+  return profile_report_detail::without_enclosing_lists(
+      profile_report_detail::without_trailing_list(full));
 }
 
 /// "12.30 MiB", "512 B": bytes in the largest binary unit below them, two decimals.
