@@ -115,11 +115,23 @@ TEST(replay_cli, every_resource_listed_is_replayed_under_every_strategy) {
   EXPECT_EQ(j["results"][2]["peak_reserved"], 5000) << "naive counts what it asked for";
 }
 
+// The cells of the table row that starts with `name` in `out` (split at spaces); none if there
+// is no such row.
+std::vector<std::string> cells_of(const std::string& out, const std::string& name) {
+  const std::size_t at = out.find("\n" + name + " ");
+  if (at == std::string::npos) {
+    return {};
+  }
+  std::istringstream row(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+  return {std::istream_iterator<std::string>(row), {}};
+}
+
 TEST(replay_cli, table_and_summary_line) {
   const std::string log = write_file("poolscope-replay", hand_log());
   const std::string out = run_cli({"replay", log, "--allocators", "naive,best_fit"});
-  // Units in the headings: 5000 bytes requested, best_fit's 512-byte rounding: KiB.
-  EXPECT_NE(out.find("peak (KiB)"), std::string::npos) << out;
+  // Units in the headings: 5000 bytes requested, best_fit's 512-byte rounding: below 10 KiB, so
+  // bytes.
+  EXPECT_NE(out.find("peak (B)"), std::string::npos) << out;
   EXPECT_NE(out.find("malloc ("), std::string::npos) << out;
   EXPECT_NE(out.find("summary: 2 allocators, 3 mallocs replayed, 0 failed"), std::string::npos)
       << out;
@@ -139,8 +151,8 @@ TEST(replay_cli, table_and_summary_line) {
   EXPECT_TRUE(table[2].starts_with("naive ")) << out;
   EXPECT_TRUE(table[3].starts_with("best_fit ")) << out;
   // Aligned: the names and every row are one width, at most 100 columns, and a figure ends
-  // where its name does. The hand log's figures, by hand: 5000 B = 4.9 KiB requested at peak;
-  // naive reserves exactly that, at a ratio of 1.000, with 3 upstream allocations.
+  // where its name does. The hand log's figures, by hand: 5000 B requested at peak; naive
+  // reserves exactly that, at a ratio of 1.000, with 3 upstream allocations.
   for (const std::string& l : table) {
     EXPECT_LE(l.size(), 100U) << out;
   }
@@ -149,25 +161,28 @@ TEST(replay_cli, table_and_summary_line) {
   std::istringstream naive_row(table[2]);
   std::vector<std::string> cells{std::istream_iterator<std::string>(naive_row), {}};
   ASSERT_GE(cells.size(), 7U) << out;
-  EXPECT_EQ(cells[1], "4.9") << out;    // requested
-  EXPECT_EQ(cells[2], "4.9") << out;    // reserved
+  EXPECT_EQ(cells[1], "5000") << out;   // requested
+  EXPECT_EQ(cells[2], "5000") << out;   // reserved
   EXPECT_EQ(cells[3], "1.000") << out;  // reserved / requested
   EXPECT_EQ(cells[4], "3") << out;      // upstream allocs
   EXPECT_EQ(cells[5], "0") << out;      // failed allocs
   const auto name_end = table[1].find("reserved") + std::string("reserved").size();
   EXPECT_NE(table[2][name_end - 1], ' ') << "a figure ends under the end of its name:\n" << out;
-  EXPECT_EQ(table[2].substr(name_end - 3, 3), "4.9") << out;
+  EXPECT_EQ(table[2].substr(name_end - 4, 4), "5000") << out;
 
-  // bfc's 2 MiB segment makes the unit MiB: naive's 5000 bytes are not shown as a zero.
-  const std::string mib = run_cli({"replay", log, "--allocators", "naive,bfc"});
-  EXPECT_NE(mib.find("peak (MiB)"), std::string::npos) << mib;
-  const std::size_t naive_at = mib.find("\nnaive ");
-  ASSERT_NE(naive_at, std::string::npos) << mib;
-  std::istringstream small_row(mib.substr(naive_at + 1, mib.find('\n', naive_at + 1) - naive_at));
-  std::vector<std::string> small{std::istream_iterator<std::string>(small_row), {}};
-  ASSERT_GE(small.size(), 3U) << mib;
-  EXPECT_EQ(small[1], "<0.1") << mib;
-  EXPECT_EQ(small[2], "<0.1") << mib;
+  // bfc's 2 MiB segment makes the unit KiB: naive's 5000 bytes read 4.9, one 16-byte block
+  // "<0.1", never a 0.0 that is not zero.
+  const std::string kib = run_cli({"replay", log, "--allocators", "naive,bfc"});
+  EXPECT_NE(kib.find("peak (KiB)"), std::string::npos) << kib;
+  EXPECT_EQ(cells_of(kib, "naive").at(1), "4.9") << kib;
+  EXPECT_EQ(cells_of(kib, "bfc").at(2), "2048.0") << kib;
+  const std::string tiny_log =
+      write_file("poolscope-replay",
+                 std::string(R"({"format":"poolscope.events","version":1,"pid":1})") + "\n" +
+                     rec(1, "malloc", "0x1000", 16, "post") + rec(2, "free", "0x1000", 16, "pre"));
+  const std::string tiny = run_cli({"replay", tiny_log, "--allocators", "naive,bfc"});
+  EXPECT_EQ(cells_of(tiny, "naive").at(1), "<0.1") << tiny;
+  EXPECT_EQ(cells_of(tiny, "naive").at(2), "<0.1") << tiny;
 
   // --wide: the peaks to the byte, the peak handed out, upstream frees, the slowest calls.
   const std::string wide = run_cli({"replay", log, "--allocators", "naive", "--wide"});

@@ -113,15 +113,15 @@ struct column_unit {
   double scale;
 };
 
+// The largest unit in which the largest figure reads at least 10: three significant digits or
+// more for it, and the column's smaller figures keep theirs (182.9 and 220.0 MiB, not 0.2 and
+// 0.2 GiB beside a 1.3 GiB).
 column_unit bytes_unit(std::size_t largest) {
-  if (largest >= (std::size_t{1} << 30)) {
-    return {"GiB", 1.0 / static_cast<double>(std::size_t{1} << 30)};
-  }
-  if (largest >= (std::size_t{1} << 20)) {
-    return {"MiB", 1.0 / static_cast<double>(std::size_t{1} << 20)};
-  }
-  if (largest >= (std::size_t{1} << 10)) {
-    return {"KiB", 1.0 / 1024.0};
+  for (const auto& [shift, name] :
+       {std::pair{30, "GiB"}, std::pair{20, "MiB"}, std::pair{10, "KiB"}}) {
+    if (largest >= (std::size_t{10} << shift)) {
+      return {name, 1.0 / static_cast<double>(std::size_t{1} << shift)};
+    }
   }
   return {"B", 1.0};
 }
