@@ -34,20 +34,19 @@ namespace {
 // Line 8 allocates, called from a method through map(): the evaluator runs between the Python
 // frames and, below the last one, ctypes and libffi run before the plug-in.
 constexpr const char* workload = R"(import ctypes, sys
-lib = ctypes.CDLL(sys.argv[1])
-lib.poolscope_malloc.restype = ctypes.c_void_p
-lib.poolscope_malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
-lib.poolscope_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
+plugin = ctypes.CDLL(sys.argv[1])
+malloc = plugin.poolscope_malloc
+malloc.restype = ctypes.c_void_p
+malloc.argtypes = [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
 
 def allocate_weights(n):
-    return lib.poolscope_malloc(n, 0, None)
+    return malloc(n, 0, None)
 
 class Model:
     def step(self):
         return list(map(allocate_weights, [1 << 20] * 4))
 
 blocks = Model().step()
-lib.poolscope_free(blocks[0], 1 << 20, 0, None)
 )";
 
 std::string report(const std::vector<std::string>& args) {
