@@ -88,9 +88,9 @@ void gather(const profile_node& n, std::size_t depth, run& r) {
 std::string run_label(const run& r) {
   std::string count = std::to_string(r.shortest);
   if (r.longest != r.shortest) {
-    count += "\u2013" + std::to_string(r.longest);
+    count += "-" + std::to_string(r.longest);
   }
-  return "\u2026 " + count + " interpreter frame" + (r.longest == 1 ? "" : "s");
+  return "... " + count + " interpreter frame" + (r.longest == 1 ? "" : "s");
 }
 
 // `n`'s children with their interpreter runs collapsed, recursively.

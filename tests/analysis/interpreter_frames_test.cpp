@@ -89,13 +89,13 @@ TEST(interpreter_frames, a_run_that_branches_is_one_node_over_the_call_sites_pas
   const profile_node& train = c.profile.root.children[0];
   EXPECT_EQ(train.function, "train");
   ASSERT_EQ(train.children.size(), 1U);
-  EXPECT_EQ(train.children[0].function, "\u2026 1 interpreter frame");
+  EXPECT_EQ(train.children[0].function, "... 1 interpreter frame");
   ASSERT_EQ(train.children[0].children.size(), 1U);
   EXPECT_EQ(train.children[0].children[0].function, "my_ext");
   EXPECT_EQ(train.children[0].children[0].total.used, 30U);
   // The run from the root: 4 frames to my_ext, 6 to ffi_call's allocations.
   const profile_node& run = c.profile.root.children[1];
-  EXPECT_EQ(run.function, "\u2026 4\u20136 interpreter frames");
+  EXPECT_EQ(run.function, "... 4-6 interpreter frames");
   EXPECT_EQ(run.self.used, 50U);  // ffi_call's own, inside the run
   EXPECT_EQ(run.total.used, 150U);
   ASSERT_EQ(run.children.size(), 1U);
@@ -118,7 +118,7 @@ TEST(interpreter_frames, call_sites_past_two_branches_of_a_run_merge) {
   EXPECT_EQ(c.frames, 3U);
   ASSERT_EQ(c.profile.root.children.size(), 1U);
   const profile_node& run = c.profile.root.children[0];
-  EXPECT_EQ(run.function, "\u2026 2 interpreter frames");
+  EXPECT_EQ(run.function, "... 2 interpreter frames");
   ASSERT_EQ(run.children.size(), 1U);
   EXPECT_EQ(run.children[0].total.count, 3U);
   EXPECT_EQ(run.children[0].total.used, 16U);
@@ -138,7 +138,7 @@ TEST(interpreter_frames, the_process_start_inside_a_run_is_part_of_it) {
   EXPECT_EQ(c.runs, 1U);
   EXPECT_EQ(c.frames, 4U);
   ASSERT_EQ(c.profile.root.children.size(), 1U);
-  EXPECT_EQ(c.profile.root.children[0].function, "\u2026 4 interpreter frames");
+  EXPECT_EQ(c.profile.root.children[0].function, "... 4 interpreter frames");
   ASSERT_EQ(c.profile.root.children[0].children.size(), 1U);
   EXPECT_EQ(c.profile.root.children[0].children[0].function, "my_ext");
 }

@@ -448,15 +448,15 @@ TEST(report_cli, short_function_names) {
   EXPECT_EQ(short_function_name("bool operator<(A const&, A const&)"), "bool operator<");
   // The functions a lambda is nested in keep their names, their lists shortened.
   EXPECT_EQ(short_function_name("ns::f(int, char)::{lambda()#1}::operator()() const"),
-            "ns::f(\u2026)::{lambda()#1}::operator()");
+            "ns::f(...)::{lambda()#1}::operator()");
   EXPECT_EQ(short_function_name("S::operator()(unsigned long) const::{lambda(int)#1}::operator()"
                                 "(int) const"),
-            "S::operator()(\u2026)::{lambda(int)#1}::operator()");
+            "S::operator()(...)::{lambda(int)#1}::operator()");
   EXPECT_EQ(
       short_function_name("std::_Function_handler<void (), ns::(anonymous namespace)::g(ns::a "
                           "const&, std::vector<int, std::allocator<int> >&)::{lambda()#4}>::"
                           "_M_invoke(std::_Any_data const&)"),
-      "std::_Function_handler<void (), ns::(anonymous namespace)::g(\u2026)::{lambda()#4}>::"
+      "std::_Function_handler<void (), ns::(anonymous namespace)::g(...)::{lambda()#4}>::"
       "_M_invoke");
   EXPECT_EQ(short_function_name("f(int"), "f(int");
   EXPECT_EQ(short_function_name("plain"), "plain");

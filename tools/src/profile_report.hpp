@@ -41,7 +41,7 @@ struct profile_report_options {
 namespace profile_report_detail {
 
 /// `name` with the parameter list of each function it is nested in (a lambda's or a local class's
-/// enclosing function: "f(int, char)::{lambda()#1}") as "(…)", its qualifiers dropped; lists
+/// enclosing function: "f(int, char)::{lambda()#1}") as "(...)", its qualifiers dropped; lists
 /// that are empty, "(anonymous namespace)", and lists not followed by "::" (a lambda's own, a
 /// function type's) are kept.
 inline std::string without_enclosing_lists(std::string_view name) {
@@ -78,7 +78,7 @@ inline std::string without_enclosing_lists(std::string_view name) {
     }
     const std::string_view inner = name.substr(i + 1, close - i - 1);
     if (name.substr(next).starts_with("::") && !inner.empty() && inner != "anonymous namespace") {
-      out += "(\u2026)";
+      out += "(...)";
       i = next;
     } else {
       out += name[i++];
@@ -128,9 +128,9 @@ inline std::string without_trailing_list(std::string_view full) {
 }  // namespace profile_report_detail
 
 /// `full` without its trailing parameter list and qualifiers, and with the parameter lists of the
-/// functions it is nested in shortened to "(…)": "ns::f<int>(int, char const*) const" ->
+/// functions it is nested in shortened to "(...)": "ns::f<int>(int, char const*) const" ->
 /// "ns::f<int>"; "operator()(int)" -> "operator()"; "ns::f(int)::{lambda()#1}::operator()() const"
-/// -> "ns::f(…)::{lambda()#1}::operator()". A name without lists is returned as it is.
+/// -> "ns::f(...)::{lambda()#1}::operator()". A name without lists is returned as it is.
 inline std::string short_function_name(std::string_view full) {
   return profile_report_detail::without_enclosing_lists(
       profile_report_detail::without_trailing_list(full));
@@ -253,7 +253,7 @@ inline std::string profile_report_text(const profiler::line_profile& p,
   if (o.interpreter_runs != 0) {
     out += std::to_string(o.interpreter_frames) + " Python interpreter frames shown as " +
            std::to_string(o.interpreter_runs) + " node" + (o.interpreter_runs == 1 ? "" : "s") +
-           " (\u2026 N interpreter frames; --full-stacks shows them)\n";
+           " (... N interpreter frames; --full-stacks shows them)\n";
   }
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> head{"used", "acquired", "calls"};

@@ -3,7 +3,7 @@
 // evaluator, the call machinery and, for ctypes, libffi (`_PyEval_EvalFrameDefault`,
 // `_PyObject_MakeTpCall`, `cfunction_call`, `ffi_call_unix64`...): dozens of frames that say
 // nothing about the program. `poolscope report` shows each run of them as one node,
-// "… 14 interpreter frames", unless asked for the full stacks (--full-stacks).
+// "... 14 interpreter frames", unless asked for the full stacks (--full-stacks).
 //
 // A frame is the interpreter's when it is native (it has a module: Python frames, the user's
 // lines, never are) and
@@ -24,7 +24,7 @@
 // and its `main`); the interpreter frames right under one call
 // site make one node however they branch (the figures of the run's frames become its own, and the
 // call sites past the run, those of every branch, its children, merged where they are the same
-// frame). Its label gives the frames per path ("… 3–14 interpreter frames" when paths differ).
+// frame). Its label gives the frames per path ("... 3-14 interpreter frames" when paths differ).
 // A profile without interpreter frames (a C++ program's) is returned unchanged.
 //
 // Ownership: plain values. Thread safety: reentrant. Cost: linear in the nodes, plus the merge
