@@ -43,13 +43,15 @@ template <typename A>
 inline constexpr bool reserved_is_in_use_plus_cached =
     std::is_same_v<A, naive_allocator> || std::is_same_v<A, best_fit_allocator> ||
     std::is_same_v<A, bfc_allocator>;
-/// Fixtures whose strategy maps granules of a virtual resource itself (bfc over host_vmm or vmm):
-/// its upstream calls are maps and unmaps (segment_map / segment_unmap events), and a free gives
-/// the granules it leaves free back past a small hysteresis, so freed blocks do not fill the
-/// resource.
+/// Fixtures whose strategy maps granules of a virtual resource itself (bfc over host_vmm or vmm,
+/// and stream_pool, whose per-stream pools are such bfcs): its upstream calls are maps and unmaps
+/// (segment_map / segment_unmap events), which need not pair, and what a free leaves mapped is
+/// the unmap policy's to keep, not the cache of whole blocks the exhaustion test fills.
 template <typename F>
-inline constexpr bool maps_granules =
-    std::is_base_of_v<on_host_vmm<bfc_allocator>, F> || std::is_base_of_v<on_vmm<bfc_allocator>, F>;
+inline constexpr bool maps_granules = std::is_base_of_v<on_host_vmm<bfc_allocator>, F> ||
+                                      std::is_base_of_v<on_vmm<bfc_allocator>, F> ||
+                                      std::is_base_of_v<on_host_vmm<stream_pool_allocator>, F> ||
+                                      std::is_base_of_v<on_vmm<stream_pool_allocator>, F>;
 /// Strategies that keep freed blocks (so a freed block occupies upstream capacity).
 template <typename A>
 inline constexpr bool caches_freed_blocks = !std::is_same_v<A, naive_allocator>;
