@@ -4,7 +4,7 @@
 #   scripts/demo.sh [poolscope demo options...]
 # The build shows its progress condensed (one line that updates on a terminal; otherwise a line
 # every tenth of the way); its whole log is build/demo-build.log. The first build from an empty
-# compiler cache takes about 7 minutes on 2 idle cores (README, "Quick start").
+# compiler cache takes about 5 minutes on 2 idle cores (README, "Quick start").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${POOLSCOPE_BUILD_DIR:-$root/build}"

@@ -1,4 +1,4 @@
-// bfc_allocator's own behaviour (the common contract is in conformance_test.cpp): splitting,
+// bfc_allocator's own behaviour (the common contract is in conformance_suite.hpp): splitting,
 // merging with each neighbour and never across segments, exact fragmentation figures, what
 // release_cached gives back, the limit, the upstream-exhaustion retry, segment consolidation,
 // small requests borrowing large chunks, invalid frees, the A5 reserved/requested ratio, a

@@ -1,7 +1,14 @@
 // The allocator conformance suite: one typed suite, instantiated for every allocator list in
-// allocator_types.hpp (see the bottom of this file). It checks the contract written at the top
-// of pool/include/poolscope/pool/allocator.hpp against independent expectations: hand-computed
-// values, a reference model of the counters, the hook events and the resource's own byte count.
+// allocator_types.hpp by one file per list (conformance_*_test.cpp: the lists compile side by
+// side, and the GPU-only lists sit in *_gpu_test files that builds without GPU tests leave out).
+// It checks the contract written at the top of pool/include/poolscope/pool/allocator.hpp against
+// independent expectations: hand-computed values, a reference model of the counters, the hook
+// events and the resource's own byte count.
+//
+// Everything here is in an anonymous namespace: each including file gets its own copy of the
+// suite and instantiates it under its own prefix (GoogleTest's type-parameterized tests).
+#pragma once
+
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -804,12 +811,4 @@ REGISTER_TYPED_TEST_SUITE_P(
     destructor_returns_everything_to_the_resource);
 
 }  // namespace
-
-// One line per allocator list in allocator_types.hpp. GPU lists skip (SetUp) without a GPU.
-INSTANTIATE_TYPED_TEST_SUITE_P(host, allocator_conformance, host_allocators);
-INSTANTIATE_TYPED_TEST_SUITE_P(cuda, allocator_conformance, cuda_allocators);
-INSTANTIATE_TYPED_TEST_SUITE_P(host_vmm, allocator_conformance, host_vmm_allocators);
-INSTANTIATE_TYPED_TEST_SUITE_P(vmm, allocator_conformance, vmm_allocators);
-INSTANTIATE_TYPED_TEST_SUITE_P(cuda_async, allocator_conformance, cuda_async_allocators);
-
 }  // namespace poolscope::pool::testing
