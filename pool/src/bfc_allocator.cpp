@@ -848,9 +848,12 @@ std::pair<std::size_t, std::size_t> bfc_allocator::unmap_marks(const state& st) 
   const std::size_t ref = options_.unmap_window_frees == 0
                               ? st.live_bytes
                               : std::max(st.live_peak_now, st.live_peak_before);
+  // The floor in granules keeps a small pool (a few granules live) from unmapping the granule a
+  // pair of requests keeps returning to.
+  const std::size_t floor = options_.keep_mapped_granules * st.granules->granularity();
   const auto above = [&](double fraction) {
     const auto part = static_cast<std::size_t>(static_cast<double>(ref) * fraction);
-    return ref + std::max(options_.keep_mapped_bytes, part);
+    return ref + std::max(floor, part);
   };
   return {above(options_.unmap_high_fraction), above(options_.unmap_low_fraction)};
 }

@@ -47,6 +47,7 @@ bfc_options no_hysteresis() {
   o.unmap_high_fraction = 0.0;
   o.unmap_low_fraction = 0.0;
   o.unmap_window_frees = 0;
+  o.keep_mapped_granules = 0;
   return o;
 }
 
@@ -164,7 +165,7 @@ TEST(bfc_over_host_vmm, the_large_pool_grows_in_place_as_one_range) {
 TEST(bfc_over_host_vmm, a_cached_pair_maps_nothing_within_the_hysteresis) {
   host_vmm_resource r{small_options()};
   bfc_options o;
-  o.keep_mapped_bytes = std::size_t{4} << 20;
+  o.keep_mapped_granules = 64;  // 4 MiB
   bfc_allocator a{r, o};
   void* first = a.allocate({}, std::size_t{1} << 20);
   a.deallocate({}, first, std::size_t{1} << 20);
@@ -193,6 +194,7 @@ TEST(bfc_over_host_vmm, the_unmap_policy_keeps_a_level_and_gives_back_a_drop_in_
   o.unmap_high_fraction = 0.5;
   o.unmap_low_fraction = 0.25;
   o.unmap_window_frees = 4;
+  o.keep_mapped_granules = 0;
   bfc_allocator a{r, o};
   constexpr std::size_t quarter = std::size_t{256} << 10;  // 4 granules
   const auto step = [&] {
@@ -289,7 +291,7 @@ TEST(bfc_over_host_vmm, out_of_memory_releases_the_kept_granules_and_retries_onc
   // request fits only once the pool has released it: the retry does that.
   host_vmm_resource r{small_options(std::size_t{5} << 19)};
   bfc_options o;
-  o.keep_mapped_bytes = std::size_t{64} << 20;
+  o.keep_mapped_granules = 1024;  // 64 MiB
   bfc_allocator a{r, o};
   recording_hook rec{a.id()};
   hooks::scoped_hook on{rec, hooks::scope::thread};
@@ -410,7 +412,7 @@ TEST(bfc_over_host_vmm, enomem_from_the_system_is_out_of_memory_and_the_pool_sta
 
 /// The unmap policy's high mark for a reference of `ref` live bytes (bfc_options).
 std::size_t high_mark(const bfc_options& o, std::size_t ref) {
-  return ref + std::max(o.keep_mapped_bytes,
+  return ref + std::max(o.keep_mapped_granules * granule,
                         static_cast<std::size_t>(static_cast<double>(ref) * o.unmap_high_fraction));
 }
 

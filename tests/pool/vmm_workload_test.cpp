@@ -237,6 +237,7 @@ TEST(vmm_workloads, bfc_over_host_vmm_maps_a_fraction_of_the_eager_policy_when_a
   eager.unmap_high_fraction = 0;
   eager.unmap_low_fraction = 0;
   eager.unmap_window_frees = 0;
+  eager.keep_mapped_granules = 0;
   for (const named_workload& nw : issue_workloads()) {
     const repeated_run band = run_twice(nw.w, bfc_options{});
     const repeated_run each = run_twice(nw.w, eager);

@@ -57,15 +57,15 @@
 // frees each: the peak of the current bucket and of the one before), so a workload that
 // returns to its level each step keeps its granules, and one that shrinks for good gives them
 // back within two buckets. While the bytes mapped stay at or below the high mark (the reference
-// plus unmap_high_fraction of it, at least keep_mapped_bytes) nothing is unmapped; when an
+// plus unmap_high_fraction of it, at least keep_mapped_granules) nothing is unmapped; when an
 // allocation's maps would take them past it (checked before mapping) or a bucket's end lowers
 // it, free granules are unmapped in one batch down to the low mark: those of the largest free
 // chunks first, and of each chunk its top first (best fit carves a chunk from its bottom and
 // picks large chunks last). So after every operation the bytes mapped are at most the larger
 // of the high mark and the granules live chunks touch: peak mapped is at most
-// (1 + unmap_high_fraction) x peak live (plus keep_mapped_bytes) or the peak of the granules
-// live chunks touch. Pressure ignores the band: release_cached, and so the out-of-memory retry
-// after a refused map, unmaps every free granule.
+// (1 + unmap_high_fraction) x peak live (or keep_mapped_granules more) or the peak of the
+// granules live chunks touch. Pressure ignores the band: release_cached, and so the
+// out-of-memory retry after a refused map, unmaps every free granule.
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
 // Thread safety: thread-safe. One mutex guards all state (free index, live table, segment
@@ -139,17 +139,17 @@ struct bfc_options {
   bool huge_page_metadata = true;
   /// Over a virtual resource (vmm, host_vmm): the unmap policy (the file comment, "Unmap
   /// policy"). Mapped granules that no live chunk touches stay mapped while the bytes mapped stay
-  /// at or below the high mark, reference + max(keep_mapped_bytes, unmap_high_fraction x
-  /// reference); past it, free granules are unmapped down to the low mark, reference +
-  /// max(keep_mapped_bytes, unmap_low_fraction x reference). The reference is the most live
-  /// bytes over the last unmap_window_frees to 2 x unmap_window_frees frees (0: the live bytes
-  /// now). Fractions lie in [0, 1], the low one at most the high one. All three 0 and
-  /// keep_mapped_bytes 0: every free unmaps the granules it leaves free. release_cached (and so
-  /// an out-of-memory retry) unmaps every free granule whatever the marks.
+  /// at or below the high mark, reference + max(keep_mapped_granules granules,
+  /// unmap_high_fraction x reference); past it, free granules are unmapped down to the low mark,
+  /// reference + max(keep_mapped_granules granules, unmap_low_fraction x reference). The
+  /// reference is the most live bytes over the last unmap_window_frees to 2 x
+  /// unmap_window_frees frees (0: the live bytes now). Fractions lie in [0, 1], the low one at
+  /// most the high one. All four 0: every free unmaps the granules it leaves free.
+  /// release_cached (and so an out-of-memory retry) unmaps every free granule whatever the marks.
   double unmap_high_fraction = 1.0 / 32;
   double unmap_low_fraction = 1.0 / 64;
   std::size_t unmap_window_frees = std::size_t{1} << 16;
-  std::size_t keep_mapped_bytes = 0;
+  std::size_t keep_mapped_granules = 4;
 };
 
 /// The state of a bfc_allocator's pool lock (bfc_allocator::lock_counts).
