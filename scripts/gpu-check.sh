@@ -194,9 +194,16 @@ PY
     step "demo, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" demo \
       --devices cuda:1 --between-ranks mpi --repeat 5 --trace "$out/ranks_mpi_trace.json.gz" \
       --report "$out/ranks_mpi_report.json"
+    # The merged trace has a flow from each piece's send to its receive (none left unjoined).
+    step "piece flows in the merged trace (MPI)" "$out/ranks_mpi.log" sh -c \
+      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
+      "$cli" "$out/ranks_mpi_trace.json.gz"
     step "bench D1, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" \
       bench darray --devices cuda:1 --between-ranks mpi --only D1 \
-      --json "$out/bench_d1_ranks_mpi.json"
+      --json "$out/bench_d1_ranks_mpi.json" --trace "$out/bench_d1_ranks_mpi_trace.json.gz"
+    step "piece flows in the merged bench trace (MPI)" "$out/ranks_mpi.log" sh -c \
+      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
+      "$cli" "$out/bench_d1_ranks_mpi_trace.json.gz"
   fi
 fi
 if [ "$only" = darray ]; then

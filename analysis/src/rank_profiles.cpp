@@ -6,6 +6,7 @@
 #include <map>
 #include <tuple>
 
+#include "detail/profile_tree.hpp"
 #include "poolscope/error.hpp"
 
 namespace poolscope::analysis {
@@ -14,6 +15,9 @@ using profiler::function_profile;
 using profiler::line_profile;
 using profiler::profile_node;
 using profiler::scope_record;
+
+using detail::add_node;
+using detail::key_of;
 
 namespace {
 
@@ -31,26 +35,6 @@ std::string mib(std::uint64_t bytes) {
 
 std::string cell(const std::string& s, std::size_t width) {
   return s.size() >= width ? s + " " : std::string(width - s.size(), ' ') + s + " ";
-}
-
-// A frame as summing matches it.
-using frame_key = std::tuple<std::string, std::string, int, std::string>;
-frame_key key_of(const profile_node& n) {
-  return {n.function, n.file, n.line, n.module};
-}
-
-// Adds `from`'s own figures and subtree into `into` (the same call site).
-void add_node(profile_node& into, const profile_node& from) {
-  into.self += from.self;
-  for (const profile_node& c : from.children) {
-    const auto it = std::find_if(into.children.begin(), into.children.end(),
-                                 [&](const profile_node& x) { return key_of(x) == key_of(c); });
-    if (it == into.children.end()) {
-      into.children.push_back(c);
-    } else {
-      add_node(*it, c);
-    }
-  }
 }
 
 void check_labels(const std::vector<std::string>& labels, std::size_t ranks) {

@@ -194,9 +194,10 @@ std::string ranges_text(const std::vector<trace_summary::window_overlap>& each,
   return out;
 }
 
-// A merged trace's per-rank overlap and its clocks' skew.
+// A merged trace's per-rank overlap, its clocks' skew and its piece flows.
 std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
-                       const std::optional<trace_summary::clock_skew>& clock) {
+                       const std::optional<trace_summary::clock_skew>& clock,
+                       const std::optional<trace_summary::piece_flows>& pieces) {
   std::string out;
   char line[512];
   if (!ranks.empty()) {
@@ -228,6 +229,10 @@ std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
       out += "\n";
     }
   }
+  if (pieces) {
+    out += "piece flows between ranks: " + std::to_string(pieces->flows) + " (" +
+           std::to_string(pieces->unmatched_transfers) + " sends or receives left unjoined)\n";
+  }
   return out;
 }
 
@@ -250,7 +255,7 @@ std::string trace_summary::to_text(std::size_t top) const {
     total_transfer += d.transfer_ns;
     total_both += d.both_ns;
   }
-  out += ranks_text(ranks, clock);
+  out += ranks_text(ranks, clock, pieces);
   out += api_calls_text(api_calls, top);
   if (!each.empty()) {
     out += ranges_text(each, devices);
@@ -357,6 +362,10 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
                   {"max_skew_ns", clock->max_skew_ns},
                   {"max_uncertainty_ns", clock->max_uncertainty_ns},
                   {"max_same_host_offset_ns", clock->max_same_host_offset_ns}};
+  }
+  if (pieces) {
+    j["piece_flows"] = {{"flows", pieces->flows},
+                        {"unmatched_transfers", pieces->unmatched_transfers}};
   }
   j["top_api_calls"] = nlohmann::json::array();
   for (const op_summary& a : api_calls) {
@@ -546,6 +555,14 @@ class summarizer {
     c.max_uncertainty_ns = integer("max_uncertainty_ns");
     c.max_same_host_offset_ns = integer("max_same_host_offset_ns");
     s_.clock = c;
+    trace_summary::piece_flows p;
+    const auto count = [&m](const char* key) {
+      const auto it = m->find(key);
+      return it != m->end() && it->is_number_unsigned() ? it->get<std::uint64_t>() : 0;
+    };
+    p.flows = count("flows");
+    p.unmatched_transfers = count("unmatched_transfers");
+    s_.pieces = p;
   }
 
   // Per window of `each`: the pools' upstream allocations in it and the host time they took.

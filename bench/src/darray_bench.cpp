@@ -18,6 +18,7 @@
 #include "cuda_seam.hpp"
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/darray/distributed_array.hpp"
+#include "poolscope/darray/rank_trace.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
@@ -272,11 +273,13 @@ darray_baseline make_baseline(std::string method, std::int64_t bytes, const base
 }
 
 // `--trace`: a timeline attached to the backend for the runs (CUPTI's device activity on GPUs),
-// detached and written when this goes, however the runs end. Nothing without a path.
+// detached and written when this goes, however the runs end. Nothing without a path. Over several
+// ranks it records what `trace merge` needs (darray/rank_trace.hpp: distributedInfo, clocks
+// sampled around barriers at the start and, by finish(), at the end), as the demo's does.
 class bench_trace {
  public:
   bench_trace(std::shared_ptr<darray::backend> be, const std::string& path,
-              const profiler::cupti_options& cupti)
+              const profiler::cupti_options& cupti, std::string_view between_ranks)
       : be_(std::move(be)) {
     if (path.empty()) {
       return;
@@ -285,23 +288,37 @@ class bench_trace {
     to.trace_path = path;
     to.cupti = be_->is_gpu();
     to.cupti_settings = cupti;
+    to.distributed = darray::rank_trace_info(*be_, be_->is_gpu() ? between_ranks : "mpi");
     tl_.emplace(std::move(to));
     tl_->start();
+    darray::sync_rank_clocks(*be_->group(), *tl_, "start");
     be_->set_timeline(&*tl_);
   }
   bench_trace(const bench_trace&) = delete;
   bench_trace& operator=(const bench_trace&) = delete;
-  ~bench_trace() { finish(); }
+  ~bench_trace() { stop(); }
 
-  /// Detaches the timeline and writes the trace (idempotent; never throws).
-  void finish() noexcept {
+  /// Detaches the timeline, samples the clocks at the end (collective: every rank's runs ended)
+  /// and writes the trace.
+  void finish() {
+    if (tl_ && tl_->running()) {
+      be_->synchronize();  // the transfers still being traced on workers end first
+      be_->set_timeline(nullptr);
+      darray::sync_rank_clocks(*be_->group(), *tl_, "end");
+      tl_->stop();
+    }
+  }
+
+ private:
+  // Detaches the timeline and writes the trace, without the end's clocks (a run that threw: the
+  // other ranks may not pass the barriers). Idempotent; never throws.
+  void stop() noexcept {
     if (tl_ && tl_->running()) {
       be_->set_timeline(nullptr);
       tl_->stop();
     }
   }
 
- private:
   std::shared_ptr<darray::backend> be_;
   std::optional<profiler::timeline> tl_;
 };
@@ -1068,7 +1085,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   if (!o.trace_path.empty() && rep.gpu) {
     rep.cupti_kinds = profiler::activity_kinds_of(cupti);
   }
-  bench_trace trace(be, o.trace_path, cupti);
+  bench_trace trace(be, o.trace_path, cupti, o.between_ranks);
   for (const auto& name : all) {
     if ((o.only.empty() && !(ranks && one_process_only(name))) ||
         std::find(o.only.begin(), o.only.end(), name) != o.only.end()) {

@@ -69,6 +69,16 @@ index_map rotated_blocks(const shape_t& shape, int devices) {
   return out;
 }
 
+// `shape` (1-D) in `p` equal blocks, all on device 0.
+index_map blocks_on_one_device(const shape_t& shape, std::int64_t p) {
+  index_map out;
+  const std::int64_t n = shape[0];
+  for (std::int64_t i = 0; i < p; ++i) {
+    out.add(0, darray::box{{darray::slice{n * i / p, n * (i + 1) / p}}});
+  }
+  return out;
+}
+
 void check_options(const darray_scale_options& o) {
   if (o.n < 1) {
     throw invalid_argument("darray scale bench: n " + std::to_string(o.n) + " is not positive");
@@ -110,6 +120,29 @@ std::uint64_t visited_by(darray::backend& be, const std::function<void()>& op) {
   return be.stats().parts_visited - before;
 }
 
+// The array b of the parts rows: `host` with each chunk in `p` parts. With several devices, x (in
+// blocks) resharded to the rotated blocks, split_bytes cutting each chunk's piece from the
+// previous device into `p` parts (copies between devices). On one device nothing crosses
+// devices, so `host` is placed in `p` blocks on device 0 and resharded to one block there: `p`
+// local pieces, which the executor never copies or coalesces (each part of the new chunk reads
+// its source chunk's buffer), so the chunk holds `p` parts that ops read through its part index.
+darray_f64 in_parts(const std::shared_ptr<darray::backend>& be, const std::vector<double>& host,
+                    const darray_f64& x, const index_map& moved, std::int64_t chunk_bytes,
+                    std::int64_t p) {
+  const shape_t shape{static_cast<std::int64_t>(host.size())};
+  if (be->device_count() == 1) {
+    const auto pieces = darray_f64::from_host(be, host, shape, blocks_on_one_device(shape, p));
+    auto b = pieces.reshard(moved);
+    b.wait();
+    return b;
+  }
+  darray::reshard_options ro;
+  ro.split_bytes = p == 1 ? 0 : std::max<std::int64_t>(8, chunk_bytes / p);
+  auto b = x.reshard(moved, ro);
+  b.wait();
+  return b;
+}
+
 std::vector<darray_parts_row> run_parts(const darray_scale_options& o, darray_scale_report& rep,
                                         std::ostream* progress) {
   auto be = darray::make_backend(o.devices);
@@ -130,11 +163,10 @@ std::vector<darray_parts_row> run_parts(const darray_scale_options& o, darray_sc
     chunk_bytes = std::max(chunk_bytes, c.region.size() * std::int64_t{8});
   }
   std::vector<darray_parts_row> rows;
-  for (std::int64_t p = 1; p <= o.max_parts; p *= 4) {
-    darray::reshard_options ro;
-    ro.split_bytes = p == 1 ? 0 : std::max<std::int64_t>(8, chunk_bytes / p);
-    const auto b = devices > 1 ? x.reshard(moved, ro) : a;
-    b.wait();
+  // One device cuts the array into P blocks: at most one element each.
+  const std::int64_t most = devices == 1 ? std::min(o.max_parts, o.n) : o.max_parts;
+  for (std::int64_t p = 1; p <= most; p *= 4) {
+    const auto b = in_parts(be, host, x, moved, chunk_bytes, p);
     darray_parts_row r;
     r.parts = 0;
     for (const auto& c : b.chunks()) {

@@ -24,10 +24,13 @@
 #include "nccl_watchdog.hpp"
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
+#include "poolscope/hooks/event.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/scope.hpp"
+#include "poolscope/profiler/timeline.hpp"
 #include "rank_gpus.hpp"
 #include "scope_sites.hpp"
+#include "transfer_slices.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -54,7 +57,7 @@ class event_pool {
   event_pool& operator=(const event_pool&) = delete;
   ~event_pool() {
     for (cudaEvent_t e : free_) {
-      log_failure("cudaEventDestroy", [e] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(e)); });
+      log_failure("cudaEventDestroy", [e] { POOLSCOPE_CUDA_CHECK(cudaEventDestroy(e)); });
     }
   }
 
@@ -72,7 +75,7 @@ class event_pool {
     }
     const device_guard guard(device_);
     cudaEvent_t e = nullptr;
-    POOLSCOPE_DARRAY_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     return e;
   }
 
@@ -87,7 +90,7 @@ class event_pool {
       }
     } catch (...) {  // the free list could not grow: destroy it instead
     }
-    log_failure("cudaEventDestroy", [e] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(e)); });
+    log_failure("cudaEventDestroy", [e] { POOLSCOPE_CUDA_CHECK(cudaEventDestroy(e)); });
   }
 
  private:
@@ -123,7 +126,7 @@ class cuda_event final : public detail::event_state {
   }
   void wait() const override {
     if (!done_.load(std::memory_order_acquire)) {
-      POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(event_));
+      POOLSCOPE_CUDA_CHECK(cudaEventSynchronize(event_));
       done_.store(true, std::memory_order_release);
     }
   }
@@ -138,9 +141,30 @@ class cuda_event final : public detail::event_state {
   mutable std::atomic<bool> done_{false};  // known complete: no more queries
 };
 
+// Enqueues on `s` (of the current device) a wait until the 32-bit word at `word` (pinned host
+// memory: unified addressing maps it at the same address on every device) is at least `value`:
+// cuStreamWaitValue32, reached through the runtime's entry-point query (nothing links libcuda).
+void stream_wait_value(cudaStream_t s, const std::uint32_t* word, std::uint32_t value) {
+  using wait_value_fn = decltype(&cuStreamWaitValue32);
+  static const wait_value_fn wait_value = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    POOLSCOPE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
+                                                          cudaEnableDefault, &found));
+    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<wait_value_fn>(fn) : nullptr;
+  }();
+  if (wait_value == nullptr) {
+    detail::seam::raise(CUDA_ERROR_NOT_FOUND, "cuStreamWaitValue32 (not in this driver)", __FILE__,
+                        __LINE__);
+  }
+  POOLSCOPE_CUDA_CHECK(
+      wait_value(s, reinterpret_cast<CUdeviceptr>(word), value, CU_STREAM_WAIT_VALUE_GEQ));
+}
+
 // mpi_staging's copies on GPUs (between_ranks = mpi): cudaMemcpyAsync on each GPU's transfer
-// stream, then an event from the GPU's pool that the staging's worker waits for. Owned by the
-// backend; thread-safe (streams and event pools are).
+// stream (an upload behind a cuStreamWaitValue32 on its gate), then an event from the GPU's pool
+// that the staging's worker waits for. Owned by the backend; thread-safe (streams and event pools
+// are).
 class staging_copies final : public detail::mpi_staging::device_copies {
  public:
   struct queue {
@@ -150,15 +174,22 @@ class staging_copies final : public detail::mpi_staging::device_copies {
   };
   explicit staging_copies(std::vector<queue> queues) noexcept : queues_(std::move(queues)) {}
 
-  [[nodiscard]] std::function<void()> enqueue_copy(int device, void* to, const void* from,
-                                                   std::size_t bytes, bool to_host) override {
+  [[nodiscard]] std::function<void()> enqueue_download(int device, void* to, const void* from,
+                                                       std::size_t bytes) override {
     const queue& q = queues_.at(static_cast<std::size_t>(device));
     const device_guard guard(q.ordinal);
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(
-        to, from, bytes, to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, q.stream));
-    auto done = std::make_shared<pooled_event>(q.events);
-    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(done->handle, q.stream));
-    return [done] { POOLSCOPE_DARRAY_CHECK(cudaEventSynchronize(done->handle)); };
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, q.stream));
+    return completion(q);
+  }
+
+  [[nodiscard]] std::function<void()> enqueue_gated_upload(int device, void* to, const void* from,
+                                                           std::size_t bytes,
+                                                           std::uint32_t* gate) override {
+    const queue& q = queues_.at(static_cast<std::size_t>(device));
+    const device_guard guard(q.ordinal);
+    stream_wait_value(q.stream, gate, 1);
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, q.stream));
+    return completion(q);
   }
 
  private:
@@ -172,6 +203,12 @@ class staging_copies final : public detail::mpi_staging::device_copies {
     std::shared_ptr<event_pool> pool;
     cudaEvent_t handle;
   };
+  // A wait for the work enqueued so far on `q` (its device current).
+  static std::function<void()> completion(const queue& q) {
+    auto done = std::make_shared<pooled_event>(q.events);
+    POOLSCOPE_CUDA_CHECK(cudaEventRecord(done->handle, q.stream));
+    return [done] { POOLSCOPE_CUDA_CHECK(cudaEventSynchronize(done->handle)); };
+  }
   std::vector<queue> queues_;
 };
 
@@ -317,6 +354,10 @@ class cuda_backend final : public backend {
   /// do_send / do_receive with between_ranks = mpi: through pinned host memory (staging_).
   void mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank, int tag,
                      bool sending);
+  /// The host-side end of a transfer with another rank, issued since `begin_ns`, as the attached
+  /// timeline's slice (transfer_slices.hpp: what `trace merge` joins into a flow per piece).
+  void trace_with_rank(int device, int peer_device, bool sending, std::size_t bytes,
+                       std::uint64_t begin_ns) const noexcept;
   /// The NCCL rank of this process's device `local` in comms_: its global number when the
   /// communicators span the ranks, else its local index (ncclCommInitAll within the process).
   [[nodiscard]] int nccl_rank(int local) const noexcept {
@@ -429,17 +470,17 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
       state->ordinal = first_ordinal + static_cast<int>(i);
       const device_guard guard(state->ordinal);
       cudaDeviceProp prop{};
-      POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, state->ordinal));
+      POOLSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, state->ordinal));
       state->name = prop.name;
       state->sm_count = std::max(prop.multiProcessorCount, 1);
       // Registered before creating anything, so release_all frees what was made on a failure.
       devices_.push_back(std::move(state));
       device_state& d = *devices_.back();
       for (auto& s : d.streams) {
-        POOLSCOPE_DARRAY_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        POOLSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
       }
       for (auto& p : d.scratch) {
-        POOLSCOPE_DARRAY_CHECK(cudaMalloc(&p, detail::reduce_scratch_bytes(d.sm_count)));
+        POOLSCOPE_CUDA_CHECK(cudaMalloc(&p, detail::reduce_scratch_bytes(d.sm_count)));
       }
       d.events = std::make_shared<event_pool>(d.ordinal);
       if (options.kernel_graphs) {
@@ -462,7 +503,7 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
           continue;
         }
         int can = 0;
-        POOLSCOPE_DARRAY_CHECK(
+        POOLSCOPE_CUDA_CHECK(
             cudaDeviceCanAccessPeer(&can, devices_[i]->ordinal, devices_[j]->ordinal));
         if (can == 0) {
           continue;
@@ -496,7 +537,8 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
       }
       staging_copies_ = std::make_unique<staging_copies>(std::move(queues));
       staging_ = std::make_unique<detail::mpi_staging>(group(), devices, *staging_copies_,
-                                                       pool::make_resource("pinned"));
+                                                       pool::make_resource("pinned"),
+                                                       [this] { return attached_timeline(); });
     } else if (group()->size() > 1) {
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
@@ -514,7 +556,7 @@ cuda_backend::~cuda_backend() {
     for (cudaStream_t s : d->streams) {
       if (s != nullptr) {
         log_failure("cudaStreamSynchronize",
-                    [s] { POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s)); });
+                    [s] { POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s)); });
       }
     }
   }
@@ -538,7 +580,7 @@ void cuda_backend::release_all() noexcept {
   }
   if (!comms_.empty()) {
     log_failure("ncclCommFinalize", [this] {
-      POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
+      POOLSCOPE_CUDA_CHECK(ncclGroupStart());
       for (ncclComm_t c : comms_) {
         if (c == nullptr) {
           continue;
@@ -546,14 +588,14 @@ void cuda_backend::release_all() noexcept {
         const ncclResult_t r = ncclCommFinalize(c);
         if (r != ncclSuccess) {
           (void)ncclGroupEnd();
-          POOLSCOPE_DARRAY_CHECK(r);
+          POOLSCOPE_CUDA_CHECK(r);
         }
       }
-      POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
+      POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
     });
     for (ncclComm_t c : comms_) {
       if (c != nullptr) {
-        log_failure("ncclCommDestroy", [c] { POOLSCOPE_DARRAY_CHECK(ncclCommDestroy(c)); });
+        log_failure("ncclCommDestroy", [c] { POOLSCOPE_CUDA_CHECK(ncclCommDestroy(c)); });
       }
     }
     comms_.clear();
@@ -565,19 +607,19 @@ void cuda_backend::release_all() noexcept {
   for (auto& d : devices_) {
     for (cublasHandle_t h : d->blas) {
       if (h != nullptr) {
-        log_failure("cublasDestroy", [h] { POOLSCOPE_DARRAY_CHECK(cublasDestroy(h)); });
+        log_failure("cublasDestroy", [h] { POOLSCOPE_CUDA_CHECK(cublasDestroy(h)); });
       }
     }
     for (void* p : d->scratch) {
       if (p != nullptr) {
-        log_failure("cudaFree", [p] { POOLSCOPE_DARRAY_CHECK(cudaFree(p)); });
+        log_failure("cudaFree", [p] { POOLSCOPE_CUDA_CHECK(cudaFree(p)); });
       }
     }
     d->graphs.reset();  // executables still running are freed by CUDA when they complete
     d->events.reset();  // events still handed out keep their pool until they go
     for (cudaStream_t s : d->streams) {
       if (s != nullptr) {
-        log_failure("cudaStreamDestroy", [s] { POOLSCOPE_DARRAY_CHECK(cudaStreamDestroy(s)); });
+        log_failure("cudaStreamDestroy", [s] { POOLSCOPE_CUDA_CHECK(cudaStreamDestroy(s)); });
       }
     }
   }
@@ -602,13 +644,13 @@ void cuda_backend::do_wait(int device, queue_kind q, const event& e) {
     e.wait();  // not one of ours: the host waits instead
     return;
   }
-  POOLSCOPE_DARRAY_CHECK(cudaStreamWaitEvent(stream(device, q), ce->handle(), 0));
+  POOLSCOPE_CUDA_CHECK(cudaStreamWaitEvent(stream(device, q), ce->handle(), 0));
 }
 
 void cuda_backend::do_synchronize() {
   for (auto& d : devices_) {
     for (cudaStream_t s : d->streams) {
-      POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+      POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
     }
   }
   if (staging_) {
@@ -624,8 +666,8 @@ void cuda_backend::order_after(cudaStream_t waiter, cudaStream_t s, int device) 
   event_pool& pool = *dev(device).events;
   cudaEvent_t e = pool.acquire();
   try {
-    POOLSCOPE_DARRAY_CHECK(cudaEventRecord(e, s));
-    POOLSCOPE_DARRAY_CHECK(cudaStreamWaitEvent(waiter, e, 0));
+    POOLSCOPE_CUDA_CHECK(cudaEventRecord(e, s));
+    POOLSCOPE_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
   } catch (...) {
     pool.release(e);
     throw;
@@ -668,13 +710,13 @@ void cuda_backend::do_copy(int queue_device, queue_kind q, dtype t, const view& 
 void cuda_backend::copy_within(const detail::launch_target& on, std::size_t es,
                                const std::array<view, 2>& v) {
   if (is_dense_line(v[0]) && is_dense_line(v[1])) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(
         element_ptr<void>(v[0], es), element_ptr<const void>(v[1], es),
         static_cast<std::size_t>(v[0].extent[0]) * es, cudaMemcpyDeviceToDevice, on.stream));
     return;
   }
   if (const auto p = as_pitched(v, es)) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(
+    POOLSCOPE_CUDA_CHECK(cudaMemcpy2DAsync(
         element_ptr<void>(v[0], es), p->dst_pitch, element_ptr<const void>(v[1], es), p->src_pitch,
         p->width, p->height, cudaMemcpyDeviceToDevice, on.stream));
     return;
@@ -690,7 +732,7 @@ void cuda_backend::copy_3d_peer(cudaStream_t s, void* dst, int dst_ordinal, cons
   parms.dstPtr = make_cudaPitchedPtr(dst, p.dst_pitch, p.width, p.height);
   parms.dstDevice = dst_ordinal;
   parms.extent = make_cudaExtent(p.width, p.height, 1);
-  POOLSCOPE_DARRAY_CHECK(cudaMemcpy3DPeerAsync(&parms, s));
+  POOLSCOPE_CUDA_CHECK(cudaMemcpy3DPeerAsync(&parms, s));
 }
 
 void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es,
@@ -711,7 +753,7 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
       return;
     }
     current.engage();
-    POOLSCOPE_DARRAY_CHECK(
+    POOLSCOPE_CUDA_CHECK(
         cudaMemcpyPeerAsync(dst, dev(dst_device).ordinal, src, dev(src_device).ordinal, bytes, s));
     return;
   }
@@ -719,8 +761,8 @@ void cuda_backend::copy_between(int queue_device, cudaStream_t s, std::size_t es
   if (const auto p = as_pitched(v, es)) {
     if (peer(dst_device, src_device) || peer(src_device, dst_device)) {
       // Unified addressing: the copy engines move the rows between the GPUs directly.
-      POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(dst, p->dst_pitch, src, p->src_pitch, p->width,
-                                               p->height, cudaMemcpyDefault, s));
+      POOLSCOPE_CUDA_CHECK(cudaMemcpy2DAsync(dst, p->dst_pitch, src, p->src_pitch, p->width,
+                                             p->height, cudaMemcpyDefault, s));
     } else {
       copy_3d_peer(s, dst, dev(dst_device).ordinal, src, dev(src_device).ordinal, *p);
     }
@@ -800,10 +842,10 @@ void cuda_backend::ensure_comms() {
   std::vector<ncclComm_t> comms(devices_.size(), nullptr);
   // ncclCommInitAll may leave another device current: restore ours.
   int current = 0;
-  POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&current));
+  POOLSCOPE_CUDA_CHECK(cudaGetDevice(&current));
   const ncclResult_t r = ncclCommInitAll(comms.data(), n, ordinals.data());
-  POOLSCOPE_DARRAY_CHECK(cudaSetDevice(current));
-  POOLSCOPE_DARRAY_CHECK(r);
+  POOLSCOPE_CUDA_CHECK(cudaSetDevice(current));
+  POOLSCOPE_CUDA_CHECK(r);
   comms_ = std::move(comms);
 }
 
@@ -831,14 +873,14 @@ void cuda_backend::join_rank_comms() {
   }
   ncclUniqueId id{};
   if (group()->rank() == 0) {
-    POOLSCOPE_DARRAY_CHECK(ncclGetUniqueId(&id));
+    POOLSCOPE_CUDA_CHECK(ncclGetUniqueId(&id));
   }
   group()->broadcast(&id, sizeof id, 0);
   std::vector<ncclComm_t> comms(devices_.size(), nullptr);
   int current = 0;
-  POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&current));
+  POOLSCOPE_CUDA_CHECK(cudaGetDevice(&current));
   // One thread initializes every GPU of this rank: one group, as NCCL asks.
-  POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
+  POOLSCOPE_CUDA_CHECK(ncclGroupStart());
   ncclResult_t r = ncclSuccess;
   for (std::size_t i = 0; i < devices_.size() && r == ncclSuccess; ++i) {
     const cudaError_t set = cudaSetDevice(devices_[i]->ordinal);
@@ -849,46 +891,48 @@ void cuda_backend::join_rank_comms() {
     r = ncclCommInitRank(&comms[i], device_count(), id, global_device(static_cast<int>(i)));
   }
   const ncclResult_t ended = ncclGroupEnd();
-  POOLSCOPE_DARRAY_CHECK(cudaSetDevice(current));
-  POOLSCOPE_DARRAY_CHECK(r);
-  POOLSCOPE_DARRAY_CHECK(ended);
+  POOLSCOPE_CUDA_CHECK(cudaSetDevice(current));
+  POOLSCOPE_CUDA_CHECK(r);
+  POOLSCOPE_CUDA_CHECK(ended);
   comms_ = std::move(comms);
   comms_span_ranks_ = true;
 }
 
 void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
                               const std::vector<rank_transfer>& between) {
-  POOLSCOPE_DARRAY_CHECK(ncclGroupStart());
+  POOLSCOPE_CUDA_CHECK(ncclGroupStart());
   try {
     // NCCL peers are ranks of the communicator: the devices' numbers over every rank.
     for (const transfer& x : list) {
       const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
-      POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
-                                      nccl_rank(x.dst_device),
-                                      comms_[static_cast<std::size_t>(x.src_device)],
-                                      stream(x.src_device, queue_kind::transfer)));
-      POOLSCOPE_DARRAY_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
-                                      nccl_rank(x.src_device),
-                                      comms_[static_cast<std::size_t>(x.dst_device)],
-                                      stream(x.dst_device, queue_kind::transfer)));
+      POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
+                                    nccl_rank(x.dst_device),
+                                    comms_[static_cast<std::size_t>(x.src_device)],
+                                    stream(x.src_device, queue_kind::transfer)));
+      POOLSCOPE_CUDA_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
+                                    nccl_rank(x.src_device),
+                                    comms_[static_cast<std::size_t>(x.dst_device)],
+                                    stream(x.dst_device, queue_kind::transfer)));
     }
     for (const rank_transfer& x : between) {
       const auto bytes = static_cast<std::size_t>(x.data.size()) * es;
       const ncclComm_t comm = comms_[static_cast<std::size_t>(x.device)];
       const cudaStream_t s = stream(x.device, queue_kind::transfer);
+      const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
       if (x.sending) {
-        POOLSCOPE_DARRAY_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
-                                        x.peer_device, comm, s));
+        POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
+                                      x.peer_device, comm, s));
       } else {
-        POOLSCOPE_DARRAY_CHECK(
+        POOLSCOPE_CUDA_CHECK(
             ncclRecv(element_ptr<void>(x.data, es), bytes, ncclUint8, x.peer_device, comm, s));
       }
+      trace_with_rank(x.device, x.peer_device, x.sending, bytes, begin);
     }
   } catch (...) {
     (void)ncclGroupEnd();
     throw;
   }
-  POOLSCOPE_DARRAY_CHECK(ncclGroupEnd());
+  POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
 }
 
 void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
@@ -981,10 +1025,21 @@ void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_de
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
   const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
+  const detail::transfer_ends traced =
+      detail::rank_transfer_ends(sending, global_device(device), peer_device, bytes);
   if (sending) {
-    staging_->send(device, element_ptr<const void>(v, es), bytes, rank, tag, what);
+    staging_->send(device, element_ptr<const void>(v, es), bytes, rank, tag, traced, what);
   } else {
-    staging_->receive(device, element_ptr<void>(v, es), bytes, rank, tag, what);
+    staging_->receive(device, element_ptr<void>(v, es), bytes, rank, tag, traced, what);
+  }
+}
+
+void cuda_backend::trace_with_rank(int device, int peer_device, bool sending, std::size_t bytes,
+                                   std::uint64_t begin_ns) const noexcept {
+  if (profiler::timeline* tl = attached_timeline(); tl != nullptr) {
+    const int me = global_device(device);
+    detail::add_transfer_slice(*tl, detail::rank_transfer_ends(sending, me, peer_device, bytes), me,
+                               detail::rank_piece_category, begin_ns, hooks::now_ns());
   }
 }
 
@@ -1003,13 +1058,15 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
     const detail::nccl_watchdog::host_call call(*watchdog_, what);
     // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
     const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
+    const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
     if (sending) {
-      POOLSCOPE_DARRAY_CHECK(
+      POOLSCOPE_CUDA_CHECK(
           ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
     } else {
-      POOLSCOPE_DARRAY_CHECK(
+      POOLSCOPE_CUDA_CHECK(
           ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
     }
+    trace_with_rank(device, peer_device, sending, bytes, begin);
   }
   watchdog_->watch(dev(device).ordinal, s, what);
 }
@@ -1034,7 +1091,7 @@ class staging_buffer {
   staging_buffer& operator=(const staging_buffer&) = delete;
   ~staging_buffer() {
     log_failure("cudaStreamSynchronize",
-                [this] { POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(stream_)); });
+                [this] { POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_)); });
     alloc_.deallocate(stream_view{stream_}, ptr_, bytes_);
   }
   [[nodiscard]] void* data() const noexcept { return ptr_; }
@@ -1058,13 +1115,13 @@ void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& h
   std::array<view, 2> v{dst, host_src};
   detail::collapse_jointly(v.data(), v.size());
   if (is_dense_line(v[0]) && is_dense_line(v[1])) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
-                                           element_ptr<const void>(v[1], es), bytes,
-                                           cudaMemcpyHostToDevice, s));
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
+                                         element_ptr<const void>(v[1], es), bytes,
+                                         cudaMemcpyHostToDevice, s));
   } else if (const auto p = as_pitched(v, es)) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
-                                             element_ptr<const void>(v[1], es), p->src_pitch,
-                                             p->width, p->height, cudaMemcpyHostToDevice, s));
+    POOLSCOPE_CUDA_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
+                                           element_ptr<const void>(v[1], es), p->src_pitch,
+                                           p->width, p->height, cudaMemcpyHostToDevice, s));
   } else {
     // Dense host bytes (packed unless already dense), then into place on the device.
     std::vector<std::byte> packed;
@@ -1075,17 +1132,17 @@ void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& h
       dense = packed.data();
     }
     if (is_dense_line(v[0])) {
-      POOLSCOPE_DARRAY_CHECK(
+      POOLSCOPE_CUDA_CHECK(
           cudaMemcpyAsync(element_ptr<void>(v[0], es), dense, bytes, cudaMemcpyHostToDevice, s));
     } else {
       const staging_buffer tmp(*d.allocator, s, bytes);
-      POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(tmp.data(), dense, bytes, cudaMemcpyHostToDevice, s));
+      POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(tmp.data(), dense, bytes, cudaMemcpyHostToDevice, s));
       // The kernel walks dst in row-major order, the order the dense temporary holds.
       detail::launch_copy(target(device, queue_kind::transfer), es, v[0],
                           view::dense(tmp.data(), v[0].extents()));
     }
   }
-  POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+  POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void cuda_backend::do_download(int device, dtype t, const view& host_dst, const view& src) {
@@ -1100,18 +1157,18 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
   std::array<view, 2> v{host_dst, src};
   detail::collapse_jointly(v.data(), v.size());
   if (is_dense_line(v[0]) && is_dense_line(v[1])) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
-                                           element_ptr<const void>(v[1], es), bytes,
-                                           cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
+                                         element_ptr<const void>(v[1], es), bytes,
+                                         cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
     check_ranks();  // the data may come from a rank that failed
     return;
   }
   if (const auto p = as_pitched(v, es)) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
-                                             element_ptr<const void>(v[1], es), p->src_pitch,
-                                             p->width, p->height, cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    POOLSCOPE_CUDA_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
+                                           element_ptr<const void>(v[1], es), p->src_pitch,
+                                           p->width, p->height, cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
     check_ranks();  // the data may come from a rank that failed
     return;
   }
@@ -1123,16 +1180,16 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
     dense = packed.data();
   }
   if (is_dense_line(v[1])) {
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, element_ptr<const void>(v[1], es), bytes,
-                                           cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(dense, element_ptr<const void>(v[1], es), bytes,
+                                         cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
     check_ranks();  // the data may come from a rank that failed
   } else {
     const staging_buffer tmp(*d.allocator, s, bytes);
     detail::launch_copy(target(device, queue_kind::transfer), es,
                         view::dense(tmp.data(), v[1].extents()), v[1]);
-    POOLSCOPE_DARRAY_CHECK(cudaMemcpyAsync(dense, tmp.data(), bytes, cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_DARRAY_CHECK(cudaStreamSynchronize(s));
+    POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(dense, tmp.data(), bytes, cudaMemcpyDeviceToHost, s));
+    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
     check_ranks();  // the data may come from a rank that failed
   }
   if (!packed.empty()) {
@@ -1208,7 +1265,7 @@ cublasHandle_t cuda_backend::blas_handle(int device, queue_kind q) {
   cublasHandle_t& h = d.blas[index_of(q)];
   if (h == nullptr) {
     cublasHandle_t created = nullptr;
-    POOLSCOPE_DARRAY_CHECK(cublasCreate(&created));
+    POOLSCOPE_CUDA_CHECK(cublasCreate(&created));
     const cublasStatus_t s = cublasSetStream(created, d.streams[index_of(q)]);
     if (s != CUBLAS_STATUS_SUCCESS) {
       (void)cublasDestroy(created);
@@ -1260,16 +1317,16 @@ void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const v
   const auto ki = static_cast<int>(k);
   if (t == dtype::f32) {
     const float one = 1.0F;
-    POOLSCOPE_DARRAY_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, ki, &one,
-                                       element_ptr<const float>(b, 4), static_cast<int>(ldb),
-                                       element_ptr<const float>(a, 4), static_cast<int>(lda), &one,
-                                       element_ptr<float>(c, 4), static_cast<int>(ldc)));
+    POOLSCOPE_CUDA_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, ki, &one,
+                                     element_ptr<const float>(b, 4), static_cast<int>(ldb),
+                                     element_ptr<const float>(a, 4), static_cast<int>(lda), &one,
+                                     element_ptr<float>(c, 4), static_cast<int>(ldc)));
   } else {
     const double one = 1.0;
-    POOLSCOPE_DARRAY_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, ki, &one,
-                                       element_ptr<const double>(b, 8), static_cast<int>(ldb),
-                                       element_ptr<const double>(a, 8), static_cast<int>(lda), &one,
-                                       element_ptr<double>(c, 8), static_cast<int>(ldc)));
+    POOLSCOPE_CUDA_CHECK(cublasDgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ni, mi, ki, &one,
+                                     element_ptr<const double>(b, 8), static_cast<int>(ldb),
+                                     element_ptr<const double>(a, 8), static_cast<int>(lda), &one,
+                                     element_ptr<double>(c, 8), static_cast<int>(ldc)));
   }
 }
 
@@ -1287,7 +1344,7 @@ int first_gpu_of_rank(process_group& g, int n, int available, rank_transport bet
   detail::rank_gpus mine{g.host_name(), between, {}};
   for (int d = first; d < first + n; ++d) {
     cudaDeviceProp prop{};
-    POOLSCOPE_DARRAY_CHECK(cudaGetDeviceProperties(&prop, d));
+    POOLSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
     std::string uuid;
     char hex[3];
     for (const char byte : prop.uuid.bytes) {
@@ -1329,7 +1386,7 @@ std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& o
   int first = 0;
   if (options.group && options.group->nccl_communicator() != nullptr) {
     // An adopted NCCL communicator's GPU is the one current when it was made (the application's).
-    POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&first));
+    POOLSCOPE_CUDA_CHECK(cudaGetDevice(&first));
   } else if (options.group && options.group->size() > 1) {
     first = first_gpu_of_rank(*options.group, n, available, options.between_ranks);
   }

@@ -15,8 +15,8 @@
 //   way (device_guard's std::defer_lock).
 //
 // Error conventions
-// - Every call returning cudaError_t, cublasStatus_t or ncclResult_t is checked with
-//   POOLSCOPE_DARRAY_CHECK (the project's POOLSCOPE_CUDA_CHECK), which throws poolscope::cuda_error
+// - Every call returning cudaError_t, cublasStatus_t or ncclResult_t is checked with the project's
+//   one check, POOLSCOPE_CUDA_CHECK (poolscope/detail/cuda_check*.hpp), which throws cuda_error
 //   carrying the API ("CUDA", "cuBLAS", "NCCL"), the call's source text, file:line, the library's
 //   error name and numeric code. For CUDA the runtime's last-error state is cleared first, so a
 //   failure never leaks into a later cudaGetLastError().
@@ -81,8 +81,8 @@ void log_failure(const char* what, F&& f) noexcept {
 
 }  // namespace poolscope::darray::detail::seam
 
-/// darray's name for POOLSCOPE_CUDA_CHECK (cudaError_t, cublasStatus_t, ncclResult_t).
-#define POOLSCOPE_DARRAY_CHECK(call) POOLSCOPE_CUDA_CHECK(call)
+// POOLSCOPE_CUDA_CHECK takes cudaError_t, cublasStatus_t and ncclResult_t here: the traits of the
+// three come with the headers included above.
 
 namespace poolscope::darray::detail::seam {
 
@@ -99,7 +99,7 @@ class device_guard {
   device_guard& operator=(const device_guard&) = delete;
   ~device_guard() {
     if (switched_) {
-      log_failure("restore device", [this] { POOLSCOPE_DARRAY_CHECK(cudaSetDevice(previous_)); });
+      log_failure("restore device", [this] { POOLSCOPE_CUDA_CHECK(cudaSetDevice(previous_)); });
     }
   }
 
@@ -108,9 +108,9 @@ class device_guard {
     if (engaged_) {
       return;
     }
-    POOLSCOPE_DARRAY_CHECK(cudaGetDevice(&previous_));
+    POOLSCOPE_CUDA_CHECK(cudaGetDevice(&previous_));
     if (previous_ != device_) {
-      POOLSCOPE_DARRAY_CHECK(cudaSetDevice(device_));
+      POOLSCOPE_CUDA_CHECK(cudaSetDevice(device_));
       switched_ = true;
     }
     engaged_ = true;

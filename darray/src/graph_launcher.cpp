@@ -37,11 +37,11 @@ graph_launcher::~graph_launcher() {
 void graph_launcher::destroy(executable& x) noexcept {
   if (x.exec != nullptr) {
     seam::log_failure("destroy a launch graph",
-                      [&] { POOLSCOPE_DARRAY_CHECK(cudaGraphExecDestroy(x.exec)); });
+                      [&] { POOLSCOPE_CUDA_CHECK(cudaGraphExecDestroy(x.exec)); });
   }
   if (x.graph != nullptr) {
     seam::log_failure("destroy a launch graph",
-                      [&] { POOLSCOPE_DARRAY_CHECK(cudaGraphDestroy(x.graph)); });
+                      [&] { POOLSCOPE_CUDA_CHECK(cudaGraphDestroy(x.graph)); });
   }
   x = executable{};
 }
@@ -83,7 +83,7 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
         (size == 0 || std::memcmp(x.bytes.data(), key, size) == 0)) {
       x.used = c->used;
       // (From any device: the executable and the stream are of the stream's device.)
-      POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(x.exec, stream));
+      POOLSCOPE_CUDA_CHECK(cudaGraphLaunch(x.exec, stream));
       return;
     }
     if (lru == nullptr || x.used < lru->used) {
@@ -106,7 +106,7 @@ void graph_launcher::launch(cudaStream_t stream, const void* kernel, dim3 grid, 
     lru->used = c->used;
     lru->grid = grid;
     lru->bytes.assign(key, key + size);
-    POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(lru->exec, stream));
+    POOLSCOPE_CUDA_CHECK(cudaGraphLaunch(lru->exec, stream));
     return;
   }
   // The executable would not take the parameters: a new one takes its place (whose own failure,
@@ -139,14 +139,14 @@ void graph_launcher::instantiate(combination& c, std::size_t slot, const void* k
       }
     }
   } g{x};
-  POOLSCOPE_DARRAY_CHECK(cudaGraphCreate(&x.graph, 0));
-  POOLSCOPE_DARRAY_CHECK(cudaGraphAddKernelNode(&x.node, x.graph, nullptr, 0, &params));
-  POOLSCOPE_DARRAY_CHECK(cudaGraphInstantiate(&x.exec, x.graph, 0));
+  POOLSCOPE_CUDA_CHECK(cudaGraphCreate(&x.graph, 0));
+  POOLSCOPE_CUDA_CHECK(cudaGraphAddKernelNode(&x.node, x.graph, nullptr, 0, &params));
+  POOLSCOPE_CUDA_CHECK(cudaGraphInstantiate(&x.exec, x.graph, 0));
   if (instantiations_ != nullptr) {
     instantiations_->fetch_add(1, std::memory_order_relaxed);
   }
   c.executables.reserve(per_kernel);
-  POOLSCOPE_DARRAY_CHECK(cudaGraphLaunch(x.exec, c.stream));
+  POOLSCOPE_CUDA_CHECK(cudaGraphLaunch(x.exec, c.stream));
   c.executables.push_back(std::move(x));
   g.keep = true;
 }

@@ -30,6 +30,7 @@
 
 #include "integer_pow.hpp"
 #include "scope_sites.hpp"
+#include "transfer_slices.hpp"
 
 namespace poolscope::darray {
 namespace {
@@ -491,12 +492,6 @@ class host_event final : public detail::event_state {
   std::string failure_;  // mutex_
 };
 
-std::string format_mib(std::uint64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
-}
-
 // One in-order work queue run by its own thread (a stream of a fake device).
 class work_queue {
  public:
@@ -589,14 +584,12 @@ class work_queue {
     }
   }
 
+  static detail::transfer_ends ends_of(const task& t) noexcept {
+    return {t.name, t.src_device, t.dst_device, t.bytes};
+  }
   // "darray.copy 0->1 0.25 MiB", "darray.copy local 0.25 MiB", or the task's name.
   static std::string label(const task& t) {
-    if (!t.copy) {
-      return std::string(t.name);
-    }
-    return t.src_device >= 0 ? std::string(t.name) + " " + std::to_string(t.src_device) + "->" +
-                                   std::to_string(t.dst_device) + " " + format_mib(t.bytes)
-                             : std::string(t.name) + " local " + format_mib(t.bytes);
+    return t.copy ? detail::transfer_label(ends_of(t)) : std::string(t.name);
   }
 
   void run(const task& t) noexcept {
@@ -609,20 +602,19 @@ class work_queue {
     } catch (...) {
       fail(t, "unknown exception");
     }
-    if (tl != nullptr) {
-      std::string copy_label;
-      try {
-        copy_label = t.copy ? label(t) : std::string();
-      } catch (...) {  // no memory for the label: the slice goes by the task's name
-      }
-      tl->add_host_slice({.name = copy_label.empty() ? t.name : std::string_view(copy_label),
+    if (tl == nullptr) {
+      return;
+    }
+    const int device = t.device >= 0 ? t.device : device_;
+    if (t.copy) {
+      detail::add_transfer_slice(*tl, ends_of(t), device, t.category, begin, hooks::now_ns());
+    } else {
+      tl->add_host_slice({.name = t.name,
                           .category = t.category,
                           .thread = 0,
                           .begin_ns = begin,
                           .end_ns = hooks::now_ns(),
-                          .device = t.device >= 0 ? t.device : device_,
-                          .src_device = t.src_device,
-                          .dst_device = t.dst_device});
+                          .device = device});
     }
   }
 

@@ -597,8 +597,8 @@ void launch(const launch_target& on, void (*kernel)(P...), dim3 grid, dim3 block
           if (on.current != nullptr) {
             on.current->engage();
           }
-          POOLSCOPE_DARRAY_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid,
-                                                  block, pointers, 0, on.stream));
+          POOLSCOPE_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), grid, block,
+                                                pointers, 0, on.stream));
         }
       },
       values);

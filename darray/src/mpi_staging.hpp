@@ -8,37 +8,50 @@
 //
 // A send: the copy from device memory into host staging is enqueued on the device's transfer
 // queue (so it starts once the data is ready there, and an event recorded on that queue
-// afterwards marks the source free to overwrite); the device's ordered_worker then waits for that
+// afterwards marks the source free to overwrite); the device's send worker then waits for that
 // copy and sends the staging by MPI, so the issuing thread waits neither for the device to produce
-// the data nor for the peer to take it, and goes on issuing. A receive: done where it is issued —
-// the MPI receive into host staging on the calling thread, then the copy into device memory
-// enqueued on the transfer queue (what reads the piece is ordered after it by the queue). The
-// staging of a receive goes back to the pool once its copy has completed (the worker waits for it,
-// in order).
+// the data nor for the peer to take it, and goes on issuing. A receive: the copy from host staging
+// into device memory is enqueued at once on the transfer queue behind a gate (a 32-bit word in the
+// staging that the queue waits on: cuStreamWaitValue32 on GPUs), so what reads the piece is
+// ordered after it by the queue as before; the device's receive worker makes the MPI receive into
+// the staging and then opens the gate. So the issuing thread never waits for a peer: work issued
+// after a receive — compute on the pieces already in place among it — is enqueued at once and runs
+// on the other queues while the piece arrives. The staging of a receive goes back to the pool once
+// its copy has completed (the send worker waits for it, in order).
 //
 // Why this cannot deadlock: every rank issues the same plan's transfers in the same order (the
-// executor), and nothing on a device ever waits for the host (the only waits are on events of
-// work already enqueued). Take the first transfer of the plan not yet complete. Its receiving
-// rank's calling thread reaches it: the transfers before it that it blocks on (its receives) are
-// complete, and sends never block that thread. Its sending rank's calling thread has handed it to
-// the worker for the same reason, and the worker reaches it: the jobs before it in that worker
-// are earlier transfers (or staging releases), complete; the copy it waits for is device work
-// that waits only on device work already enqueued. So the MPI send meets the posted receive and
-// that transfer completes; by induction every one does. The bound: each MPI wait is the group's
-// (timeout, another rank's failure notice).
+// executor); the issuing thread never blocks on a transfer; a receive worker waits only for its
+// peers; a send worker waits for device work and its peers; and device work waits only for work
+// enqueued before it and for the gates of receives issued before it. Take the first transfer of
+// the plan not yet complete (a receive is complete once its bytes are in staging and its gate is
+// open). Its receiving rank's receive worker reaches it: the jobs before it are earlier receives,
+// complete. Its sending rank's send worker reaches it: the jobs before it are earlier sends
+// (complete) or waits for the copies of earlier receives, which wait only for device work
+// enqueued before them and for gates of earlier receives, all open. Its copy to host waits only
+// for device work enqueued before it, whose gates belong to earlier receives, all open. So the
+// MPI send meets the posted receive and that transfer completes; by induction every one does.
+// The bound: each MPI wait is the group's (timeout, another rank's failure notice); a receive
+// that fails opens its gate all the same (the copy moves stale bytes, and check() reports the
+// failure), so a queue never waits for a gate that no one will open.
 //
-// Overlap: none guaranteed. A receive holds the issuing thread until its bytes arrive (the work
-// after it is enqueued later), and the bytes cross the host twice (PCIe both ways) rather than
-// NVLink.
+// Overlap: the issuing thread goes on at once, and each device's compute queue runs while its
+// transfer queue waits at a gate; the bytes still cross the host twice (PCIe both ways) rather
+// than NVLink.
 //
-// Ownership: owns the staging pool (over the resource given), one worker per device and the
-// staging in flight; device_copies is the caller's and must outlive this. Thread safety: send()
-// and receive() may be called from several threads; the transfers of one device pair up with the
-// peer's in the order they are called. Cost: per transfer a staging allocation (pooled), a copy
-// each way, one MPI message and one worker job.
+// Trace: each send and receive is a slice of its worker's thread ("darray.send 0->3 0.25 MiB",
+// args device, src_device, dst_device: transfer_slices.hpp) over its MPI transfer, in the
+// timeline the constructor's `timeline` gives when the transfer ends, so `poolscope trace merge`
+// draws a flow from each piece's send to its receive as on host devices.
+//
+// Ownership: owns the staging pool (over the resource given), a send worker and a receive worker
+// per device and the staging in flight; device_copies is the caller's and must outlive this.
+// Thread safety: send() and receive() may be called from several threads; the transfers of one
+// device pair up with the peer's in the order they are called. Cost: per transfer a staging
+// allocation (pooled), a copy each way, one MPI message and two worker jobs (one for a send).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,6 +61,7 @@
 #include "poolscope/darray/process_group.hpp"
 #include "poolscope/pool/allocator.hpp"
 #include "poolscope/pool/resource.hpp"
+#include "transfer_slices.hpp"
 
 namespace poolscope::darray::detail {
 
@@ -58,37 +72,50 @@ class mpi_staging {
    public:
     virtual ~device_copies() = default;
     /// Enqueues on the transfer queue of local device `device`, after the work enqueued there so
-    /// far, a copy of `bytes` from `from` to `to` (to host memory when `to_host`, else from it).
-    /// Returns a wait for its completion (called once, by a worker; may throw).
-    [[nodiscard]] virtual std::function<void()> enqueue_copy(int device, void* to, const void* from,
-                                                             std::size_t bytes, bool to_host) = 0;
+    /// far, a copy of `bytes` from device memory `from` to host memory `to`. Returns a wait for
+    /// its completion (called once, by a worker; may throw).
+    [[nodiscard]] virtual std::function<void()> enqueue_download(int device, void* to,
+                                                                 const void* from,
+                                                                 std::size_t bytes) = 0;
+    /// Enqueues on the transfer queue of local device `device`, after the work enqueued there so
+    /// far, a wait until the 32-bit word at `gate` (host memory, zero now) is not zero, then a
+    /// copy of `bytes` from host memory `from` to device memory `to`. The gate is opened from
+    /// another thread by a release store of 1 (and a notify, atomic_ref's). Returns a wait for
+    /// the copy's completion (called once, by a worker; may throw).
+    [[nodiscard]] virtual std::function<void()> enqueue_gated_upload(int device, void* to,
+                                                                     const void* from,
+                                                                     std::size_t bytes,
+                                                                     std::uint32_t* gate) = 0;
   };
 
   /// For `devices` local devices over `group`; staging from a pool over `host_memory` (pinned,
   /// so that the copies run asynchronously: a caching pool, since pinning costs milliseconds per
   /// large block and a reshard's pieces come back with the same sizes).
+  /// `timeline` gives the timeline the transfers' slices go to when each ends (null: none; an
+  /// empty function: never traced).
   mpi_staging(std::shared_ptr<process_group> group, int devices, device_copies& copies,
-              std::unique_ptr<pool::resource> host_memory);
+              std::unique_ptr<pool::resource> host_memory,
+              std::function<profiler::timeline*()> timeline = {});
   mpi_staging(const mpi_staging&) = delete;
   mpi_staging& operator=(const mpi_staging&) = delete;
-  /// Finishes the sends handed over (each bounded by the group's timeout).
+  /// Finishes the transfers handed over (each bounded by the group's timeout).
   ~mpi_staging();
 
   /// Sends `bytes` at `src` (memory of local device `device`) to rank `peer` with `tag`, after the
   /// work enqueued so far on the device's transfer queue. Returns once enqueued. `what` names the
-  /// transfer in failures (check()).
+  /// transfer in failures (check()); `traced` is its trace slice (rank_transfer_ends).
   void send(int device, const void* src, std::size_t bytes, int peer, int tag,
-            const std::string& what);
-  /// Receives `bytes` from rank `peer` with `tag` into `dst` (memory of local device `device`):
-  /// returns once they are in host staging and their copy to `dst` is enqueued on the device's
-  /// transfer queue. Throws communication_error (naming `what`) when the peer fails or stays
-  /// silent for the group's timeout.
+            const transfer_ends& traced, const std::string& what);
+  /// Receives `bytes` from rank `peer` with `tag` into `dst` (memory of local device `device`),
+  /// ordered on the device's transfer queue as a copy enqueued now: returns once that copy is
+  /// enqueued (behind its gate), without waiting for the peer. A receive that fails (the peer
+  /// fails or stays silent for the group's timeout) is thrown by check(), naming `what`.
   void receive(int device, void* dst, std::size_t bytes, int peer, int tag,
-               const std::string& what);
-  /// Returns once every send handed to the workers has been sent (or has failed) and every
+               const transfer_ends& traced, const std::string& what);
+  /// Returns once every transfer handed to the workers has been made (or has failed) and every
   /// receive's staging is back in the pool.
   void drain();
-  /// Throws communication_error for the first send that failed since the last check.
+  /// Throws communication_error for the first transfer that failed since the last check.
   void check();
   /// The staging pool's figures (what is in flight: in_use).
   [[nodiscard]] pool::allocator_stats staging_stats() const;
@@ -96,13 +123,19 @@ class mpi_staging {
  private:
   struct staging;
   [[nodiscard]] std::shared_ptr<staging> take(std::size_t bytes);
-  [[nodiscard]] ordered_worker& worker(int device);
+  [[nodiscard]] std::size_t checked(int device) const;
+  /// Adds a transfer's slice to the timeline attached now, if any.
+  void trace(const transfer_ends& t, std::uint64_t begin_ns, std::uint64_t end_ns) const noexcept;
 
   std::shared_ptr<process_group> group_;
   device_copies& copies_;
   std::unique_ptr<pool::resource> host_memory_;
   std::unique_ptr<pool::allocator> pool_;
-  std::vector<std::unique_ptr<ordered_worker>> workers_;  // per device; last: they stop first
+  std::function<profiler::timeline*()> timeline_;
+  // Per device; last: they stop first (the receivers before the senders, which may wait for
+  // copies behind the receivers' gates).
+  std::vector<std::unique_ptr<ordered_worker>> senders_;
+  std::vector<std::unique_ptr<ordered_worker>> receivers_;
 };
 
 }  // namespace poolscope::darray::detail

@@ -32,8 +32,7 @@ nccl_watchdog::~nccl_watchdog() {
   stop_cv_.notify_all();
   thread_.join();
   for (const pending& p : pending_) {
-    seam::log_failure("cudaEventDestroy",
-                      [&p] { POOLSCOPE_DARRAY_CHECK(cudaEventDestroy(p.done)); });
+    seam::log_failure("cudaEventDestroy", [&p] { POOLSCOPE_CUDA_CHECK(cudaEventDestroy(p.done)); });
   }
 }
 
@@ -51,7 +50,7 @@ nccl_watchdog::host_call::~host_call() {
 void nccl_watchdog::watch(int ordinal, cudaStream_t s, std::string what) {
   const seam::device_guard guard(ordinal);
   cudaEvent_t e = nullptr;
-  POOLSCOPE_DARRAY_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const cudaError_t recorded = cudaEventRecord(e, s);
   if (recorded != cudaSuccess) {
     (void)cudaEventDestroy(e);
@@ -128,7 +127,7 @@ void nccl_watchdog::fail(const std::string& why) noexcept {
     // Without a lock: a thread may be blocked inside NCCL (in a call waiting for the peer, under
     // the backend's NCCL mutex), and the abort is what releases it.
     for (ncclComm_t c : comms_) {
-      seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_DARRAY_CHECK(ncclCommAbort(c)); });
+      seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
     }
     aborted_.store(true, std::memory_order_release);
   }

@@ -265,6 +265,14 @@ TEST(trace_merge, summary_of_a_merged_trace_is_per_rank) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("estimated skew between hosts 7."), std::string::npos) << text;
+  // The one piece: its send joined to its receive.
+  ASSERT_TRUE(s.pieces.has_value());
+  EXPECT_EQ(s.pieces->flows, 1U);
+  EXPECT_EQ(s.pieces->unmatched_transfers, 0U);
+  EXPECT_NE(text.find("piece flows between ranks: 1 (0 sends or receives left unjoined)"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(s.to_json()["piece_flows"]["flows"], 1);
 }
 
 TEST(trace_merge, refuses_inputs_that_are_not_one_launch) {

@@ -1,7 +1,7 @@
 // `mpirun -np N poolscope demo` and `poolscope bench darray`: every rank runs them, rank 0 prints
-// the summary of every rank's checks, each rank writes its own trace; a rank given bad arguments
-// makes every rank refuse with the same message. Each launch runs as a subprocess with a timeout
-// (a hang fails the test).
+// the summary of every rank's checks, each rank writes its own trace and rank 0 one merged trace
+// of them all; a rank given bad arguments makes every rank refuse with the same message. Each
+// launch runs as a subprocess with a timeout (a hang fails the test).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -128,6 +128,44 @@ TEST(cli_bench_darray_ranks, two_ranks_run_the_workloads_across_them) {
   ASSERT_FALSE(d3.timed_out) << d3.out << d3.err;
   EXPECT_NE(d3.exit_code, 0);
   EXPECT_NE(d3.err.find("D3 measures one process's calls"), std::string::npos) << d3.err;
+}
+
+// --trace under the launcher: each rank writes its own trace and rank 0 joins them into the one
+// named, as the demo does (clocks sampled around barriers, a flow per piece between ranks).
+TEST(cli_bench_darray_ranks, two_ranks_write_their_traces_and_one_merged_trace) {
+  const std::filesystem::path dir = temp_path("poolscope-bench-ranks") + ".d";
+  std::filesystem::create_directories(dir);
+  const std::string merged = (dir / "t.json").string();
+  const auto r = launch(2, {POOLSCOPE_CLI_PATH, "bench", "darray", "--devices", "host:1", "--n",
+                            "20000", "--repeat", "1", "--only", "D1", "--trace", merged});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string trace = (dir / ("t.rank" + std::to_string(rank) + ".json")).string();
+    const auto check = poolscope::analysis::check_trace(trace);
+    EXPECT_TRUE(check.ok()) << trace << ": " << check.to_text();
+  }
+  const auto check = poolscope::analysis::check_trace(merged);
+  EXPECT_TRUE(check.ok()) << check.to_text();
+  std::set<std::string> processes;
+  std::size_t sends = 0;
+  const auto info = poolscope::analysis::read_trace(merged, [&](std::uint64_t, const json& e) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
+      processes.insert(e.at("args").at("name").get<std::string>());
+    }
+    if (e.value("ph", "") == "X" && e.value("name", "").rfind("darray.send ", 0) == 0) {
+      ++sends;
+    }
+  });
+  EXPECT_EQ(processes.size(), 2U);
+  const json& m = info.other.at("otherData").at("merged");
+  EXPECT_TRUE(m.at("clocks_measured").get<bool>()) << m.dump();
+  // Every piece one rank sent to the other is joined to its receive: one flow per send.
+  EXPECT_GT(sends, 0U);
+  EXPECT_EQ(m.at("flows").get<std::size_t>(), sends) << m.dump();
+  EXPECT_EQ(m.at("unmatched_transfers").get<std::size_t>(), 0U) << m.dump();
+  EXPECT_NE(r.out.find("trace of every rank: " + merged), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -114,20 +115,29 @@ TEST(replay_cli, every_resource_listed_is_replayed_under_every_strategy) {
   EXPECT_EQ(j["results"][2]["peak_reserved"], 5000) << "naive counts what it asked for";
 }
 
+// The cells of the table row that starts with `name` in `out` (split at spaces); none if there
+// is no such row.
+std::vector<std::string> cells_of(const std::string& out, const std::string& name) {
+  const std::size_t at = out.find("\n" + name + " ");
+  if (at == std::string::npos) {
+    return {};
+  }
+  std::istringstream row(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+  return {std::istream_iterator<std::string>(row), {}};
+}
+
 TEST(replay_cli, table_and_summary_line) {
   const std::string log = write_file("poolscope-replay", hand_log());
-  const std::string out = run_cli({"replay", log, "--allocators", "naive,bfc"});
-  EXPECT_NE(out.find("peak requested (MiB)"), std::string::npos) << out;  // units in headers
-  EXPECT_NE(out.find("malloc p50 ("), std::string::npos) << out;
-  EXPECT_NE(out.find("naive"), std::string::npos) << out;
-  EXPECT_NE(out.find("bfc"), std::string::npos) << out;
+  const std::string out = run_cli({"replay", log, "--allocators", "naive,best_fit"});
+  // Units in the headings: 5000 bytes requested, best_fit's 512-byte rounding: below 10 KiB, so
+  // bytes.
+  EXPECT_NE(out.find("peak (B)"), std::string::npos) << out;
+  EXPECT_NE(out.find("malloc ("), std::string::npos) << out;
   EXPECT_NE(out.find("summary: 2 allocators, 3 mallocs replayed, 0 failed"), std::string::npos)
       << out;
   EXPECT_NE(out.find("lowest peak reserved without a failure: "), std::string::npos) << out;
   EXPECT_NE(out.find("; fastest: "), std::string::npos) << out;
   EXPECT_EQ(out.find("\nlog: "), std::string::npos) << out;  // a complete, consistent log
-  // Aligned: the header and every row are one width (each column padded to its widest cell),
-  // and a figure's column ends where its header does.
   std::istringstream lines(out);
   std::string line;
   std::getline(lines, line);  // "replay of ..."
@@ -135,11 +145,75 @@ TEST(replay_cli, table_and_summary_line) {
   while (std::getline(lines, line) && !line.starts_with("summary")) {
     table.push_back(line);
   }
-  ASSERT_EQ(table.size(), 3U) << out;
-  EXPECT_EQ(table[1].size(), table[0].size()) << out;
-  EXPECT_EQ(table[2].size(), table[0].size()) << out;
-  const auto header_end = table[0].find(')', table[0].find("peak reserved (")) + 1;
-  EXPECT_NE(table[1][header_end - 1], ' ') << "a figure ends under the end of its header:\n" << out;
+  // Two heading lines, a row per strategy; one resource, so the rows name the strategy alone.
+  ASSERT_EQ(table.size(), 4U) << out;
+  EXPECT_TRUE(table[1].starts_with("allocator ")) << out;
+  EXPECT_TRUE(table[2].starts_with("naive ")) << out;
+  EXPECT_TRUE(table[3].starts_with("best_fit ")) << out;
+  // Aligned: the names and every row are one width, at most 100 columns, and a figure ends
+  // where its name does. The hand log's figures, by hand: 5000 B requested at peak; naive
+  // reserves exactly that, at a ratio of 1.000, with 3 upstream allocations.
+  for (const std::string& l : table) {
+    EXPECT_LE(l.size(), 100U) << out;
+  }
+  EXPECT_EQ(table[2].size(), table[1].size()) << out;
+  EXPECT_EQ(table[3].size(), table[1].size()) << out;
+  std::istringstream naive_row(table[2]);
+  std::vector<std::string> cells{std::istream_iterator<std::string>(naive_row), {}};
+  ASSERT_GE(cells.size(), 7U) << out;
+  EXPECT_EQ(cells[1], "5000") << out;   // requested
+  EXPECT_EQ(cells[2], "5000") << out;   // reserved
+  EXPECT_EQ(cells[3], "1.000") << out;  // reserved / requested
+  EXPECT_EQ(cells[4], "3") << out;      // upstream allocs
+  EXPECT_EQ(cells[5], "0") << out;      // failed allocs
+  const auto name_end = table[1].find("reserved") + std::string("reserved").size();
+  EXPECT_NE(table[2][name_end - 1], ' ') << "a figure ends under the end of its name:\n" << out;
+  EXPECT_EQ(table[2].substr(name_end - 4, 4), "5000") << out;
+
+  // bfc's 2 MiB segment makes the unit KiB: naive's 5000 bytes read 4.9, one 16-byte block
+  // "<0.1", never a 0.0 that is not zero.
+  const std::string kib = run_cli({"replay", log, "--allocators", "naive,bfc"});
+  EXPECT_NE(kib.find("peak (KiB)"), std::string::npos) << kib;
+  EXPECT_EQ(cells_of(kib, "naive").at(1), "4.9") << kib;
+  EXPECT_EQ(cells_of(kib, "bfc").at(2), "2048.0") << kib;
+  const std::string tiny_log =
+      write_file("poolscope-replay",
+                 std::string(R"({"format":"poolscope.events","version":1,"pid":1})") + "\n" +
+                     rec(1, "malloc", "0x1000", 16, "post") + rec(2, "free", "0x1000", 16, "pre"));
+  const std::string tiny = run_cli({"replay", tiny_log, "--allocators", "naive,bfc"});
+  EXPECT_EQ(cells_of(tiny, "naive").at(1), "<0.1") << tiny;
+  EXPECT_EQ(cells_of(tiny, "naive").at(2), "<0.1") << tiny;
+
+  // --wide: the peaks to the byte, the peak handed out, upstream frees, the slowest calls.
+  const std::string wide = run_cli({"replay", log, "--allocators", "naive", "--wide"});
+  EXPECT_NE(wide.find("peak (B)"), std::string::npos) << wide;
+  for (const char* name : {"in use", "frees", "max"}) {
+    EXPECT_NE(wide.find(name), std::string::npos) << name << "\n" << wide;
+  }
+  std::istringstream wide_lines(wide);
+  std::vector<std::string> wide_table;
+  while (std::getline(wide_lines, line)) {
+    wide_table.push_back(line);
+  }
+  ASSERT_GE(wide_table.size(), 4U) << wide;
+  std::istringstream wide_row(wide_table[3]);
+  std::vector<std::string> wide_cells{std::istream_iterator<std::string>(wide_row), {}};
+  ASSERT_GE(wide_cells.size(), 8U) << wide;
+  // naive: requested, in use and reserved 5000; 3 upstream allocations and 3 frees.
+  EXPECT_EQ(wide_cells[1], "5000") << wide;
+  EXPECT_EQ(wide_cells[3], "5000") << wide;
+  EXPECT_EQ(wide_cells[5], "3") << wide;
+  EXPECT_EQ(wide_cells[6], "3") << wide;
+}
+
+TEST(replay_cli, several_resources_name_each_row_by_strategy_and_resource) {
+  const std::string log = write_file("poolscope-replay", hand_log());
+  const std::string out =
+      run_cli({"replay", log, "--allocators", "naive,bfc", "--resource", "host,host_vmm"});
+  for (const char* name :
+       {"\nnaive/host ", "\nbfc/host ", "\nnaive/host_vmm ", "\nbfc/host_vmm "}) {
+    EXPECT_NE(out.find(name), std::string::npos) << name << "\n" << out;
+  }
 }
 
 // The best by memory is the lowest peak reserved among the strategies that failed nothing: under
@@ -372,6 +446,19 @@ TEST(report_cli, short_function_names) {
   EXPECT_EQ(short_function_name("std::function<void (int)>::operator()(int) const"),
             "std::function<void (int)>::operator()");
   EXPECT_EQ(short_function_name("bool operator<(A const&, A const&)"), "bool operator<");
+  // The functions a lambda is nested in keep their names, their lists shortened.
+  EXPECT_EQ(short_function_name("ns::f(int, char)::{lambda()#1}::operator()() const"),
+            "ns::f(...)::{lambda()#1}::operator()");
+  EXPECT_EQ(short_function_name("S::operator()(unsigned long) const::{lambda(int)#1}::operator()"
+                                "(int) const"),
+            "S::operator()(...)::{lambda(int)#1}::operator()");
+  EXPECT_EQ(
+      short_function_name("std::_Function_handler<void (), ns::(anonymous namespace)::g(ns::a "
+                          "const&, std::vector<int, std::allocator<int> >&)::{lambda()#4}>::"
+                          "_M_invoke(std::_Any_data const&)"),
+      "std::_Function_handler<void (), ns::(anonymous namespace)::g(...)::{lambda()#4}>::"
+      "_M_invoke");
+  EXPECT_EQ(short_function_name("f(int"), "f(int");
   EXPECT_EQ(short_function_name("plain"), "plain");
   EXPECT_EQ(short_function_name("_start"), "_start");
 }

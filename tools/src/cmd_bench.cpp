@@ -19,6 +19,7 @@
 #include "poolscope/bench/memory_access.hpp"
 #include "poolscope/darray/process_group.hpp"
 #include "poolscope/error.hpp"
+#include "rank_traces.hpp"
 
 namespace poolscope::tools {
 
@@ -166,7 +167,8 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   darray_cmd->callback([d] {
     // Under a launcher every rank runs it over the devices of every rank; rank 0 prints and
-    // writes the JSON, each rank its own trace.
+    // writes the JSON, each rank its own trace, and rank 0 then joins them into the one --trace
+    // names (as the demo does).
     const auto group = darray::process_group::from_launcher();
     agree_on_arguments(*group, "poolscope bench darray", "");
     bench::darray_bench_options o = d->options;
@@ -174,19 +176,35 @@ void register_bench(CLI::App& app) {
     o.trace_path = rank_output_path(o.trace_path, *group);
     const bool prints = group->rank() == 0;
     bench::darray_bench_report rep;
+    merged_trace merged;
     on_every_rank(*group, "poolscope bench darray", [&] {
       check_file_arguments("poolscope bench darray",
                            {{"--json", d->json_path, true}, {"--trace", o.trace_path, true}},
                            d->force);
       check_darray_bench_memory(o);
       rep = bench::run_darray_bench(o, prints ? &std::cerr : nullptr);
+      if (group->size() > 1 && !o.trace_path.empty()) {
+        merged = merge_rank_traces(*group, d->options.trace_path, o.trace_path);
+      }
     });
     if (prints) {
       // With the JSON on stdout, stdout holds nothing else.
-      rep.print_table(d->json_path == "-" ? std::cerr : std::cout);
+      std::ostream& out = d->json_path == "-" ? std::cerr : std::cout;
+      rep.print_table(out);
+      if (!merged.path.empty() && merged.problem.empty()) {
+        out << "trace of every rank: " << merged.path << " (" << merged.summary
+            << "; poolscope trace summary " << merged.path << ")\n";
+      }
       if (!d->json_path.empty()) {
         write_output("poolscope bench darray", "--json", d->json_path, rep.to_json() + "\n");
       }
+    }
+    if (!merged.problem.empty()) {
+      if (prints) {
+        std::cerr << "poolscope bench darray: the ranks' traces do not merge into " << merged.path
+                  << ": " << merged.problem << "\n";
+      }
+      throw CLI::RuntimeError(1);
     }
     if (rep.any_error()) {
       throw CLI::RuntimeError(1);

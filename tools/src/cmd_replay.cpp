@@ -7,6 +7,10 @@
 //   poolscope replay run.jsonl --allocators naive,bfc --capacity 80G --json replay.json
 //   poolscope replay snap.pickle       # each device's trace; the snapshot's own peaks beside
 //   poolscope replay run.jsonl --resource host,host_vmm    # peak physical memory over each
+//   poolscope replay run.jsonl --wide     # every figure (bytes exact, upstream frees, slowest)
+//
+// The table fits 100 columns: peaks in one byte unit, latencies in one time unit, both in the
+// headings; --wide and --json carry the rest.
 //
 // Exit codes: 0; 1 with a message naming the file and line if the log cannot be read or
 // parsed, holds no records or no malloc, or naming the strategy/resource that cannot be built;
@@ -51,6 +55,7 @@ struct replay_command {
   std::string json_path;
   bool force = false;
   bool progress = true;
+  bool wide = false;
 };
 
 /// A progress bar on stderr for one strategy's replay (only called when stderr is a TTY).
@@ -108,15 +113,15 @@ struct column_unit {
   double scale;
 };
 
+// The largest unit in which the largest figure reads at least 10: three significant digits or
+// more for it, and the column's smaller figures keep theirs (182.9 and 220.0 MiB, not 0.2 and
+// 0.2 GiB beside a 1.3 GiB).
 column_unit bytes_unit(std::size_t largest) {
-  if (largest >= (std::size_t{1} << 30)) {
-    return {"GiB", 1.0 / static_cast<double>(std::size_t{1} << 30)};
-  }
-  if (largest >= (std::size_t{1} << 20)) {
-    return {"MiB", 1.0 / static_cast<double>(std::size_t{1} << 20)};
-  }
-  if (largest >= (std::size_t{1} << 10)) {
-    return {"KiB", 1.0 / 1024.0};
+  for (const auto& [shift, name] :
+       {std::pair{30, "GiB"}, std::pair{20, "MiB"}, std::pair{10, "KiB"}}) {
+    if (largest >= (std::size_t{10} << shift)) {
+      return {name, 1.0 / static_cast<double>(std::size_t{1} << shift)};
+    }
   }
   return {"B", 1.0};
 }
@@ -137,56 +142,169 @@ std::string fixed(double v, int decimals) {
   return buf;
 }
 
-// Rows of cells printed with each column as wide as its widest cell; the first column left-
-// aligned, the others right-aligned.
-void print_aligned(std::ostream& out, const std::vector<std::vector<std::string>>& rows) {
-  std::vector<std::size_t> width;
-  for (const auto& row : rows) {
-    width.resize(std::max(width.size(), row.size()), 0);
-    for (std::size_t c = 0; c < row.size(); ++c) {
+// A column of the table: its name, and the group heading above it (columns side by side with
+// the same group share one heading, centred over them: "peak (MiB)" over "requested" and
+// "reserved"). Two short header lines keep the table narrow where one long name per column would
+// not.
+struct column {
+  std::string group;
+  std::string name;
+};
+
+// The table: the group line, the names, then the rows; each column as wide as its widest cell
+// (and as the other columns of its group, which together are as wide as their heading); the first
+// column left-aligned, the others right-aligned, two spaces between columns.
+void print_aligned(std::ostream& out, const std::vector<column>& columns,
+                   const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width(columns.size(), 0);
+  for (std::size_t c = 0; c < columns.size(); ++c) {
+    width[c] = columns[c].name.size();
+    for (const auto& row : rows) {
       width[c] = std::max(width[c], row[c].size());
     }
   }
-  for (const auto& row : rows) {
-    std::string line;
-    for (std::size_t c = 0; c < row.size(); ++c) {
-      const std::string pad(width[c] - row[c].size(), ' ');
-      line += c == 0 ? row[c] + pad : "  " + pad + row[c];
+  // The groups: runs of columns [first, last) with one heading.
+  std::vector<std::pair<std::size_t, std::size_t>> groups;
+  for (std::size_t c = 0; c < columns.size(); ++c) {
+    if (c == 0 || columns[c].group != columns[c - 1].group) {
+      groups.emplace_back(c, c + 1);
+    } else {
+      groups.back().second = c + 1;
     }
-    out << line << "\n";
+  }
+  const auto span = [&width](std::size_t first, std::size_t last) {
+    std::size_t w = 2 * (last - first - 1);
+    for (std::size_t c = first; c < last; ++c) {
+      w += width[c];
+    }
+    return w;
+  };
+  // The columns of a group are as wide as each other (p50 and p99 read as a pair), and together
+  // as wide as their heading.
+  for (const auto& [first, last] : groups) {
+    const std::size_t widest = *std::max_element(width.begin() + first, width.begin() + last);
+    std::fill(width.begin() + first, width.begin() + last, widest);
+    const std::size_t need = columns[first].group.size();
+    if (need > span(first, last)) {
+      const std::size_t extra = need - span(first, last);
+      const std::size_t k = last - first;
+      for (std::size_t c = first; c < last; ++c) {
+        width[c] += extra / k + (c + 1 == last ? extra % k : 0);
+      }
+    }
+  }
+  std::string line;
+  for (const auto& [first, last] : groups) {
+    const std::string& heading = columns[first].group;
+    const std::size_t room = span(first, last) - heading.size();
+    line += (first == 0 ? "" : "  ") + std::string(room - room / 2, ' ') + heading +
+            std::string(room / 2, ' ');
+  }
+  while (!line.empty() && line.back() == ' ') {
+    line.pop_back();
+  }
+  out << line << "\n";
+  const auto print_row = [&](const auto& cell_of) {
+    std::string text;
+    for (std::size_t c = 0; c < columns.size(); ++c) {
+      const std::string& cell = cell_of(c);
+      const std::string pad(width[c] - cell.size(), ' ');
+      text += c == 0 ? cell + pad : "  " + pad + cell;
+    }
+    out << text << "\n";
+  };
+  print_row([&](std::size_t c) -> const std::string& { return columns[c].name; });
+  for (const auto& row : rows) {
+    print_row([&](std::size_t c) -> const std::string& { return row[c]; });
   }
 }
 
-// The table of every strategy: peaks in one byte unit, latencies in one time unit (both in the
-// headers), upstream calls, failures.
-void print_table(std::ostream& out, const std::vector<analysis::replay_result>& results) {
+// The name a row shows: with one resource (named in the heading) the strategy alone, "bfc" for
+// "bfc/host"; with several, the whole name.
+std::string row_name(const analysis::replay_result& r, const replay_command& cmd) {
+  if (cmd.resources.size() != 1) {
+    return r.allocator;
+  }
+  const std::string tail = "/" + cmd.resources.front();
+  const std::size_t at = r.allocator.find(tail);
+  const std::size_t end = at == std::string::npos ? at : at + tail.size();
+  if (at == std::string::npos || (end != r.allocator.size() && r.allocator[end] != ' ')) {
+    return r.allocator;
+  }
+  return r.allocator.substr(0, at) + r.allocator.substr(at + tail.size());
+}
+
+// The table of every strategy. By default what fits a terminal of 100 columns: the peaks in one
+// byte unit with one decimal, their ratio, upstream allocations, failures, and the median (p50)
+// and 99th percentile (p99) of a malloc's and of a free's time in one time unit. --wide adds
+// every figure: the peaks in bytes (and the peak handed out, the allocator's rounding included),
+// upstream frees, the slowest call.
+void print_table(std::ostream& out, const replay_command& cmd,
+                 const std::vector<analysis::replay_result>& results) {
   std::size_t most_bytes = 0;
   double most_ns = 0;
   for (const auto& r : results) {
     most_bytes = std::max({most_bytes, r.peak_requested, r.peak_reserved});
     most_ns = std::max({most_ns, r.malloc_latency.p99_ns, r.free_latency.p99_ns});
+    if (cmd.wide) {
+      most_ns = std::max({most_ns, r.malloc_latency.max_ns, r.free_latency.max_ns});
+    }
   }
-  const column_unit b = bytes_unit(most_bytes);
+  const column_unit b = cmd.wide ? column_unit{"B", 1.0} : bytes_unit(most_bytes);
   const column_unit t = time_unit(most_ns);
+  // A figure too small for the column's unit reads "<0.1", never a 0.0 that is not zero.
   const auto bytes = [&b](std::size_t v) {
-    return fixed(static_cast<double>(v) * b.scale, b.scale == 1.0 ? 0 : 2);
+    const double scaled = static_cast<double>(v) * b.scale;
+    if (b.scale == 1.0) {
+      return fixed(scaled, 0);
+    }
+    return v != 0 && scaled < 0.05 ? std::string("<0.1") : fixed(scaled, 1);
   };
   const auto time = [&t](double ns) { return fixed(ns * t.scale, t.scale == 1.0 ? 0 : 1); };
-  std::vector<std::vector<std::string>> rows;
-  rows.push_back(
-      {"allocator", std::string("peak requested (") + b.name + ")",
-       std::string("peak reserved (") + b.name + ")", "reserved/requested", "upstream allocs",
-       "upstream frees", "failed allocs", std::string("malloc p50 (") + t.name + ")",
-       std::string("malloc p99 (") + t.name + ")", std::string("free p50 (") + t.name + ")",
-       std::string("free p99 (") + t.name + ")"});
-  for (const auto& r : results) {
-    rows.push_back({r.allocator, bytes(r.peak_requested), bytes(r.peak_reserved), fixed(r.ratio, 3),
-                    std::to_string(r.upstream_allocs), std::to_string(r.upstream_frees),
-                    std::to_string(r.failed_allocations), time(r.malloc_latency.p50_ns),
-                    time(r.malloc_latency.p99_ns), time(r.free_latency.p50_ns),
-                    time(r.free_latency.p99_ns)});
+  const std::string peak = std::string("peak (") + b.name + ")";
+  const std::string malloc_group = std::string("malloc (") + t.name + ")";
+  const std::string free_group = std::string("free (") + t.name + ")";
+  std::vector<column> columns{{"", "allocator"}, {peak, "requested"}};
+  if (cmd.wide) {
+    columns.push_back({peak, "in use"});
   }
-  print_aligned(out, rows);
+  columns.push_back({peak, "reserved"});
+  columns.push_back({"reserved /", "requested"});
+  columns.push_back({"upstream", "allocs"});
+  if (cmd.wide) {
+    columns.push_back({"upstream", "frees"});
+  }
+  columns.push_back({"failed", "allocs"});
+  for (const std::string& g : {malloc_group, free_group}) {
+    columns.push_back({g, "p50"});
+    columns.push_back({g, "p99"});
+    if (cmd.wide) {
+      columns.push_back({g, "max"});
+    }
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : results) {
+    std::vector<std::string> row{row_name(r, cmd), bytes(r.peak_requested)};
+    if (cmd.wide) {
+      row.push_back(bytes(r.peak_in_use));
+    }
+    row.push_back(bytes(r.peak_reserved));
+    row.push_back(fixed(r.ratio, 3));
+    row.push_back(std::to_string(r.upstream_allocs));
+    if (cmd.wide) {
+      row.push_back(std::to_string(r.upstream_frees));
+    }
+    row.push_back(std::to_string(r.failed_allocations));
+    for (const analysis::latency_summary* l : {&r.malloc_latency, &r.free_latency}) {
+      row.push_back(time(l->p50_ns));
+      row.push_back(time(l->p99_ns));
+      if (cmd.wide) {
+        row.push_back(time(l->max_ns));
+      }
+    }
+    rows.push_back(std::move(row));
+  }
+  print_aligned(out, columns, rows);
 }
 
 // The summary's verdicts: the lowest peak reserved among the strategies that failed no
@@ -356,7 +474,7 @@ void replay_event_log(const replay_command& cmd, std::ostream& text) {
   }
 
   print_heading(text, cmd, analysis::to_string(log.format), log.records.size());
-  print_table(text, results);
+  print_table(text, cmd, results);
   if (!results.empty()) {
     print_log_notes(text, results);
   }
@@ -422,7 +540,7 @@ void replay_snapshot(const replay_command& cmd, std::ostream& text) {
     text << "device " << f.device << ": " << f.entries << " trace entries; the snapshot's own "
          << "source_peak_reserved " << format_bytes(f.source_peak_reserved) << ", peak live "
          << format_bytes(f.source_peak_live) << ", " << f.ooms << " oom(s) recorded\n";
-    print_table(text, results);
+    print_table(text, cmd, results);
     if (!results.empty()) {
       print_log_notes(text, results);
       mallocs += results.front().mallocs;
@@ -532,6 +650,9 @@ void register_replay(CLI::App& app) {
       ->check(path_value(true))
       ->transform(output_path_option());
   sub->add_flag("--force", cmd->force, "replace the --json file if it exists");
+  sub->add_flag("--wide", cmd->wide,
+                "every figure in the table: peaks in bytes, the peak handed out, upstream frees, "
+                "the slowest malloc and free (wider than 100 columns)");
   sub->add_flag("!--no-progress", cmd->progress, "no progress bar on stderr");
   sub->callback([cmd] { run_replay(*cmd); });
 }

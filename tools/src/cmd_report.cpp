@@ -8,10 +8,11 @@
 //
 // A line profile prints as a labelled table (profile_report.hpp): by default the call sites with
 // at least 1 % of the profile's peak, at most 10 callees under each, functions without their
-// parameter lists.
+// parameter lists, and in a Python process each run of the interpreter's own frames as one node
+// (analysis/interpreter_frames.hpp; --full-stacks keeps them).
 //
 //   poolscope report alloc.json                    # --threshold 1% --top 10
-//   poolscope report alloc.json --threshold 1M --top 0 --full-names
+//   poolscope report alloc.json --threshold 1M --top 0 --full-names --full-stacks
 //   poolscope report alloc.json --folded --metric rounded > alloc.folded
 //   poolscope report scopes.json
 //   poolscope report r.rank0.json r.rank1.json r.rank2.json
@@ -31,6 +32,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli_checks.hpp"
+#include "poolscope/analysis/interpreter_frames.hpp"
 #include "poolscope/analysis/line_profile_reader.hpp"
 #include "poolscope/analysis/rank_profiles.hpp"
 #include "poolscope/byte_size.hpp"
@@ -51,6 +53,7 @@ struct report_command {
   std::size_t top = 10;
   bool full_names = false;
   bool show_live = false;
+  bool full_stacks = false;
   bool folded = false;
   std::string metric = "used";
 };
@@ -77,8 +80,17 @@ profiler::function_profile parse_function_profile(const report_command& cmd,
   }
 }
 
-void print_line_profile(const report_command& cmd, const profiler::line_profile& p,
+// `p` as shown: its runs of interpreter frames collapsed unless --full-stacks.
+analysis::collapsed_profile as_shown(const report_command& cmd, const profiler::line_profile& p) {
+  if (cmd.full_stacks) {
+    return analysis::collapsed_profile{p};
+  }
+  return analysis::collapse_interpreter_frames(p);
+}
+
+void print_line_profile(const report_command& cmd, const analysis::collapsed_profile& shown,
                         profiler::profile_metric metric) {
+  const profiler::line_profile& p = shown.profile;
   if (cmd.folded) {
     std::cout << p.to_folded(metric);
     return;
@@ -89,6 +101,8 @@ void print_line_profile(const report_command& cmd, const profiler::line_profile&
   o.top = cmd.top;
   o.full_names = cmd.full_names;
   o.show_live = cmd.show_live;
+  o.interpreter_runs = shown.runs;
+  o.interpreter_frames = shown.frames;
   std::cout << profile_report_text(p, o);
 }
 
@@ -109,7 +123,8 @@ void report_run(const report_command& cmd, const nlohmann::json& doc,
                              "' is a run report without a line profile (profiles.line); "
                              "--folded needs one");
     }
-    print_line_profile(cmd, parse_line_profile(cmd, *line, " (profiles.line)"), metric);
+    print_line_profile(cmd, as_shown(cmd, parse_line_profile(cmd, *line, " (profiles.line)")),
+                       metric);
     return;
   }
   if (!have_function && !have_line) {
@@ -131,7 +146,7 @@ void report_run(const report_command& cmd, const nlohmann::json& doc,
   }
   if (lp) {
     std::cout << (fp ? "\n" : "") << "line profile (profiles.line):\n";
-    print_line_profile(cmd, *lp, metric);
+    print_line_profile(cmd, as_shown(cmd, *lp), metric);
   }
 }
 
@@ -222,7 +237,7 @@ void report_ranks(const report_command& cmd, profiler::profile_metric metric) {
                            (cmd.folded ? std::string(": --folded needs line profiles)") : ")"));
   }
   if (cmd.folded) {
-    std::cout << analysis::sum_profiles(lines).to_folded(metric);
+    std::cout << as_shown(cmd, analysis::sum_profiles(lines)).profile.to_folded(metric);
     return;
   }
   for (std::size_t i = 0; i < ranks.size(); ++i) {
@@ -236,10 +251,16 @@ void report_ranks(const report_command& cmd, profiler::profile_metric metric) {
               << analysis::sum_profiles(functions).to_table();
   }
   if (all_lines) {
+    // Compared with each rank's interpreter frames collapsed, so the call sites where the ranks
+    // branch are the program's; summed first, then collapsed, so the ranks' runs merge.
+    std::vector<profiler::line_profile> shown;
+    for (const profiler::line_profile& p : lines) {
+      shown.push_back(as_shown(cmd, p).profile);
+    }
     std::cout << "\nline profiles side by side (used, acquired bytes below each call site):\n"
-              << analysis::side_by_side(labels, lines, cmd.top) << "\nline profiles summed over "
+              << analysis::side_by_side(labels, shown, cmd.top) << "\nline profiles summed over "
               << ranks.size() << " ranks:\n";
-    print_line_profile(cmd, analysis::sum_profiles(lines), metric);
+    print_line_profile(cmd, as_shown(cmd, analysis::sum_profiles(lines)), metric);
   }
 }
 
@@ -260,7 +281,7 @@ void run_report(report_command cmd) {
     return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
   if (string_field("format") == "poolscope.line_profile") {
-    print_line_profile(cmd, parse_line_profile(cmd, doc, ""), metric);
+    print_line_profile(cmd, as_shown(cmd, parse_line_profile(cmd, doc, "")), metric);
   } else if (string_field("schema") == profiler::report_schema) {
     // Checked before "scopes": a run report has a "scopes" summary of its own.
     report_run(cmd, doc, metric);
@@ -304,6 +325,9 @@ void register_report(CLI::App& app) {
       ->capture_default_str();
   sub->add_flag("--full-names", cmd->full_names,
                 "line profile: keep the functions' parameter lists");
+  sub->add_flag("--full-stacks", cmd->full_stacks,
+                "line profile: keep the Python interpreter's own frames (by default each run of "
+                "them is one node, '... N interpreter frames')");
   sub->add_flag("--show-live", cmd->show_live,
                 "line profile: also show live and live-at-peak bytes and calls");
   sub->add_flag("--folded", cmd->folded,

@@ -22,7 +22,6 @@
 #include "host_memory.hpp"
 #include "launch.hpp"
 #include "poolscope/analysis/trace_check.hpp"
-#include "poolscope/analysis/trace_merge.hpp"
 #include "poolscope/analysis/trace_summary.hpp"
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/text_table.hpp"
@@ -30,15 +29,16 @@
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/fork_join.hpp"
 #include "poolscope/darray/process_group.hpp"
+#include "poolscope/darray/rank_trace.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/hooks/hook.hpp"
-#include "poolscope/profiler/distributed_info.hpp"
 #include "poolscope/profiler/function_profiler.hpp"
 #include "poolscope/profiler/line_profiler.hpp"
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
+#include "rank_traces.hpp"
 
 namespace poolscope::tools {
 
@@ -627,72 +627,6 @@ std::vector<rank_part> gather_parts(const demo_setup& s, const rank_part& mine) 
 
 // --- one trace of every rank ---
 
-// What rank 0 wrote of every rank's trace: the merged trace (`poolscope trace merge`).
-struct merged_trace {
-  std::string path;
-  std::string summary;  ///< rank 0's: its events, flows and clock skew ("" on the other ranks)
-};
-
-// Who this rank is and its devices, for its trace's distributedInfo (none with one rank).
-std::optional<profiler::distributed_info> rank_info(const demo_setup& s) {
-  if (s.group->size() == 1) {
-    return std::nullopt;
-  }
-  profiler::distributed_info d;
-  d.rank = s.group->rank();
-  d.world_size = s.group->size();
-  d.backend = s.gpu ? "nccl" : "mpi";
-  for (int i = 0; i < s.be->local_device_count(); ++i) {
-    d.devices.push_back(s.be->device_name(s.be->first_local_device() + i));
-  }
-  return d;
-}
-
-// Samples this rank's clock around barriers of every rank, into its trace (collective).
-void sync_clocks(const demo_setup& s, profiler::timeline& tl, std::string_view label) {
-  if (s.group->size() > 1) {
-    tl.add_clock_sync(label, profiler::sample_barriers([&] { s.group->barrier(); }));
-  }
-}
-
-// Rank 0 joins every rank's trace into the one --trace names, and checks it (collective: called
-// once every rank has written its own). Every rank adds the outcome to its checks, so a merge
-// that fails fails every rank.
-merged_trace merge_rank_traces(const darray_demo_options& o, const demo_setup& s,
-                               darray_demo_result& res) {
-  merged_trace m;
-  m.path = merged_output_path(o.trace_path);
-  const std::vector<std::string> paths = s.group->all_gather(s.trace_path);
-  std::string problem;  // rank 0's: "" when the merged trace is valid
-  if (s.group->rank() == 0) {
-    try {
-      const analysis::merge_result r = analysis::merge_traces(paths, m.path);
-      const auto check = analysis::check_trace(m.path);
-      if (!check.ok()) {
-        problem = check.to_text();
-      }
-      m.summary = std::to_string(check.events) + " events, a process per rank, " +
-                  std::to_string(r.flows) + " piece flows between ranks; " +
-                  (!r.clocks_measured ? std::string("clocks not sampled")
-                   : r.max_skew_ns == 0 && r.max_uncertainty_ns == 0
-                       ? fmt("one host, one clock (barriers measured up to %.1f us)",
-                             static_cast<double>(r.max_same_host_offset_ns) / 1e3)
-                       : fmt("clock skew %.1f us", static_cast<double>(r.max_skew_ns) / 1e3) +
-                             fmt(", aligned to within %.1f us",
-                                 static_cast<double>(r.max_uncertainty_ns) / 1e3));
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-  }
-  const std::string verdict =
-      s.group->all_gather(s.group->rank() == 0 ? (problem.empty() ? "ok" : "x" + problem) : "")
-          .front();
-  res.checks.push_back(demo_check{"merged trace of " + std::to_string(s.group->size()) +
-                                      " ranks passes `poolscope trace check`",
-                                  verdict == "ok", 0, verdict == "ok" ? "" : verdict.substr(1)});
-  return m;
-}
-
 // Each device's figure from the rank holding it.
 std::vector<double> per_device(const demo_setup& s, const std::vector<rank_part>& parts,
                                std::vector<double> rank_part::*which) {
@@ -918,13 +852,13 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   darray_demo_result res;
   profiler::timeline_options to;
   to.trace_path = s.trace_path;
-  to.distributed = rank_info(s);
+  to.distributed = darray::rank_trace_info(*s.be, s.gpu ? o.between_ranks : "mpi");
   to.cupti = s.gpu && o.cupti;
   to.cupti_settings = s.cupti;
   profiler::timeline tl{to};
   profiler::line_profiler lines;
   tl.start();
-  sync_clocks(s, tl, "start");
+  darray::sync_rank_clocks(*s.group, tl, "start");
   s.be->set_timeline(&tl);
   profiler::function_profiler scopes;
   fused_windows windows;
@@ -942,7 +876,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   }
   scopes.stop();
   s.be->set_timeline(nullptr);
-  sync_clocks(s, tl, "end");
+  darray::sync_rank_clocks(*s.group, tl, "end");
   tl.stop();
 
   auto rep = profiler::run_report::from(tl);
@@ -968,7 +902,14 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   res.checks.push_back(demo_check{"trace passes `poolscope trace check`", check.ok(), 0,
                                   check.ok() ? "" : check.to_text()});
 
-  const merged_trace merged = s.group->size() > 1 ? merge_rank_traces(o, s, res) : merged_trace{};
+  merged_trace merged;
+  if (s.group->size() > 1) {
+    // One of every rank's checks: a merge that fails fails every rank.
+    merged = merge_rank_traces(*s.group, o.trace_path, s.trace_path);
+    res.checks.push_back(demo_check{"merged trace of " + std::to_string(s.group->size()) +
+                                        " ranks passes `poolscope trace check`",
+                                    merged.problem.empty(), 0, merged.problem});
+  }
   mine.overlap = res.overlap;
   mine.overlap_median = res.overlap_median;
   mine.failed = static_cast<std::size_t>(

@@ -32,12 +32,63 @@ struct profile_report_options {
   std::size_t top = 10;               ///< callees shown under each call site (0: all)
   bool full_names = false;            ///< keep functions' parameter lists
   bool show_live = false;             ///< also live, live-at-peak bytes
+  /// Runs of interpreter frames collapsed into one node each, and the frames they stand for
+  /// (analysis/interpreter_frames.hpp), for the header.
+  std::size_t interpreter_runs = 0;
+  std::size_t interpreter_frames = 0;
 };
 
-/// `full` without its trailing parameter list and qualifiers: "ns::f<int>(int, char const*)
-/// const" -> "ns::f<int>"; "operator()(int)" -> "operator()". A name without one is returned as
-/// it is.
-inline std::string short_function_name(std::string_view full) {
+namespace profile_report_detail {
+
+/// `name` with the parameter list of each function it is nested in (a lambda's or a local class's
+/// enclosing function: "f(int, char)::{lambda()#1}") as "(...)", its qualifiers dropped; lists
+/// that are empty, "(anonymous namespace)", and lists not followed by "::" (a lambda's own, a
+/// function type's) are kept.
+inline std::string without_enclosing_lists(std::string_view name) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < name.size()) {
+    if (name[i] != '(') {
+      out += name[i++];
+      continue;
+    }
+    std::size_t depth = 0;
+    std::size_t close = i;
+    for (; close < name.size(); ++close) {
+      if (name[close] == '(') {
+        ++depth;
+      } else if (name[close] == ')' && --depth == 0) {
+        break;
+      }
+    }
+    if (close == name.size()) {
+      out.append(name.substr(i));  // unbalanced: as it is
+      break;
+    }
+    std::size_t next = close + 1;
+    for (bool more = true; more;) {
+      more = false;
+      for (const std::string_view q :
+           {" const", " volatile", " &&", " &", "&&", "&", " noexcept"}) {
+        if (name.substr(next).starts_with(q)) {
+          next += q.size();
+          more = true;
+        }
+      }
+    }
+    const std::string_view inner = name.substr(i + 1, close - i - 1);
+    if (name.substr(next).starts_with("::") && !inner.empty() && inner != "anonymous namespace") {
+      out += "(...)";
+      i = next;
+    } else {
+      out += name[i++];
+    }
+  }
+  return out;
+}
+
+/// `full` without its trailing parameter list and qualifiers (see short_function_name).
+inline std::string without_trailing_list(std::string_view full) {
   // From the end: skip qualifiers after the last ')' (const, &, noexcept...), then find the '('
   // matching it, counting nesting of (), <> and [].
   const std::size_t close = full.rfind(')');
@@ -72,6 +123,17 @@ inline std::string short_function_name(std::string_view full) {
     }
   }
   return std::string(full);
+}
+
+}  // namespace profile_report_detail
+
+/// `full` without its trailing parameter list and qualifiers, and with the parameter lists of the
+/// functions it is nested in shortened to "(...)": "ns::f<int>(int, char const*) const" ->
+/// "ns::f<int>"; "operator()(int)" -> "operator()"; "ns::f(int)::{lambda()#1}::operator()() const"
+/// -> "ns::f(...)::{lambda()#1}::operator()". A name without lists is returned as it is.
+inline std::string short_function_name(std::string_view full) {
+  return profile_report_detail::without_enclosing_lists(
+      profile_report_detail::without_trailing_list(full));
 }
 
 /// "12.30 MiB", "512 B": bytes in the largest binary unit below them, two decimals.
@@ -188,6 +250,11 @@ inline std::string profile_report_text(const profiler::line_profile& p,
                      : ", at most " + std::to_string(o.top) + " callees each (--top)") +
          (o.full_names ? std::string() : "; functions without parameter lists (--full-names)") +
          "\n";
+  if (o.interpreter_runs != 0) {
+    out += std::to_string(o.interpreter_frames) + " Python interpreter frames shown as " +
+           std::to_string(o.interpreter_runs) + " node" + (o.interpreter_runs == 1 ? "" : "s") +
+           " (... N interpreter frames; --full-stacks shows them)\n";
+  }
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> head{"used", "acquired", "calls"};
   if (o.show_live) {

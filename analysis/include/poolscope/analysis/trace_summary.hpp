@@ -86,6 +86,13 @@ struct trace_summary {
     std::int64_t max_same_host_offset_ns = 0;
   };
   std::optional<clock_skew> clock;
+  /// A merged trace's flows from each reshard piece's send to its receive on another rank, and
+  /// the sends and receives left without one (otherData.merged: flows, unmatched_transfers).
+  struct piece_flows {
+    std::uint64_t flows = 0;
+    std::uint64_t unmatched_transfers = 0;
+  };
+  std::optional<piece_flows> pieces;
   std::vector<profiler::op_summary>
       kernels;  ///< every (device, kernel name), by total time, descending
   std::vector<profiler::op_summary>

@@ -10,7 +10,10 @@
 // Parts: a 1-D float64 array of n elements in equal blocks is resharded to the blocks with the
 //   devices rotated, with reshard_options::split_bytes set so that each chunk of the result `b`
 //   arrives in P pieces (P = 1, 4, 16, ... max_parts); `a` holds the same values placed there
-//   directly (one part per chunk). For each P: T(a + a) (the unsplit op, the baseline), T(b + b),
+//   directly (one part per chunk). On one device, where nothing crosses devices, `b` is the array
+//   placed in P blocks on the device and resharded to one block: P local pieces, each a part of
+//   the new chunk reading its source chunk's buffer (no copy), so ops read P parts there too (P
+//   at most n). For each P: T(a + a) (the unsplit op, the baseline), T(b + b),
 //   T(b + a) and T(sum(b)), each from its enqueue to the end of wait(), the best of `repeat`
 //   runs after a warm-up; the parts the executor visited per op (backend_stats::parts_visited);
 //   and the growth of T(b + b) over the previous P (a 4x step in P should cost at most about 5x).

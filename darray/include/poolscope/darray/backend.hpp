@@ -438,9 +438,9 @@ class backend : public std::enable_shared_from_this<backend> {
   /// Receives into `dst` (contiguous, on this process's `device`) what `peer_device` of another
   /// rank sends, on the transfer queue of `device`: an event recorded there afterwards marks the
   /// data arrived. A failure or a peer silent for the group's timeout fails the queue's task
-  /// (communication_error, reported as a failed task is). On GPUs with between_ranks = mpi the
-  /// bytes are received into host memory before this returns (then copied on the queue), and
-  /// such a failure throws communication_error from here.
+  /// (communication_error, reported as a failed task is). On GPUs with between_ranks = mpi a
+  /// worker receives the bytes into host memory while the queue waits at a gate before their
+  /// copy; this returns at once, and a failure throws from the next synchronize() or transfer.
   void receive(int device, dtype t, const view& dst, int peer_device);
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).
