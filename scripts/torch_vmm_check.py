@@ -17,8 +17,8 @@ machine in the same call.
 
 Peak requested is computed here from the workload (the most bytes live at once); peak reserved
 is what the allocator held: torch.cuda.max_memory_reserved() for PyTorch, peak_reserved of
-poolscope_stats_json(0) for the plug-in (over vmm: the bytes physically mapped). Prints a table
-and a summary line; exits 1 if bfc over vmm passes 1.05 on any workload or a configuration
+poolscope_stats_json(0) for the plug-in (over vmm: the bytes physically mapped, with the map and
+unmap calls the workload cost). Prints a table and a summary line; exits 1 if bfc over vmm passes 1.05 on any workload or a configuration
 fails, 77 without a GPU, 0 otherwise.
 """
 import argparse
@@ -190,6 +190,9 @@ def run_child(config, lib_path):
             "peak_requested": w.peak_requested(),
             "allocator_peak_requested": allocator_peak_requested,
             "peak_reserved": peak_reserved,
+            # Over vmm: the driver map and unmap calls the workload cost (None elsewhere).
+            "maps": s.get("maps") if lib is not None else None,
+            "unmaps": s.get("unmaps") if lib is not None else None,
         }
     return results
 
@@ -247,15 +250,17 @@ def main():
                 continue
             table.setdefault(config, {}).update(out)
 
-    print(f"{'configuration':<22} {'workload':<36} {'peak req MiB':>13} {'peak rsv MiB':>13} {'ratio':>7}")
+    print(f"{'configuration':<22} {'workload':<36} {'peak req MiB':>13} {'peak rsv MiB':>13} {'ratio':>7}"
+          f" {'maps/unmaps':>12}")
     ratios = {}
     for config, per in table.items():
         for workload, r in per.items():
             ratio = r["peak_reserved"] / r["peak_requested"]
             r["ratio"] = ratio
             ratios.setdefault(config, []).append(ratio)
+            calls = f"{r['maps']}/{r['unmaps']}" if r.get("maps") else "-"
             print(f"{config:<22} {workload:<36} {r['peak_requested'] / MiB:>13.1f} "
-                  f"{r['peak_reserved'] / MiB:>13.1f} {ratio:>7.3f}")
+                  f"{r['peak_reserved'] / MiB:>13.1f} {ratio:>7.3f} {calls:>12}")
             if config == "poolscope bfc/vmm" and ratio > TARGET:
                 failures.append(f"{config} / {workload}: ratio {ratio:.3f} > {TARGET}")
     for f in failures:

@@ -628,9 +628,11 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
   rep.hooks = h;
 }
 
-/// The upstream column: resource allocations, or the map calls of a pool over a virtual resource.
+/// The upstream column: resource allocations, or the map and unmap calls of a pool over a
+/// virtual resource.
 std::string upstream_cell(const pool::allocator_stats& s) {
-  return s.maps != 0 ? std::to_string(s.maps) + "m" : std::to_string(s.upstream_allocs);
+  return s.maps != 0 ? std::to_string(s.maps) + "m " + std::to_string(s.unmaps) + "u"
+                     : std::to_string(s.upstream_allocs);
 }
 
 }  // namespace
@@ -858,7 +860,8 @@ void alloc_bench_report::print_table(std::ostream& out) const {
   t.print(out);
   out << "ns per pair (allocate + deallocate), over a virtual resource including the map and "
          "unmap calls made; upstream = resource allocations made by the allocator, or over a "
-         "virtual resource the map calls (\"m\"); [raw] = the resource called directly\n";
+         "virtual resource the map and unmap calls (\"m\", \"u\"); [raw] = the resource called "
+         "directly\n";
   out << summary << '\n';
 }
 

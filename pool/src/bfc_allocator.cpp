@@ -38,6 +38,14 @@ void check_option(const char* field, std::size_t value, bool ok, const char* rul
   }
 }
 
+void check_fraction(const char* field, double value, double most) {
+  if (!(value >= 0.0 && value <= most)) {
+    throw invalid_argument("poolscope: bfc_options." + std::string(field) + " = " +
+                           std::to_string(value) + " must lie in [0, " + std::to_string(most) +
+                           "]" + (most < 1.0 ? " (at most unmap_high_fraction)" : ""));
+  }
+}
+
 }  // namespace
 
 struct bfc_allocator::state {
@@ -59,6 +67,11 @@ struct bfc_allocator::state {
   /// large segment acquired or grown last, which the next one grows in place if it can.
   std::unique_ptr<detail::granule_map> granules;
   bfc_segment* growing = nullptr;
+  /// Over a virtual resource, the unmap policy's reference (bfc_allocator.hpp): the most live
+  /// bytes in the current bucket of frees and in the one before, and the frees of this bucket.
+  std::size_t live_peak_now = 0;
+  std::size_t live_peak_before = 0;
+  std::size_t frees_in_bucket = 0;
   /// Where carve and free_chunk write a neighbour's link or flag when the chunk has no such
   /// neighbour (it is at its segment's edge): a store through a selected pointer (cmov) instead
   /// of a branch on the null test, which is a coin toss on random sizes (large requests get
@@ -186,10 +199,8 @@ bfc_allocator::bfc_allocator(resource& upstream, bfc_options options)
   check_option("mid_segment_bytes", options_.mid_segment_bytes,
                options_.mid_segment_bytes >= options_.mid_request_max,
                "must be at least mid_request_max");
-  if (!(options_.keep_mapped_fraction >= 0.0 && options_.keep_mapped_fraction <= 1.0)) {
-    throw invalid_argument("poolscope: bfc_options.keep_mapped_fraction = " +
-                           std::to_string(options_.keep_mapped_fraction) + " must lie in [0, 1]");
-  }
+  check_fraction("unmap_high_fraction", options_.unmap_high_fraction, 1.0);
+  check_fraction("unmap_low_fraction", options_.unmap_low_fraction, options_.unmap_high_fraction);
   set_size_granularity(round_bytes);
   vm_ = dynamic_cast<virtual_resource*>(&upstream);
   if (vm_ != nullptr) {
@@ -489,9 +500,12 @@ free_outcome bfc_allocator::deallocate_chunk(stream_view stream, void* ptr,
   const std::size_t rounded = c->size;
   const std::size_t requested = c->requested;
   if (vm_ != nullptr) [[unlikely]] {
-    unmap_chunk(st, stream, c);
+    release_granules(st, c);
   }
   free_chunk(st, stream, c);
+  if (vm_ != nullptr) [[unlikely]] {
+    trim_to_marks(st, stream, 0);  // after free_chunk: the trim walks the free index
+  }
   return returned(rounded, requested, bytes);
 }
 
@@ -792,22 +806,81 @@ std::string bfc_allocator::check_invariants() const {
            std::to_string(g.mapped_free()) + " B free), the segments hold " +
            std::to_string(mapped) + " (" + std::to_string(mapped_free) + ")";
   }
+  if (const std::size_t high = unmap_marks(st).first; mapped > high && mapped_free != 0) {
+    return std::to_string(mapped) + " B mapped, past the high mark " + std::to_string(high) +
+           " B, with " + std::to_string(mapped_free) + " B of free granules left mapped";
+  }
   return {};
 }
 
 // ---- over a virtual resource ------------------------------------------------------------------
 
 bool bfc_allocator::map_chunk(state& st, stream_view stream, bfc_chunk* c) {
-  return st.granules->acquire(
-      c->addr, c->size, [&](char* p, std::size_t n) { return upstream_map(*vm_, stream, p, n); });
+  detail::granule_map& g = *st.granules;
+  st.live_peak_now = std::max(st.live_peak_now, st.live_bytes);  // c is live (carved)
+  const std::size_t need = g.unmapped_bytes(c->addr, c->size);
+  if (need == 0) [[likely]] {
+    return g.acquire(c->addr, c->size, [](char*, std::size_t) { return true; });
+  }
+  // Room first, then the maps: the bytes mapped never pass the high mark by the new granules,
+  // not even between the two (the peak counts every map).
+  trim_to_marks(st, stream, need);
+  if (!g.acquire(c->addr, c->size,
+                 [&](char* p, std::size_t n) { return upstream_map(*vm_, stream, p, n); })) {
+    return false;
+  }
+  // The trim may have taken a granule at c's edge (shared with a free neighbour) that acquire
+  // mapped again: rare, and then the marks are checked once more.
+  trim_to_marks(st, stream, 0);
+  return true;
 }
 
-void bfc_allocator::unmap_chunk(state& st, stream_view stream, const bfc_chunk* c) noexcept {
+void bfc_allocator::release_granules(state& st, const bfc_chunk* c) noexcept {
+  st.granules->release(c->addr, c->size);
+  if (++st.frees_in_bucket >= options_.unmap_window_frees) {
+    st.live_peak_before = st.live_peak_now;
+    st.live_peak_now = st.live_bytes - c->size;  // the live bytes once c is free
+    st.frees_in_bucket = 0;
+  }
+}
+
+std::pair<std::size_t, std::size_t> bfc_allocator::unmap_marks(const state& st) const noexcept {
+  const std::size_t ref = options_.unmap_window_frees == 0
+                              ? st.live_bytes
+                              : std::max(st.live_peak_now, st.live_peak_before);
+  // The floor in granules keeps a small pool (a few granules live) from unmapping the granule a
+  // pair of requests keeps returning to.
+  const std::size_t floor = options_.keep_mapped_granules * st.granules->granularity();
+  const auto above = [&](double fraction) {
+    const auto part = static_cast<std::size_t>(static_cast<double>(ref) * fraction);
+    return ref + std::max(floor, part);
+  };
+  return {above(options_.unmap_high_fraction), above(options_.unmap_low_fraction)};
+}
+
+void bfc_allocator::trim_to_marks(state& st, stream_view stream, std::size_t need) noexcept {
   detail::granule_map& g = *st.granules;
-  const auto kept =
-      static_cast<std::size_t>(static_cast<double>(g.mapped()) * options_.keep_mapped_fraction);
-  g.release(c->addr, c->size, std::max(options_.keep_mapped_bytes, kept),
-            [&](char* p, std::size_t n) { upstream_unmap(*vm_, stream, p, n); });
+  const auto [high, low] = unmap_marks(st);
+  if (g.mapped() + need <= high || g.mapped_free() == 0) [[likely]] {
+    return;
+  }
+  // The largest free chunks first (best fit takes them last), from both pools.
+  std::size_t want = g.mapped() + need - low;
+  const auto unmap_run = [&](char* p, std::size_t n) { upstream_unmap(*vm_, stream, p, n); };
+  for (std::size_t cls = detail::bfc_free_index::class_count; cls-- > 0 && want != 0;) {
+    for (const detail::bfc_free_index& ix : st.index) {
+      if (!ix.marked(cls)) {
+        continue;
+      }
+      for (bfc_chunk* c = ix.tail(cls); c != nullptr && want != 0; c = ix.prev_in_class(c)) {
+        const std::size_t done = g.unmap_free(c->addr, c->size, want, unmap_run);
+        want -= std::min(want, done);
+      }
+    }
+    if (g.mapped_free() == 0) {
+      return;
+    }
+  }
 }
 
 void bfc_allocator::uncarve(state& st, stream_view stream, bfc_chunk* c) noexcept {

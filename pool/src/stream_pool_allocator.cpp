@@ -12,6 +12,7 @@
 #include "poolscope/pool/best_fit_allocator.hpp"
 #include "poolscope/pool/bfc_allocator.hpp"
 #include "poolscope/pool/factory.hpp"
+#include "poolscope/pool/virtual_resource.hpp"
 
 namespace poolscope::pool {
 namespace {
@@ -160,6 +161,7 @@ stream_pool_allocator::stream_pool_allocator(resource& upstream, std::string_vie
                                              std::unique_ptr<stream_event_source> events)
     : allocator(upstream, "stream_pool(" + std::string(inner) + ")/" + upstream.name()),
       inner_(checked_inner(inner)),
+      maps_granules_(inner_ == "bfc" && dynamic_cast<virtual_resource*>(&upstream) != nullptr),
       events_(events != nullptr ? std::move(events) : default_event_source(upstream)),
       shared_(std::make_unique<detail::shared_cache>()) {
   // Its blocks are its inner pools': rounded to 512 B by best_fit and bfc, exact by naive.
@@ -218,10 +220,18 @@ detail::stream_state& stream_pool_allocator::state_for(stream_view stream) {
   if (it == states_.end()) {
     events_->attach(stream);  // before anything can be recorded on it
     auto st = std::make_unique<detail::stream_state>(stream);
-    st->upstream = std::make_unique<detail::stream_upstream>(*this, *st, upstream());
     // The inner pool is driven only through strategy_*: a thread cache would never be used.
-    st->inner = make_allocator(inner_, *st->upstream, allocator_options{.thread_cache = false});
-    adopt(*st->inner, adopted_upstream::internal);
+    const allocator_options inner_options{.thread_cache = false};
+    if (maps_granules_) {
+      // Over a virtual resource, bfc maps granules of address ranges of its own (the class
+      // comment): the resource itself is its upstream, and its maps are this pool's.
+      st->inner = make_allocator(inner_, upstream(), inner_options);
+      adopt(*st->inner, adopted_upstream::shared);
+    } else {
+      st->upstream = std::make_unique<detail::stream_upstream>(*this, *st, upstream());
+      st->inner = make_allocator(inner_, *st->upstream, inner_options);
+      adopt(*st->inner, adopted_upstream::internal);
+    }
     order_.reserve(order_.size() + 1);
     it = states_.emplace(stream.value(), std::move(st)).first;
     order_.push_back(it->second.get());
@@ -521,7 +531,11 @@ void* stream_pool_allocator::take_shared_locked(detail::stream_state& st, std::s
 
 std::size_t stream_pool_allocator::release_stream_locked(detail::stream_state& st,
                                                          bool record_event) {
-  (void)strategy_release_cached(*st.inner);  // wholly free blocks -> st.local
+  const std::size_t by_inner =
+      strategy_release_cached(*st.inner);  // wholly free blocks -> st.local
+  if (maps_granules_) {
+    return by_inner;  // unmapped and returned to the resource by the inner pool itself
+  }
   if (st.local.empty()) {
     return 0;
   }
@@ -635,8 +649,10 @@ std::size_t stream_pool_allocator::do_release_cached() {
   std::size_t released = 0;
   for (detail::stream_state* st : states) {
     drain_pending_locked(*st, true);
-    (void)strategy_release_cached(*st->inner);
-    released += st->local_bytes;
+    // Over a virtual resource the inner pool unmaps and returns to the resource itself; else
+    // its wholly free blocks land in st->local, returned here.
+    const std::size_t by_inner = strategy_release_cached(*st->inner);
+    released += maps_granules_ ? by_inner : st->local_bytes;
     release_local_locked(*st);
   }
   locks.clear();
@@ -658,6 +674,10 @@ void stream_pool_allocator::do_cache_stats(allocator_stats& s) const {
         inner.cached_blocks + st->local.size() + st->pending.size() + st->oversize.size();
     s.cached_bytes += inner.cached_bytes + st->local_bytes + st->pending_bytes + st->oversize_tail;
     s.largest_free_block = std::max(s.largest_free_block, inner.largest_free_block);
+    s.virtual_bytes += inner.virtual_bytes;  // over a virtual resource (else all 0)
+    s.mapped_free_bytes += inner.mapped_free_bytes;
+    s.maps += inner.maps;
+    s.unmaps += inner.unmaps;
     if (!st->local.empty()) {
       s.largest_free_block = std::max(s.largest_free_block, st->local.rbegin()->first);
     }

@@ -80,7 +80,10 @@ struct on_host_vmm {
 struct on_host_vmm_bfc_no_hysteresis : on_host_vmm<bfc_allocator> {
   static std::unique_ptr<allocator> make(resource& r) {
     bfc_options o;
-    o.keep_mapped_fraction = 0.0;
+    o.unmap_high_fraction = 0.0;
+    o.unmap_low_fraction = 0.0;
+    o.unmap_window_frees = 0;
+    o.keep_mapped_granules = 0;
     return std::make_unique<bfc_allocator>(r, o);
   }
 };

@@ -8,6 +8,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -43,7 +44,10 @@ host_vmm_options small_options(std::size_t capacity = SIZE_MAX) {
 
 bfc_options no_hysteresis() {
   bfc_options o;
-  o.keep_mapped_fraction = 0.0;
+  o.unmap_high_fraction = 0.0;
+  o.unmap_low_fraction = 0.0;
+  o.unmap_window_frees = 0;
+  o.keep_mapped_granules = 0;
   return o;
 }
 
@@ -161,7 +165,7 @@ TEST(bfc_over_host_vmm, the_large_pool_grows_in_place_as_one_range) {
 TEST(bfc_over_host_vmm, a_cached_pair_maps_nothing_within_the_hysteresis) {
   host_vmm_resource r{small_options()};
   bfc_options o;
-  o.keep_mapped_bytes = std::size_t{4} << 20;
+  o.keep_mapped_granules = 64;  // 4 MiB
   bfc_allocator a{r, o};
   void* first = a.allocate({}, std::size_t{1} << 20);
   a.deallocate({}, first, std::size_t{1} << 20);
@@ -178,6 +182,68 @@ TEST(bfc_over_host_vmm, a_cached_pair_maps_nothing_within_the_hysteresis) {
   EXPECT_EQ(a.release_cached(), std::size_t{1} << 20) << "release_cached unmaps the kept granules";
   EXPECT_EQ(a.stats().reserved, 0U);
   EXPECT_EQ(a.stats().mapped_free_bytes, 0U);
+}
+
+// The unmap policy over a scripted sequence, against its counts worked out by hand (64 KiB
+// granules; marks at 1/2 and 1/4 over the reference; buckets of 4 frees): a step that returns
+// to its level maps nothing again, and once the level drops for two buckets the free granules go
+// in one batch, the top of the free chunk first, down to the low mark.
+TEST(bfc_over_host_vmm, the_unmap_policy_keeps_a_level_and_gives_back_a_drop_in_one_batch) {
+  host_vmm_resource r{small_options()};
+  bfc_options o;
+  o.unmap_high_fraction = 0.5;
+  o.unmap_low_fraction = 0.25;
+  o.unmap_window_frees = 4;
+  o.keep_mapped_granules = 0;
+  bfc_allocator a{r, o};
+  constexpr std::size_t quarter = std::size_t{256} << 10;  // 4 granules
+  const auto step = [&] {
+    std::array<void*, 4> p{};
+    for (void*& q : p) {
+      q = a.allocate({}, quarter);  // carved in turn from the bottom of one small segment
+    }
+    for (void* q : p) {
+      a.deallocate({}, q, quarter);
+    }
+    return p[0];
+  };
+  void* const base = step();
+  allocator_stats s = a.stats();
+  EXPECT_EQ(s.maps, 4U) << "one map per chunk: each touches 4 granules of its own";
+  EXPECT_EQ(s.unmaps, 0U) << "1 MiB mapped, within the high mark of 1.5 MiB";
+  EXPECT_EQ(s.reserved, std::size_t{1} << 20);
+  EXPECT_EQ(s.mapped_free_bytes, std::size_t{1} << 20);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(step(), base) << "the same addresses each step";
+  }
+  s = a.stats();
+  EXPECT_EQ(s.maps, 4U) << "a step at the same level maps nothing";
+  EXPECT_EQ(s.unmaps, 0U);
+  EXPECT_EQ(a.check_invariants(), "");
+
+  // The level drops to one granule: the bucket that saw the 1 MiB steps ends with the 4th free of
+  // these, and the reference becomes 64 KiB (high mark 96 KiB, low mark 80 KiB).
+  constexpr std::size_t one = std::size_t{64} << 10;
+  for (int i = 0; i < 3; ++i) {
+    void* x = a.allocate({}, one);
+    EXPECT_EQ(x, base);
+    a.deallocate({}, x, one);
+    EXPECT_EQ(a.stats().unmaps, 0U) << "free " << i + 1 << " of the bucket";
+  }
+  void* x = a.allocate({}, one);
+  a.deallocate({}, x, one);
+  s = a.stats();
+  EXPECT_EQ(s.maps, 4U);
+  EXPECT_EQ(s.unmaps, 1U) << "granules 1-15 in one run, down to the low mark";
+  EXPECT_EQ(s.reserved, one) << "the bottom granule stays, where the next chunk is carved";
+  EXPECT_TRUE(r.is_mapped(base));
+  EXPECT_FALSE(r.is_mapped(static_cast<char*>(base) + one));
+  EXPECT_EQ(a.check_invariants(), "");
+  EXPECT_EQ(a.release_cached(), one);
+  s = a.stats();
+  EXPECT_EQ(s.unmaps, 2U);
+  EXPECT_EQ(s.reserved, 0U);
+  EXPECT_EQ(s.mapped_free_bytes, 0U) << "release_cached leaves nothing free mapped";
 }
 
 TEST(bfc_over_host_vmm, map_and_unmap_events_sum_to_reserved) {
@@ -225,7 +291,7 @@ TEST(bfc_over_host_vmm, out_of_memory_releases_the_kept_granules_and_retries_onc
   // request fits only once the pool has released it: the retry does that.
   host_vmm_resource r{small_options(std::size_t{5} << 19)};
   bfc_options o;
-  o.keep_mapped_bytes = std::size_t{64} << 20;
+  o.keep_mapped_granules = 1024;  // 64 MiB
   bfc_allocator a{r, o};
   recording_hook rec{a.id()};
   hooks::scoped_hook on{rec, hooks::scope::thread};
@@ -258,16 +324,25 @@ TEST(bfc_over_host_vmm, out_of_memory_releases_the_kept_granules_and_retries_onc
   EXPECT_EQ(a.check_invariants(), "");
 }
 
-TEST(bfc_over_host_vmm, a_hysteresis_fraction_outside_zero_to_one_is_named) {
+TEST(bfc_over_host_vmm, unmap_fractions_outside_their_range_are_named) {
   host_vmm_resource r{small_options()};
-  for (const double bad : {-0.5, 1.5}) {
+  struct bad_case {
+    double high, low;
+    const char* field;
+    double value;
+  };
+  for (const bad_case& c : {bad_case{-0.5, 0.0, "unmap_high_fraction", -0.5},
+                            bad_case{1.5, 0.0, "unmap_high_fraction", 1.5},
+                            bad_case{0.25, -0.5, "unmap_low_fraction", -0.5},
+                            bad_case{0.25, 0.5, "unmap_low_fraction", 0.5}}) {
     bfc_options o;
-    o.keep_mapped_fraction = bad;
+    o.unmap_high_fraction = c.high;
+    o.unmap_low_fraction = c.low;
     try {
       bfc_allocator a{r, o};
-      ADD_FAILURE() << "keep_mapped_fraction " << bad << " was accepted";
+      ADD_FAILURE() << c.field << " " << c.value << " was accepted";
     } catch (const invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("keep_mapped_fraction = " + std::to_string(bad)),
+      EXPECT_NE(std::string(e.what()).find(std::string(c.field) + " = " + std::to_string(c.value)),
                 std::string::npos)
           << e.what();
     }
@@ -335,8 +410,13 @@ TEST(bfc_over_host_vmm, enomem_from_the_system_is_out_of_memory_and_the_pool_sta
   EXPECT_EXIT(fill_until_enomem(), ::testing::ExitedWithCode(0), "");
 }
 
-template <typename Options>
-void random_operations_keep_every_live_byte_mapped(Options options, std::size_t keep_bound) {
+/// The unmap policy's high mark for a reference of `ref` live bytes (bfc_options).
+std::size_t high_mark(const bfc_options& o, std::size_t ref) {
+  return ref + std::max(o.keep_mapped_granules * granule,
+                        static_cast<std::size_t>(static_cast<double>(ref) * o.unmap_high_fraction));
+}
+
+void random_operations_keep_every_live_byte_mapped(const bfc_options& options) {
   const std::uint64_t seed = test_seed();
   const std::uint64_t ops = env_count("POOLSCOPE_STRESS_OPS", under_sanitizer ? 3'000 : 30'000);
   std::mt19937_64 rng(seed);
@@ -344,6 +424,9 @@ void random_operations_keep_every_live_byte_mapped(Options options, std::size_t 
   bfc_allocator a{r, options};
   live_blocks live{granule};
   std::vector<void*> order;
+  const auto rounded = [](std::size_t bytes) { return (bytes + 511) / 512 * 512; };
+  std::size_t live_rounded = 0;  // bfc's live chunk bytes, and their peak
+  std::size_t peak_rounded = 0;
   for (std::uint64_t op = 0; op < ops; ++op) {
     const bool alloc = order.empty() || (order.size() < 300 && rng() % 2 == 0);
     if (alloc) {
@@ -351,12 +434,16 @@ void random_operations_keep_every_live_byte_mapped(Options options, std::size_t 
       void* p = a.allocate({}, bytes);
       live.add(p, bytes);
       order.push_back(p);
+      live_rounded += rounded(bytes);
+      peak_rounded = std::max(peak_rounded, live_rounded);
     } else {
       const std::size_t i = rng() % order.size();
       void* p = order[i];
       order[i] = order.back();
       order.pop_back();
-      a.deallocate({}, p, live.remove(p));
+      const std::size_t bytes = live.remove(p);
+      a.deallocate({}, p, bytes);
+      live_rounded -= rounded(bytes);
     }
     if (op % 997 == 0) {
       a.release_cached();
@@ -367,8 +454,13 @@ void random_operations_keep_every_live_byte_mapped(Options options, std::size_t 
       const std::size_t touched = live.touched_bytes();
       ASSERT_EQ(s.reserved, touched + s.mapped_free_bytes)
           << "op " << op << ": mapped is not the live granules and those kept";
-      ASSERT_LE(s.mapped_free_bytes, std::max(keep_bound, s.peak_reserved / 32))
-          << "op " << op << ": the hysteresis kept more than it may";
+      // The policy's reference is at most the peak of the live chunks' bytes (the live bytes
+      // now without a window), so free granules stay mapped only below this high mark.
+      const std::size_t ref = options.unmap_window_frees == 0 ? live_rounded : peak_rounded;
+      if (s.mapped_free_bytes != 0) {
+        ASSERT_LE(s.reserved, high_mark(options, ref))
+            << "op " << op << ": free granules kept mapped past the high mark";
+      }
       ASSERT_EQ(s.reserved, r.mapped_bytes()) << "op " << op;
       ASSERT_EQ(s.in_use + s.cached_bytes, s.reserved) << "op " << op;
       ASSERT_EQ(a.check_invariants(), "") << "op " << op;
@@ -383,11 +475,11 @@ void random_operations_keep_every_live_byte_mapped(Options options, std::size_t 
 }
 
 TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped) {
-  random_operations_keep_every_live_byte_mapped(bfc_options{}, 0);
+  random_operations_keep_every_live_byte_mapped(bfc_options{});
 }
 
 TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped_without_hysteresis) {
-  random_operations_keep_every_live_byte_mapped(no_hysteresis(), 0);
+  random_operations_keep_every_live_byte_mapped(no_hysteresis());
 }
 
 // Threads share one host_vmm: bfc over it (through its thread caches and without), and the

@@ -22,6 +22,7 @@
 #include "poolscope/hooks/hook.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/pool/host_resource.hpp"
+#include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/pool/stream_pool_allocator.hpp"
 
 namespace poolscope::pool::testing {
@@ -746,6 +747,91 @@ TEST(stream_pool, host_events_complete_at_once) {
   events.destroy(b);
 }
 
+// ---- over a virtual resource: each stream's bfc maps granules of ranges of its own ------------
+
+TEST(stream_pool_over_host_vmm, each_streams_pool_maps_granules_of_ranges_of_its_own) {
+  constexpr std::size_t granule = std::size_t{64} << 10;
+  constexpr std::size_t two = 2 * granule;
+  host_vmm_resource vm{{.address_range_bytes = std::size_t{1} << 30, .granule_bytes = granule}};
+  auto source = std::make_unique<manual_event_source>();
+  manual_event_source& events = *source;
+  {
+    stream_pool_allocator pool{vm, "bfc", std::move(source)};
+    void* a = pool.allocate(S, two);
+    void* b = pool.allocate(T, two);
+    allocator_stats s = pool.stats();
+    EXPECT_EQ(s.reserved, 2 * two) << "the granules the blocks touch, not whole 2 MiB segments";
+    EXPECT_EQ(s.reserved, vm.mapped_bytes());
+    EXPECT_EQ(s.maps, 2U);
+    EXPECT_EQ(s.virtual_bytes, std::size_t{4} << 20) << "a small segment's range per stream";
+    EXPECT_FALSE(overlaps(a, std::size_t{2} << 20, b, 1)) << "T's block in S's range";
+    EXPECT_FALSE(overlaps(b, std::size_t{2} << 20, a, 1)) << "S's block in T's range";
+
+    // Freed on S and asked again: S's granules stay mapped (the unmap policy), the same block.
+    pool.deallocate(S, a, two);
+    EXPECT_EQ(pool.stats().mapped_free_bytes, two);
+    EXPECT_EQ(cached_of(pool, S).pool_bytes, two);
+    void* again = pool.allocate(S, two);
+    EXPECT_EQ(again, a);
+    EXPECT_EQ(pool.stats().maps, 2U) << "a cached pair maps nothing";
+    pool.deallocate(S, again, two);
+
+    // release_cached(S) unmaps S's free granules and gives back its range; T is untouched.
+    EXPECT_EQ(pool.release_cached(S), two);
+    s = pool.stats();
+    EXPECT_EQ(s.reserved, two);
+    EXPECT_EQ(s.mapped_free_bytes, 0U);
+    EXPECT_EQ(s.unmaps, 1U);
+    EXPECT_EQ(s.virtual_bytes, std::size_t{2} << 20);
+    EXPECT_EQ(cached_of(pool, S).bytes, 0U);
+    EXPECT_TRUE(vm.is_mapped(b));
+    pool.deallocate(T, b, two);
+    const std::size_t barriers = events.barriers();
+    EXPECT_EQ(pool.release_cached(), two);
+    EXPECT_EQ(events.barriers(), barriers + 1) << "release_cached() unmaps after a barrier";
+    EXPECT_EQ(vm.mapped_bytes(), 0U);
+    EXPECT_EQ(pool.stats().in_use, 0U);
+  }
+  EXPECT_EQ(vm.counts().address_bytes, 0U) << "the pool returned every range";
+}
+
+TEST(stream_pool_over_host_vmm, a_refused_map_unmaps_other_streams_free_granules_and_retries) {
+  // A budget of 4 granules: S's 2 freed ones stay mapped until T's map is refused; the
+  // allocator's release-and-retry (a barrier, every stream's free granules unmapped) serves T.
+  constexpr std::size_t granule = std::size_t{64} << 10;
+  constexpr std::size_t two = 2 * granule;
+  host_vmm_resource vm{{.address_range_bytes = std::size_t{1} << 30,
+                        .granule_bytes = granule,
+                        .capacity = 4 * granule}};
+  auto source = std::make_unique<manual_event_source>();
+  manual_event_source& events = *source;
+  stream_pool_allocator pool{vm, "bfc", std::move(source)};
+  void* a = pool.allocate(S, two);
+  void* b = pool.allocate(T, two);
+  pool.deallocate(S, a, two);
+  ASSERT_EQ(pool.stats().mapped_free_bytes, two);
+  const std::size_t barriers = events.barriers();
+  void* c = pool.allocate(T, two);
+  EXPECT_TRUE(vm.is_mapped(c));
+  EXPECT_EQ(events.barriers(), barriers + 1) << "one release-and-retry";
+  allocator_stats s = pool.stats();
+  EXPECT_EQ(s.oom_count, 0U);
+  EXPECT_EQ(s.reserved, 2 * two);
+  EXPECT_EQ(s.upstream_failures, 1U) << "the refused map";
+  try {
+    (void)pool.allocate(S, two);
+    ADD_FAILURE() << "a map past the budget succeeded";
+  } catch (const out_of_memory& e) {
+    EXPECT_EQ(e.requested(), two);
+    EXPECT_EQ(e.context().reserved, 2 * two) << "reserved is what is mapped";
+  }
+  pool.deallocate(T, b, two);
+  pool.deallocate(T, c, two);
+  void* d = pool.allocate(S, two);  // the pool stays usable
+  EXPECT_TRUE(vm.is_mapped(d));
+  pool.deallocate(S, d, two);
+}
+
 // ---- A reference model of the cross-stream rule, under random operations ----------------------
 
 /// What the model remembers of memory freed by the user: the stream it was freed on and when.
@@ -969,11 +1055,13 @@ TYPED_TEST(stream_pool_inner, random_operations_keep_reserved_equal_to_in_use_pl
 
 // ---- Concurrency (also run under ThreadSanitizer) -----------------------------------------------
 
-TEST(stream_pool_concurrency, streams_on_threads_with_cross_stream_frees_and_releases) {
+/// Four threads, each on a stream of its own, allocate, free, hand blocks to each other to free
+/// on another stream and release caches over `host` (48 MiB), with events completed meanwhile.
+template <typename Resource>
+void streams_on_threads_with_cross_stream_frees_and_releases(Resource& host) {
   const std::uint64_t seed = test_seed();
   const int per_thread = under_sanitizer ? 1500 : 6000;
   constexpr int threads = 4;
-  host_resource host{48 << 20};
   auto source = std::make_unique<manual_event_source>();
   manual_event_source* events = source.get();
   {
@@ -1068,6 +1156,22 @@ TEST(stream_pool_concurrency, streams_on_threads_with_cross_stream_frees_and_rel
     EXPECT_EQ(s.in_use + s.cached_bytes, s.reserved) << "held bytes neither in use nor cached";
   }
   EXPECT_EQ(host.allocated_bytes(), 0U);
+}
+
+TEST(stream_pool_concurrency, streams_on_threads_with_cross_stream_frees_and_releases) {
+  host_resource host{48 << 20};
+  streams_on_threads_with_cross_stream_frees_and_releases(host);
+}
+
+// The same over host_vmm: each stream's bfc maps and unmaps granules of its own ranges of one
+// shared reservation while the others do (under ThreadSanitizer too).
+TEST(stream_pool_concurrency, over_host_vmm_streams_map_and_unmap_granules_on_threads) {
+  host_vmm_resource vm{{.address_range_bytes = std::size_t{1} << 30,
+                        .granule_bytes = std::size_t{64} << 10,
+                        .capacity = std::size_t{48} << 20}};
+  streams_on_threads_with_cross_stream_frees_and_releases(vm);
+  EXPECT_EQ(vm.mapped_bytes(), 0U);
+  EXPECT_EQ(vm.counts().address_bytes, 0U);
 }
 
 }  // namespace

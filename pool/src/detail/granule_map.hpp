@@ -1,8 +1,9 @@
 // Which granules of a virtual resource's reservation a strategy has mapped, and how many live
 // chunks touch each: the bookkeeping by which bfc_allocator maps granules as chunks need them and
-// unmaps those that frees leave wholly free (with hysteresis). The strategy does the mapping
-// (through allocator::upstream_map / upstream_unmap, which count reserved bytes and emit events):
-// it passes the calls in as `map_run` / `unmap_run`, each given one run of adjacent granules.
+// unmaps those that frees leave wholly free (when its unmap policy says so). The strategy does the
+// mapping (through allocator::upstream_map / upstream_unmap, which count reserved bytes and emit
+// events): it passes the calls in as `map_run` / `unmap_run`, each given one run of adjacent
+// granules.
 //
 // A granule is in one of three states: unmapped; mapped and used (touched by >= 1 live chunk);
 // mapped and free (touched by none, kept for reuse). mapped() and mapped_free() are the bytes in
@@ -72,20 +73,31 @@ class granule_map {
     return true;
   }
 
+  /// Bytes of the granules [p, p + n) touches that are not mapped (what acquire would map).
+  [[nodiscard]] std::size_t unmapped_bytes(const char* p, std::size_t n) const noexcept {
+    std::size_t count = 0;
+    for (std::size_t g = first_of(p), last = end_of(p, n); g < last; ++g) {
+      count += (state_[g] & mapped_bit) == 0 ? 1 : 0;
+    }
+    return count * granule_;
+  }
+
   /// The live chunk [p, p + n) is gone: its granules that no other live chunk touches become
-  /// mapped and free, and those past `keep` bytes of mapped free granules are unmapped (one
-  /// unmap_run(ptr, bytes) per run).
-  template <typename UnmapRun>
-  void release(const char* p, std::size_t n, std::size_t keep, UnmapRun&& unmap_run) noexcept {
-    const std::size_t first = first_of(p);
-    const std::size_t last = end_of(p, n);
-    for (std::size_t g = first; g < last; ++g) {
+  /// mapped and free (the strategy decides when to unmap them: unmap_free).
+  void release(const char* p, std::size_t n) noexcept {
+    for (std::size_t g = first_of(p), last = end_of(p, n); g < last; ++g) {
       --state_[g];
       mapped_free_ += (state_[g] & ref_mask) == 0 ? granule_ : 0;
     }
-    if (mapped_free_ > keep) {
-      trim(first, last, mapped_free_ - keep, unmap_run);
-    }
+  }
+
+  /// Unmaps mapped, free granules of [p, p + n), the highest addresses first, until `want` bytes
+  /// are unmapped or none is left there (one unmap_run(ptr, bytes) per run). Returns the bytes
+  /// unmapped. (A free chunk is carved from its low end: its top is what is reused last.)
+  template <typename UnmapRun>
+  std::size_t unmap_free(const char* p, std::size_t n, std::size_t want,
+                         UnmapRun&& unmap_run) noexcept {
+    return trim(first_of(p), end_of(p, n), want, unmap_run);
   }
 
   /// Unmaps every mapped, free granule in [p, p + n). Returns the bytes unmapped.
@@ -141,24 +153,25 @@ class granule_map {
   [[nodiscard]] std::size_t end_of(const char* p, std::size_t n) const noexcept {
     return (static_cast<std::size_t>(p - base_) + n + granule_ - 1) / granule_;
   }
+  // Unmaps mapped, free granules of [first, last) from the top down, up to `want` bytes.
   template <typename UnmapRun>
   std::size_t trim(std::size_t first, std::size_t last, std::size_t want,
                    UnmapRun& unmap_run) noexcept {
     std::size_t done = 0;
-    for (std::size_t g = first; g < last && done < want;) {
-      if (state_[g] != mapped_bit) {
-        ++g;
+    for (std::size_t e = last; e > first && done < want;) {
+      if (state_[e - 1] != mapped_bit) {
+        --e;
         continue;
       }
-      std::size_t e = g;
-      while (e < last && state_[e] == mapped_bit && done + (e - g) * granule_ < want) {
-        state_[e] = 0;
-        ++e;
+      std::size_t g = e;
+      while (g > first && state_[g - 1] == mapped_bit && done + (e - g) * granule_ < want) {
+        --g;
+        state_[g] = 0;
       }
       unmap_run(base_ + g * granule_, (e - g) * granule_);
       ++unmaps_;
       done += (e - g) * granule_;
-      g = e;
+      e = g;
     }
     mapped_ -= done;
     mapped_free_ -= done;

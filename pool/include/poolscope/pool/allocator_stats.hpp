@@ -39,7 +39,7 @@ struct allocator_stats {
   /// Over a virtual resource (vmm, host_vmm) with a strategy that maps granules itself (bfc):
   /// `reserved` is then the bytes physically mapped, and these say the rest. 0 otherwise.
   std::size_t virtual_bytes = 0;      ///< address space held (the segments' ranges)
-  std::size_t mapped_free_bytes = 0;  ///< mapped granules holding no live block (hysteresis)
+  std::size_t mapped_free_bytes = 0;  ///< mapped granules holding no live block (kept)
   std::uint64_t maps = 0;             ///< map calls (segment_map events)
   std::uint64_t unmaps = 0;           ///< unmap calls (segment_unmap events)
 

@@ -41,14 +41,31 @@
 //
 // Over a virtual resource (vmm_resource, host_vmm_resource): segments are address ranges the
 // resource reserves, with nothing mapped; a chunk handed out gets the granules it touches mapped
-// (allocator::upstream_map), and a free unmaps the granules no live chunk touches any more, past
-// a hysteresis (keep_mapped_bytes / keep_mapped_fraction). `reserved` is then the bytes mapped:
-// live bytes plus at most a granule at each end of a live run, plus the hysteresis; the stats'
+// (allocator::upstream_map), and granules no live chunk touches any more stay mapped until the
+// unmap policy unmaps them. `reserved` is then the bytes mapped: live bytes plus at most a
+// granule at each end of a live run, plus the free granules the policy keeps; the stats'
 // virtual_bytes, mapped_free_bytes, maps and unmaps say the rest, and cached_bytes are the mapped
 // bytes no live chunk holds. A large request that finds no free chunk grows the last large
 // segment in place when the addresses after it are free, so the large pool stays one range.
 // The granules are mapped and unmapped under the pool's mutex (a chunk must not be handed out
 // before its granules are mapped, nor a granule unmapped that a neighbour has just taken).
+// Unmap policy (bfc_options::unmap_*): a band above the live bytes, as jemalloc's decay and
+// PyTorch's expandable segments keep freed pages rather than give each back at once (a driver
+// map costs tens of microseconds per granule; an unmap after every free that passes a fixed
+// ratio remaps on the next request, and a workload oscillating near the ratio churns). The
+// reference is the most live bytes over a window of frees (two buckets of unmap_window_frees
+// frees each: the peak of the current bucket and of the one before), so a workload that
+// returns to its level each step keeps its granules, and one that shrinks for good gives them
+// back within two buckets. While the bytes mapped stay at or below the high mark (the reference
+// plus unmap_high_fraction of it, at least keep_mapped_granules) nothing is unmapped; when an
+// allocation's maps would take them past it (checked before mapping) or a bucket's end lowers
+// it, free granules are unmapped in one batch down to the low mark: those of the largest free
+// chunks first, and of each chunk its top first (best fit carves a chunk from its bottom and
+// picks large chunks last). So after every operation the bytes mapped are at most the larger
+// of the high mark and the granules live chunks touch: peak mapped is at most
+// (1 + unmap_high_fraction) x peak live (or keep_mapped_granules more) or the peak of the
+// granules live chunks touch. Pressure ignores the band: release_cached, and so the
+// out-of-memory retry after a refused map, unmaps every free granule.
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
 // Thread safety: thread-safe. One mutex guards all state (free index, live table, segment
@@ -66,13 +83,15 @@
 // the requesting stream and released on the default stream. Cost: O(1) per allocate/deallocate
 // (bitmap search with countr_zero, open-addressing hash table, pooled chunk nodes: no heap
 // allocation per operation), plus a walk of one size class when it holds chunks of several
-// sizes; one upstream call per segment.
+// sizes; one upstream call per segment. Over a virtual resource, a batch of unmaps walks the
+// free chunks from the largest size class down: O(size classes + granules of those it visits).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "poolscope/pool/allocator.hpp"
@@ -118,14 +137,19 @@ struct bfc_options {
   /// memory per pool when the huge page is granted (else only the pages touched); bookkeeping
   /// beyond the region comes from the heap. Off: all of it from the heap.
   bool huge_page_metadata = true;
-  /// Over a virtual resource (vmm, host_vmm; see the file comment): mapped granules that no live
-  /// chunk touches are kept mapped, for reuse without a map call, up to the larger of these two:
-  /// keep_mapped_bytes, and keep_mapped_fraction of the bytes mapped. A free that leaves more
-  /// unmaps granules it freed, so the granules kept never pass the larger of keep_mapped_bytes
-  /// and keep_mapped_fraction of the peak mapped. release_cached (and so an out-of-memory retry)
-  /// unmaps them all.
-  std::size_t keep_mapped_bytes = 0;
-  double keep_mapped_fraction = 1.0 / 32;
+  /// Over a virtual resource (vmm, host_vmm): the unmap policy (the file comment, "Unmap
+  /// policy"). Mapped granules that no live chunk touches stay mapped while the bytes mapped stay
+  /// at or below the high mark, reference + max(keep_mapped_granules granules,
+  /// unmap_high_fraction x reference); past it, free granules are unmapped down to the low mark,
+  /// reference + max(keep_mapped_granules granules, unmap_low_fraction x reference). The
+  /// reference is the most live bytes over the last unmap_window_frees to 2 x
+  /// unmap_window_frees frees (0: the live bytes now). Fractions lie in [0, 1], the low one at
+  /// most the high one. All four 0: every free unmaps the granules it leaves free.
+  /// release_cached (and so an out-of-memory retry) unmaps every free granule whatever the marks.
+  double unmap_high_fraction = 1.0 / 32;
+  double unmap_low_fraction = 1.0 / 64;
+  std::size_t unmap_window_frees = std::size_t{1} << 16;
+  std::size_t keep_mapped_granules = 4;
 };
 
 /// The state of a bfc_allocator's pool lock (bfc_allocator::lock_counts).
@@ -175,9 +199,10 @@ class bfc_allocator final : public allocator {
   /// Debug aid: walks every segment, chunk, size-class list and the live table and checks
   /// that they agree (chunks tile their segment, no two free neighbours, each free chunk in the
   /// right sorted class list and bitmap, counters exact; over a virtual resource also that every
-  /// granule a live chunk touches is mapped and the granule counts are exact). Returns "" when
-  /// consistent, else a description of the first violation. Takes the mutex; O(chunks + size
-  /// classes), plus O(granules of the segments) over a virtual resource.
+  /// granule a live chunk touches is mapped, the granule counts are exact, and no free granule
+  /// is left mapped past the unmap policy's high mark). Returns "" when consistent, else a
+  /// description of the first violation. Takes the mutex; O(chunks + size classes), plus
+  /// O(granules of the segments) over a virtual resource.
   [[nodiscard]] std::string check_invariants() const;
 
   /// The pool lock's bias now (bfc_options::lock_bias). Thread-safe; a snapshot.
@@ -226,8 +251,14 @@ class bfc_allocator final : public allocator {
   std::size_t release_detached(detail::bfc_segment* list) noexcept;
 
   // Over a virtual resource (the file comment). Locked helpers as above.
-  [[nodiscard]] bool map_chunk(state& st, stream_view stream, detail::bfc_chunk* c);     // locked
-  void unmap_chunk(state& st, stream_view stream, const detail::bfc_chunk* c) noexcept;  // locked
+  [[nodiscard]] bool map_chunk(state& st, stream_view stream, detail::bfc_chunk* c);  // locked
+  /// The live chunk `c` is being freed: its granules' counts, and the policy's bucket of frees.
+  void release_granules(state& st, const detail::bfc_chunk* c) noexcept;  // locked
+  /// The unmap policy's marks now (the file comment): {high, low}.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> unmap_marks(const state& st) const noexcept;
+  /// When the bytes mapped plus `need` more would pass the high mark and free granules are
+  /// mapped: unmaps them until the bytes mapped plus `need` are down to the low mark.
+  void trim_to_marks(state& st, stream_view stream, std::size_t need) noexcept;  // locked
   /// A live chunk whose granules could not be mapped goes back to the index.
   void uncarve(state& st, stream_view stream, detail::bfc_chunk* c) noexcept;  // locked
   /// A large request's chunk from the last large segment grown in place; {} if it cannot grow.

@@ -5,7 +5,7 @@
 //   poolscope::pool::host_vmm_resource host;   // 64 GiB of addresses, 2 MiB granules
 //   poolscope::pool::bfc_allocator pool{host};  // maps granules as chunks need them
 //   void* p = pool.allocate(stream, 3 << 20);   // two granules mapped
-//   pool.deallocate(stream, p, 3 << 20);        // unmapped past the hysteresis
+//   pool.deallocate(stream, p, 3 << 20);        // kept mapped within the unmap policy's band
 //
 // It shares all its logic with vmm_resource (virtual_resource.hpp), so CI tests that logic on the
 // CPU; `poolscope replay --resource host_vmm` shows what a log's peak physical memory would be.

@@ -40,6 +40,21 @@
 //   of the host running out of memory for bookkeeping): destroying a stream after its last use
 //   is safe. A stream named in release_cached(stream) or deallocate must be alive in that call.
 //
+// Over a virtual resource (vmm, host_vmm) with inner strategy bfc, each stream's pool is a bfc
+// over the resource itself: it reserves address ranges of its own (its large pool one range that
+// grows in place while the addresses after it are free) and maps and unmaps granules as
+// bfc_allocator does over a virtual resource (its unmap policy, bfc_options::unmap_*), so the
+// memory mapped follows each stream's live bytes. A stream's ranges are its own until its pool
+// gives them back (release_cached, the destructor); memory moves between streams as physical
+// granules, unmapped by one pool and mapped by another, not as whole blocks: the shared cache
+// stays empty. release_cached(stream) then unmaps the stream's free granules and returns its
+// wholly free ranges to the resource (an unmap is ordered after the work using the memory as
+// the resource orders it: virtual_resource.hpp). A refused map fails the request, and the
+// allocator's release-and-retry (a barrier, then every stream's free granules unmapped) runs
+// before out_of_memory. Maps count as this pool's reserved bytes, under its limit, and emit
+// segment_map/segment_unmap under its identity. Other inner strategies take whole blocks, each
+// a range mapped whole, as over any resource.
+//
 // Hook events: this allocator alone reports. pool_malloc/pool_free are emitted once per user
 // call (by the allocator base, under this allocator's id); device_alloc/device_free only for
 // real calls to the upstream resource (a block moving between a stream's pool and the shared
@@ -213,6 +228,8 @@ class stream_pool_allocator final : public allocator {
                                     std::size_t alignment) noexcept;
 
   std::string inner_;
+  /// The inner pools are bfc over a virtual resource: each maps granules itself (class comment).
+  bool maps_granules_ = false;
   std::unique_ptr<stream_event_source> events_;
   mutable std::shared_mutex states_mutex_;
   std::unordered_map<void*, std::unique_ptr<detail::stream_state>> states_;

@@ -37,7 +37,8 @@
 // owns the granules of the ranges it reserved). Stream: ignored; vmm_resource maps and unmaps
 // synchronously (cuMemUnmap waits for work using the memory).
 // Cost: reserve/unreserve O(log free ranges); map/unmap one system call (host) or four driver
-// calls per granule (GPU): a strategy keeps some free granules mapped (hysteresis) to amortize.
+// calls per granule (GPU): a strategy keeps free granules mapped for a while (bfc's unmap policy)
+// to amortize.
 #pragma once
 
 #include <atomic>
