@@ -418,7 +418,7 @@ TEST(line_profiler, random_allocations_keep_exact_live_figures) {
 }
 
 TEST(line_profiler, granules_unmapped_in_part_or_across_maps_match_what_was_mapped) {
-  // bfc over host_vmm with 64 KiB granules and no hysteresis: a block maps the granules it
+  // bfc over host_vmm with 64 KiB granules and the eager unmap policy: a block maps the granules it
   // touches (one map call), a free unmaps those no live block touches any more, which may be
   // part of one map (its neighbours keep the shared granules) or span several maps. The
   // profile's live acquired bytes must follow the pool's mapped bytes throughout.
@@ -427,7 +427,11 @@ TEST(line_profiler, granules_unmapped_in_part_or_across_maps_match_what_was_mapp
   std::mt19937 rng(seed);
   pool::host_vmm_resource vm{
       {.address_range_bytes = std::size_t{1} << 30, .granule_bytes = std::size_t{64} << 10}};
-  pool::bfc_allocator alloc{vm, {.keep_mapped_fraction = 0.0}};
+  pool::bfc_allocator alloc{vm,
+                            {.unmap_high_fraction = 0.0,
+                             .unmap_low_fraction = 0.0,
+                             .unmap_window_frees = 0,
+                             .keep_mapped_granules = 0}};
   line_profiler prof;
   std::vector<std::pair<void*, std::size_t>> live;
   {
