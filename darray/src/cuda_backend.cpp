@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_seam.hpp"
@@ -203,11 +205,29 @@ class staging_copies final : public detail::mpi_staging::device_copies {
     std::shared_ptr<event_pool> pool;
     cudaEvent_t handle;
   };
-  // A wait for the work enqueued so far on `q` (its device current).
+  // A wait for the work enqueued so far on `q` (its device current). It polls the event and
+  // gives up the core between polls rather than spinning in cudaEventSynchronize: an upload waits
+  // behind its gate for as long as the MPI receive takes, and a launcher that binds each rank to
+  // one core (mpirun does for two ranks) would otherwise share that core between this spin and
+  // the worker that progresses the receive, which then moves its bytes many times slower.
   static std::function<void()> completion(const queue& q) {
     auto done = std::make_shared<pooled_event>(q.events);
     POOLSCOPE_CUDA_CHECK(cudaEventRecord(done->handle, q.stream));
-    return [done] { POOLSCOPE_CUDA_CHECK(cudaEventSynchronize(done->handle)); };
+    return [done] {
+      auto pause = std::chrono::microseconds(1);
+      for (;;) {
+        const cudaError_t s = cudaEventQuery(done->handle);
+        if (s == cudaSuccess) {
+          return;
+        }
+        if (s != cudaErrorNotReady) {
+          detail::seam::raise(s, "cudaEventQuery(staging copy)", __FILE__, __LINE__);
+        }
+        (void)cudaGetLastError();  // cudaErrorNotReady is not sticky; clear it all the same
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(100));
+      }
+    };
   }
   std::vector<queue> queues_;
 };
@@ -648,13 +668,18 @@ void cuda_backend::do_wait(int device, queue_kind q, const event& e) {
 }
 
 void cuda_backend::do_synchronize() {
+  if (staging_) {
+    // The transfers by MPI first, waited for without spinning (idle means they are done too, as
+    // on host devices): until a receive opens its gate the transfer stream waits, and a spin in
+    // cudaStreamSynchronize meanwhile would take the core the receive's worker progresses MPI on
+    // where a launcher binds the rank to one core. Their jobs wait only for device work and
+    // peers, never for this thread.
+    staging_->drain();
+  }
   for (auto& d : devices_) {
     for (cudaStream_t s : d->streams) {
       POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
     }
-  }
-  if (staging_) {
-    staging_->drain();  // idle means the sends by MPI are done too, as on host devices
   }
   check_ranks();
 }
