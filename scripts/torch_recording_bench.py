@@ -2,6 +2,7 @@
 """What recording costs a PyTorch program, per tensor (issue 44): ns per allocate + free.
 
     python3 scripts/torch_recording_bench.py [build/lib/libpoolscope_alloc.so] [--tensors N]
+                                             [--repeat R]
 
 One call measures, on GPU 0, a variable-length workload (each step makes tensors whose sizes
 follow a random sequence length, then frees them: one allocation and one free per tensor) under:
@@ -13,14 +14,17 @@ follow a random sequence length, then frees them: one allocation and one free pe
   plug-in PROFILE            with POOLSCOPE_PROFILE (the line profile, native and Python stacks)
   plug-in SNAPSHOT           with POOLSCOPE_SNAPSHOT (the memory snapshot, the same stacks)
 Each configuration runs in a child process of its own (an allocator is chosen before PyTorch's
-first CUDA allocation), one after another in the same call; each times the workload five times
-after a warm-up and keeps the best (wall clock of the whole step loop over the tensors made, and
-the calling thread's CPU time). Prints a table, "added" being the ns per tensor over the plain
-plug-in (over PyTorch's allocator for its history), and a summary line; exits 77 without a GPU
-or torch, 1 if a configuration failed.
+first CUDA allocation); a child times the workload five times after a warm-up and keeps the best
+(wall clock of the whole step loop over the tensors made, and the calling thread's CPU time).
+The configurations take turns, R rounds of one process each (so a slow spell of the machine falls
+on every configuration alike), and each row is the median over its R processes, with their
+spread (max - min wall). Prints a table, "added" being the ns per tensor over the plain plug-in
+(over PyTorch's allocator for its history), and a summary line; exits 77 without a GPU or torch,
+1 if a configuration failed.
 """
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,7 +84,10 @@ def main():
     ap.add_argument("lib", nargs="?", default=os.path.join(root, "build", "lib",
                                                            "libpoolscope_alloc.so"))
     ap.add_argument("--tensors", type=int, default=40000)
+    ap.add_argument("--repeat", type=int, default=5, help="processes per configuration")
     args = ap.parse_args()
+    if args.tensors < 8 or args.repeat < 1:
+        ap.error(f"--tensors {args.tensors} and --repeat {args.repeat}: need >= 8 and >= 1")
     try:
         import torch
         if not torch.cuda.is_available():
@@ -89,30 +96,45 @@ def main():
     except ImportError:
         print("torch_recording_bench: no torch")
         return SKIP
-    print(f"{'configuration':<22} {'wall ns/tensor':>15} {'added':>8} {'thread CPU ns':>14}")
-    results = {}
-    failed = 0
+    runs = {name: [] for name, _ in CONFIGS}
+    failed = set()
     with tempfile.TemporaryDirectory() as tmp:
-        for name, extra in CONFIGS:
-            env = dict(os.environ)
-            for k in ("POOLSCOPE_RECORD", "POOLSCOPE_PROFILE", "POOLSCOPE_SNAPSHOT"):
-                env.pop(k, None)
-            env.update({"POOLSCOPE_ALLOCATOR": "bfc", "POOLSCOPE_RESOURCE": "cuda"})
-            env.update({k: v.format(tmp=tmp) for k, v in extra.items()})
-            r = subprocess.run([sys.executable, "-c", CHILD, name, os.path.abspath(args.lib),
-                                str(args.tensors)], env=env, capture_output=True, text=True)
-            if r.returncode != 0:
-                print(f"{name:<22} FAILED\n{(r.stdout + r.stderr)[-2000:]}")
-                failed += 1
-                continue
-            wall, cpu = (float(x) for x in r.stdout.strip().splitlines()[-1].split())
-            results[name] = wall
-            base = results.get("torch" if name.startswith("torch") else "plug-in", wall)
-            print(f"{name:<22} {wall:>15.0f} {wall - base:>+8.0f} {cpu:>14.0f}")
-    added = {k: v - results.get("plug-in", v) for k, v in results.items()
-             if k.startswith("plug-in ")}
-    print("summary: ns per tensor: " + ", ".join(f"{k} {v:.0f}" for k, v in results.items()) +
-          "; added over the plug-in: " + ", ".join(f"{k[8:]} {v:+.0f}" for k, v in added.items()))
+        for _ in range(args.repeat):
+            for name, extra in CONFIGS:
+                if name in failed:
+                    continue
+                env = dict(os.environ)
+                for k in ("POOLSCOPE_RECORD", "POOLSCOPE_PROFILE", "POOLSCOPE_SNAPSHOT"):
+                    env.pop(k, None)
+                env.update({"POOLSCOPE_ALLOCATOR": "bfc", "POOLSCOPE_RESOURCE": "cuda"})
+                env.update({k: v.format(tmp=tmp) for k, v in extra.items()})
+                r = subprocess.run([sys.executable, "-c", CHILD, name, os.path.abspath(args.lib),
+                                    str(args.tensors)], env=env, capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"{name:<22} FAILED\n{(r.stdout + r.stderr)[-2000:]}")
+                    failed.add(name)
+                    continue
+                runs[name].append(tuple(float(x) for x in r.stdout.strip().splitlines()[-1].split()))
+    print(f"{'configuration':<22} {'wall ns/tensor':>15} {'spread':>7} {'added':>8} "
+          f"{'thread CPU ns':>14} {'added':>8}   (median of {args.repeat} processes)")
+    results = {}
+    for name, _ in CONFIGS:
+        if name in failed or not runs[name]:
+            continue
+        wall = statistics.median(w for w, _ in runs[name])
+        cpu = statistics.median(c for _, c in runs[name])
+        spread = max(w for w, _ in runs[name]) - min(w for w, _ in runs[name])
+        results[name] = (wall, cpu)
+        base = results.get("torch" if name.startswith("torch") else "plug-in", (wall, cpu))
+        print(f"{name:<22} {wall:>15.0f} {spread:>7.0f} {wall - base[0]:>+8.0f} {cpu:>14.0f} "
+              f"{cpu - base[1]:>+8.0f}")
+    plain = results.get("plug-in")
+    added = {k: (v[0] - plain[0], v[1] - plain[1]) for k, v in results.items()
+             if plain is not None and k.startswith("plug-in ")}
+    print("summary: median wall ns per tensor: " +
+          ", ".join(f"{k} {v[0]:.0f}" for k, v in results.items()) +
+          "; added over the plug-in (wall / thread CPU): " +
+          ", ".join(f"{k[8:]} {v[0]:+.0f} / {v[1]:+.0f}" for k, v in added.items()))
     return 1 if failed else 0
 
 
