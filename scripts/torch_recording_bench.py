@@ -2,7 +2,7 @@
 """What recording costs a PyTorch program, per tensor (issue 44): ns per allocate + free.
 
     python3 scripts/torch_recording_bench.py [build/lib/libpoolscope_alloc.so] [--tensors N]
-                                             [--repeat R]
+                                             [--repeat R] [--cpus LIST]
 
 One call measures, on GPU 0, a variable-length workload (each step makes tensors whose sizes
 follow a random sequence length, then frees them: one allocation and one free per tensor) under:
@@ -18,7 +18,9 @@ first CUDA allocation); a child times the workload five times after a warm-up an
 (wall clock of the whole step loop over the tensors made, and the calling thread's CPU time).
 The configurations take turns, R rounds of one process each (so a slow spell of the machine falls
 on every configuration alike), and each row is the median over its R processes, with their
-spread (max - min wall). Prints a table, "added" being the ns per tensor over the plain plug-in
+spread (max - min wall). Every child runs on the same few CPUs of one NUMA node (--cpus; the
+default takes four of node 0's, past its first two), so neither a move between sockets nor a
+core's neighbours make one configuration look cheaper than another. Prints a table, "added" being the ns per tensor over the plain plug-in
 (over PyTorch's allocator for its history), and a summary line; exits 77 without a GPU or torch,
 1 if a configuration failed.
 """
@@ -33,8 +35,10 @@ SKIP = 77
 
 CHILD = r"""
 import os, random, sys, time
+mode, lib, tensors, cpus = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+if cpus:
+    os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 import torch
-mode, lib, tensors = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode.startswith("plug-in"):
     alloc = torch.cuda.memory.CUDAPluggableAllocator(lib, "poolscope_malloc", "poolscope_free")
     torch.cuda.memory.change_current_allocator(alloc)
@@ -78,6 +82,24 @@ CONFIGS = [
 ]
 
 
+def default_cpus():
+    """Four CPUs of NUMA node 0 this process may use, past the node's first two (which take most
+    interrupts); all allowed CPUs' first four where the node list is unreadable; '' when fewer
+    than four are allowed."""
+    allowed = os.sched_getaffinity(0)
+    node = []
+    try:
+        with open("/sys/devices/system/node/node0/cpulist") as f:
+            for part in f.read().strip().split(","):
+                lo, _, hi = part.partition("-")
+                node.extend(range(int(lo), int(hi or lo) + 1))
+    except (OSError, ValueError):
+        node = sorted(allowed)
+    pick = [c for c in node if c in allowed]
+    pick = pick[2:6] if len(pick) >= 6 else pick[:4]
+    return ",".join(map(str, pick)) if len(pick) == 4 else ""
+
+
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -85,6 +107,8 @@ def main():
                                                            "libpoolscope_alloc.so"))
     ap.add_argument("--tensors", type=int, default=40000)
     ap.add_argument("--repeat", type=int, default=5, help="processes per configuration")
+    ap.add_argument("--cpus", default=None,
+                    help="comma-separated CPUs every child runs on ('' for no pinning)")
     args = ap.parse_args()
     if args.tensors < 8 or args.repeat < 1:
         ap.error(f"--tensors {args.tensors} and --repeat {args.repeat}: need >= 8 and >= 1")
@@ -96,6 +120,13 @@ def main():
     except ImportError:
         print("torch_recording_bench: no torch")
         return SKIP
+    cpus = default_cpus() if args.cpus is None else args.cpus
+    if cpus:
+        allowed = os.sched_getaffinity(0)
+        bad = [c for c in cpus.split(",") if not c.isdigit() or int(c) not in allowed]
+        if bad:
+            ap.error(f"--cpus {cpus}: {', '.join(bad)} not a CPU this process may run on")
+    print(f"children run on CPUs {cpus or 'any'}")
     runs = {name: [] for name, _ in CONFIGS}
     failed = set()
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,7 +140,7 @@ def main():
                 env.update({"POOLSCOPE_ALLOCATOR": "bfc", "POOLSCOPE_RESOURCE": "cuda"})
                 env.update({k: v.format(tmp=tmp) for k, v in extra.items()})
                 r = subprocess.run([sys.executable, "-c", CHILD, name, os.path.abspath(args.lib),
-                                    str(args.tensors)], env=env, capture_output=True, text=True)
+                                    str(args.tensors), cpus], env=env, capture_output=True, text=True)
                 if r.returncode != 0:
                     print(f"{name:<22} FAILED\n{(r.stdout + r.stderr)[-2000:]}")
                     failed.add(name)
