@@ -73,7 +73,7 @@ TEST(polled_wait, a_failing_poll_ends_the_wait) {
   EXPECT_EQ(polls, 3);
 }
 
-TEST(polled_wait, threads_wait_at_once_each_for_its_own) {
+TEST(polled_wait_concurrency, threads_wait_at_once_each_for_its_own) {
   constexpr int threads = 4;
   std::vector<std::atomic<bool>> ready(threads);
   std::atomic<int> returned{0};
