@@ -204,6 +204,11 @@ PY
     step "piece flows in the merged bench trace (MPI)" "$out/ranks_mpi.log" sh -c \
       '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
       "$cli" "$out/bench_d1_ranks_mpi_trace.json.gz"
+    # The same unbound: Open MPI binds each of two ranks to one core, which the rank's threads
+    # share (docs/multiprocess.md, "Between ranks by MPI"); the two rows show what that costs.
+    step "bench D1, 2 ranks on one GPU (MPI), unbound" "$out/ranks_mpi.log" "${shared[@]}" \
+      --bind-to none "$cli" bench darray --devices cuda:1 --between-ranks mpi --only D1 \
+      --json "$out/bench_d1_ranks_mpi_unbound.json"
   fi
 fi
 if [ "$only" = darray ]; then

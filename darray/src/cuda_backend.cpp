@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdio>
@@ -17,19 +16,20 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cuda_seam.hpp"
 #include "kernels.hpp"
 #include "mpi_staging.hpp"
 #include "nccl_watchdog.hpp"
+#include "polled_wait.hpp"
 #include "poolscope/darray/backend.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
+#include "rank_binding.hpp"
 #include "rank_gpus.hpp"
 #include "scope_sites.hpp"
 #include "transfer_slices.hpp"
@@ -101,6 +101,48 @@ class event_pool {
   std::vector<cudaEvent_t> free_;
 };
 
+// Whether the work before `e` has completed: cudaEventQuery, whose cudaErrorNotReady is an answer,
+// not a failure (it is not sticky; the runtime may still record it as the thread's last error, so
+// it is cleared); any other status is a failure of the GPU's work (sticky or not) and throws.
+[[nodiscard]] bool event_done(cudaEvent_t e) {
+  const cudaError_t s = cudaEventQuery(e);
+  if (s == cudaSuccess) {
+    return true;
+  }
+  if (s == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  detail::seam::raise(s, "cudaEventQuery(event)", __FILE__, __LINE__);
+}
+
+// The one host wait on GPU work of this backend: polls `e` as polled_wait.hpp says (a few µs back
+// to back, then yielding the core, then sleeping), never cudaEventSynchronize or
+// cudaStreamSynchronize, which spin under the default scheduling and so starve the threads that
+// progress MPI on a rank bound to one core (polled_wait.hpp says why not blocking-sync events).
+void wait_for_event(cudaEvent_t e) {
+  detail::poll_until([e] { return event_done(e); });
+}
+
+// An event of a pool, given back when its holder goes. Not copyable.
+struct pooled_event {
+  explicit pooled_event(std::shared_ptr<event_pool> p)
+      : pool(std::move(p)), handle(pool->acquire()) {}
+  pooled_event(const pooled_event&) = delete;
+  pooled_event& operator=(const pooled_event&) = delete;
+  ~pooled_event() { pool->release(handle); }
+  std::shared_ptr<event_pool> pool;
+  cudaEvent_t handle;
+};
+
+// Waits for the work enqueued so far on `s` (a stream of the pool's device): an event of the pool
+// recorded there, waited for as every host wait is.
+void wait_for_stream(const std::shared_ptr<event_pool>& events, cudaStream_t s) {
+  const pooled_event mark(events);
+  POOLSCOPE_CUDA_CHECK(cudaEventRecord(mark.handle, s));
+  wait_for_event(mark.handle);
+}
+
 // An event recorded on a stream; returns its cudaEvent to the pool when the last handle goes.
 class cuda_event final : public detail::event_state {
  public:
@@ -115,20 +157,15 @@ class cuda_event final : public detail::event_state {
     if (done_.load(std::memory_order_acquire)) {
       return true;
     }
-    const cudaError_t s = cudaEventQuery(event_);
-    if (s == cudaSuccess) {
-      done_.store(true, std::memory_order_release);
-      return true;
-    }
-    if (s == cudaErrorNotReady) {
-      (void)cudaGetLastError();
+    if (!event_done(event_)) {
       return false;
     }
-    detail::seam::raise(s, "cudaEventQuery(event_)", __FILE__, __LINE__);
+    done_.store(true, std::memory_order_release);
+    return true;
   }
   void wait() const override {
     if (!done_.load(std::memory_order_acquire)) {
-      POOLSCOPE_CUDA_CHECK(cudaEventSynchronize(event_));
+      wait_for_event(event_);
       done_.store(true, std::memory_order_release);
     }
   }
@@ -195,42 +232,27 @@ class staging_copies final : public detail::mpi_staging::device_copies {
   }
 
  private:
-  // An event of a pool, given back when the last wait for it goes.
-  struct pooled_event {
-    explicit pooled_event(std::shared_ptr<event_pool> p)
-        : pool(std::move(p)), handle(pool->acquire()) {}
-    pooled_event(const pooled_event&) = delete;
-    pooled_event& operator=(const pooled_event&) = delete;
-    ~pooled_event() { pool->release(handle); }
-    std::shared_ptr<event_pool> pool;
-    cudaEvent_t handle;
-  };
-  // A wait for the work enqueued so far on `q` (its device current). It polls the event and
-  // gives up the core between polls rather than spinning in cudaEventSynchronize: an upload waits
-  // behind its gate for as long as the MPI receive takes, and a launcher that binds each rank to
-  // one core (mpirun does for two ranks) would otherwise share that core between this spin and
-  // the worker that progresses the receive, which then moves its bytes many times slower.
+  // A wait for the work enqueued so far on `q` (its device current), as every host wait: an
+  // upload waits behind its gate for as long as the MPI receive takes, and the worker that
+  // progresses that receive may share this thread's core.
   static std::function<void()> completion(const queue& q) {
     auto done = std::make_shared<pooled_event>(q.events);
     POOLSCOPE_CUDA_CHECK(cudaEventRecord(done->handle, q.stream));
-    return [done] {
-      auto pause = std::chrono::microseconds(1);
-      for (;;) {
-        const cudaError_t s = cudaEventQuery(done->handle);
-        if (s == cudaSuccess) {
-          return;
-        }
-        if (s != cudaErrorNotReady) {
-          detail::seam::raise(s, "cudaEventQuery(staging copy)", __FILE__, __LINE__);
-        }
-        (void)cudaGetLastError();  // cudaErrorNotReady is not sticky; clear it all the same
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::microseconds(100));
-      }
-    };
+    return [done] { wait_for_event(done->handle); };
   }
   std::vector<queue> queues_;
 };
+
+// Warns once per process when the CPUs this rank may run on do not suit `between`
+// (rank_binding.hpp: one core, data between ranks by MPI).
+void warn_of_binding(const process_group& g, rank_transport between) {
+  static std::once_flag warned;
+  const std::string why = detail::binding_warning(detail::allowed_cpus(), between);
+  if (!why.empty()) {
+    std::call_once(warned,
+                   [&] { poolscope::log(log_level::warn, "darray " + g.describe() + ": " + why); });
+  }
+}
 
 // Everything the backend holds for one GPU. Owned by the backend; not movable (mutexes).
 struct device_state {
@@ -550,6 +572,9 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
     start_issuers(options, options.kernel_graphs ? 0 : devices - 1);
     set_yield_to_copies(options.yield_to_copies);
     join_group(options.group);
+    if (group()->size() > 1) {
+      warn_of_binding(*group(), options.between_ranks);
+    }
     if (group()->size() > 1 && options.between_ranks == rank_transport::mpi) {
       std::vector<staging_copies::queue> queues;
       for (const auto& d : devices_) {
@@ -575,8 +600,7 @@ cuda_backend::~cuda_backend() {
   for (auto& d : devices_) {
     for (cudaStream_t s : d->streams) {
       if (s != nullptr) {
-        log_failure("cudaStreamSynchronize",
-                    [s] { POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s)); });
+        log_failure("wait for a stream", [&d, s] { wait_for_stream(d->events, s); });
       }
     }
   }
@@ -669,16 +693,15 @@ void cuda_backend::do_wait(int device, queue_kind q, const event& e) {
 
 void cuda_backend::do_synchronize() {
   if (staging_) {
-    // The transfers by MPI first, waited for without spinning (idle means they are done too, as
-    // on host devices): until a receive opens its gate the transfer stream waits, and a spin in
-    // cudaStreamSynchronize meanwhile would take the core the receive's worker progresses MPI on
-    // where a launcher binds the rank to one core. Their jobs wait only for device work and
-    // peers, never for this thread.
+    // The transfers by MPI first (idle means they are done too, as on host devices): until a
+    // receive opens its gate the transfer stream waits, and this thread then sleeps on the
+    // workers rather than polls. Their jobs wait only for device work and peers, never for this
+    // thread.
     staging_->drain();
   }
   for (auto& d : devices_) {
     for (cudaStream_t s : d->streams) {
-      POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
+      wait_for_stream(d->events, s);
     }
   }
   check_ranks();
@@ -1110,19 +1133,23 @@ bool cuda_backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
 // A dense device temporary from the device's allocator, returned after its stream is idle.
 class staging_buffer {
  public:
-  staging_buffer(pool::allocator& alloc, cudaStream_t s, std::size_t bytes)
-      : alloc_(alloc), stream_(s), bytes_(bytes), ptr_(alloc.allocate(stream_view{s}, bytes)) {}
+  staging_buffer(device_state& d, cudaStream_t s, std::size_t bytes)
+      : alloc_(*d.allocator),
+        events_(d.events),
+        stream_(s),
+        bytes_(bytes),
+        ptr_(alloc_.allocate(stream_view{s}, bytes)) {}
   staging_buffer(const staging_buffer&) = delete;
   staging_buffer& operator=(const staging_buffer&) = delete;
   ~staging_buffer() {
-    log_failure("cudaStreamSynchronize",
-                [this] { POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(stream_)); });
+    log_failure("wait for a stream", [this] { wait_for_stream(events_, stream_); });
     alloc_.deallocate(stream_view{stream_}, ptr_, bytes_);
   }
   [[nodiscard]] void* data() const noexcept { return ptr_; }
 
  private:
   pool::allocator& alloc_;
+  std::shared_ptr<event_pool> events_;
   cudaStream_t stream_;
   std::size_t bytes_;
   void* ptr_;
@@ -1160,14 +1187,14 @@ void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& h
       POOLSCOPE_CUDA_CHECK(
           cudaMemcpyAsync(element_ptr<void>(v[0], es), dense, bytes, cudaMemcpyHostToDevice, s));
     } else {
-      const staging_buffer tmp(*d.allocator, s, bytes);
+      const staging_buffer tmp(d, s, bytes);
       POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(tmp.data(), dense, bytes, cudaMemcpyHostToDevice, s));
       // The kernel walks dst in row-major order, the order the dense temporary holds.
       detail::launch_copy(target(device, queue_kind::transfer), es, v[0],
                           view::dense(tmp.data(), v[0].extents()));
     }
   }
-  POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
+  wait_for_stream(d.events, s);
 }
 
 void cuda_backend::do_download(int device, dtype t, const view& host_dst, const view& src) {
@@ -1185,7 +1212,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
     POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(element_ptr<void>(v[0], es),
                                          element_ptr<const void>(v[1], es), bytes,
                                          cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
+    wait_for_stream(d.events, s);
     check_ranks();  // the data may come from a rank that failed
     return;
   }
@@ -1193,7 +1220,7 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
     POOLSCOPE_CUDA_CHECK(cudaMemcpy2DAsync(element_ptr<void>(v[0], es), p->dst_pitch,
                                            element_ptr<const void>(v[1], es), p->src_pitch,
                                            p->width, p->height, cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
+    wait_for_stream(d.events, s);
     check_ranks();  // the data may come from a rank that failed
     return;
   }
@@ -1207,14 +1234,14 @@ void cuda_backend::do_download(int device, dtype t, const view& host_dst, const 
   if (is_dense_line(v[1])) {
     POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(dense, element_ptr<const void>(v[1], es), bytes,
                                          cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
+    wait_for_stream(d.events, s);
     check_ranks();  // the data may come from a rank that failed
   } else {
-    const staging_buffer tmp(*d.allocator, s, bytes);
+    const staging_buffer tmp(d, s, bytes);
     detail::launch_copy(target(device, queue_kind::transfer), es,
                         view::dense(tmp.data(), v[1].extents()), v[1]);
     POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(dense, tmp.data(), bytes, cudaMemcpyDeviceToHost, s));
-    POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(s));
+    wait_for_stream(d.events, s);
     check_ranks();  // the data may come from a rank that failed
   }
   if (!packed.empty()) {

@@ -104,11 +104,17 @@ std::size_t mpi_staging::checked(int device) const {
   return static_cast<std::size_t>(device);
 }
 
-void mpi_staging::trace(const transfer_ends& t, std::uint64_t begin_ns,
-                        std::uint64_t end_ns) const noexcept {
-  profiler::timeline* tl = timeline_ ? timeline_() : nullptr;
-  if (tl != nullptr) {
-    add_transfer_slice(*tl, t, this_end(t), rank_piece_category, begin_ns, end_ns);
+template <typename Move>
+void mpi_staging::transfer(const transfer_ends& traced, const std::string& what,
+                           Move&& move) const {
+  const std::uint64_t begin = hooks::now_ns();
+  try {
+    move();
+  } catch (const std::exception& x) {
+    throw communication_error(what + ": " + x.what());
+  }
+  if (profiler::timeline* tl = timeline_ ? timeline_() : nullptr; tl != nullptr) {
+    add_transfer_slice(*tl, traced, this_end(traced), rank_piece_category, begin, hooks::now_ns());
   }
 }
 
@@ -120,13 +126,7 @@ void mpi_staging::send(int device, const void* src, std::size_t bytes, int peer,
   w.push([this, g = group_, host = std::move(host), copied = std::move(copied), bytes, peer, tag,
           traced, what] {
     copied();
-    const std::uint64_t begin = hooks::now_ns();
-    try {
-      g->send(host->data(), bytes, peer, tag);
-    } catch (const std::exception& x) {
-      throw communication_error(what + ": " + x.what());  // check() reports it
-    }
-    trace(traced, begin, hooks::now_ns());
+    transfer(traced, what, [&] { g->send(host->data(), bytes, peer, tag); });
   });
 }
 
@@ -144,13 +144,7 @@ void mpi_staging::receive(int device, void* dst, std::size_t bytes, int peer, in
   try {
     receivers_[d]->push([this, g = group_, host, bytes, peer, tag, traced, what] {
       const gate_opener open(host->gate());  // after the bytes, or after the failure
-      const std::uint64_t begin = hooks::now_ns();
-      try {
-        g->receive(host->data(), bytes, peer, tag);
-      } catch (const std::exception& x) {
-        throw communication_error(what + ": " + x.what());  // check() reports it
-      }
-      trace(traced, begin, hooks::now_ns());
+      transfer(traced, what, [&] { g->receive(host->data(), bytes, peer, tag); });
     });
   } catch (...) {
     open_gate(host->gate());  // no receive will open it: the copy moves stale bytes instead

@@ -124,8 +124,10 @@ class mpi_staging {
   struct staging;
   [[nodiscard]] std::shared_ptr<staging> take(std::size_t bytes);
   [[nodiscard]] std::size_t checked(int device) const;
-  /// Adds a transfer's slice to the timeline attached now, if any.
-  void trace(const transfer_ends& t, std::uint64_t begin_ns, std::uint64_t end_ns) const noexcept;
+  /// Runs `move` (a worker's MPI send or receive): its failure thrown as a communication_error
+  /// naming `what` (check() reports it), its slice traced once it has moved the bytes.
+  template <typename Move>
+  void transfer(const transfer_ends& traced, const std::string& what, Move&& move) const;
 
   std::shared_ptr<process_group> group_;
   device_copies& copies_;
