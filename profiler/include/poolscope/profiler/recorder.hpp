@@ -85,6 +85,7 @@ namespace detail {
 class event_ring;
 class drain_thread;
 struct recorder_names;
+struct recorder_line;
 }  // namespace detail
 
 /// Writes allocator events as JSON Lines. See the file comment.
@@ -145,9 +146,17 @@ class recorder final : public hooks::hook {
  private:
   bool write_buffer_locked() noexcept;  // caller holds mutex_
   void drain_locked() noexcept;         // caller holds mutex_: the ring into the buffer
-  bool append_locked(const char* line, std::size_t n) noexcept;  // caller holds mutex_
+  // Caller holds mutex_: room for n bytes at the end of the buffer (written out first if it has
+  // less), then the line written there is published.
+  char* room_locked(std::size_t n) noexcept;
+  void commit_locked(std::size_t n) noexcept;
+  bool append_line_locked(const detail::recorder_line& f) noexcept;
+  void write_line(const hooks::event& e) noexcept;  // takes mutex_: the ring, then e's line
   void fail(const char* what, int err) noexcept;
 
+  // What on_event reads, apart from what the writer thread writes for each record (the buffer's
+  // state, the counts, the mutex): a line the writer changes would move to its core and back
+  // for every event.
   std::string path_;
   recorder_options options_;
   std::unique_ptr<char[]> buffer_;
@@ -156,12 +165,12 @@ class recorder final : public hooks::hook {
   int slot_ = -1;  // index in the crash registry, -1 if not registered
   std::unique_ptr<detail::recorder_names> names_;
   std::unique_ptr<detail::event_ring> ring_;
-  std::mutex mutex_;
   std::atomic<bool> write_through_{false};
-  std::uint64_t dropped_written_ = 0;  // guarded by mutex_: drops already said in the file
   std::atomic<bool> failed_{false};
+  alignas(64) std::mutex mutex_;
+  std::uint64_t dropped_written_ = 0;  // guarded by mutex_: drops already said in the file
   std::atomic<std::uint64_t> lines_{0};
-  std::unique_ptr<detail::drain_thread> writer_;  // last: stopped first
+  alignas(64) std::unique_ptr<detail::drain_thread> writer_;  // last: stopped first
 };
 
 }  // namespace poolscope::profiler

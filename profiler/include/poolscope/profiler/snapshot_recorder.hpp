@@ -111,7 +111,7 @@ class snapshot_recorder final : public hooks::hook {
 
   snapshot_recorder_options options_;
   std::unique_ptr<state> state_;
-  mutable std::mutex mutex_;
+  alignas(64) mutable std::mutex mutex_;  // off the line of state_, which hooks read
 };
 
 }  // namespace poolscope::profiler
