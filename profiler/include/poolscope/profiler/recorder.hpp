@@ -21,7 +21,9 @@
 // written. ptr and stream are "0x..." hex strings; the rest are JSON numbers and strings.
 //
 // Off the allocating thread: an event is copied into a bounded ring (ring_slots records, a
-// compare-exchange and a copy); a writer thread formats the ring's records into one fixed buffer
+// compare-exchange and a 60-byte copy into one cache line: event_ring; an event whose thread id
+// needs more than 32 bits or whose device more than 16 is formatted on its thread, under the
+// recorder's lock); a writer thread formats the ring's records into one fixed buffer
 // (buffer_bytes) and writes it to the file with write(2) when the next line does not fit, on
 // flush(), and on destruction. When the ring is full (the writer fell behind) the event is dropped
 // and counted exactly (dropped()); the writer then writes a line {"dropped":N} where it noticed,
@@ -35,9 +37,9 @@
 // default action, restores it and re-raises), so the log is complete up to the crash. Handlers are
 // installed once per process, by the first recorder that asks. A buffered line is written once
 // even when the crash comes while another thread writes the buffer (that thread finishes its
-// part; from then on recorders keep their buffers and drop lines that no longer fit); a record
-// the writer thread was taking when the crash came may be written twice (read_event_log reads a
-// repeated seq once).
+// part; from then on recorders keep their buffers and drop lines that no longer fit); the records
+// of the batch the writer thread was taking when the crash came (at most 64) may be written twice
+// (read_event_log reads a repeated seq once).
 //
 // Ownership: owns the file descriptor, the ring, the buffer and the writer thread. Thread safety:
 // thread-safe; on_event takes no lock (until flush_and_write_through: then one mutex per line).
@@ -45,8 +47,9 @@
 // Stream semantics: the stream is only written down. Errors: the constructor throws
 // runtime_error naming the path if the file cannot be created; on_event never throws: a failed
 // write disables the recorder with one log line. Cost on the allocating thread: a compare-exchange
-// and an 80-byte copy per event (docs/perf.md, hook rows of `bench alloc`); the writer formats
-// ~150 bytes per event and makes a write(2) per buffer.
+// and a 60-byte copy into one cache line per event, no line the writer thread writes per event
+// (docs/perf.md, hook rows of `bench alloc`); the writer formats ~200 bytes per event and makes a
+// write(2) per buffer.
 #pragma once
 
 #include <atomic>
@@ -74,7 +77,8 @@ struct recorder_options {
   bool all_phases = false;
   /// Install the fatal-signal handlers that flush the buffer.
   bool flush_on_fatal_signal = true;
-  /// Events the ring holds for the writer thread (rounded up to a power of two; at least 2).
+  /// Events the ring holds for the writer thread (rounded up to a power of two, 2 to 2^30; 64
+  /// bytes each).
   std::size_t ring_slots = std::size_t{1} << 17;
   /// Format and write on a writer thread (else only on flush(): between two flushes at most
   /// ring_slots events are kept, the rest dropped and counted).
