@@ -128,42 +128,35 @@ struct packed_record {
 constexpr std::size_t packed_bytes = offsetof(packed_record, phase) + sizeof(hooks::event_phase);
 static_assert(packed_bytes <= detail::event_ring::max_one_line_record);
 
-/// False if `e` has a value a packed_record cannot hold.
-bool pack(const hooks::event& e, packed_record& r) noexcept {
-  if (e.thread > UINT32_MAX || e.device < INT16_MIN || e.device > INT16_MAX) [[unlikely]] {
-    return false;
-  }
-  r.seq = e.seq;
-  r.time_ns = e.time_ns;
-  r.stream = reinterpret_cast<std::uintptr_t>(e.stream);
-  r.ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
-  r.requested = e.requested;
-  r.rounded = e.rounded;
-  r.thread = static_cast<std::uint32_t>(e.thread);
-  r.allocator_id = e.allocator_id;
-  r.device = static_cast<std::int16_t>(e.device);
-  r.kind = e.kind;
-  r.phase = e.phase;
-  return true;
+/// The fields of `from` as a To (line_fields and packed_record each way; narrowing only where
+/// the caller checked fits()).
+template <class To, class From>
+To convert(const From& from) noexcept {
+  To to;
+  to.seq = from.seq;
+  to.time_ns = from.time_ns;
+  to.thread = static_cast<decltype(to.thread)>(from.thread);
+  to.stream = from.stream;
+  to.ptr = from.ptr;
+  to.requested = from.requested;
+  to.rounded = from.rounded;
+  to.device = static_cast<decltype(to.device)>(from.device);
+  to.allocator_id = from.allocator_id;
+  to.kind = from.kind;
+  to.phase = from.phase;
+  return to;
+}
+
+/// Whether a packed_record holds `f`'s values.
+bool fits(const line_fields& f) noexcept {
+  return f.thread <= UINT32_MAX && f.device >= INT16_MIN && f.device <= INT16_MAX;
 }
 
 /// The record in a ring slot. Async-signal-safe.
 line_fields unpack(const void* slot) noexcept {
   packed_record r;
   std::memcpy(&r, slot, packed_bytes);
-  line_fields f;
-  f.seq = r.seq;
-  f.time_ns = r.time_ns;
-  f.thread = r.thread;
-  f.stream = r.stream;
-  f.ptr = r.ptr;
-  f.requested = r.requested;
-  f.rounded = r.rounded;
-  f.device = r.device;
-  f.allocator_id = r.allocator_id;
-  f.kind = r.kind;
-  f.phase = r.phase;
-  return f;
+  return convert<line_fields>(r);
 }
 
 constexpr std::size_t min_buffer_bytes = 4096;
@@ -606,21 +599,21 @@ void recorder::on_event(const hooks::event& e) noexcept {
     return;
   }
   intern_name(*names_, e);
-  packed_record r;
-  if (write_through_.load(std::memory_order_acquire) || !pack(e, r)) [[unlikely]] {
+  const line_fields f = fields_of(e);
+  if (write_through_.load(std::memory_order_acquire) || !fits(f)) [[unlikely]] {
     // The end of the program (the writer thread may be gone), or values the ring's record has
     // no room for: the line is formatted here, after what the ring holds.
-    write_line(e);
+    write_line(f);
     return;
   }
+  const auto r = convert<packed_record>(f);
   const auto pushed = ring_->try_push([&r](void* slot) { std::memcpy(slot, &r, packed_bytes); });
   if (pushed != detail::event_ring::push_result::stored && writer_ != nullptr) {
     writer_->wake();
   }
 }
 
-void recorder::write_line(const hooks::event& e) noexcept {
-  const line_fields f = fields_of(e);
+void recorder::write_line(const detail::recorder_line& f) noexcept {
   std::lock_guard lock(mutex_);
   drain_locked();
   if (append_line_locked(f)) {

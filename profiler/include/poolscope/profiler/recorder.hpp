@@ -155,7 +155,7 @@ class recorder final : public hooks::hook {
   char* room_locked(std::size_t n) noexcept;
   void commit_locked(std::size_t n) noexcept;
   bool append_line_locked(const detail::recorder_line& f) noexcept;
-  void write_line(const hooks::event& e) noexcept;  // takes mutex_: the ring, then e's line
+  void write_line(const detail::recorder_line& f) noexcept;  // takes mutex_: the ring, then f
   void fail(const char* what, int err) noexcept;
 
   // What on_event reads, apart from what the writer thread writes for each record (the buffer's
