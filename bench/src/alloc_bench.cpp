@@ -597,6 +597,34 @@ void run_hook_bench(alloc_bench_report& rep, const run_sizes& z, double budget, 
         (hooked_row.ns.median - bare_row.ns.median) / static_cast<double>(h.events_per_pair);
     threaded_rows.push_back(std::move(bare_row));
     threaded_rows.push_back(std::move(hooked_row));
+    // The recording hooks with every thread pushing into one ring at once.
+    {
+      profiler::recorder rec{log_path};
+      measured timed;
+      {
+        hooks::scoped_hook on{rec};
+        timed = time_on_threads(threads, limits, overhead, pairs_on);
+      }
+      (void)rec.flush();
+      timed.note = std::to_string(rec.lines()) + " lines, " + std::to_string(rec.dropped()) +
+                   " dropped (ring full)";
+      threaded_rows.push_back(
+          make_row("H", "best_fit, recorder", "hook", threads, std::move(timed)));
+    }
+    std::filesystem::remove(log_path);
+    {
+      profiler::snapshot_recorder snap;
+      measured timed;
+      {
+        hooks::scoped_hook on{snap};
+        timed = time_on_threads(threads, limits, overhead, pairs_on);
+      }
+      const auto st = snap.stats();
+      timed.note = std::to_string(st.events) + " events with stacks, " +
+                   std::to_string(st.dropped_events) + " dropped (ring full)";
+      threaded_rows.push_back(
+          make_row("H", "best_fit, snapshot recorder", "hook", threads, std::move(timed)));
+    }
   }
   std::uint64_t sink = 0;
   h.empty_loop_ns = best_loop_ns(empty_loop, z.loop_iterations, z.loop_repeats, sink);

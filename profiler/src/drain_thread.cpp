@@ -1,9 +1,12 @@
 #include "detail/drain_thread.hpp"
 
+#include <pthread.h>
+
 namespace poolscope::profiler::detail {
 
-drain_thread::drain_thread(std::function<void()> drain, std::chrono::milliseconds period)
-    : drain_(std::move(drain)), period_(period) {
+drain_thread::drain_thread(std::function<void()> drain, std::chrono::milliseconds period,
+                           const char* name)
+    : drain_(std::move(drain)), period_(period), name_(name) {
   thread_ = std::thread([this] { run(); });
 }
 
@@ -26,6 +29,7 @@ void drain_thread::stop() noexcept {
 }
 
 void drain_thread::run() {
+  (void)pthread_setname_np(pthread_self(), name_);  // a name is a courtesy: failure is harmless
   std::unique_lock lock(mutex_);
   while (!stopping_) {
     // A wake that comes between the drain and this wait is seen by the predicate; one that is

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <cinttypes>
 #include <csignal>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -67,12 +70,8 @@ struct recorder_names {
   }
 };
 
-}  // namespace detail
-
-namespace {
-
-/// One event in the ring, as on_event copies it.
-struct ring_record {
+/// One event as a line says it (recorder.hpp declares it for recorder::append_line_locked).
+struct recorder_line {
   std::uint64_t seq = 0;
   std::uint64_t time_ns = 0;
   std::uint64_t thread = 0;
@@ -85,6 +84,80 @@ struct ring_record {
   hooks::event_kind kind = hooks::event_kind::pool_malloc;
   hooks::event_phase phase = hooks::event_phase::post;
 };
+
+}  // namespace detail
+
+namespace {
+
+using line_fields = detail::recorder_line;
+
+line_fields fields_of(const hooks::event& e) noexcept {
+  line_fields f;
+  f.seq = e.seq;
+  f.time_ns = e.time_ns;
+  f.thread = e.thread;
+  f.stream = reinterpret_cast<std::uintptr_t>(e.stream);
+  f.ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
+  f.requested = e.requested;
+  f.rounded = e.rounded;
+  f.device = e.device;
+  f.allocator_id = e.allocator_id;
+  f.kind = e.kind;
+  f.phase = e.phase;
+  return f;
+}
+
+/// One event in the ring: its line_fields in 60 bytes, so that the record and its slot's
+/// sequence number are one cache line (event_ring). The thread id takes 32 bits (a Linux thread
+/// id is a pid_t) and the device 16 (CUDA ordinals, -1 for the host); an event whose values do
+/// not fit goes around the ring (recorder::on_event).
+struct packed_record {
+  std::uint64_t seq;
+  std::uint64_t time_ns;
+  std::uint64_t stream;
+  std::uint64_t ptr;
+  std::uint64_t requested;
+  std::uint64_t rounded;
+  std::uint32_t thread;
+  std::uint32_t allocator_id;
+  std::int16_t device;
+  hooks::event_kind kind;
+  hooks::event_phase phase;
+};
+/// The bytes of a packed_record the ring holds: its members, not its tail padding.
+constexpr std::size_t packed_bytes = offsetof(packed_record, phase) + sizeof(hooks::event_phase);
+static_assert(packed_bytes <= detail::event_ring::max_one_line_record);
+
+/// The fields of `from` as a To (line_fields and packed_record each way; narrowing only where
+/// the caller checked fits()).
+template <class To, class From>
+To convert(const From& from) noexcept {
+  To to;
+  to.seq = from.seq;
+  to.time_ns = from.time_ns;
+  to.thread = static_cast<decltype(to.thread)>(from.thread);
+  to.stream = from.stream;
+  to.ptr = from.ptr;
+  to.requested = from.requested;
+  to.rounded = from.rounded;
+  to.device = static_cast<decltype(to.device)>(from.device);
+  to.allocator_id = from.allocator_id;
+  to.kind = from.kind;
+  to.phase = from.phase;
+  return to;
+}
+
+/// Whether a packed_record holds `f`'s values.
+bool fits(const line_fields& f) noexcept {
+  return f.thread <= UINT32_MAX && f.device >= INT16_MIN && f.device <= INT16_MAX;
+}
+
+/// The record in a ring slot. Async-signal-safe.
+line_fields unpack(const void* slot) noexcept {
+  packed_record r;
+  std::memcpy(&r, slot, packed_bytes);
+  return convert<line_fields>(r);
+}
 
 constexpr std::size_t min_buffer_bytes = 4096;
 constexpr std::size_t max_buffer_bytes = std::size_t{1} << 30;  // offsets fit in 32 bits
@@ -160,82 +233,62 @@ const char* name_of(const detail::recorder_names& t, std::uint32_t id) noexcept 
   return "?";
 }
 
-/// Appends text and numbers to a fixed buffer; async-signal-safe (no locale, no allocation).
-class line_writer {
- public:
-  line_writer(char* out, std::size_t cap) noexcept : p_(out), end_(out + cap) {}
-  line_writer& put(std::string_view s) noexcept {
-    if (static_cast<std::size_t>(end_ - p_) < s.size()) {
-      ok_ = false;
-      return *this;
-    }
-    std::memcpy(p_, s.data(), s.size());
-    p_ += s.size();
-    return *this;
-  }
-  line_writer& dec(std::uint64_t v) noexcept {
-    char digits[20];
-    int n = 0;
-    do {
-      digits[n++] = static_cast<char>('0' + v % 10);
-      v /= 10;
-    } while (v != 0);
-    char out[20];
-    for (int i = 0; i < n; ++i) {
-      out[i] = digits[n - 1 - i];
-    }
-    return put(std::string_view(out, static_cast<std::size_t>(n)));
-  }
-  line_writer& sdec(std::int64_t v) noexcept {
-    if (v < 0) {
-      put("-");
-      return dec(static_cast<std::uint64_t>(-(v + 1)) + 1);
-    }
-    return dec(static_cast<std::uint64_t>(v));
-  }
-  line_writer& hex(std::uint64_t v) noexcept {
-    static constexpr char digits[] = "0123456789abcdef";
-    char out[18] = {'0', 'x'};
-    int n = 0;
-    char rev[16];
-    do {
-      rev[n++] = digits[v & 15];
-      v >>= 4;
-    } while (v != 0);
-    for (int i = 0; i < n; ++i) {
-      out[2 + i] = rev[n - 1 - i];
-    }
-    return put(std::string_view(out, static_cast<std::size_t>(n + 2)));
-  }
-  /// Bytes written, or 0 if the line did not fit.
-  [[nodiscard]] std::size_t size(const char* begin) const noexcept {
-    return ok_ ? static_cast<std::size_t>(p_ - begin) : 0;
-  }
+// Line text, written with std::to_chars (no locale, no allocation: async-signal-safe) into a
+// buffer the caller has checked is long enough.
+char* put(char* p, std::string_view s) noexcept {
+  std::memcpy(p, s.data(), s.size());
+  return p + s.size();
+}
+char* dec(char* p, std::uint64_t v) noexcept {
+  return std::to_chars(p, p + 20, v).ptr;
+}
+char* sdec(char* p, std::int64_t v) noexcept {
+  return std::to_chars(p, p + 20, v).ptr;
+}
+char* hex(char* p, std::uint64_t v) noexcept {
+  p = put(p, "0x");
+  return std::to_chars(p, p + 16, v, 16).ptr;
+}
 
- private:
-  char* p_;
-  char* end_;
-  bool ok_ = true;
-};
+/// The most bytes of a line beside its allocator name: its fixed text, seven numbers of at most
+/// 20 characters, two hex numbers of at most 18, the longest action and phase.
+constexpr std::size_t max_line_bytes_beside_name =
+    std::string_view(
+        "{\"seq\":,\"time_ns\":,\"thread\":,\"device\":,\"stream\":\"\","
+        "\"allocator\":\"\",\"allocator_id\":,\"action\":\"\",\"phase\":\"\","
+        "\"ptr\":\"\",\"size\":,\"rounded\":}\n")
+        .size() +
+    7 * 20 + 2 * 18 + std::string_view("invalid_free").size() + std::string_view("instant").size();
 
-/// One log line for `r`; returns its length (0 if it did not fit). Async-signal-safe.
-std::size_t format_line(const ring_record& r, const char* name, char* out,
+/// One log line for `f`; returns its length (0 if it did not fit). Async-signal-safe.
+std::size_t format_line(const line_fields& f, std::string_view name, char* out,
                         std::size_t cap) noexcept {
-  line_writer w(out, cap);
-  w.put("{\"seq\":").dec(r.seq).put(",\"time_ns\":").dec(r.time_ns).put(",\"thread\":");
-  w.dec(r.thread).put(",\"device\":").sdec(r.device).put(",\"stream\":\"").hex(r.stream);
-  w.put("\",\"allocator\":\"").put(name).put("\",\"allocator_id\":").dec(r.allocator_id);
-  w.put(",\"action\":\"").put(action_name(r.kind)).put("\",\"phase\":\"");
-  w.put(hooks::to_string(r.phase)).put("\",\"ptr\":\"").hex(r.ptr).put("\",\"size\":");
-  w.dec(r.requested).put(",\"rounded\":").dec(r.rounded).put("}\n");
-  return w.size(out);
+  if (cap < max_line_bytes_beside_name + name.size()) {
+    return 0;
+  }
+  char* p = put(out, "{\"seq\":");
+  p = put(dec(p, f.seq), ",\"time_ns\":");
+  p = put(dec(p, f.time_ns), ",\"thread\":");
+  p = put(dec(p, f.thread), ",\"device\":");
+  p = put(sdec(p, f.device), ",\"stream\":\"");
+  p = put(hex(p, f.stream), "\",\"allocator\":\"");
+  p = put(put(p, name), "\",\"allocator_id\":");
+  p = put(dec(p, f.allocator_id), ",\"action\":\"");
+  p = put(put(p, action_name(f.kind)), "\",\"phase\":\"");
+  p = put(put(p, hooks::to_string(f.phase)), "\",\"ptr\":\"");
+  p = put(hex(p, f.ptr), "\",\"size\":");
+  p = put(dec(p, f.requested), ",\"rounded\":");
+  p = put(dec(p, f.rounded), "}\n");
+  return static_cast<std::size_t>(p - out);
 }
 
 /// The line saying `n` events were dropped. Async-signal-safe.
 std::size_t format_dropped(std::uint64_t n, char* out, std::size_t cap) noexcept {
-  line_writer w(out, cap);
-  w.put("{\"dropped\":").dec(n).put("}\n");
-  return w.size(out);
+  if (cap < std::string_view("{\"dropped\":}\n").size() + 20) {
+    return 0;
+  }
+  char* p = put(dec(put(out, "{\"dropped\":"), n), "}\n");
+  return static_cast<std::size_t>(p - out);
 }
 
 // ---- fatal-signal flushing -------------------------------------------------------------------
@@ -316,10 +369,9 @@ void flush_views_for_crash() noexcept {
     // Then what the writer thread has not formatted yet, in ring order.
     if (v->ring != nullptr && v->names != nullptr) {
       v->ring->peek([v](const void* record) {
-        ring_record r;
-        std::memcpy(&r, record, sizeof r);
+        const line_fields f = unpack(record);
         char line[max_line_bytes];
-        const std::size_t n = format_line(r, name_of(*v->names, r.allocator_id), line, sizeof line);
+        const std::size_t n = format_line(f, name_of(*v->names, f.allocator_id), line, sizeof line);
         write_all(v->fd, line, n);
       });
     }
@@ -443,7 +495,7 @@ recorder::recorder(const std::string& path, const recorder_options& options)
   std::memcpy(buffer_.get(), header, static_cast<std::size_t>(n));
   view_->state.store(pack_state(0, static_cast<std::size_t>(n)), std::memory_order_release);
   names_ = std::make_unique<detail::recorder_names>();
-  ring_ = std::make_unique<detail::event_ring>(options_.ring_slots, sizeof(ring_record));
+  ring_ = std::make_unique<detail::event_ring>(options_.ring_slots, packed_bytes);
   view_->ring = ring_.get();
   view_->names = names_.get();
   if (options_.flush_on_fatal_signal) {
@@ -460,7 +512,7 @@ recorder::recorder(const std::string& path, const recorder_options& options)
           std::lock_guard lock(mutex_);
           drain_locked();
         },
-        std::chrono::milliseconds(5));
+        std::chrono::milliseconds(5), "poolscope rec");
   }
 }
 
@@ -547,67 +599,78 @@ void recorder::on_event(const hooks::event& e) noexcept {
     return;
   }
   intern_name(*names_, e);
-  ring_record r;
-  r.seq = e.seq;
-  r.time_ns = e.time_ns;
-  r.thread = e.thread;
-  r.stream = reinterpret_cast<std::uintptr_t>(e.stream);
-  r.ptr = reinterpret_cast<std::uintptr_t>(e.ptr);
-  r.requested = e.requested;
-  r.rounded = e.rounded;
-  r.device = e.device;
-  r.allocator_id = e.allocator_id;
-  r.kind = e.kind;
-  r.phase = e.phase;
-  if (write_through_.load(std::memory_order_acquire)) [[unlikely]] {
-    // The end of the program: the writer thread may be gone, so the line is written here.
-    std::lock_guard lock(mutex_);
-    drain_locked();
-    char line[max_line_bytes];
-    if (append_locked(line, format_line(r, name_of(*names_, r.allocator_id), line, sizeof line))) {
-      (void)write_buffer_locked();
-    }
+  const line_fields f = fields_of(e);
+  if (write_through_.load(std::memory_order_acquire) || !fits(f)) [[unlikely]] {
+    // The end of the program (the writer thread may be gone), or values the ring's record has
+    // no room for: the line is formatted here, after what the ring holds.
+    write_line(f);
     return;
   }
-  ring_->try_push([&r](void* slot) { std::memcpy(slot, &r, sizeof r); });
-  if (writer_ != nullptr && ring_->waiting() > ring_->capacity() / 2) {
+  const auto r = convert<packed_record>(f);
+  const auto pushed = ring_->try_push([&r](void* slot) { std::memcpy(slot, &r, packed_bytes); });
+  if (pushed != detail::event_ring::push_result::stored && writer_ != nullptr) {
     writer_->wake();
   }
 }
 
-bool recorder::append_locked(const char* line, std::size_t n) noexcept {
-  if (n == 0 || failed_.load(std::memory_order_relaxed)) {
-    return false;
+void recorder::write_line(const detail::recorder_line& f) noexcept {
+  std::lock_guard lock(mutex_);
+  drain_locked();
+  if (append_line_locked(f)) {
+    lines_.fetch_add(1, std::memory_order_relaxed);
+    if (write_through_.load(std::memory_order_acquire)) {
+      (void)write_buffer_locked();
+    }
+  }
+}
+
+char* recorder::room_locked(std::size_t n) noexcept {
+  if (failed_.load(std::memory_order_relaxed)) {
+    return nullptr;
   }
   std::size_t used = committed_of(view_->state.load(std::memory_order_relaxed));
   if (used + n > capacity_) {
     if (!write_buffer_locked()) {
-      return false;
+      return nullptr;
     }
     used = committed_of(view_->state.load(std::memory_order_relaxed));
     if (used + n > capacity_) {
-      return false;  // a crash flush keeps the buffer: no room left for this line
+      return nullptr;  // a crash flush keeps the buffer: no room left for this line
     }
   }
-  std::memcpy(buffer_.get() + used, line, n);
+  return buffer_.get() + used;
+}
+
+void recorder::commit_locked(std::size_t n) noexcept {
   // Adds to the low half only (used + n <= capacity_ < 2^32); the release publishes the line.
   view_->state.fetch_add(n, std::memory_order_release);
+}
+
+bool recorder::append_line_locked(const detail::recorder_line& f) noexcept {
+  const std::string_view name = name_of(*names_, f.allocator_id);
+  const std::size_t most = max_line_bytes_beside_name + name.size();
+  char* at = room_locked(most);
+  if (at == nullptr) {
+    return false;
+  }
+  commit_locked(format_line(f, name, at, most));
   return true;
 }
 
 void recorder::drain_locked() noexcept {
-  char line[max_line_bytes];
+  std::uint64_t appended = 0;
   ring_->drain([&](const void* slot) {
-    ring_record r;
-    std::memcpy(&r, slot, sizeof r);
-    if (append_locked(line, format_line(r, name_of(*names_, r.allocator_id), line, sizeof line))) {
-      lines_.fetch_add(1, std::memory_order_relaxed);
-    }
+    const line_fields f = unpack(slot);
+    appended += append_line_locked(f) ? 1 : 0;
   });
+  lines_.fetch_add(appended, std::memory_order_relaxed);  // once: hooks read this object's lines
   const std::uint64_t dropped = ring_->dropped();
-  if (dropped != dropped_written_ &&
-      append_locked(line, format_dropped(dropped - dropped_written_, line, sizeof line))) {
-    dropped_written_ = dropped;
+  if (dropped != dropped_written_) {
+    constexpr std::size_t most = 64;
+    if (char* at = room_locked(most); at != nullptr) {
+      commit_locked(format_dropped(dropped - dropped_written_, at, most));
+      dropped_written_ = dropped;
+    }
   }
 }
 

@@ -22,21 +22,21 @@ namespace poolscope::profiler {
 
 namespace {
 
-/// One event in the ring; its stack's frames follow it in the slot.
+/// One event in the ring: 56 bytes, so that it and its slot's sequence number are one cache line
+/// (event_ring).
 struct ring_record {
   std::uint64_t stream = 0;
-  std::uint64_t ptr = 0;
+  std::uint64_t ptr = 0;  // oom (which has no block): the device's free bytes
   std::uint64_t requested = 0;
   std::uint64_t rounded = 0;
   std::uint64_t time_ns = 0;
-  std::uint64_t device_free = 0;
   std::int32_t device = -1;
   std::uint32_t allocator = 0;
   std::uint32_t stack = 0;  // interned on the allocating thread (state::intern)
   hooks::event_kind kind = hooks::event_kind::pool_malloc;
   hooks::event_phase phase = hooks::event_phase::post;
 };
-static_assert(sizeof(ring_record) % alignof(std::uintptr_t) == 0);
+static_assert(sizeof(ring_record) <= detail::event_ring::max_one_line_record);
 
 constexpr std::size_t max_supported_depth = detail::stack_capturer::max_supported_depth;
 constexpr std::size_t max_supported_python_depth = 256;
@@ -141,16 +141,15 @@ struct snapshot_recorder::state {
       : capturer(capture_options(o)),
         frame_capacity(o.stacks ? capturer.max_frames() : 0),
         ring(o.ring_slots, sizeof(ring_record)),
-        builder({.max_entries = o.max_entries, .host_device = o.host_device}),
-        offset_ns(realtime_offset_ns()) {}
+        offset_ns(realtime_offset_ns()),
+        builder({.max_entries = o.max_entries, .host_device = o.host_device}) {}
 
+  // What the allocating threads use first, then what the writer thread changes for each event
+  // on lines of its own (a line the writer changes would move to its core and back per event).
   detail::stack_capturer capturer;
   std::size_t frame_capacity;
-  detail::event_ring ring;
   const std::uint64_t recorder_id = next_recorder_id.fetch_add(1, std::memory_order_relaxed);
-  // Applied by the writer thread (or by snapshot()) under the recorder's mutex:
-  snapshot_builder builder;
-  std::unordered_map<std::uintptr_t, snapshot_frame> frames;  // symbolized so far
+  detail::event_ring ring;
   // The distinct stacks, interned by the allocating threads under stacks_lock. Stack hash ->
   // the ids of the stacks with that hash (a lookup allocates nothing).
   spin_lock stacks_lock;
@@ -162,7 +161,10 @@ struct snapshot_recorder::state {
   std::array<std::atomic<bool>, named_allocators> named{};
   std::mutex names_mutex;
   std::map<std::uint32_t, std::string> names;
-  std::unique_ptr<detail::drain_thread> writer;  // last: stopped first
+  // Applied by the writer thread (or by snapshot()) under the recorder's mutex:
+  alignas(64) snapshot_builder builder;
+  std::unordered_map<std::uintptr_t, snapshot_frame> frames;  // symbolized so far
+  alignas(64) std::unique_ptr<detail::drain_thread> writer;   // last: stopped first
 
   // The id of a stack, with stacks_lock held. May throw std::bad_alloc.
   std::uint32_t intern_locked(const std::uintptr_t* f, std::size_t depth) {
@@ -233,7 +235,7 @@ snapshot_recorder::snapshot_recorder(const snapshot_recorder_options& options) :
           std::lock_guard lock(mutex_);
           drain_locked();
         },
-        std::chrono::milliseconds(5));
+        std::chrono::milliseconds(5), "poolscope snap");
   }
 }
 
@@ -275,10 +277,11 @@ void snapshot_recorder::on_event(const hooks::event& e) noexcept {
   r.phase = e.phase;
   r.stack = depth != 0 ? s.intern(frames, depth) : 0;
   if (e.kind == hooks::event_kind::oom) {
-    (void)detail::device_memory::free_bytes(e.device, r.device_free);
+    r.ptr = 0;
+    (void)detail::device_memory::free_bytes(e.device, r.ptr);
   }
-  s.ring.try_push([&](void* slot) { std::memcpy(slot, &r, sizeof r); });
-  if (s.writer != nullptr && s.ring.waiting() > s.ring.capacity() / 2) {
+  const auto pushed = s.ring.try_push([&](void* slot) { std::memcpy(slot, &r, sizeof r); });
+  if (pushed != detail::event_ring::push_result::stored && s.writer != nullptr) {
     s.writer->wake();
   }
 }
@@ -293,12 +296,13 @@ void snapshot_recorder::drain_locked() const {
     ev.phase = r.phase;
     ev.device = r.device;
     ev.stream = r.stream;
-    ev.ptr = r.ptr;
+    const bool oom = r.kind == hooks::event_kind::oom;
+    ev.ptr = oom ? 0 : r.ptr;
     ev.requested = r.requested;
     ev.rounded = r.rounded;
     ev.time_us =
         static_cast<std::uint64_t>(static_cast<std::int64_t>(r.time_ns) + s.offset_ns) / 1000;
-    ev.device_free = r.device_free;
+    ev.device_free = oom ? r.ptr : 0;
     ev.allocator = r.allocator;
     ev.stack = r.stack;
     try {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -377,6 +379,56 @@ TEST(recorder, crash_on_another_thread_during_a_write_writes_each_line_once) {
   }
   ASSERT_GE(expected.size(), 60u);  // 30 pairs, and the upstream allocations
   EXPECT_EQ(seqs_in(slurp(path)), expected);
+  std::remove(path.c_str());
+}
+
+// The ring's record holds a 32-bit thread id and a 16-bit device; an event with a value past
+// those goes around the ring, still in its place among the others and with its values whole.
+TEST(recorder, values_too_wide_for_the_ring_are_written_whole_and_in_order) {
+  const std::string path = temp_path("wide");
+  std::vector<hooks::event> sent;
+  {
+    recorder rec{path, {.writer_thread = false}};
+    hooks::event e;
+    e.kind = hooks::event_kind::pool_malloc;
+    e.phase = hooks::event_phase::post;
+    e.allocator_id = 7;
+    e.allocator_name = "wide/test";
+    e.requested = 100;
+    e.rounded = 128;
+    // Devices as the reader takes them: -1 (the host) or an ordinal.
+    const std::pair<std::uint64_t, int> values[] = {
+        {4711, 0},           {std::uint64_t{1} << 40, 0},
+        {4711, 40000},       {4711, INT_MAX},
+        {UINT32_MAX, 32767}, {4712, 32768},
+        {UINT64_MAX, -1},    {4713, 3}};
+    std::uint64_t seq = 10;
+    for (const auto& [thread, device] : values) {
+      e.seq = seq++;
+      e.time_ns = 1000 * seq;
+      e.thread = thread;
+      e.device = device;
+      e.ptr = reinterpret_cast<void*>(0x10000 * seq);
+      rec.on_event(e);
+      sent.push_back(e);
+    }
+    EXPECT_TRUE(rec.flush());
+    EXPECT_EQ(rec.lines(), sent.size());
+  }
+  const event_log log = read_event_log(path);
+  ASSERT_EQ(log.records.size(), sent.size());
+  std::vector<std::size_t> lines;
+  for (std::size_t i = 0; i < sent.size(); ++i) {
+    SCOPED_TRACE("record " + std::to_string(i));
+    const log_record& r = log.records[i];
+    EXPECT_EQ(r.seq, sent[i].seq);
+    EXPECT_EQ(r.thread, sent[i].thread);
+    EXPECT_EQ(r.device, sent[i].device);
+    EXPECT_EQ(r.ptr, reinterpret_cast<std::uintptr_t>(sent[i].ptr));
+    EXPECT_EQ(r.time_ns, sent[i].time_ns);
+    lines.push_back(r.line);
+  }
+  EXPECT_TRUE(std::is_sorted(lines.begin(), lines.end())) << "the file keeps the events' order";
   std::remove(path.c_str());
 }
 

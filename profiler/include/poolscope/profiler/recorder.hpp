@@ -21,7 +21,9 @@
 // written. ptr and stream are "0x..." hex strings; the rest are JSON numbers and strings.
 //
 // Off the allocating thread: an event is copied into a bounded ring (ring_slots records, a
-// compare-exchange and a copy); a writer thread formats the ring's records into one fixed buffer
+// compare-exchange and a 60-byte copy into one cache line: event_ring; an event whose thread id
+// needs more than 32 bits or whose device more than 16 is formatted on its thread, under the
+// recorder's lock); a writer thread formats the ring's records into one fixed buffer
 // (buffer_bytes) and writes it to the file with write(2) when the next line does not fit, on
 // flush(), and on destruction. When the ring is full (the writer fell behind) the event is dropped
 // and counted exactly (dropped()); the writer then writes a line {"dropped":N} where it noticed,
@@ -35,9 +37,9 @@
 // default action, restores it and re-raises), so the log is complete up to the crash. Handlers are
 // installed once per process, by the first recorder that asks. A buffered line is written once
 // even when the crash comes while another thread writes the buffer (that thread finishes its
-// part; from then on recorders keep their buffers and drop lines that no longer fit); a record
-// the writer thread was taking when the crash came may be written twice (read_event_log reads a
-// repeated seq once).
+// part; from then on recorders keep their buffers and drop lines that no longer fit); the records
+// of the batch the writer thread was taking when the crash came (at most 64) may be written twice
+// (read_event_log reads a repeated seq once).
 //
 // Ownership: owns the file descriptor, the ring, the buffer and the writer thread. Thread safety:
 // thread-safe; on_event takes no lock (until flush_and_write_through: then one mutex per line).
@@ -45,8 +47,9 @@
 // Stream semantics: the stream is only written down. Errors: the constructor throws
 // runtime_error naming the path if the file cannot be created; on_event never throws: a failed
 // write disables the recorder with one log line. Cost on the allocating thread: a compare-exchange
-// and an 80-byte copy per event (docs/perf.md, hook rows of `bench alloc`); the writer formats
-// ~150 bytes per event and makes a write(2) per buffer.
+// and a 60-byte copy into one cache line per event, no line the writer thread writes per event
+// (docs/perf.md, hook rows of `bench alloc`); the writer formats ~200 bytes per event and makes a
+// write(2) per buffer.
 #pragma once
 
 #include <atomic>
@@ -74,7 +77,8 @@ struct recorder_options {
   bool all_phases = false;
   /// Install the fatal-signal handlers that flush the buffer.
   bool flush_on_fatal_signal = true;
-  /// Events the ring holds for the writer thread (rounded up to a power of two; at least 2).
+  /// Events the ring holds for the writer thread (rounded up to a power of two, 2 to 2^30; 64
+  /// bytes each).
   std::size_t ring_slots = std::size_t{1} << 17;
   /// Format and write on a writer thread (else only on flush(): between two flushes at most
   /// ring_slots events are kept, the rest dropped and counted).
@@ -85,6 +89,7 @@ namespace detail {
 class event_ring;
 class drain_thread;
 struct recorder_names;
+struct recorder_line;
 }  // namespace detail
 
 /// Writes allocator events as JSON Lines. See the file comment.
@@ -145,9 +150,17 @@ class recorder final : public hooks::hook {
  private:
   bool write_buffer_locked() noexcept;  // caller holds mutex_
   void drain_locked() noexcept;         // caller holds mutex_: the ring into the buffer
-  bool append_locked(const char* line, std::size_t n) noexcept;  // caller holds mutex_
+  // Caller holds mutex_: room for n bytes at the end of the buffer (written out first if it has
+  // less), then the line written there is published.
+  char* room_locked(std::size_t n) noexcept;
+  void commit_locked(std::size_t n) noexcept;
+  bool append_line_locked(const detail::recorder_line& f) noexcept;
+  void write_line(const detail::recorder_line& f) noexcept;  // takes mutex_: the ring, then f
   void fail(const char* what, int err) noexcept;
 
+  // What on_event reads, apart from what the writer thread writes for each record (the buffer's
+  // state, the counts, the mutex): a line the writer changes would move to its core and back
+  // for every event.
   std::string path_;
   recorder_options options_;
   std::unique_ptr<char[]> buffer_;
@@ -156,12 +169,12 @@ class recorder final : public hooks::hook {
   int slot_ = -1;  // index in the crash registry, -1 if not registered
   std::unique_ptr<detail::recorder_names> names_;
   std::unique_ptr<detail::event_ring> ring_;
-  std::mutex mutex_;
   std::atomic<bool> write_through_{false};
-  std::uint64_t dropped_written_ = 0;  // guarded by mutex_: drops already said in the file
   std::atomic<bool> failed_{false};
+  alignas(64) std::mutex mutex_;
+  std::uint64_t dropped_written_ = 0;  // guarded by mutex_: drops already said in the file
   std::atomic<std::uint64_t> lines_{0};
-  std::unique_ptr<detail::drain_thread> writer_;  // last: stopped first
+  alignas(64) std::unique_ptr<detail::drain_thread> writer_;  // last: stopped first
 };
 
 }  // namespace poolscope::profiler

@@ -20,8 +20,9 @@
 // Cost on the allocating thread: the stack capture (mallocs, segment acquisitions and maps, ooms; a
 // free has none: it shows the stack of its allocation), the stack's interning (the same stack as
 // the thread's previous one is a comparison with its copy; another is a lookup, or an insertion,
-// in the stack table under its spin lock) and one 64-byte copy of the event into a bounded ring
-// (event_ring); a writer thread applies the ring to the snapshot. When the ring is full an
+// in the stack table under its spin lock) and one 56-byte copy of the event into a bounded ring
+// (event_ring: with its sequence number, one cache line); a writer thread applies the ring to the
+// snapshot. When the ring is full an
 // event is dropped and counted exactly (stats().dropped_events; in the file,
 // allocator_settings["dropped_events"]): the snapshot then lacks it (a block may stay active
 // that was freed). With `writer_thread` false there is no thread: the ring is applied when a
@@ -65,7 +66,8 @@ struct snapshot_recorder_options {
   std::size_t skip_frames = 0;
   /// Code addresses whose shared objects count as poolscope's own (line_profiler_options).
   std::vector<const void*> skip_modules_of{};
-  /// Events the ring holds for the writer (rounded up to a power of two; at least 2).
+  /// Events the ring holds for the writer (rounded up to a power of two, 2 to 2^30; 64 bytes
+  /// each).
   std::size_t ring_slots = std::size_t{1} << 16;
   /// Apply the ring on a writer thread (else only when a snapshot is taken).
   bool writer_thread = true;
@@ -111,7 +113,7 @@ class snapshot_recorder final : public hooks::hook {
 
   snapshot_recorder_options options_;
   std::unique_ptr<state> state_;
-  mutable std::mutex mutex_;
+  alignas(64) mutable std::mutex mutex_;  // off the line of state_, which hooks read
 };
 
 }  // namespace poolscope::profiler
