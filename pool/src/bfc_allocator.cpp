@@ -967,7 +967,7 @@ block bfc_allocator::grow_in_place(stream_view stream, std::size_t rounded, std:
   }
   const std::size_t have = top->is_free ? top->size : 0;
   const std::size_t grow = round_up(rounded - std::min(rounded, have), vm_->granularity());
-  st.nodes.reserve(1);
+  st.nodes.reserve(2);  // the chunk the growth adds (when the top is live), and carve's remainder
   st.live.reserve_one();
   if (grow == 0 || !vm_->extend(seg->base + seg->size, grow)) {
     return {};
