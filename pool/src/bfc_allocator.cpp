@@ -111,11 +111,11 @@ struct bfc_allocator::state {
     wholly_free[index_of(c->pool)] -= whole;
     wholly_free_bytes[index_of(c->pool)] -= whole * c->size;
   }
-  /// Makes sure one carve (a node for the split's remainder, a live-table slot) will not
-  /// allocate: everything that can throw happens before the pool changes. May throw
-  /// std::bad_alloc.
+  /// Makes sure one carve (a node for the split's remainder, one for the free part below when
+  /// the mapped fit carves a chunk's top, a live-table slot) will not allocate: everything that
+  /// can throw happens before the pool changes. May throw std::bad_alloc.
   void reserve_for_carve() {
-    nodes.reserve(1);
+    nodes.reserve(2);
     live.reserve_one();
   }
   void link(bfc_segment* s) noexcept {
@@ -305,9 +305,10 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   return allocate_chunk(stream, bytes);  // (a virtual function has no clones)
 }
 
-// A request's chunk from the pool (the caller holds the mutex, and has reserved a node and a
-// live-table slot): the best fit, carved; null if no free chunk fits or the large pool should
-// merge its wholly free segments first. Inlined into allocate_chunk and allocate_missed.
+// A request's chunk from the pool (the caller holds the mutex, and has reserved two nodes and a
+// live-table slot): the best fit (over a virtual resource, the mapped fit), carved; null if no free
+// chunk fits or the large pool should merge its wholly free segments first. Inlined into
+// allocate_chunk and allocate_missed.
 [[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, stream_view stream,
                                                                    std::size_t rounded,
                                                                    std::size_t bytes,
@@ -327,6 +328,10 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   bfc_chunk* c = st.index[large ? 1 : 0].best_fit(rounded);
   if (c == nullptr && !large && options_.small_borrows_large) {
     c = st.index[1].best_fit(rounded);
+  }
+  // Over a virtual resource a fit is judged by the granules it maps first, its size second.
+  if (vm_ != nullptr && c != nullptr) [[unlikely]] {
+    c = mapped_fit(st, stream, c, rounded);
   }
   if (c != nullptr) [[likely]] {
     carve(st, stream, c, rounded, bytes);
@@ -833,6 +838,69 @@ bool bfc_allocator::map_chunk(state& st, stream_view stream, bfc_chunk* c) {
   // mapped again: rare, and then the marks are checked once more.
   trim_to_marks(st, stream, 0);
   return true;
+}
+
+// A map costs driver calls per granule (tens of microseconds each on a GPU) and looking at a few
+// chunks costs nanoseconds, so a request whose best fit would map looks a bounded way up the sizes
+// for a place with fewer granules to map: the bottom of a chunk, where carve cuts it, or its top
+// (a chunk freed just above free space that the unmap policy has trimmed). A larger chunk leaves a
+// larger remainder free: addresses, not memory.
+bfc_chunk* bfc_allocator::mapped_fit(state& st, stream_view stream, bfc_chunk* best,
+                                     std::size_t rounded) noexcept {
+  const detail::granule_map& g = *st.granules;
+  std::size_t least = g.unmapped_bytes(best->addr, rounded);
+  if (least == 0 || options_.mapped_fit_candidates == 0) [[likely]] {
+    return best;
+  }
+  const detail::bfc_free_index& ix = st.index[index_of(best->pool)];
+  bfc_chunk* pick = best;
+  bool at_top = false;
+  bfc_chunk* c = best;
+  for (std::size_t k = 0;; ++k) {
+    if (c->size > rounded) {
+      const std::size_t top = g.unmapped_bytes(c->addr + c->size - rounded, rounded);
+      pick = top < least ? c : pick;
+      at_top = top < least ? true : at_top;
+      least = std::min(least, top);
+    }
+    if (least == 0 || k == options_.mapped_fit_candidates) {
+      break;
+    }
+    c = ix.next_larger(c);
+    if (c == nullptr) {
+      break;
+    }
+    const std::size_t bottom = g.unmapped_bytes(c->addr, rounded);
+    pick = bottom < least ? c : pick;
+    at_top = bottom < least ? false : at_top;
+    least = std::min(least, bottom);
+  }
+  return at_top ? split_top(st, stream, pick, rounded) : pick;
+}
+
+bfc_chunk* bfc_allocator::split_top(state& st, stream_view stream, bfc_chunk* c,
+                                    std::size_t bytes) noexcept {
+  st.remove_free(c);  // it may cover its segment; its two parts do not
+  bfc_chunk* top = st.nodes.take_unset();
+  top->addr = c->addr + c->size - bytes;
+  top->size = bytes;
+  top->requested = 0;
+  top->prev = c;
+  top->next = c->next;
+  top->pool = c->pool;
+  top->is_free = true;
+  top->prev_free = true;              // c, below it
+  top->next_free = false;             // the chunk above c is live (free chunks never touch)
+  st.or_nobody(c->next)->prev = top;  // (its prev_free stays true: top is free)
+  c->next = top;
+  c->next_free = true;
+  c->size -= bytes;
+  st.add_free_part(c);
+  st.add_free_part(top);
+  if (hooks::active()) [[unlikely]] {
+    emit_split(stream, top->addr, bytes, c->addr, c->size);  // the top is the part taken
+  }
+  return top;
 }
 
 void bfc_allocator::release_granules(state& st, const bfc_chunk* c) noexcept {
