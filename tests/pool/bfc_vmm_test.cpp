@@ -482,6 +482,207 @@ TEST(bfc_over_host_vmm, random_operations_keep_every_live_byte_mapped_without_hy
   random_operations_keep_every_live_byte_mapped(no_hysteresis());
 }
 
+// ---- the mapped fit (bfc_options::mapped_fit_candidates) -------------------------------------
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+/// Counts the bytes one allocator maps (its segment_map events). Install it with scope::thread.
+class mapped_bytes_hook final : public hooks::hook {
+ public:
+  explicit mapped_bytes_hook(std::uint32_t allocator_id) : id_(allocator_id) {}
+  void on_event(const hooks::event& e) noexcept override {
+    mapped_ += e.allocator_id == id_ ? e.rounded : 0;
+  }
+  [[nodiscard]] hooks::event_filter interests() const noexcept override {
+    return hooks::event_filter{}.add(event_kind::segment_map, event_phase::post);
+  }
+  [[nodiscard]] std::size_t mapped() const noexcept { return mapped_; }
+
+ private:
+  std::uint32_t id_;
+  std::size_t mapped_ = 0;
+};
+
+/// A pool that keeps every free granule mapped until release_cached (64 MiB of margin), with
+/// the mapped fit on or off (the best fit alone).
+bfc_options keeping_granules(bool mapped_fit) {
+  bfc_options o;
+  o.keep_mapped_granules = 1024;
+  o.mapped_fit_candidates = mapped_fit ? bfc_options{}.mapped_fit_candidates : 0;
+  return o;
+}
+
+/// What a scripted request did: where it went, and the maps and mapped bytes it cost.
+struct request_outcome {
+  std::ptrdiff_t offset = 0;  ///< from the first block of the script, in bytes
+  std::uint64_t maps = 0;
+  std::size_t reserved_added = 0;
+};
+
+/// Runs `script` on a pool over a fresh host_vmm (64 KiB granules): the script lays out blocks
+/// (large requests: one range grown in place, chunk after chunk) and returns the first block's
+/// address; then one request of `bytes` is made, and what it cost is returned. Every step keeps
+/// the pool's invariants.
+template <typename Script>
+request_outcome after_script(bool mapped_fit, Script&& script, std::size_t bytes) {
+  host_vmm_resource r{small_options()};
+  bfc_allocator a{r, keeping_granules(mapped_fit)};
+  char* const base = script(a);
+  EXPECT_EQ(a.check_invariants(), "");
+  const allocator_stats before = a.stats();
+  char* const p = static_cast<char*>(a.allocate({}, bytes));
+  const allocator_stats after = a.stats();
+  EXPECT_EQ(a.check_invariants(), "");
+  EXPECT_TRUE(r.is_mapped(p) && r.is_mapped(p + bytes - 1));
+  return {p - base, after.maps - before.maps, after.reserved - before.reserved};
+}
+
+// Free chunks of 4 MiB (its granules unmapped) and 5 MiB (freed last, mapped): the best fit for
+// 4 MiB is the first and maps 64 granules; the mapped fit takes the bottom of the second and maps
+// nothing.
+TEST(bfc_over_host_vmm, a_request_whose_best_fit_would_map_takes_a_mapped_chunk_instead) {
+  const auto script = [](bfc_allocator& a) {
+    char* const x = static_cast<char*>(a.allocate({}, 4 * MiB));  // [0, 4) MiB
+    void* const s1 = a.allocate({}, 2 * MiB);                     // [4, 6)
+    void* const y = a.allocate({}, 5 * MiB);                      // [6, 11)
+    void* const s2 = a.allocate({}, 2 * MiB);                     // [11, 13)
+    EXPECT_EQ(static_cast<char*>(y), x + 6 * MiB) << "one range, chunk after chunk";
+    a.deallocate({}, x, 4 * MiB);
+    EXPECT_EQ(a.release_cached(), 4 * MiB) << "x's granules unmapped; the range stays";
+    a.deallocate({}, y, 5 * MiB);  // kept mapped
+    (void)s1;
+    (void)s2;
+    return x;
+  };
+  const request_outcome best = after_script(false, script, 4 * MiB);
+  EXPECT_EQ(best.offset, 0) << "the best fit: x's chunk";
+  EXPECT_EQ(best.maps, 1U);
+  EXPECT_EQ(best.reserved_added, 4 * MiB);
+  const request_outcome mapped = after_script(true, script, 4 * MiB);
+  EXPECT_EQ(mapped.offset, static_cast<std::ptrdiff_t>(6 * MiB)) << "the bottom of y's chunk";
+  EXPECT_EQ(mapped.maps, 0U);
+  EXPECT_EQ(mapped.reserved_added, 0U);
+}
+
+// A chunk freed just above unmapped free space merges with it: its mapped granules lie at the top
+// of the merged chunk [0, 6) MiB, which the mapped fit takes for a 2 MiB request whose best fit,
+// [8, 11), is unmapped.
+TEST(bfc_over_host_vmm, the_mapped_fit_takes_the_top_of_a_chunk_when_only_that_is_mapped) {
+  const auto script = [](bfc_allocator& a) {
+    char* const x = static_cast<char*>(a.allocate({}, 4 * MiB));  // [0, 4) MiB
+    void* const y = a.allocate({}, 2 * MiB);                      // [4, 6)
+    void* const s1 = a.allocate({}, 2 * MiB);                     // [6, 8)
+    void* const z = a.allocate({}, 3 * MiB);                      // [8, 11)
+    void* const s2 = a.allocate({}, 2 * MiB);                     // [11, 13)
+    a.deallocate({}, x, 4 * MiB);
+    a.deallocate({}, z, 3 * MiB);
+    EXPECT_EQ(a.release_cached(), 7 * MiB);
+    a.deallocate({}, y, 2 * MiB);  // merges with x's chunk: [0, 6), mapped from 4 MiB up
+    (void)s1;
+    (void)s2;
+    return x;
+  };
+  const request_outcome best = after_script(false, script, 2 * MiB);
+  EXPECT_EQ(best.offset, static_cast<std::ptrdiff_t>(8 * MiB)) << "the best fit: z's chunk";
+  EXPECT_EQ(best.maps, 1U);
+  EXPECT_EQ(best.reserved_added, 2 * MiB);
+  const request_outcome mapped = after_script(true, script, 2 * MiB);
+  EXPECT_EQ(mapped.offset, static_cast<std::ptrdiff_t>(4 * MiB)) << "y's granules, at the top";
+  EXPECT_EQ(mapped.maps, 0U);
+  EXPECT_EQ(mapped.reserved_added, 0U);
+}
+
+// When no place maps nothing, the one with the fewest granules to map: for 3 MiB, the best fit
+// [0, 3) MiB maps 48 granules, the bottom of [5, 9) (mapped from 5 to 7 MiB) 16.
+TEST(bfc_over_host_vmm, the_mapped_fit_takes_the_place_with_the_fewest_granules_to_map) {
+  const auto script = [](bfc_allocator& a) {
+    char* const x = static_cast<char*>(a.allocate({}, 3 * MiB));  // [0, 3) MiB
+    void* const s1 = a.allocate({}, 2 * MiB);                     // [3, 5)
+    void* const y = a.allocate({}, 2 * MiB);                      // [5, 7)
+    void* const z = a.allocate({}, 2 * MiB);                      // [7, 9)
+    void* const s2 = a.allocate({}, 2 * MiB);                     // [9, 11)
+    a.deallocate({}, x, 3 * MiB);
+    a.deallocate({}, z, 2 * MiB);
+    EXPECT_EQ(a.release_cached(), 5 * MiB);
+    a.deallocate({}, y, 2 * MiB);  // [5, 9): mapped from 5 to 7 MiB
+    (void)s1;
+    (void)s2;
+    return x;
+  };
+  const request_outcome best = after_script(false, script, 3 * MiB);
+  EXPECT_EQ(best.offset, 0);
+  EXPECT_EQ(best.reserved_added, 3 * MiB);
+  const request_outcome mapped = after_script(true, script, 3 * MiB);
+  EXPECT_EQ(mapped.offset, static_cast<std::ptrdiff_t>(5 * MiB));
+  EXPECT_EQ(mapped.maps, 1U);
+  EXPECT_EQ(mapped.reserved_added, 1 * MiB) << "16 granules of 64 KiB";
+}
+
+/// One pool of the randomized comparison: its resource, the pool, its live blocks, and the bytes
+/// it has mapped.
+struct compared_pool {
+  explicit compared_pool(bool mapped_fit)
+      : pool(resource,
+             [&] {
+               bfc_options o;
+               o.mapped_fit_candidates = mapped_fit ? o.mapped_fit_candidates : 0;
+               return o;
+             }()),
+        counter(pool.id()) {}
+  host_vmm_resource resource{small_options()};
+  bfc_allocator pool;
+  live_blocks live{granule};
+  mapped_bytes_hook counter;
+};
+
+// The same random operations on two pools, the mapped fit and the best fit alone: both keep every
+// invariant (no overlap, every live byte mapped, mapped = the live chunks' granules and those
+// kept, the pool's own books). What each maps is printed: on random work the mapped fit maps less
+// in most runs but not in every one (vmm_workload_test.cpp compares them on fixed workloads).
+TEST(bfc_over_host_vmm, the_mapped_fit_keeps_the_invariants_beside_the_best_fit) {
+  const std::uint64_t seed = test_seed();
+  const std::uint64_t ops = env_count("POOLSCOPE_STRESS_OPS", under_sanitizer ? 3'000 : 30'000);
+  std::mt19937_64 rng(seed);
+  compared_pool fit{true};
+  compared_pool best{false};
+  hooks::scoped_hook count_fit{fit.counter, hooks::scope::thread};
+  hooks::scoped_hook count_best{best.counter, hooks::scope::thread};
+  std::vector<std::pair<void*, void*>> order;  // each block's address in fit, in best
+  for (std::uint64_t op = 0; op < ops; ++op) {
+    if (order.empty() || (order.size() < 300 && rng() % 2 == 0)) {
+      const std::size_t bytes = log_uniform(rng, 1, std::size_t{8} << 20);
+      order.emplace_back(fit.pool.allocate({}, bytes), best.pool.allocate({}, bytes));
+      fit.live.add(order.back().first, bytes);
+      best.live.add(order.back().second, bytes);
+    } else {
+      const std::size_t i = rng() % order.size();
+      fit.pool.deallocate({}, order[i].first, fit.live.remove(order[i].first));
+      best.pool.deallocate({}, order[i].second, best.live.remove(order[i].second));
+      order[i] = order.back();
+      order.pop_back();
+    }
+    if (op % 101 == 0 || op + 1 == ops) {
+      for (compared_pool* c : {&fit, &best}) {
+        c->live.expect_mapped(c->resource);
+        const allocator_stats s = c->pool.stats();
+        ASSERT_EQ(s.reserved, c->live.touched_bytes() + s.mapped_free_bytes) << "op " << op;
+        ASSERT_EQ(s.reserved, c->resource.mapped_bytes()) << "op " << op;
+        ASSERT_EQ(c->pool.check_invariants(), "") << "op " << op;
+      }
+    }
+  }
+  const allocator_stats f = fit.pool.stats();
+  const allocator_stats b = best.pool.stats();
+  std::cout << "[          ] " << ops << " operations: mapped fit " << f.maps << " maps ("
+            << fit.counter.mapped() / MiB << " MiB), best fit " << b.maps << " maps ("
+            << best.counter.mapped() / MiB << " MiB); peak mapped " << f.peak_reserved / MiB
+            << " and " << b.peak_reserved / MiB << " MiB\n";
+  for (const auto& [in_fit, in_best] : order) {
+    fit.pool.deallocate({}, in_fit, fit.live.remove(in_fit));
+    best.pool.deallocate({}, in_best, best.live.remove(in_best));
+  }
+}
+
 // Threads share one host_vmm: bfc over it (through its thread caches and without), and the
 // plain-resource face beside it. Granules are mapped and unmapped under contention; every block
 // stays intact while live (its first, middle and last bytes); at the end nothing is mapped.
