@@ -852,16 +852,24 @@ bfc_chunk* bfc_allocator::mapped_fit(state& st, stream_view stream, bfc_chunk* b
   if (least == 0 || options_.mapped_fit_candidates == 0) [[likely]] {
     return best;
   }
-  const detail::bfc_free_index& ix = st.index[index_of(best->pool)];
   bfc_chunk* pick = best;
   bool at_top = false;
+  // A place replaces the pick only when it maps strictly less: ties keep the smaller chunk, and
+  // of one chunk its bottom (weighed first).
+  const auto weigh = [&](bfc_chunk* c, bool top) {
+    const std::size_t unmapped =
+        g.unmapped_bytes(top ? c->addr + c->size - rounded : c->addr, rounded);
+    if (unmapped < least) {
+      least = unmapped;
+      pick = c;
+      at_top = top;
+    }
+  };
+  const detail::bfc_free_index& ix = st.index[index_of(best->pool)];
   bfc_chunk* c = best;
   for (std::size_t k = 0;; ++k) {
     if (c->size > rounded) {
-      const std::size_t top = g.unmapped_bytes(c->addr + c->size - rounded, rounded);
-      pick = top < least ? c : pick;
-      at_top = top < least ? true : at_top;
-      least = std::min(least, top);
+      weigh(c, true);
     }
     if (least == 0 || k == options_.mapped_fit_candidates) {
       break;
@@ -870,10 +878,7 @@ bfc_chunk* bfc_allocator::mapped_fit(state& st, stream_view stream, bfc_chunk* b
     if (c == nullptr) {
       break;
     }
-    const std::size_t bottom = g.unmapped_bytes(c->addr, rounded);
-    pick = bottom < least ? c : pick;
-    at_top = bottom < least ? false : at_top;
-    least = std::min(least, bottom);
+    weigh(c, false);
   }
   return at_top ? split_top(st, stream, pick, rounded) : pick;
 }

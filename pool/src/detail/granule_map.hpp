@@ -82,17 +82,6 @@ class granule_map {
     return count * granule_;
   }
 
-  /// True if every granule [p, p + n) touches is mapped (acquire would map nothing). Stops at
-  /// the first unmapped granule.
-  [[nodiscard]] bool fully_mapped(const char* p, std::size_t n) const noexcept {
-    for (std::size_t g = first_of(p), last = end_of(p, n); g < last; ++g) {
-      if ((state_[g] & mapped_bit) == 0) {
-        return false;
-      }
-    }
-    return true;
-  }
-
   /// The live chunk [p, p + n) is gone: its granules that no other live chunk touches become
   /// mapped and free (the strategy decides when to unmap them: unmap_free).
   void release(const char* p, std::size_t n) noexcept {
