@@ -305,13 +305,10 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   return allocate_chunk(stream, bytes);  // (a virtual function has no clones)
 }
 
-// A request's chunk from the pool (the caller holds the mutex, and has reserved two nodes and a
-// live-table slot): the best fit (over a virtual resource, the mapped fit), carved; null if no free
-// chunk fits or the large pool should merge its wholly free segments first. Inlined into
-// allocate_chunk and allocate_missed.
-[[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, stream_view stream,
-                                                                   std::size_t rounded,
-                                                                   std::size_t bytes,
+// A request's best fit in the pool (the caller holds the mutex); null if no free chunk fits or
+// the large pool should merge its wholly free segments first. Inlined into allocate_chunk and
+// allocate_missed.
+[[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, std::size_t rounded,
                                                                    bool large) noexcept {
   // Two or more wholly free large segments holding at least half the large pool (typically
   // between the steps of a training loop): merge them into one before serving (see the header).
@@ -329,14 +326,21 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   if (c == nullptr && !large && options_.small_borrows_large) {
     c = st.index[1].best_fit(rounded);
   }
-  // Over a virtual resource a fit is judged by the granules it maps first, its size second.
-  if (vm_ != nullptr && c != nullptr) [[unlikely]] {
-    c = mapped_fit(st, stream, c, rounded);
-  }
-  if (c != nullptr) [[likely]] {
-    carve(st, stream, c, rounded, bytes);
-  }
   return c;
+}
+
+// The request's block from its best fit `c` (the caller holds the mutex, and has reserved two
+// nodes and a live-table slot): `c` carved, or over a virtual resource the mapped fit carved and
+// its granules mapped ({} when a map is refused: the caller releases the cache and asks once
+// more). Inlined into allocate_chunk and allocate_missed; the virtual resource's path is out of
+// line, so that the usual one tests vm_ once.
+[[gnu::always_inline]] inline block bfc_allocator::take(state& st, stream_view stream, bfc_chunk* c,
+                                                        std::size_t rounded, std::size_t bytes) {
+  if (vm_ == nullptr) [[likely]] {
+    carve(st, stream, c, rounded, bytes);
+    return {c->addr, rounded};
+  }
+  return take_mapped(st, stream, c, rounded, bytes);
 }
 
 // The usual request: one try under the mutex. Everything else (a merge, a new segment) is
@@ -350,12 +354,8 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes) {
   {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) [[likely]] {
-      if (vm_ == nullptr || map_chunk(st, stream, c)) [[likely]] {
-        return {c->addr, rounded};
-      }
-      uncarve(st, stream, c);
-      return {};  // out of memory: the caller releases the cache and asks once more
+    if (bfc_chunk* c = fit_locked(st, rounded, large)) [[likely]] {
+      return take(st, stream, c, rounded, bytes);
     }
   }
   return allocate_missed(stream, bytes);
@@ -373,12 +373,8 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes) {
   {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) {
-      if (vm_ == nullptr || map_chunk(st, stream, c)) {
-        return {c->addr, rounded};
-      }
-      uncarve(st, stream, c);
-      return {};
+    if (bfc_chunk* c = fit_locked(st, rounded, large)) {
+      return take(st, stream, c, rounded, bytes);
     }
     if (large && options_.consolidate && st.wholly_free[1] != 0) {
       detach_wholly_free(true, detached, detached_bytes);
@@ -845,6 +841,17 @@ bool bfc_allocator::map_chunk(state& st, stream_view stream, bfc_chunk* c) {
 // for a place with fewer granules to map: the bottom of a chunk, where carve cuts it, or its top
 // (a chunk freed just above free space that the unmap policy has trimmed). A larger chunk leaves a
 // larger remainder free: addresses, not memory.
+block bfc_allocator::take_mapped(state& st, stream_view stream, bfc_chunk* best,
+                                 std::size_t rounded, std::size_t bytes) {
+  bfc_chunk* const c = mapped_fit(st, stream, best, rounded);
+  carve(st, stream, c, rounded, bytes);
+  if (map_chunk(st, stream, c)) [[likely]] {
+    return {c->addr, rounded};
+  }
+  uncarve(st, stream, c);
+  return {};  // out of memory: the caller releases the cache and asks once more
+}
+
 bfc_chunk* bfc_allocator::mapped_fit(state& st, stream_view stream, bfc_chunk* best,
                                      std::size_t rounded) noexcept {
   const detail::granule_map& g = *st.granules;

@@ -250,14 +250,15 @@ class bfc_allocator final : public allocator {
   // The helpers below marked "locked" require the caller to hold the mutex. Those that take the
   // state take it from the caller, which read state_ before locking (read after the lock's
   // acquire, it would be loaded again).
-  // The hot paths, allocate_chunk and deallocate_chunk (fit_locked, carve and free_chunk inlined
-  // into them), are compiled once per instruction set (POOLSCOPE_HOT_CLONES,
+  // The hot paths, allocate_chunk and deallocate_chunk (fit_locked, take, carve and free_chunk
+  // inlined into them), are compiled once per instruction set (POOLSCOPE_HOT_CLONES,
   // detail/bfc_structures.hpp).
   block allocate_chunk(stream_view stream, std::size_t bytes);
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes);
-  detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
-                                std::size_t bytes, bool large) noexcept;  // locked
+  detail::bfc_chunk* fit_locked(state& st, std::size_t rounded, bool large) noexcept;  // locked
+  block take(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
+             std::size_t bytes);  // locked
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
                          detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
@@ -272,6 +273,9 @@ class bfc_allocator final : public allocator {
 
   // Over a virtual resource (the file comment). Locked helpers as above.
   [[nodiscard]] bool map_chunk(state& st, stream_view stream, detail::bfc_chunk* c);  // locked
+  /// take's path over a virtual resource: the mapped fit of `best` carved, its granules mapped.
+  block take_mapped(state& st, stream_view stream, detail::bfc_chunk* best, std::size_t rounded,
+                    std::size_t bytes);  // locked
   /// The free chunk a request of `rounded` bytes is carved from (at its bottom) instead of its
   /// best fit `best` (bfc_options::mapped_fit_candidates): `best`, or a larger free chunk, or the
   /// top of one split off (split_top) for the request to take.
