@@ -512,110 +512,74 @@ bfc_options keeping_granules(bool mapped_fit) {
   return o;
 }
 
-/// What a scripted request did: where it went, and the maps and mapped bytes it cost.
-struct request_outcome {
-  std::ptrdiff_t offset = 0;  ///< from the first block of the script, in bytes
-  std::uint64_t maps = 0;
-  std::size_t reserved_added = 0;
+/// A scripted case of the mapped fit, sizes in MiB. The blocks of `layout` are allocated in
+/// turn (large requests: one range grown in place, chunk after chunk); those of `unmapped` are
+/// freed and release_cached unmaps their granules; those of `kept` are freed then, their granules
+/// kept mapped. Then one request of `request` MiB is made.
+struct mapped_fit_case {
+  const char* what;
+  std::vector<std::size_t> layout;
+  std::vector<std::size_t> unmapped;
+  std::vector<std::size_t> kept;
+  std::size_t request;
+  std::size_t best_at, best_maps_mib;  ///< the plain best fit: where the request goes, MiB mapped
+  std::size_t fit_at, fit_maps_mib;    ///< the mapped fit
 };
 
-/// Runs `script` on a pool over a fresh host_vmm (64 KiB granules): the script lays out blocks
-/// (large requests: one range grown in place, chunk after chunk) and returns the first block's
-/// address; then one request of `bytes` is made, and what it cost is returned. Every step keeps
-/// the pool's invariants.
-template <typename Script>
-request_outcome after_script(bool mapped_fit, Script&& script, std::size_t bytes) {
+/// What the request of `c` did: where it went (MiB from the first block) and the MiB it mapped.
+std::pair<std::size_t, std::size_t> run_case(const mapped_fit_case& c, bool mapped_fit) {
   host_vmm_resource r{small_options()};
   bfc_allocator a{r, keeping_granules(mapped_fit)};
-  char* const base = script(a);
+  std::vector<char*> blocks;
+  std::size_t offset = 0;
+  for (const std::size_t mib : c.layout) {
+    blocks.push_back(static_cast<char*>(a.allocate({}, mib * MiB)));
+    EXPECT_EQ(blocks.back(), blocks.front() + offset * MiB) << "one range, chunk after chunk";
+    offset += mib;
+  }
+  std::size_t unmapped = 0;
+  for (const std::size_t i : c.unmapped) {
+    a.deallocate({}, blocks[i], c.layout[i] * MiB);
+    unmapped += c.layout[i] * MiB;
+  }
+  EXPECT_EQ(a.release_cached(), unmapped) << "their granules unmapped; the range stays";
+  for (const std::size_t i : c.kept) {
+    a.deallocate({}, blocks[i], c.layout[i] * MiB);
+  }
   EXPECT_EQ(a.check_invariants(), "");
   const allocator_stats before = a.stats();
-  char* const p = static_cast<char*>(a.allocate({}, bytes));
+  char* const p = static_cast<char*>(a.allocate({}, c.request * MiB));
   const allocator_stats after = a.stats();
   EXPECT_EQ(a.check_invariants(), "");
-  EXPECT_TRUE(r.is_mapped(p) && r.is_mapped(p + bytes - 1));
-  return {p - base, after.maps - before.maps, after.reserved - before.reserved};
+  EXPECT_TRUE(r.is_mapped(p) && r.is_mapped(p + c.request * MiB - 1));
+  EXPECT_EQ(after.maps - before.maps, after.reserved == before.reserved ? 0U : 1U)
+      << "what is mapped, in one run";
+  return {static_cast<std::size_t>(p - blocks.front()) / MiB,
+          (after.reserved - before.reserved) / MiB};
 }
 
-// Free chunks of 4 MiB (its granules unmapped) and 5 MiB (freed last, mapped): the best fit for
-// 4 MiB is the first and maps 64 granules; the mapped fit takes the bottom of the second and maps
-// nothing.
-TEST(bfc_over_host_vmm, a_request_whose_best_fit_would_map_takes_a_mapped_chunk_instead) {
-  const auto script = [](bfc_allocator& a) {
-    char* const x = static_cast<char*>(a.allocate({}, 4 * MiB));  // [0, 4) MiB
-    void* const s1 = a.allocate({}, 2 * MiB);                     // [4, 6)
-    void* const y = a.allocate({}, 5 * MiB);                      // [6, 11)
-    void* const s2 = a.allocate({}, 2 * MiB);                     // [11, 13)
-    EXPECT_EQ(static_cast<char*>(y), x + 6 * MiB) << "one range, chunk after chunk";
-    a.deallocate({}, x, 4 * MiB);
-    EXPECT_EQ(a.release_cached(), 4 * MiB) << "x's granules unmapped; the range stays";
-    a.deallocate({}, y, 5 * MiB);  // kept mapped
-    (void)s1;
-    (void)s2;
-    return x;
-  };
-  const request_outcome best = after_script(false, script, 4 * MiB);
-  EXPECT_EQ(best.offset, 0) << "the best fit: x's chunk";
-  EXPECT_EQ(best.maps, 1U);
-  EXPECT_EQ(best.reserved_added, 4 * MiB);
-  const request_outcome mapped = after_script(true, script, 4 * MiB);
-  EXPECT_EQ(mapped.offset, static_cast<std::ptrdiff_t>(6 * MiB)) << "the bottom of y's chunk";
-  EXPECT_EQ(mapped.maps, 0U);
-  EXPECT_EQ(mapped.reserved_added, 0U);
-}
-
-// A chunk freed just above unmapped free space merges with it: its mapped granules lie at the top
-// of the merged chunk [0, 6) MiB, which the mapped fit takes for a 2 MiB request whose best fit,
-// [8, 11), is unmapped.
-TEST(bfc_over_host_vmm, the_mapped_fit_takes_the_top_of_a_chunk_when_only_that_is_mapped) {
-  const auto script = [](bfc_allocator& a) {
-    char* const x = static_cast<char*>(a.allocate({}, 4 * MiB));  // [0, 4) MiB
-    void* const y = a.allocate({}, 2 * MiB);                      // [4, 6)
-    void* const s1 = a.allocate({}, 2 * MiB);                     // [6, 8)
-    void* const z = a.allocate({}, 3 * MiB);                      // [8, 11)
-    void* const s2 = a.allocate({}, 2 * MiB);                     // [11, 13)
-    a.deallocate({}, x, 4 * MiB);
-    a.deallocate({}, z, 3 * MiB);
-    EXPECT_EQ(a.release_cached(), 7 * MiB);
-    a.deallocate({}, y, 2 * MiB);  // merges with x's chunk: [0, 6), mapped from 4 MiB up
-    (void)s1;
-    (void)s2;
-    return x;
-  };
-  const request_outcome best = after_script(false, script, 2 * MiB);
-  EXPECT_EQ(best.offset, static_cast<std::ptrdiff_t>(8 * MiB)) << "the best fit: z's chunk";
-  EXPECT_EQ(best.maps, 1U);
-  EXPECT_EQ(best.reserved_added, 2 * MiB);
-  const request_outcome mapped = after_script(true, script, 2 * MiB);
-  EXPECT_EQ(mapped.offset, static_cast<std::ptrdiff_t>(4 * MiB)) << "y's granules, at the top";
-  EXPECT_EQ(mapped.maps, 0U);
-  EXPECT_EQ(mapped.reserved_added, 0U);
-}
-
-// When no place maps nothing, the one with the fewest granules to map: for 3 MiB, the best fit
-// [0, 3) MiB maps 48 granules, the bottom of [5, 9) (mapped from 5 to 7 MiB) 16.
+// Requests whose best fit would map, each against the plain best fit (mapped_fit_candidates 0)
+// on the same layout: the mapped fit takes the place with the fewest granules to map.
 TEST(bfc_over_host_vmm, the_mapped_fit_takes_the_place_with_the_fewest_granules_to_map) {
-  const auto script = [](bfc_allocator& a) {
-    char* const x = static_cast<char*>(a.allocate({}, 3 * MiB));  // [0, 3) MiB
-    void* const s1 = a.allocate({}, 2 * MiB);                     // [3, 5)
-    void* const y = a.allocate({}, 2 * MiB);                      // [5, 7)
-    void* const z = a.allocate({}, 2 * MiB);                      // [7, 9)
-    void* const s2 = a.allocate({}, 2 * MiB);                     // [9, 11)
-    a.deallocate({}, x, 3 * MiB);
-    a.deallocate({}, z, 2 * MiB);
-    EXPECT_EQ(a.release_cached(), 5 * MiB);
-    a.deallocate({}, y, 2 * MiB);  // [5, 9): mapped from 5 to 7 MiB
-    (void)s1;
-    (void)s2;
-    return x;
+  const std::vector<mapped_fit_case> cases{
+      // Free [0, 4) unmapped and [6, 11) mapped: the bottom of the larger one maps nothing.
+      {"a mapped chunk instead of an unmapped best fit", {4, 2, 5, 2}, {0}, {2}, 4, 0, 4, 6, 0},
+      // [4, 6) freed above the unmapped [0, 4) merges with it, its granules at the top of [0, 6);
+      // the best fit [8, 11) is unmapped.
+      {"the mapped top of a chunk", {4, 2, 2, 3, 2}, {0, 3}, {1}, 2, 8, 2, 4, 0},
+      // No place maps nothing: the best fit [0, 3) maps 3 MiB, the bottom of [5, 9) (mapped from
+      // 5 to 7) 1 MiB, 16 of its 48 granules.
+      {"the fewest granules to map", {3, 2, 2, 2, 2}, {0, 3}, {2}, 3, 0, 3, 5, 1},
   };
-  const request_outcome best = after_script(false, script, 3 * MiB);
-  EXPECT_EQ(best.offset, 0);
-  EXPECT_EQ(best.reserved_added, 3 * MiB);
-  const request_outcome mapped = after_script(true, script, 3 * MiB);
-  EXPECT_EQ(mapped.offset, static_cast<std::ptrdiff_t>(5 * MiB));
-  EXPECT_EQ(mapped.maps, 1U);
-  EXPECT_EQ(mapped.reserved_added, 1 * MiB) << "16 granules of 64 KiB";
+  for (const mapped_fit_case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const auto [best_at, best_mapped] = run_case(c, false);
+    EXPECT_EQ(best_at, c.best_at);
+    EXPECT_EQ(best_mapped, c.best_maps_mib);
+    const auto [fit_at, fit_mapped] = run_case(c, true);
+    EXPECT_EQ(fit_at, c.fit_at);
+    EXPECT_EQ(fit_mapped, c.fit_maps_mib);
+  }
 }
 
 /// One pool of the randomized comparison: its resource, the pool, its live blocks, and the bytes
