@@ -25,6 +25,7 @@
 #include "poolscope/pool/factory.hpp"
 #include "poolscope/pool/host_vmm_resource.hpp"
 #include "poolscope/pool/thread_cache_adaptor.hpp"
+#include "poolscope/pool/virtual_resource.hpp"
 #include "poolscope/profiler/recorder.hpp"
 #include "poolscope/profiler/snapshot_recorder.hpp"
 
@@ -473,17 +474,19 @@ std::unique_ptr<pool::resource> make_host_vmm(std::size_t capacity) {
 
 /// The allocator of a row: `strategy` as make_allocator composes it (a thread cache in front of
 /// bfc and best_fit), or without the cache (`cached` false, rows "-tc"), or with no lock biased
-/// towards a thread (`bias` false, rows "-bias": the caches' locks and bfc's pool lock).
+/// towards a thread (`bias` false, rows "-bias": the caches' locks and bfc's pool lock), or for
+/// bfc over a virtual resource with the plain best fit (`mapped_fit` false, rows "-mapfit").
 std::unique_ptr<pool::allocator> make_variant(const std::string& strategy, pool::resource& res,
-                                              bool cached, bool bias) {
+                                              bool cached, bool bias, bool mapped_fit) {
   pool::allocator_options o;
   o.thread_cache = cached;
   o.cache.owner_bias = bias;
-  if (strategy != "bfc" || bias) {
+  if (strategy != "bfc" || (bias && mapped_fit)) {
     return pool::make_allocator(strategy, res, o);
   }
   pool::bfc_options bo;
-  bo.lock_bias = false;
+  bo.lock_bias = bias;
+  bo.mapped_fit_candidates = mapped_fit ? bo.mapped_fit_candidates : 0;
   auto bfc = std::make_unique<pool::bfc_allocator>(res, bo);
   if (!cached) {
     return bfc;
@@ -735,6 +738,7 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
       res = capped.get();
     }
   }
+  const bool res_is_virtual = dynamic_cast<pool::virtual_resource*>(res) != nullptr;
   // bfc over the virtual-memory twin of the resource, beside the other rows.
   const std::string vmm_name = on_device ? "vmm" : "host_vmm";
   std::unique_ptr<pool::resource> vmm_resource;
@@ -802,15 +806,22 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
         }
       }
       struct variant {
-        std::string target;  // the row's
-        bool cached;         // thread cache on
-        bool bias;           // locks biased towards the threads using them (caches', bfc's pool)
+        std::string target;      // the row's
+        bool cached;             // thread cache on
+        bool bias;               // locks biased towards the threads using them (caches', bfc's)
+        bool mapped_fit = true;  // bfc over a virtual resource: its mapped fit
       };
       std::vector<variant> variants;
       for (const std::string& a : allocators) {
         variants.push_back({a, true, true});
+        if (o.compare_mapped_fit && a == "bfc" && res_is_virtual) {
+          variants.push_back({"bfc -mapfit", true, true, false});
+        }
         if (a == "bfc" && vmm_resource) {
           variants.push_back({"bfc over " + vmm_name, true, true});
+          if (o.compare_mapped_fit) {
+            variants.push_back({"bfc over " + vmm_name + " -mapfit", true, true, false});
+          }
         }
         if (o.compare_thread_cache && (a == "bfc" || a == "best_fit")) {
           variants.push_back({a + " -tc", false, true});
@@ -820,7 +831,7 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
           }
         }
       }
-      for (const auto& [a, cached, bias] : variants) {
+      for (const auto& [a, cached, bias, mapped_fit] : variants) {
         if (progress != nullptr) {
           *progress << "[bench] " << w << (w == "A3" ? " x" + std::to_string(th) : "") << ": " << a
                     << std::endl;
@@ -828,8 +839,8 @@ alloc_bench_report run_alloc_bench(const alloc_bench_options& o, std::ostream* p
         std::unique_ptr<pool::allocator> alloc;
         try {
           const bool over_vmm = a.find(" over ") != std::string::npos;
-          alloc =
-              make_variant(a.substr(0, a.find(' ')), over_vmm ? *vmm_resource : *res, cached, bias);
+          alloc = make_variant(a.substr(0, a.find(' ')), over_vmm ? *vmm_resource : *res, cached,
+                               bias, mapped_fit);
           allocator_target t{*alloc};
           auto m = run_workload(w, t, z, budget, overhead, th, o.seed, a5);
           auto row = make_row(w, a, "allocator", th, std::move(m));

@@ -111,11 +111,11 @@ struct bfc_allocator::state {
     wholly_free[index_of(c->pool)] -= whole;
     wholly_free_bytes[index_of(c->pool)] -= whole * c->size;
   }
-  /// Makes sure one carve (a node for the split's remainder, a live-table slot) will not
-  /// allocate: everything that can throw happens before the pool changes. May throw
-  /// std::bad_alloc.
+  /// Makes sure one carve (a node for the split's remainder, one for the free part below when
+  /// the mapped fit carves a chunk's top, a live-table slot) will not allocate: everything that
+  /// can throw happens before the pool changes. May throw std::bad_alloc.
   void reserve_for_carve() {
-    nodes.reserve(1);
+    nodes.reserve(2);
     live.reserve_one();
   }
   void link(bfc_segment* s) noexcept {
@@ -305,12 +305,10 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   return allocate_chunk(stream, bytes);  // (a virtual function has no clones)
 }
 
-// A request's chunk from the pool (the caller holds the mutex, and has reserved a node and a
-// live-table slot): the best fit, carved; null if no free chunk fits or the large pool should
-// merge its wholly free segments first. Inlined into allocate_chunk and allocate_missed.
-[[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, stream_view stream,
-                                                                   std::size_t rounded,
-                                                                   std::size_t bytes,
+// A request's best fit in the pool (the caller holds the mutex); null if no free chunk fits or
+// the large pool should merge its wholly free segments first. Inlined into allocate_chunk and
+// allocate_missed.
+[[gnu::always_inline]] inline bfc_chunk* bfc_allocator::fit_locked(state& st, std::size_t rounded,
                                                                    bool large) noexcept {
   // Two or more wholly free large segments holding at least half the large pool (typically
   // between the steps of a training loop): merge them into one before serving (see the header).
@@ -328,10 +326,21 @@ block bfc_allocator::do_allocate(stream_view stream, std::size_t bytes, std::siz
   if (c == nullptr && !large && options_.small_borrows_large) {
     c = st.index[1].best_fit(rounded);
   }
-  if (c != nullptr) [[likely]] {
-    carve(st, stream, c, rounded, bytes);
-  }
   return c;
+}
+
+// The request's block from its best fit `c` (the caller holds the mutex, and has reserved two
+// nodes and a live-table slot): `c` carved, or over a virtual resource the mapped fit carved and
+// its granules mapped ({} when a map is refused: the caller releases the cache and asks once
+// more). Inlined into allocate_chunk and allocate_missed; the virtual resource's path is out of
+// line, so that the usual one tests vm_ once.
+[[gnu::always_inline]] inline block bfc_allocator::take(state& st, stream_view stream, bfc_chunk* c,
+                                                        std::size_t rounded, std::size_t bytes) {
+  if (vm_ == nullptr) [[likely]] {
+    carve(st, stream, c, rounded, bytes);
+    return {c->addr, rounded};
+  }
+  return take_mapped(st, stream, c, rounded, bytes);
 }
 
 // The usual request: one try under the mutex. Everything else (a merge, a new segment) is
@@ -345,12 +354,8 @@ block bfc_allocator::allocate_chunk(stream_view stream, std::size_t bytes) {
   {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) [[likely]] {
-      if (vm_ == nullptr || map_chunk(st, stream, c)) [[likely]] {
-        return {c->addr, rounded};
-      }
-      uncarve(st, stream, c);
-      return {};  // out of memory: the caller releases the cache and asks once more
+    if (bfc_chunk* c = fit_locked(st, rounded, large)) [[likely]] {
+      return take(st, stream, c, rounded, bytes);
     }
   }
   return allocate_missed(stream, bytes);
@@ -368,12 +373,8 @@ block bfc_allocator::allocate_missed(stream_view stream, std::size_t bytes) {
   {
     std::lock_guard lock(st.mutex);
     st.reserve_for_carve();
-    if (bfc_chunk* c = fit_locked(st, stream, rounded, bytes, large)) {
-      if (vm_ == nullptr || map_chunk(st, stream, c)) {
-        return {c->addr, rounded};
-      }
-      uncarve(st, stream, c);
-      return {};
+    if (bfc_chunk* c = fit_locked(st, rounded, large)) {
+      return take(st, stream, c, rounded, bytes);
     }
     if (large && options_.consolidate && st.wholly_free[1] != 0) {
       detach_wholly_free(true, detached, detached_bytes);
@@ -835,6 +836,85 @@ bool bfc_allocator::map_chunk(state& st, stream_view stream, bfc_chunk* c) {
   return true;
 }
 
+// A map costs driver calls per granule (tens of microseconds each on a GPU) and looking at a few
+// chunks costs nanoseconds, so a request whose best fit would map looks a bounded way up the sizes
+// for a place with fewer granules to map: the bottom of a chunk, where carve cuts it, or its top
+// (a chunk freed just above free space that the unmap policy has trimmed). A larger chunk leaves a
+// larger remainder free: addresses, not memory.
+block bfc_allocator::take_mapped(state& st, stream_view stream, bfc_chunk* best,
+                                 std::size_t rounded, std::size_t bytes) {
+  bfc_chunk* const c = mapped_fit(st, stream, best, rounded);
+  carve(st, stream, c, rounded, bytes);
+  if (map_chunk(st, stream, c)) [[likely]] {
+    return {c->addr, rounded};
+  }
+  uncarve(st, stream, c);
+  return {};  // out of memory: the caller releases the cache and asks once more
+}
+
+bfc_chunk* bfc_allocator::mapped_fit(state& st, stream_view stream, bfc_chunk* best,
+                                     std::size_t rounded) noexcept {
+  const detail::granule_map& g = *st.granules;
+  std::size_t least = g.unmapped_bytes(best->addr, rounded);
+  if (least == 0 || options_.mapped_fit_candidates == 0) [[likely]] {
+    return best;
+  }
+  bfc_chunk* pick = best;
+  bool at_top = false;
+  // A place replaces the pick only when it maps strictly less: ties keep the smaller chunk, and
+  // of one chunk its bottom (weighed first).
+  const auto weigh = [&](bfc_chunk* c, bool top) {
+    const std::size_t unmapped =
+        g.unmapped_bytes(top ? c->addr + c->size - rounded : c->addr, rounded);
+    if (unmapped < least) {
+      least = unmapped;
+      pick = c;
+      at_top = top;
+    }
+  };
+  const detail::bfc_free_index& ix = st.index[index_of(best->pool)];
+  bfc_chunk* c = best;
+  for (std::size_t k = 0;; ++k) {
+    if (c->size > rounded) {
+      weigh(c, true);
+    }
+    if (least == 0 || k == options_.mapped_fit_candidates) {
+      break;
+    }
+    c = ix.next_larger(c);
+    if (c == nullptr) {
+      break;
+    }
+    weigh(c, false);
+  }
+  return at_top ? split_top(st, stream, pick, rounded) : pick;
+}
+
+bfc_chunk* bfc_allocator::split_top(state& st, stream_view stream, bfc_chunk* c,
+                                    std::size_t bytes) noexcept {
+  st.remove_free(c);  // it may cover its segment; its two parts do not
+  bfc_chunk* top = st.nodes.take_unset();
+  top->addr = c->addr + c->size - bytes;
+  top->size = bytes;
+  top->requested = 0;
+  top->prev = c;
+  top->next = c->next;
+  top->pool = c->pool;
+  top->is_free = true;
+  top->prev_free = true;              // c, below it
+  top->next_free = false;             // the chunk above c is live (free chunks never touch)
+  st.or_nobody(c->next)->prev = top;  // (its prev_free stays true: top is free)
+  c->next = top;
+  c->next_free = true;
+  c->size -= bytes;
+  st.add_free_part(c);
+  st.add_free_part(top);
+  if (hooks::active()) [[unlikely]] {
+    emit_split(stream, top->addr, bytes, c->addr, c->size);  // the top is the part taken
+  }
+  return top;
+}
+
 void bfc_allocator::release_granules(state& st, const bfc_chunk* c) noexcept {
   st.granules->release(c->addr, c->size);
   if (++st.frees_in_bucket >= options_.unmap_window_frees) {
@@ -967,7 +1047,7 @@ block bfc_allocator::grow_in_place(stream_view stream, std::size_t rounded, std:
   }
   const std::size_t have = top->is_free ? top->size : 0;
   const std::size_t grow = round_up(rounded - std::min(rounded, have), vm_->granularity());
-  st.nodes.reserve(1);
+  st.nodes.reserve(2);  // the chunk the growth adds (when the top is live), and carve's remainder
   st.live.reserve_one();
   if (grow == 0 || !vm_->extend(seg->base + seg->size, grow)) {
     return {};

@@ -273,6 +273,32 @@ TEST(cli_bench, compare_thread_cache_adds_rows_without_the_cache_and_without_the
             (std::vector<std::string>{"bfc", "bfc -tc", "bfc -bias", "bfc -tc -bias", "naive"}));
 }
 
+TEST(cli_bench, compare_mapped_fit_adds_rows_of_bfc_over_a_virtual_resource_with_the_best_fit) {
+  poolscope::testing::process_result r;
+  const json j = run_json(
+      {"bench", "alloc", "--quick", "--resource", "host", "--workloads", "A5", "--allocators",
+       "bfc,naive", "--no-baselines", "--seconds", "0.01", "--compare-mapped-fit"},
+      r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  std::vector<std::string> targets;
+  for (const auto& row : j["rows"]) {
+    targets.push_back(row["target"].get<std::string>());
+    EXPECT_TRUE(row["error"].is_null() || row["error"] == "") << row.dump();
+  }
+  EXPECT_EQ(targets, (std::vector<std::string>{"bfc", "bfc over host_vmm",
+                                               "bfc over host_vmm -mapfit", "naive"}));
+  // Over host_vmm itself, the bfc row is the one compared.
+  const json v = run_json(
+      {"bench", "alloc", "--quick", "--resource", "host_vmm", "--workloads", "A5", "--allocators",
+       "bfc", "--no-baselines", "--seconds", "0.01", "--compare-mapped-fit"},
+      r);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  ASSERT_EQ(v["rows"].size(), 2U);
+  EXPECT_EQ(v["rows"][0]["target"], "bfc");
+  EXPECT_EQ(v["rows"][1]["target"], "bfc -mapfit");
+  EXPECT_GT(v["rows"][1]["stats"]["maps"].get<std::uint64_t>(), 0U) << v["rows"][1].dump();
+}
+
 TEST(cli_bench, bad_options_fail_cleanly) {
   const std::vector<std::vector<std::string>> bad{
       {"bench"},

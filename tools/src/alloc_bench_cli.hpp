@@ -64,6 +64,9 @@ class alloc_bench_command {
                  "also run bfc and best_fit without the per-thread cache the default "
                  "composition puts in front of them (rows '<name> -tc') and with their locks "
                  "unbiased (rows '<name> -bias')");
+    app.add_flag("--compare-mapped-fit", options_.compare_mapped_fit,
+                 "also run bfc over a virtual resource (vmm, host_vmm) with the plain best fit "
+                 "instead of its mapped fit (rows '<name> -mapfit')");
     app.add_option("--json", json_path_,
                    "also write the results as JSON to this file ('-': stdout, the table then "
                    "going to stderr)")

@@ -318,6 +318,18 @@ class bfc_free_index {
     return next < 0 ? nullptr : chunk(lists_[static_cast<std::size_t>(next)].free_next);
   }
 
+  /// The free chunk after `c` in best-fit order (size, then the most recently freed first): the
+  /// next of its class, else the first of the next non-empty class; null after the largest.
+  /// O(1) plus a bitmap search. Precondition: `c` is in this index.
+  [[nodiscard]] bfc_chunk* next_larger(const bfc_chunk* c) const noexcept {
+    const unsigned cls = c->size_class;
+    if (c->free_next != &lists_[cls]) {
+      return chunk(c->free_next);
+    }
+    const int next = cls + 1 < class_count ? next_class(cls + 1) : -1;
+    return next < 0 ? nullptr : chunk(lists_[static_cast<std::size_t>(next)].free_next);
+  }
+
   /// Size of the largest free chunk (0 if none).
   [[nodiscard]] std::size_t largest() const noexcept {
     if (summary_ == 0) {

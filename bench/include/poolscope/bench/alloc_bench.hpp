@@ -57,6 +57,11 @@ struct alloc_bench_options {
   /// run; for bfc also with neither ("bfc -tc -bias": against "bfc -tc", the pool lock's bias
   /// alone).
   bool compare_thread_cache = false;
+  /// Also run bfc over a virtual resource (the "bfc over vmm" / "bfc over host_vmm" rows, and
+  /// "bfc" when the resource is vmm or host_vmm) with the plain best fit instead of its mapped
+  /// fit (bfc_options::mapped_fit_candidates 0; target "<name> -mapfit"): what the mapped fit
+  /// saves in maps, in one run.
+  bool compare_mapped_fit = false;
   /// Also run bfc over the virtual-memory twin of the resource (vmm on a GPU, host_vmm on the
   /// host; target "bfc over vmm" / "bfc over host_vmm"), where reserved is the bytes physically
   /// mapped: its rows beside the others in one run. Off, or when the resource is one of them.

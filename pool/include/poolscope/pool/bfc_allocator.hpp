@@ -66,6 +66,17 @@
 // (1 + unmap_high_fraction) x peak live (or keep_mapped_granules more) or the peak of the
 // granules live chunks touch. Pressure ignores the band: release_cached, and so the
 // out-of-memory retry after a refused map, unmaps every free granule.
+// Mapped fit (bfc_options::mapped_fit_candidates): over a virtual resource a fit is judged first
+// by the granules it would map, then by its size. When the bytes a request would take at the
+// bottom of its best fit lie in granules not all mapped, the request also weighs the best fit's
+// top and the bottom and top of the next mapped_fit_candidates free chunks in best-fit order
+// (the next larger sizes), and takes the place with the fewest granules to map: ties go to the
+// smaller chunk and its bottom, so a place that maps nothing stops the search, and nothing is
+// looked at when the best fit maps nothing (the usual case). A top is taken by splitting the chunk
+// there: a chunk freed just above free space that the unmap policy has trimmed holds its mapped
+// granules at its top. A driver map costs tens of microseconds per granule; the search costs a
+// look at the granules the request spans per place; a larger chunk leaves a larger free
+// remainder, which costs addresses, not memory.
 // Ownership: the allocator owns every segment it took and returns them all to the resource on
 // destruction (blocks still handed out are released with their segment).
 // Thread safety: thread-safe. One mutex guards all state (free index, live table, segment
@@ -84,7 +95,9 @@
 // (bitmap search with countr_zero, open-addressing hash table, pooled chunk nodes: no heap
 // allocation per operation), plus a walk of one size class when it holds chunks of several
 // sizes; one upstream call per segment. Over a virtual resource, a batch of unmaps walks the
-// free chunks from the largest size class down: O(size classes + granules of those it visits).
+// free chunks from the largest size class down: O(size classes + granules of those it visits);
+// a request whose best fit would map weighs at most 2 x (mapped_fit_candidates + 1) places, each
+// O(granules the request spans).
 #pragma once
 
 #include <cstddef>
@@ -150,6 +163,13 @@ struct bfc_options {
   double unmap_low_fraction = 1.0 / 64;
   std::size_t unmap_window_frees = std::size_t{1} << 16;
   std::size_t keep_mapped_granules = 4;
+  /// Over a virtual resource, the mapped fit (the file comment, "Mapped fit"): when the granules
+  /// a request would take at the bottom of its best fit are not all mapped, it also weighs the
+  /// best fit's top and the bottom and top of this many more free chunks of its pool, in best-fit
+  /// order, and takes the place with the fewest granules to map (ties: the smaller chunk, its
+  /// bottom first). Each costs a look at the granules the request spans. 0: the best fit alone,
+  /// as over any resource.
+  std::size_t mapped_fit_candidates = 16;
 };
 
 /// The state of a bfc_allocator's pool lock (bfc_allocator::lock_counts).
@@ -230,14 +250,15 @@ class bfc_allocator final : public allocator {
   // The helpers below marked "locked" require the caller to hold the mutex. Those that take the
   // state take it from the caller, which read state_ before locking (read after the lock's
   // acquire, it would be loaded again).
-  // The hot paths, allocate_chunk and deallocate_chunk (fit_locked, carve and free_chunk inlined
-  // into them), are compiled once per instruction set (POOLSCOPE_HOT_CLONES,
+  // The hot paths, allocate_chunk and deallocate_chunk (fit_locked, take, carve and free_chunk
+  // inlined into them), are compiled once per instruction set (POOLSCOPE_HOT_CLONES,
   // detail/bfc_structures.hpp).
   block allocate_chunk(stream_view stream, std::size_t bytes);
   free_outcome deallocate_chunk(stream_view stream, void* ptr, std::size_t bytes) noexcept;
   [[gnu::noinline]] block allocate_missed(stream_view stream, std::size_t bytes);
-  detail::bfc_chunk* fit_locked(state& st, stream_view stream, std::size_t rounded,
-                                std::size_t bytes, bool large) noexcept;  // locked
+  detail::bfc_chunk* fit_locked(state& st, std::size_t rounded, bool large) noexcept;  // locked
+  block take(state& st, stream_view stream, detail::bfc_chunk* c, std::size_t rounded,
+             std::size_t bytes);  // locked
   block allocate_segment(stream_view stream, bool large, std::size_t rounded, std::size_t bytes,
                          detail::bfc_segment* detached, std::size_t detached_bytes,
                          std::size_t reserved_now);
@@ -252,6 +273,19 @@ class bfc_allocator final : public allocator {
 
   // Over a virtual resource (the file comment). Locked helpers as above.
   [[nodiscard]] bool map_chunk(state& st, stream_view stream, detail::bfc_chunk* c);  // locked
+  /// take's path over a virtual resource: the mapped fit of `best` carved, its granules mapped.
+  block take_mapped(state& st, stream_view stream, detail::bfc_chunk* best, std::size_t rounded,
+                    std::size_t bytes);  // locked
+  /// The free chunk a request of `rounded` bytes is carved from (at its bottom) instead of its
+  /// best fit `best` (bfc_options::mapped_fit_candidates): `best`, or a larger free chunk, or the
+  /// top of one split off (split_top) for the request to take.
+  [[nodiscard]] detail::bfc_chunk* mapped_fit(state& st, stream_view stream,
+                                              detail::bfc_chunk* best,
+                                              std::size_t rounded) noexcept;  // locked
+  /// Splits free chunk `c` (larger than `bytes`) so that its top `bytes` are a free chunk of
+  /// their own, and returns that chunk.
+  detail::bfc_chunk* split_top(state& st, stream_view stream, detail::bfc_chunk* c,
+                               std::size_t bytes) noexcept;  // locked
   /// The live chunk `c` is being freed: its granules' counts, and the policy's bucket of frees.
   void release_granules(state& st, const detail::bfc_chunk* c) noexcept;  // locked
   /// The unmap policy's marks now (the file comment): {high, low}.
