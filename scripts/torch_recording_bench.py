@@ -13,6 +13,8 @@ follow a random sequence length, then frees them: one allocation and one free pe
   plug-in RECORD             with POOLSCOPE_RECORD (the event log)
   plug-in PROFILE            with POOLSCOPE_PROFILE (the line profile, native and Python stacks)
   plug-in SNAPSHOT           with POOLSCOPE_SNAPSHOT (the memory snapshot, the same stacks)
+  plug-in SNAPSHOT python    the same with POOLSCOPE_SNAPSHOT_STACKS=python (Python frames
+                             alone, as PyTorch's stacks="python": no native walk)
 Each configuration runs in a child process of its own (an allocator is chosen before PyTorch's
 first CUDA allocation); a child times the workload five times after a warm-up and keeps the best
 (wall clock of the whole step loop over the tensors made, and the calling thread's CPU time).
@@ -79,6 +81,8 @@ CONFIGS = [
     ("plug-in RECORD", {"POOLSCOPE_RECORD": "{tmp}/events.jsonl"}),
     ("plug-in PROFILE", {"POOLSCOPE_PROFILE": "{tmp}/profile.json"}),
     ("plug-in SNAPSHOT", {"POOLSCOPE_SNAPSHOT": "{tmp}/snap.pickle"}),
+    ("plug-in SNAPSHOT python", {"POOLSCOPE_SNAPSHOT": "{tmp}/snap.pickle",
+                                 "POOLSCOPE_SNAPSHOT_STACKS": "python"}),
 ]
 
 
@@ -135,18 +139,19 @@ def main():
                 if name in failed:
                     continue
                 env = dict(os.environ)
-                for k in ("POOLSCOPE_RECORD", "POOLSCOPE_PROFILE", "POOLSCOPE_SNAPSHOT"):
+                for k in ("POOLSCOPE_RECORD", "POOLSCOPE_PROFILE", "POOLSCOPE_SNAPSHOT",
+                          "POOLSCOPE_SNAPSHOT_STACKS"):
                     env.pop(k, None)
                 env.update({"POOLSCOPE_ALLOCATOR": "bfc", "POOLSCOPE_RESOURCE": "cuda"})
                 env.update({k: v.format(tmp=tmp) for k, v in extra.items()})
                 r = subprocess.run([sys.executable, "-c", CHILD, name, os.path.abspath(args.lib),
                                     str(args.tensors), cpus], env=env, capture_output=True, text=True)
                 if r.returncode != 0:
-                    print(f"{name:<22} FAILED\n{(r.stdout + r.stderr)[-2000:]}")
+                    print(f"{name:<24} FAILED\n{(r.stdout + r.stderr)[-2000:]}")
                     failed.add(name)
                     continue
                 runs[name].append(tuple(float(x) for x in r.stdout.strip().splitlines()[-1].split()))
-    print(f"{'configuration':<22} {'wall ns/tensor':>15} {'spread':>7} {'added':>8} "
+    print(f"{'configuration':<24} {'wall ns/tensor':>15} {'spread':>7} {'added':>8} "
           f"{'thread CPU ns':>14} {'added':>8}   (median of {args.repeat} processes)")
     results = {}
     for name, _ in CONFIGS:
@@ -157,7 +162,7 @@ def main():
         spread = max(w for w, _ in runs[name]) - min(w for w, _ in runs[name])
         results[name] = (wall, cpu)
         base = results.get("torch" if name.startswith("torch") else "plug-in", (wall, cpu))
-        print(f"{name:<22} {wall:>15.0f} {spread:>7.0f} {wall - base[0]:>+8.0f} {cpu:>14.0f} "
+        print(f"{name:<24} {wall:>15.0f} {spread:>7.0f} {wall - base[0]:>+8.0f} {cpu:>14.0f} "
               f"{cpu - base[1]:>+8.0f}")
     plain = results.get("plug-in")
     added = {k: (v[0] - plain[0], v[1] - plain[1]) for k, v in results.items()

@@ -25,6 +25,9 @@
  *                                it at exit and on poolscope_snapshot(); %p (pid) and %r (rank)
  *                                in FILE are expanded at each write; checked at the first use
  *   POOLSCOPE_SNAPSHOT_MAX_ENTRIES = N   trace entries kept per device (default 100000)
+ *   POOLSCOPE_SNAPSHOT_STACKS = all|python   as PyTorch's stacks=: "python" keeps only the
+ *                                Python frames where the thread runs Python, sparing the native
+ *                                walk (default "all": the native frames above the interpreter too)
  * In a Python process the line profile's and the snapshot's stacks hold the Python frames
  * (file, function, line) in place of the interpreter's.
  * Pool sizing, read with the pool (bytes, with binary suffixes K, M, G, T: "512M", "20G"):

@@ -15,6 +15,7 @@
 #include <new>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "plugin_options.hpp"
 #include "poolscope/error.hpp"
@@ -168,6 +169,15 @@ void install_snapshot(env_profilers& e, const char* pattern) noexcept {
                   "' is not a positive number; 100000 entries are kept");
       } else {
         options.max_entries = static_cast<std::size_t>(v);
+      }
+    }
+    if (const char* st = std::getenv("POOLSCOPE_SNAPSHOT_STACKS"); st != nullptr && *st != '\0') {
+      const std::string_view v = st;
+      if (v == "python") {
+        options.native_with_python = false;
+      } else if (v != "all") {
+        log_error(std::string("poolscope_alloc: POOLSCOPE_SNAPSHOT_STACKS '") + st +
+                  "' is neither 'all' nor 'python'; native and Python frames are kept (all)");
       }
     }
     // Stacks start at the caller of poolscope_malloc, as the line profile's do.

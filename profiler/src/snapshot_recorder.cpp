@@ -88,6 +88,7 @@ detail::stack_capture_options capture_options(const snapshot_recorder_options& o
   c.skip_frames = o.skip_frames;
   c.skip_modules_of = o.skip_modules_of;
   c.max_python_depth = o.max_python_depth;
+  c.native_with_python = o.native_with_python;
   return c;
 }
 

@@ -33,6 +33,11 @@ std::size_t stack_capturer::capture(std::uintptr_t* out, bool& truncated,
     py = python::capture(py_frames, std::min(options_.max_python_depth, std::size(py_frames)),
                          python_cut, outside_lock);
   }
+  if (py != 0 && !options_.native_with_python) {
+    truncated = python_cut;
+    std::memcpy(out, py_frames, py * sizeof(std::uintptr_t));
+    return py;
+  }
   std::uintptr_t raw[max_supported_depth + 128];
   const std::size_t own_frames = own_frames_.load(std::memory_order_relaxed);
   const std::size_t capacity =

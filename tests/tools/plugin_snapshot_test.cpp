@@ -247,6 +247,60 @@ TEST(plugin_python_frames, the_python_line_that_allocates_is_in_the_profile_and_
   }
 }
 
+// POOLSCOPE_SNAPSHOT_STACKS: "python" keeps the Python frames alone (the innermost is the line
+// that allocates, every frame the script's); "all", the default, and a refused value keep the
+// native frames above the interpreter's too.
+TEST(plugin_python_frames, snapshot_stacks_python_keeps_the_python_frames_alone) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "python3 cannot load a plug-in built with a sanitizer unless its runtime is "
+                  "preloaded";
+#endif
+  if (!have_python3()) {
+    GTEST_SKIP() << "python3 is not here";
+  }
+  const auto dir = fresh_dir("poolscope_plugin_snapshot_stacks");
+  const std::string script = (dir / "workload.py").string();
+  std::ofstream(script) << python_script;
+  for (const std::string mode : {"python", "all", "bogus"}) {
+    SCOPED_TRACE(mode);
+    const std::string snapshot = (dir / ("snap-" + mode + ".pickle")).string();
+    const auto r = poolscope::testing::run_process(
+        {"/bin/sh", "-c", "exec python3 " + script + " " + POOLSCOPE_ALLOC_PLUGIN_PATH},
+        {{"POOLSCOPE_RESOURCE", "host"},
+         {"POOLSCOPE_SNAPSHOT", snapshot},
+         {"POOLSCOPE_SNAPSHOT_STACKS", mode}});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(r.err.find("POOLSCOPE_SNAPSHOT_STACKS 'bogus'") != std::string::npos, mode == "bogus")
+        << r.err;
+    const memory_snapshot s = poolscope::analysis::read_memory_snapshot(snapshot);
+    std::size_t allocs = 0;
+    std::size_t native = 0;  // frames of no Python file
+    for (const auto& e : s.device_traces.at(0)) {
+      if (e.action != poolscope::profiler::trace_action::alloc) {
+        continue;
+      }
+      ++allocs;
+      const auto& frames = s.stacks.at(e.stack);
+      ASSERT_FALSE(frames.empty());
+      for (const auto& f : frames) {
+        native += f.filename == script ? 0 : 1;
+      }
+      if (mode == "python") {
+        EXPECT_EQ(frames.front().name, "allocate_weights");
+        EXPECT_EQ(frames.front().line, 8);
+        EXPECT_EQ(frames.back().name, "<module>");
+      }
+    }
+    EXPECT_EQ(allocs, 40U);
+    if (mode == "python") {
+      EXPECT_EQ(native, 0U);
+    } else {
+      EXPECT_GE(native, allocs);  // each stack has native frames above the interpreter's
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 
 #endif

@@ -48,6 +48,10 @@ struct stack_capture_options {
   std::span<const void* const> skip_modules_of{};
   /// Python frames kept (the innermost ones); 0: native frames only.
   std::size_t max_python_depth = 32;
+  /// Where the thread runs Python, also walk the native frames above the interpreter's (PyTorch's
+  /// stacks="all"); false keeps the Python frames alone there (stacks="python"), sparing the
+  /// native walk. A thread that runs no Python keeps its native frames either way.
+  bool native_with_python = true;
 };
 
 class stack_capturer {

@@ -62,6 +62,10 @@ struct snapshot_recorder_options {
   stack_unwinder unwinder = stack_unwinder::automatic;
   /// Python frames kept per stack in a Python process; 0: none. At most 256.
   std::size_t max_python_depth = 32;
+  /// Where the allocating thread runs Python: true keeps the native frames above the
+  /// interpreter's too (PyTorch's stacks="all"); false the Python frames alone (stacks="python"),
+  /// which spares the native walk. Without Python, native frames either way.
+  bool native_with_python = true;
   /// Frames dropped from the top after poolscope's own (an application's allocation wrapper).
   std::size_t skip_frames = 0;
   /// Code addresses whose shared objects count as poolscope's own (line_profiler_options).
