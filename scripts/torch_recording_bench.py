@@ -19,8 +19,9 @@ Each configuration runs in a child process of its own (an allocator is chosen be
 first CUDA allocation); a child times the workload five times after a warm-up and keeps the best
 (wall clock of the whole step loop over the tensors made, and the calling thread's CPU time).
 The configurations take turns, R rounds of one process each (so a slow spell of the machine falls
-on every configuration alike), and each row is the median over its R processes, with their
-spread (max - min wall). Every child runs on the same few CPUs of one NUMA node (--cpus; the
+on every configuration alike); each row gives the median over its R processes with their spread
+(max - min wall), and the fastest process's wall ("best": on a host where a process may run slow
+throughout, the steadiest figure of what a configuration adds). Every child runs on the same few CPUs of one NUMA node (--cpus; the
 default takes four of node 0's, past its first two), so neither a move between sockets nor a
 core's neighbours make one configuration look cheaper than another. Prints a table, "added" being the ns per tensor over the plain plug-in
 (over PyTorch's allocator for its history), and a summary line; exits 77 without a GPU or torch,
@@ -152,7 +153,8 @@ def main():
                     continue
                 runs[name].append(tuple(float(x) for x in r.stdout.strip().splitlines()[-1].split()))
     print(f"{'configuration':<24} {'wall ns/tensor':>15} {'spread':>7} {'added':>8} "
-          f"{'thread CPU ns':>14} {'added':>8}   (median of {args.repeat} processes)")
+          f"{'thread CPU ns':>14} {'added':>8} {'best':>7} {'added':>8}   (median of "
+          f"{args.repeat} processes; best: the fastest process's wall)")
     results = {}
     for name, _ in CONFIGS:
         if name in failed or not runs[name]:
@@ -160,10 +162,11 @@ def main():
         wall = statistics.median(w for w, _ in runs[name])
         cpu = statistics.median(c for _, c in runs[name])
         spread = max(w for w, _ in runs[name]) - min(w for w, _ in runs[name])
-        results[name] = (wall, cpu)
-        base = results.get("torch" if name.startswith("torch") else "plug-in", (wall, cpu))
+        best = min(w for w, _ in runs[name])
+        results[name] = (wall, cpu, best)
+        base = results.get("torch" if name.startswith("torch") else "plug-in", (wall, cpu, best))
         print(f"{name:<24} {wall:>15.0f} {spread:>7.0f} {wall - base[0]:>+8.0f} {cpu:>14.0f} "
-              f"{cpu - base[1]:>+8.0f}")
+              f"{cpu - base[1]:>+8.0f} {best:>7.0f} {best - base[2]:>+8.0f}")
     plain = results.get("plug-in")
     added = {k: (v[0] - plain[0], v[1] - plain[1]) for k, v in results.items()
              if plain is not None and k.startswith("plug-in ")}
