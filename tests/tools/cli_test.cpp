@@ -43,6 +43,16 @@ json run_json(const std::vector<std::string>& args, poolscope::testing::process_
   return text.empty() ? json() : json::parse(text);
 }
 
+/// The targets of a `bench alloc --json` report's rows, in order; each row without an error.
+std::vector<std::string> row_targets(const json& j) {
+  std::vector<std::string> targets;
+  for (const auto& row : j["rows"]) {
+    targets.push_back(row["target"].get<std::string>());
+    EXPECT_TRUE(row["error"].is_null() || row["error"] == "") << row.dump();
+  }
+  return targets;
+}
+
 /// Peak of live requested bytes over a trace, computed here independently of the library.
 std::size_t reference_peak(const poolscope::bench::trace& t) {
   std::map<std::uint32_t, std::size_t> live;
@@ -264,11 +274,7 @@ TEST(cli_bench, compare_thread_cache_adds_rows_without_the_cache_and_without_the
                            "--seconds", "0.01", "--compare-thread-cache"},
                           r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  std::vector<std::string> targets;
-  for (const auto& row : j["rows"]) {
-    targets.push_back(row["target"].get<std::string>());
-    EXPECT_TRUE(row["error"].is_null() || row["error"] == "") << row.dump();
-  }
+  const std::vector<std::string> targets = row_targets(j);
   EXPECT_EQ(targets,
             (std::vector<std::string>{"bfc", "bfc -tc", "bfc -bias", "bfc -tc -bias", "naive"}));
 }
@@ -280,11 +286,7 @@ TEST(cli_bench, compare_mapped_fit_adds_rows_of_bfc_over_a_virtual_resource_with
        "bfc,naive", "--no-baselines", "--seconds", "0.01", "--compare-mapped-fit"},
       r);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  std::vector<std::string> targets;
-  for (const auto& row : j["rows"]) {
-    targets.push_back(row["target"].get<std::string>());
-    EXPECT_TRUE(row["error"].is_null() || row["error"] == "") << row.dump();
-  }
+  const std::vector<std::string> targets = row_targets(j);
   EXPECT_EQ(targets, (std::vector<std::string>{"bfc", "bfc over host_vmm",
                                                "bfc over host_vmm -mapfit", "naive"}));
   // Over host_vmm itself, the bfc row is the one compared.

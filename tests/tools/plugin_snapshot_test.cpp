@@ -160,6 +160,15 @@ for blocks in steps(10):
         lib.poolscope_free(b, 1 << 20, 0, None)
 )";
 
+/// Why python3 cannot run the plug-in here, or nullptr when it can.
+const char* python_plugin_unusable() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return "python3 cannot load a plug-in built with a sanitizer unless its runtime is preloaded";
+#else
+  return have_python3() ? nullptr : "python3 is not here";
+#endif
+}
+
 /// The interpreters the Python frames are checked with: python3, and those named in
 /// POOLSCOPE_TEST_PYTHONS (colon-separated paths: other CPython versions, each read its own way).
 std::vector<std::string> pythons() {
@@ -234,12 +243,8 @@ void check_python_frames(const std::string& python) {
 }
 
 TEST(plugin_python_frames, the_python_line_that_allocates_is_in_the_profile_and_the_snapshot) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "python3 cannot load a plug-in built with a sanitizer unless its runtime is "
-                  "preloaded";
-#endif
-  if (!have_python3()) {
-    GTEST_SKIP() << "python3 is not here";
+  if (const char* why = python_plugin_unusable(); why != nullptr) {
+    GTEST_SKIP() << why;
   }
   for (const std::string& python : pythons()) {
     SCOPED_TRACE(python);
@@ -251,12 +256,8 @@ TEST(plugin_python_frames, the_python_line_that_allocates_is_in_the_profile_and_
 // that allocates, every frame the script's); "all", the default, and a refused value keep the
 // native frames above the interpreter's too.
 TEST(plugin_python_frames, snapshot_stacks_python_keeps_the_python_frames_alone) {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "python3 cannot load a plug-in built with a sanitizer unless its runtime is "
-                  "preloaded";
-#endif
-  if (!have_python3()) {
-    GTEST_SKIP() << "python3 is not here";
+  if (const char* why = python_plugin_unusable(); why != nullptr) {
+    GTEST_SKIP() << why;
   }
   const auto dir = fresh_dir("poolscope_plugin_snapshot_stacks");
   const std::string script = (dir / "workload.py").string();
