@@ -243,14 +243,16 @@ class staging_copies final : public detail::mpi_staging::device_copies {
   std::vector<queue> queues_;
 };
 
-// Warns once per process when the CPUs this rank may run on do not suit `between`
-// (rank_binding.hpp: one core, data between ranks by MPI).
-void warn_of_binding(const process_group& g, rank_transport between) {
+// Says once per process, at info level, when the CPUs this rank may run on do not suit `between`
+// (rank_binding.hpp: one core, data between ranks by MPI). Not a warning: with every host wait
+// polled, such a rank reshards about as fast as an unbound one on a GPU (docs/perf.md, "Across
+// processes"); a rank with more host work of its own still gains from cores to spare.
+void report_binding(const process_group& g, rank_transport between) {
   static std::once_flag warned;
   const std::string why = detail::binding_warning(detail::allowed_cpus(), between);
   if (!why.empty()) {
     std::call_once(warned,
-                   [&] { poolscope::log(log_level::warn, "darray " + g.describe() + ": " + why); });
+                   [&] { poolscope::log(log_level::info, "darray " + g.describe() + ": " + why); });
   }
 }
 
@@ -573,7 +575,7 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
     set_yield_to_copies(options.yield_to_copies);
     join_group(options.group);
     if (group()->size() > 1) {
-      warn_of_binding(*group(), options.between_ranks);
+      report_binding(*group(), options.between_ranks);
     }
     if (group()->size() > 1 && options.between_ranks == rank_transport::mpi) {
       std::vector<staging_copies::queue> queues;

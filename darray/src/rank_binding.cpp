@@ -48,8 +48,9 @@ std::string binding_warning(const std::vector<int>& cpus, rank_transport between
   return "this rank may run on CPU " + cpu_list_text(cpus) +
          " only (its affinity mask), and moving data between ranks by MPI "
          "(--between-ranks mpi) needs more: the thread issuing the work, the send and receive "
-         "workers of each GPU and MPI's progress all take turns on that core, so reshards run "
-         "slower. Open MPI binds each rank to one core when it starts two: start the ranks with "
+         "workers of each GPU and MPI's progress all take turns on that core, and reshards may "
+         "run slower. Open MPI binds each rank to one core when it starts two: start the ranks "
+         "with "
          "`mpirun --bind-to none` or `mpirun --map-by slot:PE=2 --bind-to core` "
          "(docs/multiprocess.md)";
 }
