@@ -19,6 +19,7 @@
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/rank_trace.hpp"
+#include "poolscope/byte_size.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
@@ -967,6 +968,7 @@ std::string darray_bench_report::to_json() const {
   j["allocator"] = allocator;
   j["transport"] = transport;
   j["between_ranks"] = between_ranks;
+  j["staging_chunk_bytes"] = staging_chunk_bytes;
   j["issue_threads"] = issue_threads;
   j["kernel_graphs"] = kernel_graphs;
   j["yield_to_copies"] = yield_to_copies;
@@ -1047,6 +1049,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
                  : o.transport == "nccl" ? darray::transport::nccl
                                          : darray::transport::automatic;
   bo.between_ranks = darray::parse_rank_transport(o.between_ranks);
+  bo.staging_chunk_bytes = parse_byte_size(o.staging_chunk);
   bo.group = o.group;
   auto be = darray::make_backend(o.devices, bo);
   const bool ranks = be->group()->size() > 1;
@@ -1070,6 +1073,7 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
   rep.allocator = o.allocator;
   rep.transport = o.transport;
   rep.between_ranks = o.between_ranks;
+  rep.staging_chunk_bytes = bo.staging_chunk_bytes;
   rep.issue_threads = be->issue_threads();
   rep.kernel_graphs = o.kernel_graphs;
   rep.yield_to_copies = o.yield_to_copies;
@@ -1112,7 +1116,11 @@ darray_bench_report run_darray_bench(const darray_bench_options& o, std::ostream
     t << (d > 0 ? ", " : "") << rep.device_names[d];
   }
   t << "), n = " << rep.n << " float32, allocator " << rep.allocator << ", transport "
-    << rep.transport << (rep.gpu && ranks ? ", between ranks " + rep.between_ranks : std::string())
+    << rep.transport
+    << (rep.gpu && ranks ? ", between ranks " + darray::describe_between_ranks(
+                                                    darray::parse_rank_transport(rep.between_ranks),
+                                                    rep.staging_chunk_bytes)
+                         : std::string())
     << ", issuing threads " << rep.issue_threads << ", kernels launched "
     << (rep.kernel_graphs ? "as graphs" : "plainly")
     << (rep.yield_to_copies ? ", compute yielding to copies out" : ", compute at full occupancy")

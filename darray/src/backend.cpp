@@ -136,6 +136,14 @@ rank_transport parse_rank_transport(std::string_view text) {
                          "' (expected nccl or mpi)");
 }
 
+std::string describe_between_ranks(rank_transport t, std::size_t staging_chunk_bytes) {
+  if (t != rank_transport::mpi) {
+    return std::string(to_string(t));
+  }
+  return staging_chunk_bytes == 0 ? std::string("mpi in whole pieces")
+                                  : "mpi in chunks of " + format_bytes(staging_chunk_bytes);
+}
+
 namespace {
 template <typename T>
 scalar identity_of(reduce_op op) noexcept {

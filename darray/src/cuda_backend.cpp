@@ -583,9 +583,9 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
         queues.push_back({d->ordinal, d->streams[1], d->events});
       }
       staging_copies_ = std::make_unique<staging_copies>(std::move(queues));
-      staging_ = std::make_unique<detail::mpi_staging>(group(), devices, *staging_copies_,
-                                                       pool::make_resource("pinned"),
-                                                       [this] { return attached_timeline(); });
+      staging_ = std::make_unique<detail::mpi_staging>(
+          group(), devices, *staging_copies_, pool::make_resource("pinned"),
+          [this] { return attached_timeline(); }, options.staging_chunk_bytes);
     } else if (group()->size() > 1) {
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
@@ -1391,11 +1391,11 @@ namespace {
 // of a host sees all its GPUs, they take them in turn (local rank k: k n .. k n + n - 1); where
 // there are too few for that, each rank is taken to see its own (CUDA_VISIBLE_DEVICES per rank,
 // srun --gpus-per-task) and takes the first n. Collective: the ranks then compare their choices of
-// `between` and their GPUs' UUIDs, and all refuse alike what rank_gpus_error finds (with NCCL,
-// two ranks of a host on one GPU).
-int first_gpu_of_rank(process_group& g, int n, int available, rank_transport between) {
+// `between` (and its staging chunks) and their GPUs' UUIDs, and all refuse alike what
+// rank_gpus_error finds (with NCCL, two ranks of a host on one GPU).
+int first_gpu_of_rank(process_group& g, int n, int available, const backend_options& o) {
   const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
-  detail::rank_gpus mine{g.host_name(), between, {}};
+  detail::rank_gpus mine{g.host_name(), o.between_ranks, {}, o.staging_chunk_bytes};
   for (int d = first; d < first + n; ++d) {
     cudaDeviceProp prop{};
     POOLSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
@@ -1442,7 +1442,7 @@ std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& o
     // An adopted NCCL communicator's GPU is the one current when it was made (the application's).
     POOLSCOPE_CUDA_CHECK(cudaGetDevice(&first));
   } else if (options.group && options.group->size() > 1) {
-    first = first_gpu_of_rank(*options.group, n, available, options.between_ranks);
+    first = first_gpu_of_rank(*options.group, n, available, options);
   }
   return std::make_shared<cuda_backend>(n, first, options);
 }

@@ -8,8 +8,18 @@
 
 namespace poolscope::darray::detail {
 
+namespace {
+// How a rank moves data to the others, as every rank must agree on it.
+std::string mode_of(const rank_gpus& g) {
+  return describe_between_ranks(g.between, g.staging_chunk_bytes);
+}
+}  // namespace
+
 std::string encode(const rank_gpus& g) {
   std::string line = g.host + ' ' + std::string(to_string(g.between));
+  if (g.between == rank_transport::mpi) {
+    line += '/' + std::to_string(g.staging_chunk_bytes);
+  }
   for (const std::string& u : g.uuids) {
     line += ' ' + u;
   }
@@ -28,18 +38,31 @@ rank_gpus decode(const std::string& line) {
   }
   rank_gpus g;
   g.host = words[0];
-  g.between = parse_rank_transport(words[1]);
+  const std::size_t slash = words[1].find('/');
+  g.between = parse_rank_transport(words[1].substr(0, slash));
+  if (g.between == rank_transport::mpi) {
+    const std::string chunk = slash == std::string::npos ? "" : words[1].substr(slash + 1);
+    if (chunk.empty() || chunk.find_first_not_of("0123456789") != std::string::npos ||
+        chunk.size() > 19) {
+      throw invalid_argument("darray cuda backend: a rank's GPUs read '" + line +
+                             "' (expected mpi/<chunk bytes>)");
+    }
+    g.staging_chunk_bytes = std::stoull(chunk);
+  } else if (slash != std::string::npos) {
+    throw invalid_argument("darray cuda backend: a rank's GPUs read '" + line +
+                           "' (expected nccl alone)");
+  }
   g.uuids.assign(words.begin() + 2, words.end());
   return g;
 }
 
 std::string rank_gpus_error(const std::vector<rank_gpus>& ranks) {
   for (std::size_t r = 1; r < ranks.size(); ++r) {
-    if (ranks[r].between != ranks[0].between) {
-      return "darray cuda backend: rank 0 moves data between ranks by " +
-             std::string(to_string(ranks[0].between)) + " and rank " + std::to_string(r) + " by " +
-             std::string(to_string(ranks[r].between)) +
-             " (backend_options::between_ranks, --between-ranks): every rank must choose the same";
+    if (mode_of(ranks[r]) != mode_of(ranks[0])) {
+      return "darray cuda backend: rank 0 moves data between ranks by " + mode_of(ranks[0]) +
+             " and rank " + std::to_string(r) + " by " + mode_of(ranks[r]) +
+             " (backend_options::between_ranks and staging_chunk_bytes, --between-ranks and "
+             "--staging-chunk): every rank must choose the same";
     }
   }
   if (ranks.empty() || ranks[0].between != rank_transport::nccl) {

@@ -5,6 +5,7 @@
 // Thread safety: reentrant. Cost: pairs of ranks times their GPUs.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -12,23 +13,25 @@
 
 namespace poolscope::darray::detail {
 
-/// One rank's GPUs: its host, its choice of transport, the UUIDs of its GPUs (hex text).
+/// One rank's GPUs: its host, its choice of transport, the UUIDs of its GPUs (hex text), and with
+/// MPI the chunks its pieces move in (backend_options::staging_chunk_bytes).
 struct rank_gpus {
   std::string host;
   rank_transport between = rank_transport::nccl;
   std::vector<std::string> uuids;
+  std::size_t staging_chunk_bytes = 0;
 };
 
-/// One line of text for process_group::all_gather ("host mode uuid ..."); host names have no
-/// spaces.
+/// One line of text for process_group::all_gather ("host mode uuid ...", the mode "nccl" or
+/// "mpi/<chunk bytes>"); host names have no spaces.
 [[nodiscard]] std::string encode(const rank_gpus& g);
 /// The rank_gpus of an encode()d line. Throws invalid_argument naming a line not made by encode.
 [[nodiscard]] rank_gpus decode(const std::string& line);
 
 /// What is wrong with every rank's GPUs (in rank order), "" when nothing is: ranks that chose
-/// different transports, or (NCCL) two ranks of one host on one GPU — the message then names
-/// between_ranks = mpi as the way to share it. Every rank computes the same text from the same
-/// lines, so all refuse alike.
+/// different transports (or MPI in different chunks), or (NCCL) two ranks of one host on one GPU —
+/// the message then names between_ranks = mpi as the way to share it. Every rank computes the same
+/// text from the same lines, so all refuse alike.
 [[nodiscard]] std::string rank_gpus_error(const std::vector<rank_gpus>& ranks);
 
 }  // namespace poolscope::darray::detail

@@ -37,15 +37,19 @@ TEST(between_ranks, names_parse_and_print_back) {
 }
 
 TEST(between_ranks, gpu_lines_round_trip) {
-  const rank_gpus g{"node7", rank_transport::mpi, {"00ff", "a1b2"}};
-  EXPECT_EQ(detail::encode(g), "node7 mpi 00ff a1b2");
+  const rank_gpus g{"node7", rank_transport::mpi, {"00ff", "a1b2"}, 4194304};
+  EXPECT_EQ(detail::encode(g), "node7 mpi/4194304 00ff a1b2");
   const rank_gpus back = detail::decode(detail::encode(g));
   EXPECT_EQ(back.host, "node7");
   EXPECT_EQ(back.between, rank_transport::mpi);
   EXPECT_EQ(back.uuids, (std::vector<std::string>{"00ff", "a1b2"}));
+  EXPECT_EQ(back.staging_chunk_bytes, 4194304U);
   EXPECT_TRUE(detail::decode("h nccl").uuids.empty());
-  EXPECT_THROW((void)detail::decode("lonely"), invalid_argument);
-  EXPECT_THROW((void)detail::decode("h tcp 00ff"), invalid_argument);
+  EXPECT_EQ(detail::decode("h mpi/0").staging_chunk_bytes, 0U);
+  for (const char* bad : {"lonely", "h tcp 00ff", "h mpi 00ff", "h mpi/ 00ff", "h mpi/4M 00ff",
+                          "h mpi/-1", "h nccl/4096 00ff", "h mpi/99999999999999999999"}) {
+    EXPECT_THROW((void)detail::decode(bad), invalid_argument) << bad;
+  }
 }
 
 TEST(between_ranks, nccl_refuses_two_ranks_of_a_host_on_one_gpu_and_names_mpi) {
@@ -78,9 +82,25 @@ TEST(between_ranks, ranks_that_choose_differently_are_refused_alike) {
   const std::string e = detail::rank_gpus_error({{"h", rank_transport::mpi, {"aa"}},
                                                  {"h", rank_transport::mpi, {"bb"}},
                                                  {"h", rank_transport::nccl, {"cc"}}});
-  EXPECT_NE(e.find("rank 0 moves data between ranks by mpi and rank 2 by nccl"), std::string::npos)
+  EXPECT_NE(e.find("rank 0 moves data between ranks by mpi in whole pieces and rank 2 by nccl"),
+            std::string::npos)
       << e;
   EXPECT_NE(e.find("every rank must choose the same"), std::string::npos) << e;
+}
+
+// By MPI, the ranks cut each piece alike or a receive would wait for chunks of another size.
+TEST(between_ranks, ranks_that_cut_pieces_differently_are_refused_alike) {
+  const std::string e = detail::rank_gpus_error(
+      {{"h", rank_transport::mpi, {"aa"}, 4 << 20}, {"h", rank_transport::mpi, {"aa"}, 1 << 20}});
+  EXPECT_NE(e.find("rank 0 moves data between ranks by mpi in chunks of 4.00 MiB (4194304 B) and "
+                   "rank 1 by mpi in chunks of 1.00 MiB"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--staging-chunk"), std::string::npos) << e;
+  // With NCCL the chunks play no part.
+  EXPECT_EQ(detail::rank_gpus_error({{"h", rank_transport::nccl, {"aa"}, 4 << 20},
+                                     {"h", rank_transport::nccl, {"bb"}, 0}}),
+            "");
 }
 
 // Host devices always move data between ranks by MPI: the option changes nothing there (under

@@ -8,7 +8,10 @@
 // transfer (the slices `poolscope trace merge` joins, as on host devices). A receive returns
 // before its peer sends. Alone: a send returns while its data is not yet ready on the queue; a
 // send or receive that fails is reported by check(), naming it (a failed receive still opens its
-// gate); either way the staging goes back to the pool.
+// gate); either way the staging goes back to the pool. In chunks: every chunk of a piece moves and
+// lands in order (the random plan in chunks that do not divide its sizes), a chunk reaches the
+// device while the later chunks of its piece are still held on the sender, and a chunk that
+// fails is named with its piece.
 #include "mpi_staging.hpp"
 
 #include <gtest/gtest.h>
@@ -183,6 +186,31 @@ TEST(mpi_staging, a_failed_receive_opens_its_gate_and_is_reported_by_check) {
   EXPECT_EQ(staging.staging_stats().in_use, 0U);
 }
 
+// Each chunk of a receive that fails opens its gate: the queue moves every chunk (stale bytes) and
+// goes on; check() names the piece and the first chunk that failed.
+TEST(mpi_staging, a_failed_chunked_receive_opens_every_gate_and_names_its_chunk) {
+  host_queues queues(1);
+  mpi_staging staging(process_group::single(), 1, queues, host_memory(), {}, 1024);
+  std::vector<std::int32_t> dst(1000, 0);  // 4000 B: chunks of 1024, 1024, 1024 and 928 B
+  EXPECT_EQ(staging.chunks(4000), 4U);
+  staging.receive(0, dst.data(), 4000, 1, 0, traced(false, 1, 0, 4000), "a receive of 4000 B");
+  bool behind = false;
+  queues.queue(0).push([&behind] { behind = true; });
+  staging.drain();
+  queues.drain();
+  EXPECT_TRUE(behind);
+  EXPECT_EQ(queues.copies_run(), 4);
+  try {
+    staging.check();
+    ADD_FAILURE() << "the failed receive was not reported";
+  } catch (const communication_error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("a receive of 4000 B (chunk 1 of 4): "), std::string::npos) << what;
+  }
+  EXPECT_EQ(staging.staging_stats().in_use, 0U);
+  EXPECT_EQ(staging.staging_stats().allocations, 1U);  // one staging for the piece
+}
+
 // The issuing thread does not wait for a receive's peer: rank 0 issues a receive from rank 1 and
 // enqueues work behind it, then passes a barrier that rank 1 enters before it sends (a receive
 // that waited for its bytes where it was issued would never reach the barrier). Meanwhile the
@@ -221,6 +249,97 @@ TEST(mpi_staging, a_receive_returns_before_its_peer_sends) {
     std::size_t wrong = 0;
     for (std::size_t i = 0; i < count; ++i) {
       wrong += data[i] != payload(7, i) ? 1 : 0;
+    }
+    EXPECT_EQ(wrong, 0U);
+  }
+  group->barrier();
+}
+
+// Host queues whose copies to the host after the first are held: their waits return only once
+// release() is called, so a sender's worker sends the first chunk of a piece and then waits.
+class held_downloads final : public mpi_staging::device_copies {
+ public:
+  explicit held_downloads(host_queues& queues) : queues_(queues) {}
+  [[nodiscard]] std::function<void()> enqueue_download(int device, void* to, const void* from,
+                                                       std::size_t bytes) override {
+    auto done = queues_.enqueue_download(device, to, from, bytes);
+    if (downloads_++ == 0) {
+      return done;
+    }
+    return [done = std::move(done), released = released_] {
+      released.wait();
+      done();
+    };
+  }
+  [[nodiscard]] std::function<void()> enqueue_gated_upload(int device, void* to, const void* from,
+                                                           std::size_t bytes,
+                                                           std::uint32_t* gate) override {
+    return queues_.enqueue_gated_upload(device, to, from, bytes, gate);
+  }
+  void release() { release_.set_value(); }
+
+ private:
+  host_queues& queues_;
+  int downloads_ = 0;
+  std::promise<void> release_;
+  std::shared_future<void> released_ = release_.get_future().share();
+};
+
+// A piece's chunks pipeline: rank 1 sends a piece of four chunks whose later chunks it holds on
+// its host queue; rank 0's first chunk reaches its device meanwhile (a piece moved whole would
+// land all at once, or not at all). Then rank 1 lets the rest go and the whole piece lands.
+TEST(mpi_staging, a_chunk_lands_while_the_later_chunks_of_its_piece_are_held) {
+  const auto group = test_support::test_group();
+  if (group->size() < 2) {
+    GTEST_SKIP() << "moves data between ranks: ctest's darray.mpi tests run it under mpirun";
+  }
+  const int me = group->rank();
+  constexpr std::size_t chunk = std::size_t{64} << 10;  // beyond MPI's eager sizes
+  constexpr std::size_t count = chunk;                  // int32: four chunks
+  host_queues queues(1);
+  held_downloads copies(queues);
+  std::vector<std::int32_t> data(count, -1);
+  {
+    mpi_staging staging(group, 1, copies, host_memory(), {}, chunk);
+    ASSERT_EQ(staging.chunks(count * 4), 4U);
+    if (me == 1) {
+      for (std::size_t i = 0; i < count; ++i) {
+        data[i] = payload(3, i);
+      }
+      staging.send(0, data.data(), count * 4, 0, 9, traced(true, 1, 0, count * 4), "piece");
+    } else if (me == 0) {
+      staging.receive(0, data.data(), count * 4, 1, 9, traced(false, 1, 0, count * 4), "piece");
+      // A bound, not a timing: the first chunk lands at once unless the chunks do not pipeline.
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (queues.copies_run() == 0 && std::chrono::steady_clock::now() < give_up) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      EXPECT_EQ(queues.copies_run(), 1) << "the first chunk did not land alone";
+      std::size_t first_wrong = 0;
+      std::size_t rest_landed = 0;
+      for (std::size_t i = 0; i < count; ++i) {
+        if (i < count / 4) {
+          first_wrong += data[i] != payload(3, i) ? 1 : 0;
+        } else {
+          rest_landed += data[i] != -1 ? 1 : 0;
+        }
+      }
+      EXPECT_EQ(first_wrong, 0U);
+      EXPECT_EQ(rest_landed, 0U);
+    }
+    group->barrier();
+    if (me == 1) {
+      copies.release();
+    }
+    staging.drain();
+    queues.drain();
+    EXPECT_NO_THROW(staging.check());
+  }
+  if (me == 0) {
+    EXPECT_EQ(queues.copies_run(), 4);
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < count; ++i) {
+      wrong += data[i] != payload(3, i) ? 1 : 0;
     }
     EXPECT_EQ(wrong, 0U);
   }
@@ -314,10 +433,16 @@ TEST(mpi_staging, a_random_plan_crosses_ranks_in_order) {
   host_queues queues(devices);
   std::vector<std::vector<std::int32_t>> sources(plan.size());
   std::vector<std::vector<std::int32_t>> received(plan.size());
-  int mine = 0;
+  // Chunks that divide none of the large sizes; small ones move whole.
+  constexpr std::size_t chunk = 96 * 1024 + 4;
+  const auto chunks_of = [&](std::size_t bytes) {
+    return bytes <= chunk ? 1 : (bytes + chunk - 1) / chunk;
+  };
+  std::size_t mine = 0;
   rank_trace trace(*group);
   {
-    mpi_staging staging(group, devices, queues, host_memory(), [&trace] { return &trace.tl; });
+    mpi_staging staging(
+        group, devices, queues, host_memory(), [&trace] { return &trace.tl; }, chunk);
     for (std::size_t k = 0; k < plan.size(); ++k) {
       const planned& p = plan[k];
       // As the backend tags them: one tag per pair of devices.
@@ -340,7 +465,7 @@ TEST(mpi_staging, a_random_plan_crosses_ranks_in_order) {
             p.src_dev, data, count * 4, p.dst, tag,
             traced(true, p.src * devices + p.src_dev, p.dst * devices + p.dst_dev, count * 4),
             what);
-        ++mine;
+        mine += chunks_of(p.count * 4);
       }
       if (p.dst == me) {
         received[k].assign(p.count, -2);
@@ -348,7 +473,7 @@ TEST(mpi_staging, a_random_plan_crosses_ranks_in_order) {
             p.dst_dev, received[k].data(), p.count * 4, p.src, tag,
             traced(false, p.src * devices + p.src_dev, p.dst * devices + p.dst_dev, p.count * 4),
             what);
-        ++mine;
+        mine += chunks_of(p.count * 4);
       }
     }
     staging.drain();
@@ -356,7 +481,7 @@ TEST(mpi_staging, a_random_plan_crosses_ranks_in_order) {
     EXPECT_NO_THROW(staging.check());
     EXPECT_EQ(staging.staging_stats().in_use, 0U);
   }
-  EXPECT_EQ(queues.copies(), mine);
+  EXPECT_EQ(static_cast<std::size_t>(queues.copies()), mine);
   for (std::size_t k = 0; k < plan.size(); ++k) {
     if (plan[k].dst != me) {
       continue;
@@ -367,7 +492,8 @@ TEST(mpi_staging, a_random_plan_crosses_ranks_in_order) {
     }
     EXPECT_EQ(wrong, 0U) << "transfer " << k << " from rank " << plan[k].src;
   }
-  // Every transfer crosses two ranks: one flow each, from its send to its receive.
+  // Every transfer crosses two ranks: one flow each (not one per chunk), from its send to its
+  // receive.
   const std::string merged = trace.merge();
   EXPECT_EQ(merged, std::to_string(plan.size()) + " flows, 0 unmatched");
 }

@@ -15,6 +15,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "poolscope/byte_size.hpp"
+
 namespace poolscope::tools {
 
 namespace cli_detail {
@@ -93,6 +95,20 @@ inline CLI::Validator positive_number() {
 inline CLI::Validator non_negative_number() {
   return CLI::Validator([](std::string& s) { return cli_detail::check_number(s, false); },
                         "NONNEGATIVE", "non_negative_number");
+}
+
+/// A byte count as parse_byte_size takes it ("4096", "512K", "4M", "80G").
+inline CLI::Validator byte_count() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          (void)parse_byte_size(s);
+          return {};
+        } catch (const std::exception& e) {
+          return e.what();
+        }
+      },
+      "BYTES", "byte_count");
 }
 
 /// An on/off setting: 1 or 0 (also true/false, on/off, yes/no). CLI11 alone would read any

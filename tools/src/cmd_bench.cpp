@@ -119,6 +119,14 @@ void register_bench(CLI::App& app) {
       ->check(CLI::IsMember({"nccl", "mpi"}))
       ->capture_default_str();
   darray_cmd
+      ->add_option(
+          "--staging-chunk", d->options.staging_chunk,
+          "with --between-ranks mpi: each piece moves in chunks of this many bytes (4M, 512K; "
+          "0: whole), so that its copy to the host, its MPI transfer and its copy to the "
+          "device overlap; every rank must give the same")
+      ->check(poolscope::tools::byte_count())
+      ->capture_default_str();
+  darray_cmd
       ->add_option("--issue-threads", d->options.issue_threads,
                    "threads enqueueing devices' shares of an op beside the caller's (-1: the "
                    "backend's default, one per GPU after the first with --kernel-graphs 0, "

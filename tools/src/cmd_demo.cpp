@@ -85,6 +85,13 @@ void register_demo(CLI::App& app) {
                   "(staged through pinned host memory; ranks may share a GPU)")
       ->check(CLI::IsMember({"nccl", "mpi"}))
       ->capture_default_str();
+  sub->add_option(
+         "--staging-chunk", o->staging_chunk,
+         "with --between-ranks mpi: each piece moves in chunks of this many bytes (4M, 512K; "
+         "0: whole), so that its copy to the host, its MPI transfer and its copy to the "
+         "device overlap; every rank must give the same")
+      ->check(poolscope::tools::byte_count())
+      ->capture_default_str();
   sub->add_option("--out", outputs->folder,
                   "folder for trace.json and report.json (made if missing; default: a fresh "
                   "folder in $TMPDIR, named in the summary)")

@@ -633,14 +633,7 @@ void register_replay(CLI::App& app) {
   sub->add_option("--capacity", cmd->capacity,
                   "bytes the upstream may hold (suffixes K, M, G, T: 512M, 80G; default: no "
                   "limit)")
-      ->check([](const std::string& s) {
-        try {
-          (void)parse_byte_size(s);
-          return std::string();
-        } catch (const std::exception& e) {
-          return std::string(e.what());
-        }
-      });
+      ->check(poolscope::tools::byte_count());
   sub->add_option("--only-allocator", cmd->only_allocator,
                   "replay only the records of this recorded allocator (nested pools log each "
                   "request twice)");

@@ -30,6 +30,7 @@
 #include "poolscope/darray/fork_join.hpp"
 #include "poolscope/darray/process_group.hpp"
 #include "poolscope/darray/rank_trace.hpp"
+#include "poolscope/byte_size.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/hooks/hook.hpp"
@@ -205,6 +206,7 @@ darray::backend_options backend_options_of(const darray_demo_options& o) {
                            "' (expected auto, peer or nccl)");
   }
   bo.between_ranks = darray::parse_rank_transport(o.between_ranks);
+  bo.staging_chunk_bytes = parse_byte_size(o.staging_chunk);
   return bo;
 }
 
@@ -541,6 +543,7 @@ nlohmann::json demo_metadata(const darray_demo_options& o, const demo_setup& s,
   demo["allocator"] = o.allocator;
   demo["transport"] = o.transport;
   demo["between_ranks"] = o.between_ranks;
+  demo["staging_chunk_bytes"] = parse_byte_size(o.staging_chunk);
   demo["kernel_graphs"] = o.kernel_graphs;
   demo["yield_to_copies"] = o.yield_to_copies;
   demo["cupti_kinds"] = s.gpu && o.cupti ? profiler::activity_kinds_of(s.cupti) : "";
@@ -653,7 +656,11 @@ void write_timings(std::ostream& t, const darray_demo_options& o, const demo_set
       << s.be->device_name(d);
   }
   t << "), N = " << s.n << " float32, allocator " << o.allocator << ", transport " << o.transport
-    << (s.group->size() > 1 && s.gpu ? ", between ranks " + o.between_ranks : std::string())
+    << (s.group->size() > 1 && s.gpu
+            ? ", between ranks " +
+                  darray::describe_between_ranks(darray::parse_rank_transport(o.between_ranks),
+                                                 parse_byte_size(o.staging_chunk))
+            : std::string())
     << "\n\n";
   t << fmt("  A + B                      %9.3f ms\n", res.t_add_ms);
   t << fmt("  C.reshard(A.index_map())   %9.3f ms", res.t_reshard_ms) << "   moved "

@@ -56,6 +56,8 @@ struct darray_bench_options {
   std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
   /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
   std::string between_ranks = "nccl";
+  /// darray::backend_options::staging_chunk_bytes as a byte count ("4M"; "0": pieces whole).
+  std::string staging_chunk = "4M";
   std::string allocator = "bfc";  ///< darray's pool strategy per device
   /// backend_options::issue_threads (-1: the backend's default)
   int issue_threads = -1;
@@ -127,11 +129,12 @@ struct darray_bench_report {
   std::string baselines;  ///< "cuda" or "memcpy"
   std::string allocator;
   std::string transport;
-  std::string between_ranks;      ///< darray_bench_options::between_ranks
-  std::size_t issue_threads = 0;  ///< the backend's issuing threads (backend::issue_threads)
-  bool kernel_graphs = true;      ///< darray_bench_options::kernel_graphs
-  bool yield_to_copies = true;    ///< darray_bench_options::yield_to_copies
-  std::int64_t split_mib = 64;    ///< reshard pieces above this are split (0: never)
+  std::string between_ranks;            ///< darray_bench_options::between_ranks
+  std::size_t staging_chunk_bytes = 0;  ///< darray_bench_options::staging_chunk, parsed
+  std::size_t issue_threads = 0;        ///< the backend's issuing threads (backend::issue_threads)
+  bool kernel_graphs = true;            ///< darray_bench_options::kernel_graphs
+  bool yield_to_copies = true;          ///< darray_bench_options::yield_to_copies
+  std::int64_t split_mib = 64;          ///< reshard pieces above this are split (0: never)
   int repeat = 0;
   std::int64_t n = 0;      ///< D1 elements
   std::string trace_path;  ///< darray_bench_options::trace_path (empty: not traced)

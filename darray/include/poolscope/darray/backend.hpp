@@ -242,6 +242,9 @@ enum class rank_transport : std::uint8_t {
 [[nodiscard]] std::string_view to_string(rank_transport t) noexcept;
 /// "nccl" or "mpi". Throws invalid_argument naming any other text.
 [[nodiscard]] rank_transport parse_rank_transport(std::string_view text);
+/// "nccl", "mpi in chunks of 4.00 MiB" or "mpi in whole pieces" (backend_options::between_ranks and
+/// staging_chunk_bytes, for messages and summaries).
+[[nodiscard]] std::string describe_between_ranks(rank_transport t, std::size_t staging_chunk_bytes);
 
 /// Settings of a backend.
 struct backend_options {
@@ -273,6 +276,11 @@ struct backend_options {
   /// staged through pinned host memory (ranks may share a GPU; NCCL need not be usable). Every
   /// rank must choose the same. Ignored by host backends and by a group of one.
   rank_transport between_ranks = rank_transport::nccl;
+  /// CUDA over several ranks with between_ranks = mpi: pieces move in chunks of this many bytes,
+  /// each copied to the host, sent and copied to the device on its own, so that the three steps
+  /// of a large piece overlap (docs/multiprocess.md). 0: a piece moves whole. Every rank must
+  /// give the same, as between_ranks (the backend refuses a difference, naming it).
+  std::size_t staging_chunk_bytes = std::size_t{4} << 20;
 };
 
 /// What a backend did.
