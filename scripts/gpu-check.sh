@@ -201,6 +201,10 @@ PY
     step "bench D1, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" \
       bench darray --devices cuda:1 --between-ranks mpi --only D1 \
       --json "$out/bench_d1_ranks_mpi.json" --trace "$out/bench_d1_ranks_mpi_trace.json.gz"
+    # The same with pieces moved whole (no chunks: each piece's three steps one after another).
+    step "bench D1, 2 ranks on one GPU (MPI), pieces whole" "$out/ranks_mpi.log" "${shared[@]}" \
+      "$cli" bench darray --devices cuda:1 --between-ranks mpi --staging-chunk 0 --only D1 \
+      --json "$out/bench_d1_ranks_mpi_whole.json"
     step "piece flows in the merged bench trace (MPI)" "$out/ranks_mpi.log" sh -c \
       '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
       "$cli" "$out/bench_d1_ranks_mpi_trace.json.gz"
