@@ -121,7 +121,7 @@ void register_bench(CLI::App& app) {
   darray_cmd
       ->add_option(
           "--staging-chunk", d->options.staging_chunk,
-          "with --between-ranks mpi: each piece moves in chunks of this many bytes (4M, 512K; "
+          "with --between-ranks mpi: each piece moves in chunks of this many bytes (16M, 4M; "
           "0: whole), so that its copy to the host, its MPI transfer and its copy to the "
           "device overlap; every rank must give the same")
       ->check(poolscope::tools::byte_count())

@@ -49,8 +49,8 @@ struct darray_demo_options {
   std::string transport = "auto";  ///< auto, peer, nccl
   /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
   std::string between_ranks = "nccl";
-  /// darray::backend_options::staging_chunk_bytes as a byte count ("4M"; "0": pieces whole).
-  std::string staging_chunk = "4M";
+  /// darray::backend_options::staging_chunk_bytes as a byte count ("16M"; "0": pieces whole).
+  std::string staging_chunk = "16M";
   std::string trace_path = "trace.json";
   std::string report_path = "report.json";
   bool overwrite = false;  ///< replace a trace or report file that exists (else refused)

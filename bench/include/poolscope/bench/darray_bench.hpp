@@ -56,8 +56,8 @@ struct darray_bench_options {
   std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
   /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
   std::string between_ranks = "nccl";
-  /// darray::backend_options::staging_chunk_bytes as a byte count ("4M"; "0": pieces whole).
-  std::string staging_chunk = "4M";
+  /// darray::backend_options::staging_chunk_bytes as a byte count ("16M"; "0": pieces whole).
+  std::string staging_chunk = "16M";
   std::string allocator = "bfc";  ///< darray's pool strategy per device
   /// backend_options::issue_threads (-1: the backend's default)
   int issue_threads = -1;

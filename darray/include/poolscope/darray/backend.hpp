@@ -278,9 +278,11 @@ struct backend_options {
   rank_transport between_ranks = rank_transport::nccl;
   /// CUDA over several ranks with between_ranks = mpi: pieces move in chunks of this many bytes,
   /// each copied to the host, sent and copied to the device on its own, so that the three steps
-  /// of a large piece overlap (docs/multiprocess.md). 0: a piece moves whole. Every rank must
-  /// give the same, as between_ranks (the backend refuses a difference, naming it).
-  std::size_t staging_chunk_bytes = std::size_t{4} << 20;
+  /// of a large piece overlap (docs/multiprocess.md). Smaller chunks pipeline more finely but
+  /// each costs a copy, a message and a worker job: 16 MiB reshards fastest of those measured
+  /// (docs/perf.md, "Across processes"). 0: a piece moves whole. Every rank must give the same,
+  /// as between_ranks (the backend refuses a difference, naming it).
+  std::size_t staging_chunk_bytes = std::size_t{16} << 20;
 };
 
 /// What a backend did.
