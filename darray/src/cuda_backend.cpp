@@ -10,6 +10,7 @@
 #include <climits>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -1395,7 +1396,10 @@ namespace {
 // rank_gpus_error finds (with NCCL, two ranks of a host on one GPU).
 int first_gpu_of_rank(process_group& g, int n, int available, const backend_options& o) {
   const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
-  detail::rank_gpus mine{g.host_name(), o.between_ranks, {}, o.staging_chunk_bytes};
+  detail::rank_gpus mine{detail::nccl_host(g.host_name(), std::getenv("NCCL_HOSTID")),
+                         o.between_ranks,
+                         {},
+                         o.staging_chunk_bytes};
   for (int d = first; d < first + n; ++d) {
     cudaDeviceProp prop{};
     POOLSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));

@@ -2,6 +2,7 @@
 #include "rank_gpus.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 
 #include "poolscope/error.hpp"
@@ -14,6 +15,16 @@ std::string mode_of(const rank_gpus& g) {
   return describe_between_ranks(g.between, g.staging_chunk_bytes);
 }
 }  // namespace
+
+std::string nccl_host(const std::string& host_name, const char* nccl_hostid) {
+  std::string host = nccl_hostid != nullptr && *nccl_hostid != '\0' ? nccl_hostid : host_name;
+  for (char& c : host) {
+    if (std::isspace(static_cast<unsigned char>(c)) != 0) {
+      c = '_';
+    }
+  }
+  return host.empty() ? std::string("?") : host;
+}
 
 std::string encode(const rank_gpus& g) {
   std::string line = g.host + ' ' + std::string(to_string(g.between));

@@ -22,6 +22,14 @@ struct rank_gpus {
   std::size_t staging_chunk_bytes = 0;
 };
 
+/// The host NCCL takes a rank to run on, for the check of two ranks on one GPU that NCCL makes
+/// too: `nccl_hostid` (the NCCL_HOSTID environment variable, which NCCL's host identity follows)
+/// when set and not empty, else `host_name`; white space becomes '_' (encode() separates words by
+/// spaces). Ranks given NCCL_HOSTIDs of their own are hosts apart to NCCL, which then joins them
+/// through its network transport even on one GPU (docs/multiprocess.md, "One GPU, NCCL between
+/// ranks"), so they are not refused here either.
+[[nodiscard]] std::string nccl_host(const std::string& host_name, const char* nccl_hostid);
+
 /// One line of text for process_group::all_gather ("host mode uuid ...", the mode "nccl" or
 /// "mpi/<chunk bytes>"); host names have no spaces.
 [[nodiscard]] std::string encode(const rank_gpus& g);

@@ -103,6 +103,27 @@ TEST(between_ranks, ranks_that_cut_pieces_differently_are_refused_alike) {
             "");
 }
 
+// The host of the check of two ranks on one GPU is NCCL's: NCCL_HOSTID where set, as NCCL takes
+// it, so ranks that NCCL joins as hosts apart (its network transport, on loopback) are not refused.
+TEST(between_ranks, the_host_of_the_gpu_check_follows_nccl_hostid) {
+  EXPECT_EQ(detail::nccl_host("node7", nullptr), "node7");
+  EXPECT_EQ(detail::nccl_host("node7", ""), "node7");
+  EXPECT_EQ(detail::nccl_host("node7", "rank1"), "rank1");
+  EXPECT_EQ(detail::nccl_host("node7", "rank 1\t"), "rank_1_");  // encode() splits at spaces
+  EXPECT_EQ(
+      detail::decode(detail::encode({detail::nccl_host("h", "a b"), rank_transport::nccl, {"aa"}}))
+          .host,
+      "a_b");
+  const auto on_one_gpu = [](const char* id0, const char* id1) {
+    return detail::rank_gpus_error({{detail::nccl_host("h", id0), rank_transport::nccl, {"aa"}},
+                                    {detail::nccl_host("h", id1), rank_transport::nccl, {"aa"}}});
+  };
+  EXPECT_EQ(on_one_gpu("r0", "r1"), "");
+  EXPECT_NE(on_one_gpu(nullptr, nullptr).find("ranks 0 and 1 of host h would use the same GPU"),
+            std::string::npos);
+  EXPECT_NE(on_one_gpu("r0", "r0").find("ranks 0 and 1 of host r0"), std::string::npos);
+}
+
 // Host devices always move data between ranks by MPI: the option changes nothing there (under
 // mpirun, the pieces still cross ranks and the values match).
 TEST(between_ranks, host_backends_ignore_it) {
