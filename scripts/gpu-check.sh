@@ -208,6 +208,21 @@ PY
     step "piece flows in the merged bench trace (MPI)" "$out/ranks_mpi.log" sh -c \
       '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
       "$cli" "$out/bench_d1_ranks_mpi_trace.json.gz"
+    # NCCL between two ranks on GPU 0: each rank a host of its own to NCCL (NCCL_HOSTID), which
+    # joins them by its network transport over loopback (docs/multiprocess.md, "One GPU, NCCL
+    # between ranks"): the NCCL path between processes where no second GPU is lent.
+    hostid='NCCL_HOSTID=poolscope-rank$OMPI_COMM_WORLD_RANK exec "$0" "$@"'
+    nccl_one=(env CUDA_VISIBLE_DEVICES=0 NCCL_SOCKET_IFNAME=lo mpirun -np 2 --oversubscribe
+      -x CUDA_VISIBLE_DEVICES -x NCCL_SOCKET_IFNAME sh -c "$hostid")
+    step "darray tests, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
+      "${nccl_one[@]}" "$build/bin/poolscope_darray_tests" \
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+    step "demo, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
+      "${nccl_one[@]}" "$cli" demo --devices cuda:1 --repeat 3 \
+      --trace "$out/ranks_nccl_one_trace.json.gz"
+    step "bench D1, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
+      "${nccl_one[@]}" "$cli" bench darray --devices cuda:1 --only D1 \
+      --json "$out/bench_d1_ranks_nccl_one.json"
     # The same unbound: Open MPI binds each of two ranks to one core, which the rank's threads
     # share (docs/multiprocess.md, "Between ranks by MPI"); the two rows show what that costs.
     step "bench D1, 2 ranks on one GPU (MPI), unbound" "$out/ranks_mpi.log" "${shared[@]}" \

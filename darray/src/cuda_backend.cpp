@@ -257,6 +257,24 @@ void report_binding(const process_group& g, rank_transport between) {
   }
 }
 
+// Runs `call`, a host call into NCCL with other ranks, watched by `w` as `what`. A call that fails
+// because the watchdog aborted the communicators (a peer silent or failed) throws the watchdog's
+// failure, which names the cause, with NCCL's own error after it.
+template <typename Call>
+void watched_nccl_call(detail::nccl_watchdog& w, const std::string& what, Call&& call) {
+  const detail::nccl_watchdog::host_call watched(w, what);
+  try {
+    call();
+  } catch (const std::exception& e) {
+    try {
+      w.check();
+    } catch (const communication_error& cause) {
+      throw communication_error(std::string(cause.what()) + " (NCCL: " + e.what() + ")");
+    }
+    throw;
+  }
+}
+
 // Everything the backend holds for one GPU. Owned by the backend; not movable (mutexes).
 struct device_state {
   int ordinal = 0;
@@ -1016,10 +1034,8 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
   if (between.empty()) {
     nccl_group(es, list, between);
   } else {
-    {
-      const detail::nccl_watchdog::host_call call(*watchdog_, "a transfer group with other ranks");
-      nccl_group(es, list, between);
-    }
+    watched_nccl_call(*watchdog_, "a transfer group with other ranks",
+                      [&] { nccl_group(es, list, between); });
     std::vector<int> watched;
     for (const rank_transfer& x : between) {
       if (std::find(watched.begin(), watched.end(), x.device) == watched.end()) {
@@ -1105,8 +1121,7 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
   const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
-  {
-    const detail::nccl_watchdog::host_call call(*watchdog_, what);
+  watched_nccl_call(*watchdog_, what, [&] {
     // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
     const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
     const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
@@ -1118,7 +1133,7 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
           ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
     }
     trace_with_rank(device, peer_device, sending, bytes, begin);
-  }
+  });
   watchdog_->watch(dev(device).ordinal, s, what);
 }
 
