@@ -220,6 +220,9 @@ PY
     step "demo, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
       "${nccl_one[@]}" "$cli" demo --devices cuda:1 --repeat 3 \
       --trace "$out/ranks_nccl_one_trace.json.gz"
+    step "piece flows in the merged trace (NCCL as two hosts)" "$out/ranks_nccl_one.log" sh -c \
+      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
+      "$cli" "$out/ranks_nccl_one_trace.json.gz"
     step "bench D1, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
       "${nccl_one[@]}" "$cli" bench darray --devices cuda:1 --only D1 \
       --json "$out/bench_d1_ranks_nccl_one.json"

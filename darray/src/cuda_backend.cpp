@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cuda_seam.hpp"
+#include "gpu_spans.hpp"
 #include "kernels.hpp"
 #include "mpi_staging.hpp"
 #include "nccl_watchdog.hpp"
@@ -417,10 +418,14 @@ class cuda_backend final : public backend {
   /// do_send / do_receive with between_ranks = mpi: through pinned host memory (staging_).
   void mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank, int tag,
                      bool sending);
-  /// The host-side end of a transfer with another rank, issued since `begin_ns`, as the attached
-  /// timeline's slice (transfer_slices.hpp: what `trace merge` joins into a flow per piece).
-  void trace_with_rank(int device, int peer_device, bool sending, std::size_t bytes,
-                       std::uint64_t begin_ns) const noexcept;
+  /// Enqueues `call` (NCCL transfers with other ranks) watched as `what`; with a timeline
+  /// attached, each of `ends` (device, this rank's end) becomes a slice timed on the GPU around
+  /// the call's work on its device's transfer stream (gpu_spans.hpp: what `trace merge` joins
+  /// into a flow per piece).
+  template <typename Call>
+  void traced_nccl_call(const std::string& what,
+                        const std::vector<std::pair<int, detail::transfer_ends>>& ends,
+                        Call&& call);
   /// The NCCL rank of this process's device `local` in comms_: its global number when the
   /// communicators span the ranks, else its local index (ncclCommInitAll within the process).
   [[nodiscard]] int nccl_rank(int local) const noexcept {
@@ -503,6 +508,7 @@ class cuda_backend final : public backend {
   transport default_transport_ = transport::automatic;
   std::mutex nccl_mutex_;
   std::vector<ncclComm_t> comms_;
+  detail::gpu_spans nccl_spans_;   // the NCCL transfers with other ranks, while traced
   bool comms_adopted_ = false;     // comms_ is the application's: never finalized or destroyed here
   bool comms_span_ranks_ = false;  // comms_ number every rank's GPUs (join_rank_comms)
   // With several ranks and NCCL between them: watches the NCCL work with other ranks (and may
@@ -725,6 +731,7 @@ void cuda_backend::do_synchronize() {
       wait_for_stream(d->events, s);
     }
   }
+  nccl_spans_.flush(attached_timeline());  // every traced NCCL transfer has run
   check_ranks();
 }
 
@@ -987,7 +994,6 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
       const auto bytes = static_cast<std::size_t>(x.data.size()) * es;
       const ncclComm_t comm = comms_[static_cast<std::size_t>(x.device)];
       const cudaStream_t s = stream(x.device, queue_kind::transfer);
-      const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
       if (x.sending) {
         POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
                                       x.peer_device, comm, s));
@@ -995,7 +1001,6 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
         POOLSCOPE_CUDA_CHECK(
             ncclRecv(element_ptr<void>(x.data, es), bytes, ncclUint8, x.peer_device, comm, s));
       }
-      trace_with_rank(x.device, x.peer_device, x.sending, bytes, begin);
     }
   } catch (...) {
     (void)ncclGroupEnd();
@@ -1034,8 +1039,14 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
   if (between.empty()) {
     nccl_group(es, list, between);
   } else {
-    watched_nccl_call(*watchdog_, "a transfer group with other ranks",
-                      [&] { nccl_group(es, list, between); });
+    std::vector<std::pair<int, detail::transfer_ends>> ends;
+    for (const rank_transfer& x : between) {
+      ends.emplace_back(
+          x.device, detail::rank_transfer_ends(x.sending, global_device(x.device), x.peer_device,
+                                               static_cast<std::size_t>(x.data.size()) * es));
+    }
+    traced_nccl_call("a transfer group with other ranks", ends,
+                     [&] { nccl_group(es, list, between); });
     std::vector<int> watched;
     for (const rank_transfer& x : between) {
       if (std::find(watched.begin(), watched.end(), x.device) == watched.end()) {
@@ -1101,12 +1112,37 @@ void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_de
   }
 }
 
-void cuda_backend::trace_with_rank(int device, int peer_device, bool sending, std::size_t bytes,
-                                   std::uint64_t begin_ns) const noexcept {
-  if (profiler::timeline* tl = attached_timeline(); tl != nullptr) {
-    const int me = global_device(device);
-    detail::add_transfer_slice(*tl, detail::rank_transfer_ends(sending, me, peer_device, bytes), me,
-                               detail::rank_piece_category, begin_ns, hooks::now_ns());
+template <typename Call>
+void cuda_backend::traced_nccl_call(const std::string& what,
+                                    const std::vector<std::pair<int, detail::transfer_ends>>& ends,
+                                    Call&& call) {
+  profiler::timeline* tl = attached_timeline();
+  std::vector<cudaEvent_t> begun;
+  try {
+    if (tl != nullptr) {
+      for (const auto& [device, t] : ends) {
+        begun.push_back(
+            nccl_spans_.begin(dev(device).ordinal, stream(device, queue_kind::transfer)));
+      }
+    }
+    watched_nccl_call(*watchdog_, what, std::forward<Call>(call));
+  } catch (...) {
+    for (cudaEvent_t e : begun) {
+      detail::gpu_spans::discard(e);
+    }
+    throw;
+  }
+  for (std::size_t i = 0; i < begun.size(); ++i) {
+    const auto& [device, t] = ends[i];
+    try {
+      nccl_spans_.end(dev(device).ordinal, stream(device, queue_kind::transfer), begun[i], t,
+                      detail::this_end(t), tl);
+    } catch (...) {
+      for (std::size_t j = i + 1; j < begun.size(); ++j) {
+        detail::gpu_spans::discard(begun[j]);
+      }
+      throw;
+    }
   }
 }
 
@@ -1121,19 +1157,20 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
   const std::size_t es = size_of(t);
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
   const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
-  watched_nccl_call(*watchdog_, what, [&] {
-    // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
-    const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
-    const std::uint64_t begin = attached_timeline() != nullptr ? hooks::now_ns() : 0;
-    if (sending) {
-      POOLSCOPE_CUDA_CHECK(
-          ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
-    } else {
-      POOLSCOPE_CUDA_CHECK(
-          ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
-    }
-    trace_with_rank(device, peer_device, sending, bytes, begin);
-  });
+  const int me = global_device(device);
+  traced_nccl_call(
+      what, {{device, detail::rank_transfer_ends(sending, me, peer_device, bytes)}}, [&] {
+        // NCCL pairs a peer's sends and receives in the order they are issued: the
+        // plans' order.
+        const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
+        if (sending) {
+          POOLSCOPE_CUDA_CHECK(
+              ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+        } else {
+          POOLSCOPE_CUDA_CHECK(
+              ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+        }
+      });
   watchdog_->watch(dev(device).ordinal, s, what);
 }
 

@@ -8,8 +8,9 @@
 //
 // Categories: on host devices a transfer's slice is the device's transfer time
 // ("darray.transfer", counted in the overlap analysis). On GPUs the device's transfer time is
-// CUPTI's (its copies and NCCL kernels, on CUDA's device ids), so the host-side ends of a piece
-// between ranks take rank_piece_category, which no overlap analysis counts.
+// CUPTI's (its copies and NCCL kernels, on CUDA's device ids), so a piece between ranks — by MPI
+// staging the worker's MPI transfer, by NCCL its work's span on the GPU (gpu_spans.hpp) — takes
+// rank_piece_category, which no overlap analysis counts.
 //
 // Ownership: plain functions. Thread safety: reentrant (the timeline is thread-safe). Cost: a
 // label (one string) and the timeline's add_host_slice, only while a timeline is attached.
