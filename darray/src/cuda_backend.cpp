@@ -1117,30 +1117,42 @@ void cuda_backend::traced_nccl_call(const std::string& what,
                                     const std::vector<std::pair<int, detail::transfer_ends>>& ends,
                                     Call&& call) {
   profiler::timeline* tl = attached_timeline();
-  std::vector<cudaEvent_t> begun;
-  try {
-    if (tl != nullptr) {
-      for (const auto& [device, t] : ends) {
-        begun.push_back(
-            nccl_spans_.begin(dev(device).ordinal, stream(device, queue_kind::transfer)));
+  // One span per device (its transfer stream's), shared by its transfers of the call.
+  std::vector<int> devices;
+  if (tl != nullptr) {
+    for (const auto& [device, t] : ends) {
+      if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+        devices.push_back(device);
       }
+    }
+  }
+  std::vector<cudaEvent_t> begun;
+  const auto discard_from = [&](std::size_t i) {
+    for (; i < begun.size(); ++i) {
+      detail::gpu_spans::discard(begun[i]);
+    }
+  };
+  try {
+    for (const int device : devices) {
+      begun.push_back(nccl_spans_.begin(dev(device).ordinal, stream(device, queue_kind::transfer)));
     }
     watched_nccl_call(*watchdog_, what, std::forward<Call>(call));
   } catch (...) {
-    for (cudaEvent_t e : begun) {
-      detail::gpu_spans::discard(e);
-    }
+    discard_from(0);
     throw;
   }
-  for (std::size_t i = 0; i < begun.size(); ++i) {
-    const auto& [device, t] = ends[i];
-    try {
-      nccl_spans_.end(dev(device).ordinal, stream(device, queue_kind::transfer), begun[i], t,
-                      detail::this_end(t), tl);
-    } catch (...) {
-      for (std::size_t j = i + 1; j < begun.size(); ++j) {
-        detail::gpu_spans::discard(begun[j]);
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    std::vector<detail::transfer_ends> mine;
+    for (const auto& [device, t] : ends) {
+      if (device == devices[i]) {
+        mine.push_back(t);
       }
+    }
+    try {
+      nccl_spans_.end(dev(devices[i]).ordinal, stream(devices[i], queue_kind::transfer), begun[i],
+                      std::move(mine), global_device(devices[i]), tl);
+    } catch (...) {
+      discard_from(i + 1);
       throw;
     }
   }

@@ -79,9 +79,9 @@ std::shared_ptr<const gpu_spans::anchor> gpu_spans::clock_locked(int ordinal) {
   return current;
 }
 
-void gpu_spans::end(int ordinal, cudaStream_t s, cudaEvent_t begin, const transfer_ends& ends,
+void gpu_spans::end(int ordinal, cudaStream_t s, cudaEvent_t begin, std::vector<transfer_ends> ends,
                     int device, profiler::timeline* tl) {
-  span x{nullptr, begin, nullptr, ends, device, tl};
+  span x{nullptr, begin, nullptr, std::move(ends), device, tl};
   try {
     const device_guard on(ordinal);
     POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&x.end, cudaEventDefault));
@@ -117,7 +117,10 @@ void gpu_spans::flush(profiler::timeline* current) {
       try {
         const std::uint64_t b = host_time(x.clock->event, x.clock->host_ns, x.begin);
         const std::uint64_t e = host_time(x.clock->event, x.clock->host_ns, x.end);
-        add_transfer_slice(*current, x.ends, x.device, rank_piece_category, b, e < b ? b : e);
+        for (const transfer_ends& t : x.ends) {
+          add_transfer_slice(*current, t, x.device, rank_piece_category, b, e < b ? b : e,
+                             track(x.device));
+        }
       } catch (const cuda_error&) {
         // The events of a failed transfer carry no times: no slice for it.
       }

@@ -3,7 +3,8 @@
 // receive before its peer has enqueued the send, so host-side slices of those calls could end
 // before the piece left its sender and `trace merge` could not join them. Here each such transfer
 // is bracketed by two timing events on its stream; once the GPU has passed the second, its span
-// (when the NCCL work ran, waiting for the peer included) becomes the slice, on the host clock.
+// (when the NCCL work ran, waiting for the peer included) becomes the slice, on the host clock, on
+// a track of the device's own (the transfers of a group share their stream's span).
 //
 // The clock: per GPU an anchor event recorded on an idle stream of its own, its host time the
 // midpoint of the record and the moment it was seen complete (a few µs either way), renewed every
@@ -41,10 +42,17 @@ class gpu_spans {
   /// Records a timing event on `s` (a stream of CUDA device `ordinal`, current): where a span
   /// begins. Hand it to end() (which owns it from then on).
   [[nodiscard]] cudaEvent_t begin(int ordinal, cudaStream_t s);
-  /// Ends the span begun by `begin` with a timing event on `s`: its slice, `ends` as seen from
-  /// darray device `device`, goes to `tl` once the GPU has run it (flush()).
-  void end(int ordinal, cudaStream_t s, cudaEvent_t begin, const transfer_ends& ends, int device,
-           profiler::timeline* tl);
+  /// Ends the span begun by `begin` with a timing event on `s`, the stream of darray device
+  /// `device`: a slice of it for each of `ends` goes to `tl` once the GPU has run it (flush()),
+  /// on the device's track (track()).
+  void end(int ordinal, cudaStream_t s, cudaEvent_t begin, std::vector<transfer_ends> ends,
+           int device, profiler::timeline* tl);
+  /// The track (a host thread id no thread has) of darray device `device`'s NCCL transfers with
+  /// other ranks: its spans follow the stream, one after another or equal (a group's), so they
+  /// nest there, where they would cross the issuing thread's own slices.
+  [[nodiscard]] static constexpr std::uint64_t track(int device) noexcept {
+    return (std::uint64_t{1} << 30) + static_cast<std::uint64_t>(device);
+  }
   /// Destroys `begin` (a span whose transfer could not be enqueued).
   static void discard(cudaEvent_t begin) noexcept;
   /// Adds the slices of the spans the GPU has run to `current` when it is the timeline they were
@@ -65,7 +73,7 @@ class gpu_spans {
     std::shared_ptr<const anchor> clock;
     cudaEvent_t begin = nullptr;
     cudaEvent_t end = nullptr;
-    transfer_ends ends;
+    std::vector<transfer_ends> ends;
     int device = 0;
     profiler::timeline* tl = nullptr;
   };

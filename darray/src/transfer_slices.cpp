@@ -16,8 +16,8 @@ std::string transfer_label(const transfer_ends& t) {
 }
 
 void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int device,
-                        std::string_view category, std::uint64_t begin_ns,
-                        std::uint64_t end_ns) noexcept {
+                        std::string_view category, std::uint64_t begin_ns, std::uint64_t end_ns,
+                        std::uint64_t thread) noexcept {
   std::string label;
   try {
     label = transfer_label(t);
@@ -25,7 +25,7 @@ void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int devi
   }
   tl.add_host_slice({.name = label.empty() ? t.name : std::string_view(label),
                      .category = category,
-                     .thread = 0,
+                     .thread = thread,
                      .begin_ns = begin_ns,
                      .end_ns = end_ns,
                      .device = device,

@@ -54,10 +54,10 @@ struct transfer_ends {
 [[nodiscard]] std::string transfer_label(const transfer_ends& t);
 
 /// Adds to `tl` the slice of transfer `t` from `begin_ns` to `end_ns` (hooks::now_ns), made on
-/// (or for) `device` in `category`, on the calling thread's track. Never throws: without memory
-/// for the label the slice goes by `t.name`.
+/// (or for) `device` in `category`, on the track of host thread `thread` (0: the calling
+/// thread's). Never throws: without memory for the label the slice goes by `t.name`.
 void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int device,
-                        std::string_view category, std::uint64_t begin_ns,
-                        std::uint64_t end_ns) noexcept;
+                        std::string_view category, std::uint64_t begin_ns, std::uint64_t end_ns,
+                        std::uint64_t thread = 0) noexcept;
 
 }  // namespace poolscope::darray::detail
