@@ -1,6 +1,7 @@
 // gpu_spans (gpu_spans.hpp): NCCL transfers' slices timed on the GPU.
 #include "gpu_spans.hpp"
 
+#include <string>
 #include <utility>
 
 #include "poolscope/hooks/event.hpp"
@@ -117,9 +118,10 @@ void gpu_spans::flush(profiler::timeline* current) {
       try {
         const std::uint64_t b = host_time(x.clock->event, x.clock->host_ns, x.begin);
         const std::uint64_t e = host_time(x.clock->event, x.clock->host_ns, x.end);
+        const std::string name = "NCCL with other ranks, device " + std::to_string(x.device);
         for (const transfer_ends& t : x.ends) {
           add_transfer_slice(*current, t, x.device, rank_piece_category, b, e < b ? b : e,
-                             track(x.device));
+                             track(x.device), name);
         }
       } catch (const cuda_error&) {
         // The events of a failed transfer carry no times: no slice for it.

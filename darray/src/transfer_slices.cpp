@@ -17,7 +17,7 @@ std::string transfer_label(const transfer_ends& t) {
 
 void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int device,
                         std::string_view category, std::uint64_t begin_ns, std::uint64_t end_ns,
-                        std::uint64_t thread) noexcept {
+                        std::uint64_t thread, std::string_view track_name) noexcept {
   std::string label;
   try {
     label = transfer_label(t);
@@ -26,6 +26,7 @@ void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int devi
   tl.add_host_slice({.name = label.empty() ? t.name : std::string_view(label),
                      .category = category,
                      .thread = thread,
+                     .track_name = track_name,
                      .begin_ns = begin_ns,
                      .end_ns = end_ns,
                      .device = device,

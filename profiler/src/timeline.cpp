@@ -286,9 +286,10 @@ struct timeline::impl {
     }
   }
 
-  void name_host_thread(std::uint64_t tid) {
+  void name_host_thread(std::uint64_t tid, std::string_view label = {}) {
     if (named_threads.count({host_pid, static_cast<std::int64_t>(tid)}) == 0) {
-      name_thread(host_pid, static_cast<std::int64_t>(tid), host_thread_label(tid),
+      name_thread(host_pid, static_cast<std::int64_t>(tid),
+                  label.empty() ? host_thread_label(tid) : std::string(label),
                   static_cast<std::int64_t>(tid));
     }
   }
@@ -1026,7 +1027,7 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
       return;
     }
     m.append_whole([&] {
-      m.name_host_thread(tid);
+      m.name_host_thread(tid, s.track_name);
       trace_event ev;
       ev.phase = trace_phase::complete;
       ev.name = s.name;

@@ -271,6 +271,38 @@ TEST(trace_timeline, allocator_instants_can_be_left_out) {
   expect_valid_trace(f.path());
 }
 
+// A slice on a track of the caller's own (a thread id no thread has) names it by track_name; a
+// thread's track keeps the thread's name.
+TEST(trace_timeline, a_track_of_the_callers_own_takes_its_name) {
+  temp_file f(".json");
+  timeline tl(host_only(f.path()));
+  tl.start();
+  constexpr std::uint64_t track = std::uint64_t{1} << 30;
+  const auto t = poolscope::hooks::now_ns();
+  tl.add_host_slice({.name = "a",
+                     .thread = track,
+                     .track_name = "transfers, device 3",
+                     .begin_ns = t,
+                     .end_ns = t + 10});
+  tl.add_host_slice({.name = "b",
+                     .thread = track,
+                     .track_name = "ignored: named already",
+                     .begin_ns = t + 20,
+                     .end_ns = t + 30});
+  tl.add_host_slice({.name = "c", .begin_ns = t, .end_ns = t + 10});
+  tl.stop();
+  expect_valid_trace(f.path());
+  std::map<std::int64_t, std::string> names;
+  for (const json& m : events_of(read_events(f.path()), "M")) {
+    if (m["name"] == "thread_name") {
+      names[m["tid"].get<std::int64_t>()] = m["args"]["name"].get<std::string>();
+    }
+  }
+  EXPECT_EQ(names[static_cast<std::int64_t>(track)], "transfers, device 3");
+  const auto me = static_cast<std::int64_t>(poolscope::hooks::current_thread_id());
+  EXPECT_NE(names[me].find("(tid " + std::to_string(me) + ")"), std::string::npos) << names[me];
+}
+
 TEST(trace_timeline, gzip_trace_passes_the_checker) {
   if (!poolscope::profiler::trace_gzip_supported()) {
     GTEST_SKIP() << "built without zlib";

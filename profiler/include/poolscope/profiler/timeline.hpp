@@ -95,7 +95,10 @@ struct host_slice {
   std::string_view name{};
   std::string_view category = "user";  ///< "user", "pool", "darray.transfer", "darray.compute"
   std::uint64_t thread = 0;            ///< OS thread id (hooks::current_thread_id); 0: caller's
-  std::uint64_t begin_ns = 0;          ///< hooks::now_ns clock
+  /// The track's name when `thread` is no thread of the process but a track of the caller's
+  /// ("" : the thread's name, from /proc); the first slice of a track names it.
+  std::string_view track_name{};
+  std::uint64_t begin_ns = 0;  ///< hooks::now_ns clock
   std::uint64_t end_ns = 0;
   /// The device the work belongs to (-1: none). darray slices with a device count in that
   /// device's overlap analysis ("darray.transfer" as transfer, "darray.compute" as compute).
