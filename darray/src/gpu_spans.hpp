@@ -7,7 +7,8 @@
 // a track of the device's own (the transfers of a group share their stream's span).
 //
 // The clock: per GPU an anchor event recorded on an idle stream of its own, its host time the
-// midpoint of the record and the moment it was seen complete (a few µs either way), renewed every
+// midpoint of the record and the moment it was seen complete (a few µs either way; the narrowest of
+// up to 8 readings, as a thread taken off its core meanwhile widens one), renewed every
 // 10 s so that cudaEventElapsedTime's float milliseconds keep microseconds. Internal to darray;
 // CUDA only (the GPU test of two ranks checks the flows of the merged trace: scripts/gpu-check.sh).
 //
