@@ -1120,6 +1120,7 @@ void cuda_backend::traced_nccl_call(const std::string& what,
   // One span per device (its transfer stream's), shared by its transfers of the call.
   std::vector<int> devices;
   if (tl != nullptr) {
+    nccl_spans_.flush(tl);  // those run by now: a program that never synchronizes holds few
     for (const auto& [device, t] : ends) {
       if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
         devices.push_back(device);
