@@ -334,6 +334,7 @@ TEST(bench_darray_cli_options, rejects_bad_options) {
   for (const std::vector<std::string>& bad :
        {std::vector<std::string>{"--only", "D9"}, std::vector<std::string>{"--transport", "smoke"},
         std::vector<std::string>{"--between-ranks", "gloo"},
+        std::vector<std::string>{"--staging-chunk", "4Q"},
         std::vector<std::string>{"--repeat", "0"}, std::vector<std::string>{"--devices", "tpu"}}) {
     std::vector<std::string> argv{POOLSCOPE_CLI_PATH, "bench", "darray", "--n", "4000"};
     argv.insert(argv.end(), bad.begin(), bad.end());
