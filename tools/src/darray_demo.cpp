@@ -26,11 +26,11 @@
 #include "poolscope/bench/darray_bench.hpp"
 #include "poolscope/bench/text_table.hpp"
 #include "poolscope/bench/timing.hpp"
+#include "poolscope/byte_size.hpp"
 #include "poolscope/darray/distributed_array.hpp"
 #include "poolscope/darray/fork_join.hpp"
 #include "poolscope/darray/process_group.hpp"
 #include "poolscope/darray/rank_trace.hpp"
-#include "poolscope/byte_size.hpp"
 #include "poolscope/error.hpp"
 #include "poolscope/hooks/event.hpp"
 #include "poolscope/hooks/hook.hpp"
@@ -790,7 +790,8 @@ void write_profiles(std::ostream& t, const std::string& scope_table,
   std::sort(sites.begin(), sites.end(),
             [](const auto& l, const auto& r) { return l.first > r.first; });
   if (sites.empty()) {
-    t << "    (no symbols for the demo's frames)\n";
+    t << "    (no file:line for the demo's frames: a build without debug info; "
+         "RelWithDebInfo, the default, has them)\n";
   }
   for (std::size_t i = 0; i < sites.size() && i < 6; ++i) {
     t << "    darray_demo.cpp " << sites[i].second << "\n";
