@@ -469,13 +469,19 @@ std::int64_t merged_tid(const rank_input& in, const transfer_slice& t) {
   return t.pid == profiler::host_pid ? t.tid : in.moved_tids.at({t.pid, t.tid});
 }
 
-// The flows from each send to its receive; returns (flows written, transfers left unjoined).
-std::pair<std::uint64_t, std::uint64_t> write_flows(
-    profiler::trace_writer& w, const std::vector<rank_input>& ins, std::uint64_t first_id,
-    std::int64_t origin, std::map<std::pair<int, int>, std::vector<transfer_slice>>& sends,
-    std::map<std::pair<int, int>, std::vector<transfer_slice>>& receives) {
+// What write_flows did.
+struct flow_counts {
   std::uint64_t flows = 0;
-  std::uint64_t unmatched = 0;
+  std::uint64_t unmatched = 0;  // sends and receives left without a flow
+  std::uint64_t reversed = 0;   // of those, paired but the receive ends before the send began
+};
+
+// The flows from each send to its receive.
+flow_counts write_flows(profiler::trace_writer& w, const std::vector<rank_input>& ins,
+                        std::uint64_t first_id, std::int64_t origin,
+                        std::map<std::pair<int, int>, std::vector<transfer_slice>>& sends,
+                        std::map<std::pair<int, int>, std::vector<transfer_slice>>& receives) {
+  flow_counts c;
   std::set<std::pair<int, int>> keys;
   for (const auto& [k, v] : sends) {
     keys.insert(k);
@@ -493,7 +499,7 @@ std::pair<std::uint64_t, std::uint64_t> write_flows(
     std::stable_sort(from.begin(), from.end(), by_begin);
     std::stable_sort(to.begin(), to.end(), by_begin);
     const std::size_t n = std::min(from.size(), to.size());
-    unmatched += (from.size() - n) + (to.size() - n);
+    c.unmatched += (from.size() - n) + (to.size() - n);
     const std::string name =
         "piece " + std::to_string(key.first) + "->" + std::to_string(key.second);
     for (std::size_t k = 0; k < n; ++k) {
@@ -502,10 +508,11 @@ std::pair<std::uint64_t, std::uint64_t> write_flows(
       const std::int64_t start = a.aligned(from[k].begin_ns);
       const std::int64_t end = b.aligned(to[k].end_ns);
       if (end < start) {
-        unmatched += 2;
+        c.unmatched += 2;
+        c.reversed += 2;
         continue;
       }
-      const std::uint64_t id = first_id + flows;
+      const std::uint64_t id = first_id + c.flows;
       s.clear();
       profiler::append_trace_event(s,
                                    {.phase = profiler::trace_phase::flow_start,
@@ -527,10 +534,10 @@ std::pair<std::uint64_t, std::uint64_t> write_flows(
                                     .bind_enclosing = true},
                                    static_cast<std::uint64_t>(origin));
       w.write_formatted(s, 2);
-      ++flows;
+      ++c.flows;
     }
   }
-  return {flows, unmatched};
+  return c;
 }
 
 // Refuses inputs named twice and an output among them.
@@ -590,8 +597,14 @@ std::string merge_result::to_text() const {
   std::string out = "merged " + std::to_string(ranks.size()) + " rank trace(s) of " +
                     std::to_string(world_size) + " into " + output + ": " + std::to_string(events) +
                     " events, " + std::to_string(flows) + " piece flows between ranks";
-  if (unmatched_transfers != 0) {
-    out += " (" + std::to_string(unmatched_transfers) + " transfers without their other end)";
+  if (unmatched_transfers != reversed_transfers) {
+    out += " (" + std::to_string(unmatched_transfers - reversed_transfers) +
+           " transfers without their other end)";
+  }
+  if (reversed_transfers != 0) {
+    out += " (" + std::to_string(reversed_transfers) +
+           " transfers in pairs whose receive ends before its send began: clocks apart by more "
+           "than the transfer took)";
   }
   out += "\n";
   for (const merged_rank& r : ranks) {
@@ -631,6 +644,7 @@ nlohmann::json merge_result::to_json() const {
   j["events"] = events;
   j["flows"] = flows;
   j["unmatched_transfers"] = unmatched_transfers;
+  j["reversed_transfers"] = reversed_transfers;
   j["clocks_measured"] = clocks_measured;
   j["max_skew_ns"] = max_skew_ns;
   j["max_uncertainty_ns"] = max_uncertainty_ns;
@@ -709,7 +723,10 @@ merge_result merge_traces(const std::vector<std::string>& inputs, const std::str
                            std::to_string(r.world_size) + " ranks");
   }
   const std::uint64_t first_id = (max_id + 1) * world;
-  std::tie(r.flows, r.unmatched_transfers) = write_flows(w, ins, first_id, origin, sends, receives);
+  const flow_counts fc = write_flows(w, ins, first_id, origin, sends, receives);
+  r.flows = fc.flows;
+  r.unmatched_transfers = fc.unmatched;
+  r.reversed_transfers = fc.reversed;
   r.events = w.events();
   nlohmann::json other;
   other["generator"] = "poolscope trace merge";

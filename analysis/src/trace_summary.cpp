@@ -231,7 +231,12 @@ std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
   }
   if (pieces) {
     out += "piece flows between ranks: " + std::to_string(pieces->flows) + " (" +
-           std::to_string(pieces->unmatched_transfers) + " sends or receives left unjoined)\n";
+           std::to_string(pieces->unmatched_transfers) + " sends or receives left unjoined";
+    if (pieces->reversed_transfers != 0) {
+      out += ", " + std::to_string(pieces->reversed_transfers) +
+             " of them in pairs whose receive ends before its send began";
+    }
+    out += ")\n";
   }
   return out;
 }
@@ -365,7 +370,8 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   }
   if (pieces) {
     j["piece_flows"] = {{"flows", pieces->flows},
-                        {"unmatched_transfers", pieces->unmatched_transfers}};
+                        {"unmatched_transfers", pieces->unmatched_transfers},
+                        {"reversed_transfers", pieces->reversed_transfers}};
   }
   j["top_api_calls"] = nlohmann::json::array();
   for (const op_summary& a : api_calls) {
@@ -562,6 +568,7 @@ class summarizer {
     };
     p.flows = count("flows");
     p.unmatched_transfers = count("unmatched_transfers");
+    p.reversed_transfers = count("reversed_transfers");
     s_.pieces = p;
   }
 

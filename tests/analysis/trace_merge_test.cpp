@@ -111,11 +111,14 @@ std::string sync_text(const std::vector<clock_sync_round>& rounds) {
 }
 
 // Two ranks on two hosts, rank 1's clock 7 ms ahead: rank 0 sends a piece 0->1 (true time
-// 1.000100 s to 1.000150 s), rank 1 receives it (1.000120 s to 1.000200 s).
+// 1.000100 s to 1.000150 s), rank 1 receives it (1.000120 s to 1.000200 s: `receive_ts` 70 µs
+// and `receive_dur` 80 µs after its origin); `extra_send` adds a second send 0->1 that no rank
+// receives.
 struct two_ranks {
   temp_file r0{".json"}, r1{".json"}, out{".json"};
   static constexpr std::int64_t offset = 7'000'000;
-  two_ranks() {
+  explicit two_ranks(const std::string& receive_ts = "70.000",
+                     const std::string& receive_dur = "80.000", bool extra_send = false) {
     const std::vector<clock_sync_round> ref{{999'000'000, 999'000'500}, {999'000'530, 999'000'900}};
     std::vector<clock_sync_round> mine;
     for (const auto& x :
@@ -132,7 +135,11 @@ struct two_ranks {
 {"ph":"M","name":"thread_name","pid":1,"tid":11,"args":{"name":"main"}},
 {"ph":"M","name":"process_name","pid":100,"tid":0,"args":{"name":"GPU 0: H"}},
 {"ph":"M","name":"thread_name","pid":100,"tid":7,"args":{"name":"stream 7"}},
-{"ph":"X","name":"darray.send 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":10,"ts":100.000,"dur":50.000,"args":{"device":0,"src_device":0,"dst_device":1}},
+{"ph":"X","name":"darray.send 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":10,"ts":100.000,"dur":50.000,"args":{"device":0,"src_device":0,"dst_device":1}},)j" +
+                       std::string(extra_send ? R"j(
+{"ph":"X","name":"darray.send 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":10,"ts":160.000,"dur":5.000,"args":{"device":0,"src_device":0,"dst_device":1}},)j"
+                                              : "") +
+                       R"j(
 {"ph":"X","name":"launch","cat":"cuda_api","pid":1,"tid":11,"ts":1.000,"dur":2.000},
 {"ph":"s","name":"launch","cat":"launch","pid":1,"tid":11,"ts":1.500,"id":5},
 {"ph":"X","name":"k","cat":"kernel","pid":100,"tid":7,"ts":5.000,"dur":10.000,"args":{"device":0}},
@@ -146,7 +153,9 @@ struct two_ranks {
         rank_trace(1, "b", 1'000'050'000 + offset,
                    R"({"ph":"M","name":"process_name","pid":1,"tid":0,"args":{"name":"host: x"}},
 {"ph":"M","name":"thread_name","pid":1,"tid":20,"args":{"name":"transfer"}},
-{"ph":"X","name":"darray.receive 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":20,"ts":70.000,"dur":80.000,"args":{"device":1,"src_device":0,"dst_device":1}},
+{"ph":"X","name":"darray.receive 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":20,"ts":)" +
+                       receive_ts + R"(,"dur":)" + receive_dur +
+                       R"(,"args":{"device":1,"src_device":0,"dst_device":1}},
 {"ph":"s","name":"launch","cat":"launch","pid":1,"tid":20,"ts":80.000,"id":5},
 {"ph":"f","name":"launch","cat":"launch","pid":1,"tid":20,"ts":90.000,"id":5,"bp":"e"})",
                    sync_text(mine)));
@@ -234,6 +243,39 @@ TEST(trace_merge, two_ranks_on_one_timeline) {
   EXPECT_EQ(piece_flows[0]["id"], piece_flows[1]["id"]);
   EXPECT_FALSE(ids.contains(piece_flows[0]["id"].get<std::uint64_t>()));
   EXPECT_EQ(doc["otherData"]["merged"]["flows"], 1);
+}
+
+// A send and a receive left without a flow are told apart: one with no other end in any input,
+// and a pair whose receive ends (on the aligned clocks) before its send began.
+TEST(trace_merge, sends_and_receives_left_unjoined_say_why) {
+  {
+    two_ranks t("70.000", "80.000", true);  // a second send that no rank receives
+    const auto r = merge_traces({t.r0.path(), t.r1.path()}, t.out.path());
+    EXPECT_EQ(r.flows, 1U);
+    EXPECT_EQ(r.unmatched_transfers, 1U);
+    EXPECT_EQ(r.reversed_transfers, 0U);
+    EXPECT_NE(r.to_text().find("(1 transfers without their other end)"), std::string::npos)
+        << r.to_text();
+  }
+  {
+    two_ranks t("10.000", "20.000");  // true 1.000060 s to 1.000080 s: before the send's 1.000100
+    const auto r = merge_traces({t.r0.path(), t.r1.path()}, t.out.path());
+    EXPECT_EQ(r.flows, 0U);
+    EXPECT_EQ(r.unmatched_transfers, 2U);
+    EXPECT_EQ(r.reversed_transfers, 2U);
+    const std::string text = r.to_text();
+    EXPECT_EQ(text.find("without their other end"), std::string::npos) << text;
+    EXPECT_NE(text.find("(2 transfers in pairs whose receive ends before its send began"),
+              std::string::npos)
+        << text;
+    const auto s = poolscope::analysis::summarize_trace(t.out.path());
+    ASSERT_TRUE(s.pieces.has_value());
+    EXPECT_EQ(s.pieces->reversed_transfers, 2U);
+    EXPECT_NE(s.to_text().find("piece flows between ranks: 0 (2 sends or receives left unjoined, "
+                               "2 of them in pairs whose receive ends before its send began)"),
+              std::string::npos)
+        << s.to_text();
+  }
 }
 
 TEST(trace_merge, summary_of_a_merged_trace_is_per_rank) {

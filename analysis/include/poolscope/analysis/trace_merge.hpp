@@ -99,6 +99,10 @@ struct merge_result {
   /// Sends and receives between ranks left without a flow: their other end is in no input, or
   /// the aligned receive ends before its send began (the skew exceeded the transfer's length).
   std::uint64_t unmatched_transfers = 0;
+  /// Of unmatched_transfers, the sends and receives paired in order whose aligned receive ends
+  /// before the send began: clocks off by more than the transfer's length (or slices that are not
+  /// the transfer's time), where the rest have no other end in any input.
+  std::uint64_t reversed_transfers = 0;
   /// The largest |offset| of any rank at any sync, and the largest uncertainty of an offset the
   /// merge applied (0 where every rank shares rank 0's host: nothing was shifted).
   std::int64_t max_skew_ns = 0;
