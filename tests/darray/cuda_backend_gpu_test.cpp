@@ -1119,6 +1119,59 @@ TEST(cuda_backend_devices, ops_leave_the_callers_device_current) {
   }
 }
 
+// Arrays over vmm memory (backend_options::resource): the vmm resource grants every peer GPU
+// access to the granules it maps (cuMemSetAccess), so pieces move between the GPUs by the copy
+// engines, by NCCL and by the copy kernel (small pieces) as over cudaMalloc memory, with the
+// values the host computes.
+TEST(cuda_backend_devices, arrays_over_vmm_memory_move_between_gpus) {
+  if (!the_gpu().be) {
+    GTEST_SKIP() << "no GPU: " << the_gpu().why_not;
+  }
+  if (the_gpu().be->device_count() < 2) {
+    GTEST_SKIP() << "needs 2 GPUs (" << the_gpu().be->device_count() << " here)";
+  }
+  for (const transport how : {transport::peer, transport::nccl, transport::automatic}) {
+    backend_options options;
+    options.resource = "vmm";
+    options.transfers = how;
+    const auto be = make_cuda_backend(2, options);
+    // Large pieces (copy engines or NCCL) and small ones (the copy kernel on the receiving GPU).
+    for (const std::int64_t n : {std::int64_t{3} << 20, std::int64_t{4099}}) {
+      const shape_t shape{n};
+      const auto halves = index_map::split(shape, 0, {{0, 0, n / 2}, {1, n / 2, n}});
+      const auto skewed = index_map::split(shape, 0, {{1, 0, n * 3 / 10}, {0, n * 3 / 10, n}});
+      std::vector<float> a_host(static_cast<std::size_t>(n));
+      std::vector<float> c_host(a_host.size());
+      for (std::size_t i = 0; i < a_host.size(); ++i) {
+        a_host[i] = static_cast<float>(i % 1000);
+        c_host[i] = static_cast<float>(i % 7) * 0.5F;
+      }
+      const auto before = be->stats();
+      const auto a = DistributedArray<float>::from_host(be, a_host, shape, halves);
+      const auto c = DistributedArray<float>::from_host(be, c_host, shape, skewed);
+      const std::vector<float> got = (a + c.reshard(a.index_map())).to_host();
+      const auto after = be->stats();
+      const std::string what = std::string(to_string(how)) + ", n " + std::to_string(n);
+      ASSERT_EQ(got.size(), a_host.size()) << what;
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        wrong += got[i] != a_host[i] + c_host[i] ? 1 : 0;
+      }
+      EXPECT_EQ(wrong, 0U) << what;
+      EXPECT_GT(after.copies_peer, before.copies_peer) << what;
+      if (how == transport::nccl) {
+        EXPECT_GT(after.bytes_nccl, before.bytes_nccl) << what;
+      }
+    }
+    be->synchronize();
+    for (int d = 0; d < 2; ++d) {
+      EXPECT_GT(be->allocator(d).stats().peak_reserved, 0U) << "device " << d;
+      EXPECT_NE(be->allocator(d).upstream().name().find("vmm"), std::string::npos)
+          << "device " << d << ": " << be->allocator(d).upstream().name();
+    }
+  }
+}
+
 // Reductions and matmuls of nothing (docs/darray.md, "Modes") on the GPUs: the identity chunk is
 // filled and recorded on a CUDA stream, then completed like any partial array.
 TEST(cuda_backend_arrays, reductions_and_matmuls_of_nothing_give_the_identity) {
