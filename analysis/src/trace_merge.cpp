@@ -175,7 +175,9 @@ struct rank_input {
   }
 };
 
-// The first tid given to a moved track: above any Linux thread id (at most 2^22).
+// The first tid given to a moved track: above any Linux thread id (at most 2^22). Tids the host
+// process already uses (its threads, and tracks a program names there, as darray's NCCL spans)
+// are skipped.
 constexpr std::int64_t first_moved_tid = std::int64_t{1} << 30;
 
 bool starts_with(const std::string& s, std::string_view prefix) {
@@ -186,7 +188,8 @@ bool starts_with(const std::string& s, std::string_view prefix) {
 void survey(rank_input& in, std::map<std::pair<int, int>, std::vector<transfer_slice>>& sends,
             std::map<std::pair<int, int>, std::vector<transfer_slice>>& receives) {
   std::vector<std::pair<std::pair<int, int>, transfer_slice>> my_sends, my_receives;
-  std::int64_t next_tid = first_moved_tid;
+  std::vector<std::pair<std::int64_t, std::int64_t>> moved_in_order;
+  std::set<std::int64_t> host_tids;
   const trace_read_info info = read_trace(in.file, [&](std::uint64_t, const nlohmann::json& e) {
     if (!e.is_object()) {
       return;
@@ -212,9 +215,10 @@ void survey(rank_input& in, std::map<std::pair<int, int>, std::vector<transfer_s
         in.max_id = std::max(in.max_id, it->get<std::uint64_t>());
       }
     }
-    if (pid && tid && *pid != profiler::host_pid &&
-        in.moved_tids.try_emplace({*pid, *tid}, next_tid).second) {
-      ++next_tid;
+    if (pid && tid && *pid == profiler::host_pid) {
+      host_tids.insert(*tid);
+    } else if (pid && tid && in.moved_tids.try_emplace({*pid, *tid}, 0).second) {
+      moved_in_order.emplace_back(*pid, *tid);
     }
     if (ph != "X" || !pid || !tid || name == e.end() || !name->is_string() || !has_args) {
       return;
@@ -235,6 +239,15 @@ void survey(rank_input& in, std::map<std::pair<int, int>, std::vector<transfer_s
     (send ? my_sends : my_receives)
         .emplace_back(std::pair<int, int>{static_cast<int>(*src), static_cast<int>(*dst)}, t);
   });
+  // Device tracks move to the host process's pid, in the order they first appeared, on tids its
+  // own tracks leave free.
+  std::int64_t next_tid = first_moved_tid;
+  for (const auto& key : moved_in_order) {
+    while (host_tids.contains(next_tid)) {
+      ++next_tid;
+    }
+    in.moved_tids[key] = next_tid++;
+  }
   // distributedInfo and the origin come at the file's end: the slices' times are completed here.
   const nlohmann::json& other = info.other;
   if (const auto od = other.find("otherData"); od != other.end() && od->is_object()) {

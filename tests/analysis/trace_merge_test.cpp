@@ -343,6 +343,35 @@ TEST(trace_merge, refuses_inputs_that_are_not_one_launch) {
 }
 
 // Ranks of one host read one clock: not shifted, whatever the barriers measured.
+// A track a program named on its host process at a tid the merge would otherwise give a device
+// track (darray's NCCL spans: 2^30 + device), seen after the device's events: the device track
+// moves to a tid the host leaves free, and the two never share one.
+TEST(trace_merge, device_tracks_move_to_tids_the_host_leaves_free) {
+  two_ranks t;
+  std::string text = poolscope::profiler::testing::read_bytes(t.r0.path());
+  const std::string counter = R"j({"ph":"C","name":"memory (all pools)")j";
+  ASSERT_NE(text.find(counter), std::string::npos);
+  text.insert(
+      text.find(counter),
+      R"({"ph":"M","name":"thread_name","pid":1,"tid":1073741824,"args":{"name":"NCCL, device 0"}},
+{"ph":"X","name":"span","cat":"darray.transfer","pid":1,"tid":1073741824,"ts":10.000,"dur":10.000},
+)");
+  write_text(t.r0.path(), text);
+  (void)merge_traces({t.r0.path(), t.r1.path()}, t.out.path());
+  const auto check = poolscope::analysis::check_trace(t.out.path());
+  EXPECT_TRUE(check.ok()) << check.to_text();
+  std::map<std::int64_t, std::string> rank0_threads;
+  const json merged = events_of(t.out.path());
+  for (const json& e : merged["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "thread_name" && e["pid"] == rank_pid(0)) {
+      rank0_threads[e["tid"]] = e["args"]["name"];
+    }
+  }
+  const std::int64_t first = std::int64_t{1} << 30;
+  EXPECT_EQ(rank0_threads[first], "NCCL, device 0");
+  EXPECT_EQ(rank0_threads[first + 1], "GPU 0: H: stream 7");
+}
+
 TEST(trace_merge, ranks_of_one_host_are_not_shifted) {
   two_ranks t;
   std::string text = poolscope::profiler::testing::read_bytes(t.r1.path());
