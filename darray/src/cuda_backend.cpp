@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda_seam.hpp"
@@ -258,6 +260,46 @@ void report_binding(const process_group& g, rank_transport between) {
   }
 }
 
+// A call on nonblocking communicators (join_rank_comms): ncclInProgress is its work still being
+// enqueued, which settle_comms() waits for; any other result but success throws, naming the call.
+#define POOLSCOPE_NCCL_ISSUED(call)                                                \
+  do {                                                                             \
+    const ncclResult_t poolscope_issued_ = (call);                                 \
+    if (poolscope_issued_ != ncclSuccess && poolscope_issued_ != ncclInProgress) { \
+      detail::seam::raise(poolscope_issued_, #call, __FILE__, __LINE__);           \
+    }                                                                              \
+  } while (false)
+
+// Polls `comms` until none has a call in progress (ncclCommGetAsyncError), throwing NCCL's error
+// for a call that failed. `stop` is asked between polls; true ends the wait at once (false is
+// returned). Sleeps grow from none to 100 µs: a call settles within microseconds unless it waits
+// for a peer.
+bool wait_for_comms(const std::vector<ncclComm_t>& comms, const std::function<bool()>& stop) {
+  for (int polls = 0;; ++polls) {
+    bool busy = false;
+    for (ncclComm_t c : comms) {
+      ncclResult_t state = ncclSuccess;
+      POOLSCOPE_CUDA_CHECK(ncclCommGetAsyncError(c, &state));
+      if (state == ncclInProgress) {
+        busy = true;
+      } else if (state != ncclSuccess) {
+        detail::seam::raise(state, "an NCCL call (ncclCommGetAsyncError)", __FILE__, __LINE__);
+      }
+    }
+    if (!busy) {
+      return true;
+    }
+    if (stop()) {
+      return false;
+    }
+    if (polls < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 10 : 100));
+    }
+  }
+}
+
 // Runs `call`, a host call into NCCL with other ranks, watched by `w` as `what`. A call that fails
 // because the watchdog aborted the communicators (a peer silent or failed) throws the watchdog's
 // failure, which names the cause, with NCCL's own error after it.
@@ -266,6 +308,8 @@ void watched_nccl_call(detail::nccl_watchdog& w, const std::string& what, Call&&
   const detail::nccl_watchdog::host_call watched(w, what);
   try {
     call();
+  } catch (const communication_error&) {
+    throw;  // the watchdog's own failure (settle_comms), already naming the cause
   } catch (const std::exception& e) {
     try {
       w.check();
@@ -496,6 +540,10 @@ class cuda_backend final : public backend {
   /// The communicators of a group of several ranks (ncclCommInitRank over every rank's GPUs,
   /// the unique id broadcast from rank 0), or the one adopted from the application.
   void join_rank_comms();
+  /// Waits until the communicators of a group of several ranks have enqueued their last call
+  /// (nonblocking: join_rank_comms). The caller holds nccl_mutex_. A failure the watchdog finds
+  /// meanwhile aborts them here and is thrown.
+  void settle_comms();
   // Between the GPUs of CUDA ordinals dst_ordinal and src_ordinal.
   void copy_3d_peer(cudaStream_t s, void* dst, int dst_ordinal, const void* src, int src_ordinal,
                     const pitched& p);
@@ -615,7 +663,8 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
       join_rank_comms();
-      watchdog_ = std::make_unique<detail::nccl_watchdog>(comms_, !comms_adopted_, group());
+      watchdog_ =
+          std::make_unique<detail::nccl_watchdog>(comms_, !comms_adopted_, group(), nccl_mutex_);
     }
   } catch (...) {
     release_all();
@@ -650,23 +699,36 @@ void cuda_backend::release_all() noexcept {
     comms_.clear();
   }
   if (!comms_.empty()) {
-    log_failure("ncclCommFinalize", [this] {
+    // Nonblocking communicators (a group of several ranks) finalize in the background: polled
+    // within the group's timeout. Communicators not finalized (an error, a peer gone) are
+    // aborted instead of destroyed.
+    bool finalized = false;
+    log_failure("ncclCommFinalize", [this, &finalized] {
+      std::vector<ncclComm_t> live;
       POOLSCOPE_CUDA_CHECK(ncclGroupStart());
       for (ncclComm_t c : comms_) {
         if (c == nullptr) {
           continue;
         }
+        live.push_back(c);
         const ncclResult_t r = ncclCommFinalize(c);
-        if (r != ncclSuccess) {
+        if (r != ncclSuccess && r != ncclInProgress) {
           (void)ncclGroupEnd();
           POOLSCOPE_CUDA_CHECK(r);
         }
       }
-      POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
+      POOLSCOPE_NCCL_ISSUED(ncclGroupEnd());
+      const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
+      finalized = wait_for_comms(live, [&] { return std::chrono::steady_clock::now() > deadline; });
     });
     for (ncclComm_t c : comms_) {
-      if (c != nullptr) {
+      if (c == nullptr) {
+        continue;
+      }
+      if (finalized) {
         log_failure("ncclCommDestroy", [c] { POOLSCOPE_CUDA_CHECK(ncclCommDestroy(c)); });
+      } else {
+        log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
       }
     }
     comms_.clear();
@@ -955,23 +1017,61 @@ void cuda_backend::join_rank_comms() {
   std::vector<ncclComm_t> comms(devices_.size(), nullptr);
   int current = 0;
   POOLSCOPE_CUDA_CHECK(cudaGetDevice(&current));
-  // One thread initializes every GPU of this rank: one group, as NCCL asks.
+  // One thread initializes every GPU of this rank: one group, as NCCL asks. Nonblocking
+  // communicators (nccl_watchdog.hpp says why): the setup is polled to completion within the
+  // group's timeout, so a rank that never joins is an error, not a hang.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
   POOLSCOPE_CUDA_CHECK(ncclGroupStart());
   ncclResult_t r = ncclSuccess;
-  for (std::size_t i = 0; i < devices_.size() && r == ncclSuccess; ++i) {
+  for (std::size_t i = 0; i < devices_.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
     const cudaError_t set = cudaSetDevice(devices_[i]->ordinal);
     if (set != cudaSuccess) {
       (void)ncclGroupEnd();
       detail::seam::raise(set, "cudaSetDevice(ordinal)", __FILE__, __LINE__);
     }
-    r = ncclCommInitRank(&comms[i], device_count(), id, global_device(static_cast<int>(i)));
+    r = ncclCommInitRankConfig(&comms[i], device_count(), id, global_device(static_cast<int>(i)),
+                               &config);
   }
   const ncclResult_t ended = ncclGroupEnd();
   POOLSCOPE_CUDA_CHECK(cudaSetDevice(current));
-  POOLSCOPE_CUDA_CHECK(r);
-  POOLSCOPE_CUDA_CHECK(ended);
+  POOLSCOPE_NCCL_ISSUED(r);
+  POOLSCOPE_NCCL_ISSUED(ended);
+  const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
+  bool joined = false;
+  try {
+    joined = wait_for_comms(comms, [&] { return std::chrono::steady_clock::now() > deadline; });
+  } catch (...) {
+    for (ncclComm_t c : comms) {
+      log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
+    }
+    throw;
+  }
+  if (!joined) {
+    for (ncclComm_t c : comms) {
+      log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
+    }
+    const std::string why = "the NCCL communicators with the other ranks were not set up within " +
+                            std::to_string(group()->timeout().count()) +
+                            " ms (POOLSCOPE_RANK_TIMEOUT sets the bound): a rank did not join";
+    group()->fail(why);
+    throw communication_error("darray cuda backend, " + group()->describe() + ": " + why);
+  }
   comms_ = std::move(comms);
   comms_span_ranks_ = true;
+}
+
+void cuda_backend::settle_comms() {
+  if (!comms_span_ranks_) {
+    return;  // one process's communicators: blocking, settled when a call returns
+  }
+  const bool settled = wait_for_comms(comms_, [this] { return watchdog_ && watchdog_->failed(); });
+  if (!settled) {
+    // The watchdog found a failure while this thread (holding nccl_mutex_) waited: abort here,
+    // where no other call is in NCCL, and throw its reason.
+    watchdog_->abort_from_caller();
+    watchdog_->check();
+  }
 }
 
 void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
@@ -981,24 +1081,24 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
     // NCCL peers are ranks of the communicator: the devices' numbers over every rank.
     for (const transfer& x : list) {
       const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
-      POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
-                                    nccl_rank(x.dst_device),
-                                    comms_[static_cast<std::size_t>(x.src_device)],
-                                    stream(x.src_device, queue_kind::transfer)));
-      POOLSCOPE_CUDA_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
-                                    nccl_rank(x.src_device),
-                                    comms_[static_cast<std::size_t>(x.dst_device)],
-                                    stream(x.dst_device, queue_kind::transfer)));
+      POOLSCOPE_NCCL_ISSUED(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
+                                     nccl_rank(x.dst_device),
+                                     comms_[static_cast<std::size_t>(x.src_device)],
+                                     stream(x.src_device, queue_kind::transfer)));
+      POOLSCOPE_NCCL_ISSUED(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
+                                     nccl_rank(x.src_device),
+                                     comms_[static_cast<std::size_t>(x.dst_device)],
+                                     stream(x.dst_device, queue_kind::transfer)));
     }
     for (const rank_transfer& x : between) {
       const auto bytes = static_cast<std::size_t>(x.data.size()) * es;
       const ncclComm_t comm = comms_[static_cast<std::size_t>(x.device)];
       const cudaStream_t s = stream(x.device, queue_kind::transfer);
       if (x.sending) {
-        POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
-                                      x.peer_device, comm, s));
+        POOLSCOPE_NCCL_ISSUED(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
+                                       x.peer_device, comm, s));
       } else {
-        POOLSCOPE_CUDA_CHECK(
+        POOLSCOPE_NCCL_ISSUED(
             ncclRecv(element_ptr<void>(x.data, es), bytes, ncclUint8, x.peer_device, comm, s));
       }
     }
@@ -1006,7 +1106,8 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
     (void)ncclGroupEnd();
     throw;
   }
-  POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
+  POOLSCOPE_NCCL_ISSUED(ncclGroupEnd());
+  settle_comms();
 }
 
 void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
@@ -1024,12 +1125,17 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
   const bool contiguous = std::all_of(list.begin(), list.end(), [](const transfer& x) {
     return x.dst.contiguous() && x.src.contiguous();
   });
-  if (!nccl || !contiguous) {
-    // Copy engines within the process; NCCL with the other ranks, one call per transfer.
+  // Within the process: in the NCCL group, or by the copy engines one by one before it.
+  const bool within_by_nccl = nccl && contiguous;
+  if (!within_by_nccl) {
     copy_one_by_one(t, list, transport::peer);
-    exchange_one_by_one(t, between);
-    return;
+    if (between.empty()) {
+      return;
+    }
   }
+  const std::vector<transfer> none;
+  const std::vector<transfer>& within = within_by_nccl ? list : none;
+  // With the other ranks: always one NCCL group (their views are contiguous).
   static const profiler::scope_site site{"darray.nccl_group", category::darray_transfer};
   const profiler::scope scope{site};
   const std::size_t es = size_of(t);
@@ -1037,7 +1143,7 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
   check_ranks();
   ensure_comms();
   if (between.empty()) {
-    nccl_group(es, list, between);
+    nccl_group(es, within, between);
   } else {
     std::vector<std::pair<int, detail::transfer_ends>> ends;
     for (const rank_transfer& x : between) {
@@ -1046,7 +1152,7 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
                                                static_cast<std::size_t>(x.data.size()) * es));
     }
     traced_nccl_call("a transfer group with other ranks", ends,
-                     [&] { nccl_group(es, list, between); });
+                     [&] { nccl_group(es, within, between); });
     std::vector<int> watched;
     for (const rank_transfer& x : between) {
       if (std::find(watched.begin(), watched.end(), x.device) == watched.end()) {
@@ -1056,7 +1162,7 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
       }
     }
   }
-  for (const transfer& x : list) {
+  for (const transfer& x : within) {
     count_copy(true, static_cast<std::uint64_t>(x.dst.size()) * es, true);
   }
 }
@@ -1177,23 +1283,36 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
         // plans' order.
         const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
         if (sending) {
-          POOLSCOPE_CUDA_CHECK(
+          POOLSCOPE_NCCL_ISSUED(
               ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
         } else {
-          POOLSCOPE_CUDA_CHECK(
+          POOLSCOPE_NCCL_ISSUED(
               ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
         }
+        settle_comms();
       });
   watchdog_->watch(dev(device).ordinal, s, what);
 }
 
-bool cuda_backend::do_groups_automatically(const reshard_plan& /*plan*/) const {
-  // One NCCL group moves an all-to-all reshard alone somewhat faster than piece-by-piece copy
-  // engines, but an op fused with it is slower (nothing computes before the whole group lands),
-  // and a reshard where each GPU sends to one peer much slower (docs/perf.md, "Copy engines by
-  // default, NCCL on request"). So automatic stays with copy engines unless the backend defaults
-  // to NCCL.
-  return default_transport_ == transport::nccl;
+bool cuda_backend::do_groups_automatically(const reshard_plan& plan) const {
+  // Within the process, one NCCL group moves an all-to-all reshard alone somewhat faster than
+  // piece-by-piece copy engines, but an op fused with it is slower (nothing computes before the
+  // whole group lands), and a reshard where each GPU sends to one peer much slower (docs/perf.md,
+  // "Copy engines by default, NCCL on request"). So automatic stays with copy engines unless the
+  // backend defaults to NCCL...
+  if (default_transport_ == transport::nccl) {
+    return true;
+  }
+  // ... or pieces cross ranks by NCCL: NCCL runs a group's sends and receives at once, spread
+  // over its channels, where one call per piece runs them one after another on the transfer
+  // stream at a fraction of the link each (docs/perf.md, "Across processes"). The plan is the
+  // same on every rank, and so is this choice.
+  if (staging_ || group()->size() == 1) {
+    return false;
+  }
+  return std::any_of(plan.pieces.begin(), plan.pieces.end(), [this](const piece& p) {
+    return !p.local && rank_of(p.src_device) != rank_of(p.dst_device);
+  });
 }
 
 // --- host <-> device ---

@@ -17,10 +17,11 @@ std::string seconds_of(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 nccl_watchdog::nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                             std::shared_ptr<process_group> group)
+                             std::shared_ptr<process_group> group, std::mutex& nccl_calls)
     : comms_(std::move(comms)),
       abort_comms_(abort_comms),
       group_(std::move(group)),
+      nccl_calls_(nccl_calls),
       timeout_(group_->timeout()),
       thread_([this] { loop(); }) {}
 
@@ -65,6 +66,27 @@ void nccl_watchdog::check() const {
   if (failure_) {
     throw communication_error("darray " + group_->describe() + ": " + *failure_);
   }
+}
+
+bool nccl_watchdog::failed() const {
+  const std::lock_guard lock(mutex_);
+  return failure_.has_value();
+}
+
+void nccl_watchdog::abort_from_caller() noexcept {
+  if (failed()) {
+    abort_once();
+  }
+}
+
+void nccl_watchdog::abort_once() noexcept {
+  if (!abort_comms_ || aborted_.load(std::memory_order_acquire)) {
+    return;
+  }
+  for (ncclComm_t c : comms_) {
+    seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
+  }
+  aborted_.store(true, std::memory_order_release);
 }
 
 std::optional<std::string> nccl_watchdog::poll() {
@@ -123,14 +145,10 @@ void nccl_watchdog::fail(const std::string& why) noexcept {
   poolscope::log(log_level::error, "darray cuda backend: " + why +
                                        (abort_comms_ ? "; aborting its NCCL communicators" : ""));
   group_->fail(why);
-  if (abort_comms_) {
-    // Without a lock: a thread may be blocked inside NCCL (in a call waiting for the peer, under
-    // the backend's NCCL mutex), and the abort is what releases it.
-    for (ncclComm_t c : comms_) {
-      seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
-    }
-    aborted_.store(true, std::memory_order_release);
-  }
+  // Once no host call is in NCCL: a caller polling one sees the failure, aborts itself and
+  // releases the mutex by throwing.
+  const std::lock_guard calls(nccl_calls_);
+  abort_once();
 }
 
 void nccl_watchdog::loop() noexcept {

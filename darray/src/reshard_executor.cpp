@@ -456,6 +456,14 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
   out->mode = array_mode::replica;
   out->chunks = chunks_of(dst_map);
   out->info.plan = plan_for(src, dst_map, out->chunks, check, po);
+  // Whether the backend moves the remote pieces as one group (always with nccl; with automatic
+  // its choice, as a CUDA backend makes for pieces between ranks). A plan it groups is made again
+  // whole, for the reason above.
+  const bool grouped = !accumulate && be.groups_transfers(*out->info.plan, options.how);
+  if (grouped && po.split_bytes > 0) {
+    po.split_bytes = 0;
+    out->info.plan = plan_for(src, dst_map, out->chunks, check, po);
+  }
   const reshard_plan& plan = *out->info.plan;
 
   std::vector<std::shared_ptr<buffer>> dense(out->chunks.size());
@@ -478,7 +486,7 @@ std::shared_ptr<array_state> execute_reshard(const array_state& src,
     return dense[j];
   };
 
-  if (!accumulate && be.groups_transfers(plan, options.how)) {
+  if (grouped) {
     send_as_group(src, *out, plan, options.how, dense_of);
     return out;
   }
