@@ -173,7 +173,7 @@ PY
     ranks=(mpirun -np "$ngpu" --oversubscribe)
     step "darray tests across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" \
       "$build/bin/poolscope_darray_tests" \
-      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1:darray_ranks_gpu_adopted.*'
     step "demo across $ngpu ranks (cuda:1 each)" "$out/ranks.log" "${ranks[@]}" "$cli" demo \
       --devices cuda:1 --repeat 10 --trace "$out/ranks_trace.json.gz" \
       --report "$out/ranks_report.json"
@@ -216,7 +216,7 @@ PY
       -x CUDA_VISIBLE_DEVICES -x NCCL_SOCKET_IFNAME sh -c "$hostid")
     step "darray tests, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
       "${nccl_one[@]}" "$build/bin/poolscope_darray_tests" \
-      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1:darray_ranks_gpu_adopted.*'
     step "demo, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
       "${nccl_one[@]}" "$cli" demo --devices cuda:1 --repeat 3 \
       --trace "$out/ranks_nccl_one_trace.json.gz"

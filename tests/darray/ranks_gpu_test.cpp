@@ -6,7 +6,9 @@
 // watchdog, or the MPI receive's bound). Run under mpirun on a GPU machine
 // (scripts/gpu-check.sh); without a GPU every test skips with the reason, and alone (a group of
 // one) the first two run on one GPU with nothing to cross.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
+#include <nccl.h>
 
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -83,6 +86,46 @@ TEST_P(darray_ranks_gpu, seed_example_and_a_partial_sum_cross_ranks) {
   be->synchronize();
 }
 
+// Pieces between ranks by NCCL go as one group, each whole, whatever split_bytes says: NCCL runs a
+// group's sends at once and pipelines each in its own chunks, where pieces one by one, or several
+// per peer, run one after another at a fraction of the link (docs/perf.md, "Across processes").
+TEST_P(darray_ranks_gpu, pieces_between_ranks_move_whole_in_one_group) {
+  std::string why_not;
+  const auto be = gpu_per_rank(GetParam(), why_not);
+  if (!be) {
+    GTEST_SKIP() << "no GPU: " << why_not;
+  }
+  if (be->group()->size() < 2 || test_support::test_between_ranks() != rank_transport::nccl) {
+    GTEST_SKIP() << "needs 2 ranks or more with NCCL between them";
+  }
+  const int devs = be->device_count();
+  const i64 n = (i64{1} << 20) * devs;
+  std::vector<i64> hc(static_cast<std::size_t>(n));
+  std::iota(hc.begin(), hc.end(), 11);
+  const auto blocks = index_map::blocks({n}, 0, devs);
+  // Every device's block moves to the next device: a piece of 8 MiB between ranks, which a
+  // split at 1 MiB would cut in eight.
+  std::vector<std::tuple<int, i64, i64>> rotated;
+  for (int d = 0; d < devs; ++d) {
+    rotated.emplace_back((d + 1) % devs, n * d / devs, n * (d + 1) / devs);
+  }
+  const auto c = distributed_array<i64>::from_host(be, hc, {n}, index_map::split({n}, 0, rotated));
+  const auto moved = c.reshard(blocks, {.how = GetParam(), .split_bytes = i64{1} << 20});
+  test_support::expect_chunks_match(moved, hc);
+  const auto& plan = *moved.handle().last_reshard().plan;
+  EXPECT_TRUE(be->groups_transfers(plan, GetParam()));
+  std::set<std::pair<std::size_t, std::size_t>> links;
+  for (const piece& p : plan.pieces) {
+    if (!p.local && be->rank_of(p.src_device) != be->rank_of(p.dst_device)) {
+      EXPECT_TRUE(links.emplace(p.src_chunk, p.dst_chunk).second)
+          << "the piece from chunk " << p.src_chunk << " to chunk " << p.dst_chunk << " was split ("
+          << p.bytes << " bytes)";
+    }
+  }
+  EXPECT_EQ(links.size(), static_cast<std::size_t>(devs));
+  be->synchronize();
+}
+
 INSTANTIATE_TEST_SUITE_P(transports, darray_ranks_gpu,
                          ::testing::Values(transport::automatic, transport::nccl),
                          [](const auto& p) { return std::string(to_string(p.param)); });
@@ -110,6 +153,81 @@ TEST(darray_ranks_gpu_fault, rank_stops_mid_reshard) {
   } catch (const std::exception& e) {
     std::printf("rank 0 failed: %s\n", e.what());
   }
+}
+
+// A communicator the application made itself (as PyTorch's ProcessGroupNCCL holds one), adopted:
+// the backend takes the GPU current when it was made, moves the pieces between ranks and
+// completes the sum on it, and leaves it to the application, which can still use it afterwards.
+TEST(darray_ranks_gpu_adopted, seed_example_and_a_sum_on_an_adopted_communicator) {
+  const auto world = test_support::test_group();
+  if (world->size() < 2) {
+    GTEST_SKIP() << "needs 2 ranks or more (runs under mpirun)";
+  }
+  if (test_support::test_between_ranks() != rank_transport::nccl) {
+    GTEST_SKIP() << "an adopted communicator moves data by NCCL only";
+  }
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+    (void)cudaGetLastError();
+    GTEST_SKIP() << "no GPU";
+  }
+  // The application's choice of GPU: its local rank's where each rank of the host can have one.
+  const int gpu = world->local_size() <= gpus ? world->local_rank() : 0;
+  ASSERT_EQ(cudaSetDevice(gpu), cudaSuccess);
+  ncclUniqueId id{};
+  if (world->rank() == 0) {
+    ASSERT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  }
+  world->broadcast(&id, sizeof id, 0);
+  ncclComm_t comm = nullptr;
+  ASSERT_EQ(ncclCommInitRank(&comm, world->size(), id, world->rank()), ncclSuccess);
+  {
+    backend_options o;
+    o.group = process_group::adopt_nccl(comm, world->rank(), world->size());
+    const auto be = make_cuda_backend(1, o);
+    ASSERT_EQ(be->device_count(), world->size());
+    const i64 n = (i64{1} << 20) * world->size() + 5;
+    std::vector<i64> ha(static_cast<std::size_t>(n)), hc(ha.size());
+    std::iota(ha.begin(), ha.end(), 0);
+    std::iota(hc.begin(), hc.end(), 7000000);
+    const auto a_map = index_map::blocks({n}, 0, world->size());
+    // c's blocks shifted by a third of a block: every rank sends to its neighbour and receives.
+    std::vector<std::tuple<int, i64, i64>> shifted;
+    for (int d = 0; d < world->size(); ++d) {
+      const i64 lo = d == 0 ? 0 : (n * d + n / 3) / world->size();
+      const i64 hi = d + 1 == world->size() ? n : (n * (d + 1) + n / 3) / world->size();
+      shifted.emplace_back(d, lo, hi);
+    }
+    const auto a = distributed_array<i64>::from_host(be, ha, {n}, a_map);
+    const auto c =
+        distributed_array<i64>::from_host(be, hc, {n}, index_map::split({n}, 0, shifted));
+    const auto d = a + c.reshard(a_map);
+    std::vector<i64> want(ha.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      want[i] = ha[i] + hc[i];
+    }
+    test_support::expect_chunks_match(d, want);
+    EXPECT_EQ(d.to_host(), want);
+    const i64 total = std::accumulate(want.begin(), want.end(), i64{0});
+    EXPECT_EQ(sum(d).change_mode(array_mode::replica).to_host(), std::vector<i64>{total});
+    EXPECT_GT(be->stats().bytes_between_ranks, 0U);
+    be->synchronize();
+  }
+  // Still the application's: an all-reduce on it after the backend has gone.
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  int* value = nullptr;
+  ASSERT_EQ(cudaMalloc(&value, sizeof(int)), cudaSuccess);
+  const int mine = world->rank() + 1;
+  ASSERT_EQ(cudaMemcpy(value, &mine, sizeof mine, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(ncclAllReduce(value, value, 1, ncclInt32, ncclSum, comm, stream), ncclSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  int reduced = 0;
+  ASSERT_EQ(cudaMemcpy(&reduced, value, sizeof reduced, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(reduced, world->size() * (world->size() + 1) / 2);
+  EXPECT_EQ(cudaFree(value), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  EXPECT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 #ifdef POOLSCOPE_MPIEXEC
