@@ -260,46 +260,6 @@ void report_binding(const process_group& g, rank_transport between) {
   }
 }
 
-// A call on nonblocking communicators (join_rank_comms): ncclInProgress is its work still being
-// enqueued, which settle_comms() waits for; any other result but success throws, naming the call.
-#define POOLSCOPE_NCCL_ISSUED(call)                                                \
-  do {                                                                             \
-    const ncclResult_t poolscope_issued_ = (call);                                 \
-    if (poolscope_issued_ != ncclSuccess && poolscope_issued_ != ncclInProgress) { \
-      detail::seam::raise(poolscope_issued_, #call, __FILE__, __LINE__);           \
-    }                                                                              \
-  } while (false)
-
-// Polls `comms` until none has a call in progress (ncclCommGetAsyncError), throwing NCCL's error
-// for a call that failed. `stop` is asked between polls; true ends the wait at once (false is
-// returned). Sleeps grow from none to 100 µs: a call settles within microseconds unless it waits
-// for a peer.
-bool wait_for_comms(const std::vector<ncclComm_t>& comms, const std::function<bool()>& stop) {
-  for (int polls = 0;; ++polls) {
-    bool busy = false;
-    for (ncclComm_t c : comms) {
-      ncclResult_t state = ncclSuccess;
-      POOLSCOPE_CUDA_CHECK(ncclCommGetAsyncError(c, &state));
-      if (state == ncclInProgress) {
-        busy = true;
-      } else if (state != ncclSuccess) {
-        detail::seam::raise(state, "an NCCL call (ncclCommGetAsyncError)", __FILE__, __LINE__);
-      }
-    }
-    if (!busy) {
-      return true;
-    }
-    if (stop()) {
-      return false;
-    }
-    if (polls < 64) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(polls < 1024 ? 10 : 100));
-    }
-  }
-}
-
 // Runs `call`, a host call into NCCL with other ranks, watched by `w` as `what`. A call that fails
 // because the watchdog aborted the communicators (a peer silent or failed) throws the watchdog's
 // failure, which names the cause, with NCCL's own error after it.
@@ -308,8 +268,6 @@ void watched_nccl_call(detail::nccl_watchdog& w, const std::string& what, Call&&
   const detail::nccl_watchdog::host_call watched(w, what);
   try {
     call();
-  } catch (const communication_error&) {
-    throw;  // the watchdog's own failure (settle_comms), already naming the cause
   } catch (const std::exception& e) {
     try {
       w.check();
@@ -540,10 +498,12 @@ class cuda_backend final : public backend {
   /// The communicators of a group of several ranks (ncclCommInitRank over every rank's GPUs,
   /// the unique id broadcast from rank 0), or the one adopted from the application.
   void join_rank_comms();
-  /// Waits until the communicators of a group of several ranks have enqueued their last call
-  /// (nonblocking: join_rank_comms). The caller holds nccl_mutex_. A failure the watchdog finds
-  /// meanwhile aborts them here and is thrown.
-  void settle_comms();
+  /// NCCL connects two GPUs at their first transfer, in the host call, waiting for the peer: a
+  /// peer silent then would hold that call, and the mutex of NCCL calls, where no abort is safe
+  /// (nccl_watchdog.hpp). Every rank makes its backend together, so each GPU here exchanges a
+  /// byte with every GPU of the other ranks now, and later calls find their connections made.
+  /// Bounded by the group's timeout (then communication_error, the communicators aborted).
+  void connect_ranks();
   // Between the GPUs of CUDA ordinals dst_ordinal and src_ordinal.
   void copy_3d_peer(cudaStream_t s, void* dst, int dst_ordinal, const void* src, int src_ordinal,
                     const pitched& p);
@@ -554,7 +514,7 @@ class cuda_backend final : public backend {
   std::vector<std::unique_ptr<device_state>> devices_;
   std::vector<char> peer_;  // peer_[from * n + to]: `from` can access `to`'s memory
   transport default_transport_ = transport::automatic;
-  std::mutex nccl_mutex_;
+  std::timed_mutex nccl_mutex_;  // held by every host call into NCCL (timed: nccl_watchdog)
   std::vector<ncclComm_t> comms_;
   detail::gpu_spans nccl_spans_;   // the NCCL transfers with other ranks, while traced
   bool comms_adopted_ = false;     // comms_ is the application's: never finalized or destroyed here
@@ -699,36 +659,23 @@ void cuda_backend::release_all() noexcept {
     comms_.clear();
   }
   if (!comms_.empty()) {
-    // Nonblocking communicators (a group of several ranks) finalize in the background: polled
-    // within the group's timeout. Communicators not finalized (an error, a peer gone) are
-    // aborted instead of destroyed.
-    bool finalized = false;
-    log_failure("ncclCommFinalize", [this, &finalized] {
-      std::vector<ncclComm_t> live;
+    log_failure("ncclCommFinalize", [this] {
       POOLSCOPE_CUDA_CHECK(ncclGroupStart());
       for (ncclComm_t c : comms_) {
         if (c == nullptr) {
           continue;
         }
-        live.push_back(c);
         const ncclResult_t r = ncclCommFinalize(c);
-        if (r != ncclSuccess && r != ncclInProgress) {
+        if (r != ncclSuccess) {
           (void)ncclGroupEnd();
           POOLSCOPE_CUDA_CHECK(r);
         }
       }
-      POOLSCOPE_NCCL_ISSUED(ncclGroupEnd());
-      const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
-      finalized = wait_for_comms(live, [&] { return std::chrono::steady_clock::now() > deadline; });
+      POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
     });
     for (ncclComm_t c : comms_) {
-      if (c == nullptr) {
-        continue;
-      }
-      if (finalized) {
+      if (c != nullptr) {
         log_failure("ncclCommDestroy", [c] { POOLSCOPE_CUDA_CHECK(ncclCommDestroy(c)); });
-      } else {
-        log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
       }
     }
     comms_.clear();
@@ -989,6 +936,7 @@ void cuda_backend::ensure_comms() {
 
 void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, std::size_t es, const transfer& x) {
   const std::lock_guard lock(nccl_mutex_);
+  check_ranks();  // never on communicators the watchdog aborted
   ensure_comms();
   const cudaStream_t send_stream = stream(x.src_device, queue_kind::transfer);
   const cudaStream_t recv_stream = stream(x.dst_device, queue_kind::transfer);
@@ -1017,61 +965,109 @@ void cuda_backend::join_rank_comms() {
   std::vector<ncclComm_t> comms(devices_.size(), nullptr);
   int current = 0;
   POOLSCOPE_CUDA_CHECK(cudaGetDevice(&current));
-  // One thread initializes every GPU of this rank: one group, as NCCL asks. Nonblocking
-  // communicators (nccl_watchdog.hpp says why): the setup is polled to completion within the
-  // group's timeout, so a rank that never joins is an error, not a hang.
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
+  // One thread initializes every GPU of this rank: one group, as NCCL asks.
   POOLSCOPE_CUDA_CHECK(ncclGroupStart());
   ncclResult_t r = ncclSuccess;
-  for (std::size_t i = 0; i < devices_.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
+  for (std::size_t i = 0; i < devices_.size() && r == ncclSuccess; ++i) {
     const cudaError_t set = cudaSetDevice(devices_[i]->ordinal);
     if (set != cudaSuccess) {
       (void)ncclGroupEnd();
       detail::seam::raise(set, "cudaSetDevice(ordinal)", __FILE__, __LINE__);
     }
-    r = ncclCommInitRankConfig(&comms[i], device_count(), id, global_device(static_cast<int>(i)),
-                               &config);
+    r = ncclCommInitRank(&comms[i], device_count(), id, global_device(static_cast<int>(i)));
   }
   const ncclResult_t ended = ncclGroupEnd();
   POOLSCOPE_CUDA_CHECK(cudaSetDevice(current));
-  POOLSCOPE_NCCL_ISSUED(r);
-  POOLSCOPE_NCCL_ISSUED(ended);
-  const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
-  bool joined = false;
-  try {
-    joined = wait_for_comms(comms, [&] { return std::chrono::steady_clock::now() > deadline; });
-  } catch (...) {
-    for (ncclComm_t c : comms) {
-      log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
-    }
-    throw;
-  }
-  if (!joined) {
-    for (ncclComm_t c : comms) {
-      log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
-    }
-    const std::string why = "the NCCL communicators with the other ranks were not set up within " +
-                            std::to_string(group()->timeout().count()) +
-                            " ms (POOLSCOPE_RANK_TIMEOUT sets the bound): a rank did not join";
-    group()->fail(why);
-    throw communication_error("darray cuda backend, " + group()->describe() + ": " + why);
-  }
+  POOLSCOPE_CUDA_CHECK(r);
+  POOLSCOPE_CUDA_CHECK(ended);
   comms_ = std::move(comms);
   comms_span_ranks_ = true;
+  connect_ranks();
 }
 
-void cuda_backend::settle_comms() {
-  if (!comms_span_ranks_) {
-    return;  // one process's communicators: blocking, settled when a call returns
+void cuda_backend::connect_ranks() {
+  const int n = device_count();
+  const auto bytes = static_cast<std::size_t>(2 * n);
+  std::vector<void*> scratch(devices_.size(), nullptr);
+  std::vector<cudaEvent_t> done(devices_.size(), nullptr);
+  const auto release = [&] {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      const device_guard guard(devices_[i]->ordinal);
+      if (done[i] != nullptr) {
+        log_failure("cudaEventDestroy", [&] { POOLSCOPE_CUDA_CHECK(cudaEventDestroy(done[i])); });
+      }
+      if (scratch[i] != nullptr) {
+        log_failure("cudaFree", [&] { POOLSCOPE_CUDA_CHECK(cudaFree(scratch[i])); });
+      }
+    }
+  };
+  try {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      const device_guard guard(devices_[i]->ordinal);
+      POOLSCOPE_CUDA_CHECK(cudaMalloc(&scratch[i], bytes));
+      POOLSCOPE_CUDA_CHECK(
+          cudaMemsetAsync(scratch[i], 0, bytes, stream(static_cast<int>(i), queue_kind::transfer)));
+      POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+    }
+    // One group: every GPU of this rank sends a byte to, and receives one from, every GPU of the
+    // other ranks (a byte of its own each way), on its transfer stream.
+    POOLSCOPE_CUDA_CHECK(ncclGroupStart());
+    try {
+      for (std::size_t i = 0; i < devices_.size(); ++i) {
+        auto* base = static_cast<unsigned char*>(scratch[i]);
+        const cudaStream_t s = stream(static_cast<int>(i), queue_kind::transfer);
+        for (int peer = 0; peer < n; ++peer) {
+          if (is_local(peer)) {
+            continue;
+          }
+          POOLSCOPE_CUDA_CHECK(ncclSend(base + peer, 1, ncclUint8, peer, comms_[i], s));
+          POOLSCOPE_CUDA_CHECK(ncclRecv(base + n + peer, 1, ncclUint8, peer, comms_[i], s));
+        }
+      }
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      const device_guard guard(devices_[i]->ordinal);
+      POOLSCOPE_CUDA_CHECK(
+          cudaEventRecord(done[i], stream(static_cast<int>(i), queue_kind::transfer)));
+    }
+    const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      for (;;) {
+        const cudaError_t q = cudaEventQuery(done[i]);
+        if (q == cudaSuccess) {
+          break;
+        }
+        if (q != cudaErrorNotReady) {
+          detail::seam::raise(q, "cudaEventQuery(connections with the other ranks)", __FILE__,
+                              __LINE__);
+        }
+        (void)cudaGetLastError();
+        if (std::chrono::steady_clock::now() > deadline) {
+          // No other thread uses the communicators yet: abort them here (their kernels end) and
+          // leave nothing for release_all to finalize.
+          for (ncclComm_t c : comms_) {
+            log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
+          }
+          comms_.clear();
+          const std::string why =
+              "the connections with the other ranks' GPUs did not complete within " +
+              std::to_string(group()->timeout().count()) +
+              " ms (POOLSCOPE_RANK_TIMEOUT sets the bound): a rank did not take part";
+          group()->fail(why);
+          throw communication_error("darray cuda backend, " + group()->describe() + ": " + why);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  } catch (...) {
+    release();
+    throw;
   }
-  const bool settled = wait_for_comms(comms_, [this] { return watchdog_ && watchdog_->failed(); });
-  if (!settled) {
-    // The watchdog found a failure while this thread (holding nccl_mutex_) waited: abort here,
-    // where no other call is in NCCL, and throw its reason.
-    watchdog_->abort_from_caller();
-    watchdog_->check();
-  }
+  release();
 }
 
 void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
@@ -1081,24 +1077,24 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
     // NCCL peers are ranks of the communicator: the devices' numbers over every rank.
     for (const transfer& x : list) {
       const auto bytes = static_cast<std::size_t>(x.dst.size()) * es;
-      POOLSCOPE_NCCL_ISSUED(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
-                                     nccl_rank(x.dst_device),
-                                     comms_[static_cast<std::size_t>(x.src_device)],
-                                     stream(x.src_device, queue_kind::transfer)));
-      POOLSCOPE_NCCL_ISSUED(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
-                                     nccl_rank(x.src_device),
-                                     comms_[static_cast<std::size_t>(x.dst_device)],
-                                     stream(x.dst_device, queue_kind::transfer)));
+      POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.src, es), bytes, ncclUint8,
+                                    nccl_rank(x.dst_device),
+                                    comms_[static_cast<std::size_t>(x.src_device)],
+                                    stream(x.src_device, queue_kind::transfer)));
+      POOLSCOPE_CUDA_CHECK(ncclRecv(element_ptr<void>(x.dst, es), bytes, ncclUint8,
+                                    nccl_rank(x.src_device),
+                                    comms_[static_cast<std::size_t>(x.dst_device)],
+                                    stream(x.dst_device, queue_kind::transfer)));
     }
     for (const rank_transfer& x : between) {
       const auto bytes = static_cast<std::size_t>(x.data.size()) * es;
       const ncclComm_t comm = comms_[static_cast<std::size_t>(x.device)];
       const cudaStream_t s = stream(x.device, queue_kind::transfer);
       if (x.sending) {
-        POOLSCOPE_NCCL_ISSUED(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
-                                       x.peer_device, comm, s));
+        POOLSCOPE_CUDA_CHECK(ncclSend(element_ptr<const void>(x.data, es), bytes, ncclUint8,
+                                      x.peer_device, comm, s));
       } else {
-        POOLSCOPE_NCCL_ISSUED(
+        POOLSCOPE_CUDA_CHECK(
             ncclRecv(element_ptr<void>(x.data, es), bytes, ncclUint8, x.peer_device, comm, s));
       }
     }
@@ -1106,8 +1102,7 @@ void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
     (void)ncclGroupEnd();
     throw;
   }
-  POOLSCOPE_NCCL_ISSUED(ncclGroupEnd());
-  settle_comms();
+  POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
 }
 
 void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
@@ -1283,13 +1278,12 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
         // plans' order.
         const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
         if (sending) {
-          POOLSCOPE_NCCL_ISSUED(
+          POOLSCOPE_CUDA_CHECK(
               ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
         } else {
-          POOLSCOPE_NCCL_ISSUED(
+          POOLSCOPE_CUDA_CHECK(
               ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
         }
-        settle_comms();
       });
   watchdog_->watch(dev(device).ordinal, s, what);
 }

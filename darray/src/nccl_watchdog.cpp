@@ -1,6 +1,7 @@
 // The NCCL watchdog (nccl_watchdog.hpp).
 #include "nccl_watchdog.hpp"
 
+#include <cstdlib>
 #include <utility>
 
 #include "poolscope/error.hpp"
@@ -17,7 +18,7 @@ std::string seconds_of(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 nccl_watchdog::nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                             std::shared_ptr<process_group> group, std::mutex& nccl_calls)
+                             std::shared_ptr<process_group> group, std::timed_mutex& nccl_calls)
     : comms_(std::move(comms)),
       abort_comms_(abort_comms),
       group_(std::move(group)),
@@ -68,35 +69,16 @@ void nccl_watchdog::check() const {
   }
 }
 
-bool nccl_watchdog::failed() const {
-  const std::lock_guard lock(mutex_);
-  return failure_.has_value();
-}
-
-void nccl_watchdog::abort_from_caller() noexcept {
-  if (failed()) {
-    abort_once();
-  }
-}
-
-void nccl_watchdog::abort_once() noexcept {
-  if (!abort_comms_ || aborted_.load(std::memory_order_acquire)) {
-    return;
-  }
-  for (ncclComm_t c : comms_) {
-    seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
-  }
-  aborted_.store(true, std::memory_order_release);
-}
-
 std::optional<std::string> nccl_watchdog::poll() {
   for (std::size_t i = 0; i < comms_.size(); ++i) {
     ncclResult_t async = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comms_[i], &async);
     if (r != ncclSuccess || (async != ncclSuccess && async != ncclInProgress)) {
-      return std::string("NCCL reports ") +
-             ::poolscope::detail::api_status<ncclResult_t>::name(r != ncclSuccess ? r : async) +
-             " on this rank's GPU " + std::to_string(i);
+      const ncclResult_t e = r != ncclSuccess ? r : async;
+      return std::string("NCCL reports ") + ::poolscope::detail::api_status<ncclResult_t>::name(e) +
+             " on this rank's GPU " + std::to_string(i) +
+             (e == ncclRemoteError ? " (another rank failed, or left its side of the connection)"
+                                   : "");
     }
   }
   if (auto f = group_->poll_failure()) {
@@ -145,10 +127,38 @@ void nccl_watchdog::fail(const std::string& why) noexcept {
   poolscope::log(log_level::error, "darray cuda backend: " + why +
                                        (abort_comms_ ? "; aborting its NCCL communicators" : ""));
   group_->fail(why);
-  // Once no host call is in NCCL: a caller polling one sees the failure, aborts itself and
-  // releases the mutex by throwing.
-  const std::lock_guard calls(nccl_calls_);
-  abort_once();
+  if (!abort_comms_) {
+    return;
+  }
+  // Once no host call is in NCCL: one in progress holds the mutex for its enqueue. A call that
+  // still holds it after the timeout is stuck there (waiting for a peer), and aborting beside it
+  // frees what it uses: the process ends instead.
+  auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
+  {
+    const std::lock_guard lock(mutex_);
+    if (call_since_ != std::chrono::steady_clock::time_point{} &&
+        std::chrono::steady_clock::now() - call_since_ > timeout_) {
+      wait = std::chrono::milliseconds(0);  // the failure is that call, stuck
+    }
+  }
+  std::unique_lock calls(nccl_calls_, std::defer_lock);
+  if (!calls.try_lock_for(wait)) {
+    std::string call;
+    {
+      const std::lock_guard lock(mutex_);
+      call = call_since_ != std::chrono::steady_clock::time_point{}
+                 ? "an NCCL call (" + call_what_ + ")"
+                 : std::string("an NCCL call");
+    }
+    poolscope::log(log_level::error,
+                   "darray cuda backend: " + call +
+                       " is still inside NCCL and cannot be aborted safely; ending the process");
+    std::_Exit(EXIT_FAILURE);
+  }
+  for (ncclComm_t c : comms_) {
+    seam::log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
+  }
+  aborted_.store(true, std::memory_order_release);
 }
 
 void nccl_watchdog::loop() noexcept {

@@ -8,11 +8,11 @@
 // the backend's next synchronizing call (check()). Internal to cuda_backend.cpp; through
 // cuda_seam.hpp like it.
 //
-// The communicators are nonblocking (ncclConfig_t::blocking = 0): a host call into NCCL returns
-// at once and its caller polls it to completion (cuda_backend's settle), holding the backend's
-// mutex of NCCL calls. An abort never runs beside another call on the same communicator (NCCL
-// frees it there): the watchdog aborts under that mutex, and a caller that finds the failure while
-// polling aborts in its own thread (abort_from_caller) and throws it.
+// An abort never runs beside another call on the same communicator (NCCL frees what that call
+// uses): the watchdog aborts holding the backend's mutex of NCCL calls. Once a group's ranks are
+// connected (cuda_backend connects them when it is made) no host call waits for a peer, so the
+// mutex comes free within a call's enqueue. A host call still in NCCL after the timeout cannot be
+// aborted safely: the watchdog then tells the other ranks and ends the process, naming the call.
 //
 // Ownership: owns its thread and the events it watches; the communicators stay the backend's
 // (aborted here only when `abort_comms`: never an application's). Thread safety: every member may
@@ -42,7 +42,7 @@ class nccl_watchdog {
  public:
   /// `nccl_calls`: the mutex every host call into NCCL on `comms` holds (the backend's).
   nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                std::shared_ptr<process_group> group, std::mutex& nccl_calls);
+                std::shared_ptr<process_group> group, std::timed_mutex& nccl_calls);
   nccl_watchdog(const nccl_watchdog&) = delete;
   nccl_watchdog& operator=(const nccl_watchdog&) = delete;
   /// Stops the thread and destroys the events still watched.
@@ -65,11 +65,6 @@ class nccl_watchdog {
   void watch(int ordinal, cudaStream_t s, std::string what);
   /// Throws communication_error naming the failure if the watchdog found one.
   void check() const;
-  /// Whether the watchdog found a failure.
-  [[nodiscard]] bool failed() const;
-  /// For a caller holding `nccl_calls` that found failed(): aborts the communicators (when this
-  /// watchdog may) unless that was done.
-  void abort_from_caller() noexcept;
   /// Whether it aborted the communicators (they are then freed: not to be finalized).
   [[nodiscard]] bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
 
@@ -84,13 +79,11 @@ class nccl_watchdog {
   // One poll; the failure found, if any.
   std::optional<std::string> poll();
   void fail(const std::string& why) noexcept;
-  // Aborts the communicators once; the caller holds nccl_calls_.
-  void abort_once() noexcept;
 
   std::vector<ncclComm_t> comms_;
   bool abort_comms_;
   std::shared_ptr<process_group> group_;
-  std::mutex& nccl_calls_;
+  std::timed_mutex& nccl_calls_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;
   std::condition_variable stop_cv_;
