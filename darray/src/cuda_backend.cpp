@@ -260,6 +260,11 @@ void report_binding(const process_group& g, rank_transport between) {
   }
 }
 
+// The most GPUs of a group whose pairs across ranks are connected when a backend is made
+// (cuda_backend::connect_ranks). A connection holds NCCL's buffers (NCCL_BUFFSIZE per channel and
+// direction) on both of its GPUs, so all pairs of a large group would take much of their memory.
+constexpr int connect_up_front_max = 64;
+
 // Runs `call`, a host call into NCCL with other ranks, watched by `w` as `what`. A call that fails
 // because the watchdog aborted the communicators (a peer silent or failed) throws the watchdog's
 // failure, which names the cause, with NCCL's own error after it.
@@ -503,6 +508,8 @@ class cuda_backend final : public backend {
   /// (nccl_watchdog.hpp). Every rank makes its backend together, so each GPU here exchanges a
   /// byte with every GPU of the other ranks now, and later calls find their connections made.
   /// Bounded by the group's timeout (then communication_error, the communicators aborted).
+  /// Groups of more than connect_up_front_max GPUs are left to connect as they transfer: every
+  /// connection holds NCCL buffers on both GPUs, which all pairs of a large group would not fit.
   void connect_ranks();
   // Between the GPUs of CUDA ordinals dst_ordinal and src_ordinal.
   void copy_3d_peer(cudaStream_t s, void* dst, int dst_ordinal, const void* src, int src_ordinal,
@@ -987,6 +994,9 @@ void cuda_backend::join_rank_comms() {
 
 void cuda_backend::connect_ranks() {
   const int n = device_count();
+  if (n > connect_up_front_max) {
+    return;
+  }
   const auto bytes = static_cast<std::size_t>(2 * n);
   std::vector<void*> scratch(devices_.size(), nullptr);
   std::vector<cudaEvent_t> done(devices_.size(), nullptr);
