@@ -181,6 +181,10 @@ PY
       --devices "cuda:$ngpu" --only D1 --json "$out/bench_d1_one_process.json"
     step "bench D1 across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" "$cli" bench darray \
       --devices cuda:1 --only D1 --json "$out/bench_d1_ranks.json"
+    # One process moving by NCCL too: what NCCL costs against the copy engines, apart from the
+    # processes (docs/perf.md, "A GPU per rank, NCCL between them").
+    step "bench D1, one process, $ngpu GPUs, NCCL" "$out/ranks.log" "$cli" bench darray \
+      --devices "cuda:$ngpu" --only D1 --transport nccl --json "$out/bench_d1_one_process_nccl.json"
   fi
   # Two ranks sharing GPU 0, MPI through pinned host memory between them (--between-ranks mpi:
   # docs/multiprocess.md): the path of several ranks on a machine of one GPU.
