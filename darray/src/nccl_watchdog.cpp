@@ -12,8 +12,13 @@ namespace poolscope::darray::detail {
 namespace {
 constexpr auto poll_every = std::chrono::milliseconds(50);
 
+// Whole seconds, or tenths below ten seconds (a bound of 0.2 s reads "0.2 s", not "0 s").
 std::string seconds_of(std::chrono::steady_clock::duration d) {
-  return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(d).count()) + " s";
+  const auto tenths = std::chrono::duration_cast<std::chrono::milliseconds>(d).count() / 100;
+  if (tenths >= 100) {
+    return std::to_string(tenths / 10) + " s";
+  }
+  return std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + " s";
 }
 }  // namespace
 
