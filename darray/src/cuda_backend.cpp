@@ -521,7 +521,7 @@ class cuda_backend final : public backend {
   std::vector<std::unique_ptr<device_state>> devices_;
   std::vector<char> peer_;  // peer_[from * n + to]: `from` can access `to`'s memory
   transport default_transport_ = transport::automatic;
-  std::timed_mutex nccl_mutex_;  // held by every host call into NCCL (timed: nccl_watchdog)
+  std::mutex nccl_mutex_;  // held by every host call into NCCL (nccl_watchdog.hpp)
   std::vector<ncclComm_t> comms_;
   detail::gpu_spans nccl_spans_;   // the NCCL transfers with other ranks, while traced
   bool comms_adopted_ = false;     // comms_ is the application's: never finalized or destroyed here

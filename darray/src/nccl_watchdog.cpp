@@ -2,6 +2,7 @@
 #include "nccl_watchdog.hpp"
 
 #include <cstdlib>
+#include <thread>
 #include <utility>
 
 #include "poolscope/error.hpp"
@@ -23,7 +24,7 @@ std::string seconds_of(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 nccl_watchdog::nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                             std::shared_ptr<process_group> group, std::timed_mutex& nccl_calls)
+                             std::shared_ptr<process_group> group, std::mutex& nccl_calls)
     : comms_(std::move(comms)),
       abort_comms_(abort_comms),
       group_(std::move(group)),
@@ -146,8 +147,13 @@ void nccl_watchdog::fail(const std::string& why) noexcept {
       wait = std::chrono::milliseconds(0);  // the failure is that call, stuck
     }
   }
+  // Polled, not a timed lock: ThreadSanitizer does not follow the timed lock's system call.
   std::unique_lock calls(nccl_calls_, std::defer_lock);
-  if (!calls.try_lock_for(wait)) {
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (!calls.try_lock() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!calls.owns_lock()) {
     std::string call;
     {
       const std::lock_guard lock(mutex_);

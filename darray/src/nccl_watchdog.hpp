@@ -42,7 +42,7 @@ class nccl_watchdog {
  public:
   /// `nccl_calls`: the mutex every host call into NCCL on `comms` holds (the backend's).
   nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                std::shared_ptr<process_group> group, std::timed_mutex& nccl_calls);
+                std::shared_ptr<process_group> group, std::mutex& nccl_calls);
   nccl_watchdog(const nccl_watchdog&) = delete;
   nccl_watchdog& operator=(const nccl_watchdog&) = delete;
   /// Stops the thread and destroys the events still watched.
@@ -83,7 +83,7 @@ class nccl_watchdog {
   std::vector<ncclComm_t> comms_;
   bool abort_comms_;
   std::shared_ptr<process_group> group_;
-  std::timed_mutex& nccl_calls_;
+  std::mutex& nccl_calls_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;
   std::condition_variable stop_cv_;

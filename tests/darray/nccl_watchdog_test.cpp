@@ -43,7 +43,7 @@ bool eventually(Done done, std::chrono::milliseconds limit = 5000ms) {
 }
 
 TEST(nccl_watchdog_concurrency, an_abort_waits_for_the_nccl_call_in_progress) {
-  std::timed_mutex calls;
+  std::mutex calls;
   const auto group = group_with_timeout(3000ms);
   nccl_watchdog w({}, /*abort_comms=*/true, group, calls);
   std::unique_lock call(calls);  // a call into NCCL, enqueueing
@@ -64,7 +64,7 @@ TEST(nccl_watchdog_concurrency, an_abort_waits_for_the_nccl_call_in_progress) {
 }
 
 TEST(nccl_watchdog_concurrency, a_host_call_past_the_timeout_is_named_and_aborted) {
-  std::timed_mutex calls;
+  std::mutex calls;
   nccl_watchdog w({}, /*abort_comms=*/true, group_with_timeout(200ms), calls);
   {
     // Past the timeout, but not holding the mutex (it returned into a wait of its own).
@@ -84,7 +84,7 @@ TEST(nccl_watchdog_concurrency, a_host_call_past_the_timeout_is_named_and_aborte
 }
 
 TEST(nccl_watchdog_concurrency, an_application_communicator_is_reported_never_aborted) {
-  std::timed_mutex calls;
+  std::mutex calls;
   const auto group = group_with_timeout(3000ms);
   nccl_watchdog w({}, /*abort_comms=*/false, group, calls);
   const std::lock_guard call(calls);  // held throughout: the watchdog never needs it
@@ -104,7 +104,7 @@ TEST(nccl_watchdog_death, a_call_stuck_inside_nccl_past_the_timeout_ends_the_pro
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
-        std::timed_mutex calls;
+        std::mutex calls;
         nccl_watchdog w({}, /*abort_comms=*/true, group_with_timeout(200ms), calls);
         const std::lock_guard call(calls);
         const nccl_watchdog::host_call stuck(w, "a transfer group with other ranks");
