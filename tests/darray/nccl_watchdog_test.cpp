@@ -42,20 +42,23 @@ bool eventually(Done done, std::chrono::milliseconds limit = 5000ms) {
   return true;
 }
 
+// Whether the watchdog has found a failure (check() throws it).
+bool found_failure(const nccl_watchdog& w) {
+  try {
+    w.check();
+    return false;
+  } catch (const communication_error&) {
+    return true;
+  }
+}
+
 TEST(nccl_watchdog_concurrency, an_abort_waits_for_the_nccl_call_in_progress) {
   std::mutex calls;
   const auto group = group_with_timeout(3000ms);
   nccl_watchdog w({}, /*abort_comms=*/true, group, calls);
   std::unique_lock call(calls);  // a call into NCCL, enqueueing
   group->fail("rank 1 failed: a test");
-  ASSERT_TRUE(eventually([&] {
-    try {
-      w.check();
-      return false;
-    } catch (const communication_error&) {
-      return true;
-    }
-  }));
+  ASSERT_TRUE(eventually([&] { return found_failure(w); }));
   std::this_thread::sleep_for(200ms);
   EXPECT_FALSE(w.aborted()) << "aborted beside a call in NCCL";
   call.unlock();
@@ -89,14 +92,7 @@ TEST(nccl_watchdog_concurrency, an_application_communicator_is_reported_never_ab
   nccl_watchdog w({}, /*abort_comms=*/false, group, calls);
   const std::lock_guard call(calls);  // held throughout: the watchdog never needs it
   group->fail("rank 1 failed: a test");
-  EXPECT_TRUE(eventually([&] {
-    try {
-      w.check();
-      return false;
-    } catch (const communication_error&) {
-      return true;
-    }
-  }));
+  EXPECT_TRUE(eventually([&] { return found_failure(w); }));
   EXPECT_FALSE(w.aborted());
 }
 
