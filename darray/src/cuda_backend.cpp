@@ -992,94 +992,6 @@ void cuda_backend::join_rank_comms() {
   connect_ranks();
 }
 
-void cuda_backend::connect_ranks() {
-  const int n = device_count();
-  if (n > connect_up_front_max) {
-    return;
-  }
-  const auto bytes = static_cast<std::size_t>(2 * n);
-  std::vector<void*> scratch(devices_.size(), nullptr);
-  std::vector<cudaEvent_t> done(devices_.size(), nullptr);
-  const auto release = [&] {
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      const device_guard guard(devices_[i]->ordinal);
-      if (done[i] != nullptr) {
-        log_failure("cudaEventDestroy", [&] { POOLSCOPE_CUDA_CHECK(cudaEventDestroy(done[i])); });
-      }
-      if (scratch[i] != nullptr) {
-        log_failure("cudaFree", [&] { POOLSCOPE_CUDA_CHECK(cudaFree(scratch[i])); });
-      }
-    }
-  };
-  try {
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      const device_guard guard(devices_[i]->ordinal);
-      POOLSCOPE_CUDA_CHECK(cudaMalloc(&scratch[i], bytes));
-      POOLSCOPE_CUDA_CHECK(
-          cudaMemsetAsync(scratch[i], 0, bytes, stream(static_cast<int>(i), queue_kind::transfer)));
-      POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
-    }
-    // One group: every GPU of this rank sends a byte to, and receives one from, every GPU of the
-    // other ranks (a byte of its own each way), on its transfer stream.
-    POOLSCOPE_CUDA_CHECK(ncclGroupStart());
-    try {
-      for (std::size_t i = 0; i < devices_.size(); ++i) {
-        auto* base = static_cast<unsigned char*>(scratch[i]);
-        const cudaStream_t s = stream(static_cast<int>(i), queue_kind::transfer);
-        for (int peer = 0; peer < n; ++peer) {
-          if (is_local(peer)) {
-            continue;
-          }
-          POOLSCOPE_CUDA_CHECK(ncclSend(base + peer, 1, ncclUint8, peer, comms_[i], s));
-          POOLSCOPE_CUDA_CHECK(ncclRecv(base + n + peer, 1, ncclUint8, peer, comms_[i], s));
-        }
-      }
-    } catch (...) {
-      (void)ncclGroupEnd();
-      throw;
-    }
-    POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      const device_guard guard(devices_[i]->ordinal);
-      POOLSCOPE_CUDA_CHECK(
-          cudaEventRecord(done[i], stream(static_cast<int>(i), queue_kind::transfer)));
-    }
-    const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
-    for (std::size_t i = 0; i < devices_.size(); ++i) {
-      for (;;) {
-        const cudaError_t q = cudaEventQuery(done[i]);
-        if (q == cudaSuccess) {
-          break;
-        }
-        if (q != cudaErrorNotReady) {
-          detail::seam::raise(q, "cudaEventQuery(connections with the other ranks)", __FILE__,
-                              __LINE__);
-        }
-        (void)cudaGetLastError();
-        if (std::chrono::steady_clock::now() > deadline) {
-          // No other thread uses the communicators yet: abort them here (their kernels end) and
-          // leave nothing for release_all to finalize.
-          for (ncclComm_t c : comms_) {
-            log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
-          }
-          comms_.clear();
-          const std::string why =
-              "the connections with the other ranks' GPUs did not complete within " +
-              std::to_string(group()->timeout().count()) +
-              " ms (POOLSCOPE_RANK_TIMEOUT sets the bound): a rank did not take part";
-          group()->fail(why);
-          throw communication_error("darray cuda backend, " + group()->describe() + ": " + why);
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    }
-  } catch (...) {
-    release();
-    throw;
-  }
-  release();
-}
-
 void cuda_backend::nccl_group(std::size_t es, const std::vector<transfer>& list,
                               const std::vector<rank_transfer>& between) {
   POOLSCOPE_CUDA_CHECK(ncclGroupStart());
@@ -1345,6 +1257,65 @@ class staging_buffer {
   std::size_t bytes_;
   void* ptr_;
 };
+
+void cuda_backend::connect_ranks() {
+  const int n = device_count();
+  if (n > connect_up_front_max) {
+    return;
+  }
+  // Every GPU of this rank sends a byte to, and receives one from, every GPU of the other ranks
+  // (a byte of its own each way, from its pool), on its transfer stream, in one group.
+  std::vector<std::unique_ptr<staging_buffer>> scratch;
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    const cudaStream_t s = stream(static_cast<int>(i), queue_kind::transfer);
+    scratch.push_back(
+        std::make_unique<staging_buffer>(*devices_[i], s, static_cast<std::size_t>(2 * n)));
+    POOLSCOPE_CUDA_CHECK(cudaMemsetAsync(scratch.back()->data(), 0, 2 * n, s));
+  }
+  POOLSCOPE_CUDA_CHECK(ncclGroupStart());
+  try {
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      auto* base = static_cast<unsigned char*>(scratch[i]->data());
+      const cudaStream_t s = stream(static_cast<int>(i), queue_kind::transfer);
+      for (int peer = 0; peer < n; ++peer) {
+        if (!is_local(peer)) {
+          POOLSCOPE_CUDA_CHECK(ncclSend(base + peer, 1, ncclUint8, peer, comms_[i], s));
+          POOLSCOPE_CUDA_CHECK(ncclRecv(base + n + peer, 1, ncclUint8, peer, comms_[i], s));
+        }
+      }
+    }
+  } catch (...) {
+    (void)ncclGroupEnd();
+    throw;
+  }
+  POOLSCOPE_CUDA_CHECK(ncclGroupEnd());
+  // Waited for as every host wait is, within the group's timeout.
+  const auto deadline = std::chrono::steady_clock::now() + group()->timeout();
+  for (std::size_t i = 0; i < devices_.size(); ++i) {
+    const pooled_event done(devices_[i]->events);
+    POOLSCOPE_CUDA_CHECK(
+        cudaEventRecord(done.handle, stream(static_cast<int>(i), queue_kind::transfer)));
+    bool connected = false;
+    detail::poll_until([&] {
+      connected = event_done(done.handle);
+      return connected || std::chrono::steady_clock::now() > deadline;
+    });
+    if (!connected) {
+      // No other thread uses the communicators yet: abort them here (their kernels end, and the
+      // scratch with them) and leave nothing for release_all to finalize.
+      for (ncclComm_t c : comms_) {
+        log_failure("ncclCommAbort", [c] { POOLSCOPE_CUDA_CHECK(ncclCommAbort(c)); });
+      }
+      comms_.clear();
+      const std::string why =
+          "the connections with the other ranks' GPUs did not complete within " +
+          std::to_string(group()->timeout().count()) +
+          " ms (POOLSCOPE_RANK_TIMEOUT sets the bound): a rank did not take part";
+      group()->fail(why);
+      throw communication_error("darray cuda backend, " + group()->describe() + ": " + why);
+    }
+  }
+}
 
 void cuda_backend::do_upload(int device, dtype t, const view& dst, const view& host_src) {
   static const profiler::scope_site site{"darray.upload", category::darray_transfer};

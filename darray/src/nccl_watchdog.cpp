@@ -139,7 +139,7 @@ void nccl_watchdog::fail(const std::string& why) noexcept {
   // Once no host call is in NCCL: one in progress holds the mutex for its enqueue. A call that
   // still holds it after the timeout is stuck there (waiting for a peer), and aborting beside it
   // frees what it uses: the process ends instead.
-  auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_);
+  std::chrono::milliseconds wait = timeout_;
   {
     const std::lock_guard lock(mutex_);
     if (call_since_ != std::chrono::steady_clock::time_point{} &&
