@@ -118,6 +118,8 @@ std::string_view to_string(transport t) noexcept {
 
 std::string_view to_string(rank_transport t) noexcept {
   switch (t) {
+    case rank_transport::automatic:
+      return "auto";
     case rank_transport::nccl:
       return "nccl";
     case rank_transport::mpi:
@@ -127,13 +129,14 @@ std::string_view to_string(rank_transport t) noexcept {
 }
 
 rank_transport parse_rank_transport(std::string_view text) {
-  for (const rank_transport t : {rank_transport::nccl, rank_transport::mpi}) {
+  for (const rank_transport t :
+       {rank_transport::automatic, rank_transport::nccl, rank_transport::mpi}) {
     if (text == to_string(t)) {
       return t;
     }
   }
   throw invalid_argument("darray: between ranks '" + std::string(text) +
-                         "' (expected nccl or mpi)");
+                         "' (expected auto, nccl or mpi)");
 }
 
 std::string describe_between_ranks(rank_transport t, std::size_t staging_chunk_bytes) {
@@ -1016,6 +1019,7 @@ backend_stats backend::stats() const {
   s.parts_visited = get(counters_.parts_visited);
   s.copies_between_ranks = get(counters_.copies_between_ranks);
   s.bytes_between_ranks = get(counters_.bytes_between_ranks);
+  s.bytes_ipc = get(counters_.bytes_ipc);
   return s;
 }
 
@@ -1049,6 +1053,10 @@ void backend::count_copy(bool peer, std::uint64_t bytes, bool nccl) noexcept {
 void backend::count_between_ranks(std::uint64_t bytes) noexcept {
   counters_.copies_between_ranks.fetch_add(1, std::memory_order_relaxed);
   counters_.bytes_between_ranks.fetch_add(bytes, std::memory_order_relaxed);
+}
+
+void backend::count_ipc(std::uint64_t bytes) noexcept {
+  counters_.bytes_ipc.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void backend::count_op() noexcept {

@@ -23,6 +23,7 @@
 
 #include "cuda_seam.hpp"
 #include "gpu_spans.hpp"
+#include "ipc_links.hpp"
 #include "kernels.hpp"
 #include "mpi_staging.hpp"
 #include "nccl_watchdog.hpp"
@@ -188,18 +189,8 @@ class cuda_event final : public detail::event_state {
 // memory: unified addressing maps it at the same address on every device) is at least `value`:
 // cuStreamWaitValue32, reached through the runtime's entry-point query (nothing links libcuda).
 void stream_wait_value(cudaStream_t s, const std::uint32_t* word, std::uint32_t value) {
-  using wait_value_fn = decltype(&cuStreamWaitValue32);
-  static const wait_value_fn wait_value = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    POOLSCOPE_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000,
-                                                          cudaEnableDefault, &found));
-    return found == cudaDriverEntryPointSuccess ? reinterpret_cast<wait_value_fn>(fn) : nullptr;
-  }();
-  if (wait_value == nullptr) {
-    detail::seam::raise(CUDA_ERROR_NOT_FOUND, "cuStreamWaitValue32 (not in this driver)", __FILE__,
-                        __LINE__);
-  }
+  static const auto wait_value =
+      detail::seam::driver_function<decltype(&cuStreamWaitValue32)>("cuStreamWaitValue32", 12000);
   POOLSCOPE_CUDA_CHECK(
       wait_value(s, reinterpret_cast<CUdeviceptr>(word), value, CU_STREAM_WAIT_VALUE_GEQ));
 }
@@ -389,8 +380,10 @@ using detail::site_of;
 class cuda_backend final : public backend {
  public:
   /// GPUs first_ordinal .. first_ordinal + devices - 1 (CUDA's ordinals), as this process's
-  /// devices of options.group.
-  cuda_backend(int devices, int first_ordinal, const backend_options& options);
+  /// devices of options.group; `ranks`: what every rank of a group of several made by MPI said of
+  /// its GPUs (empty otherwise).
+  cuda_backend(int devices, int first_ordinal, const backend_options& options,
+               const std::vector<detail::rank_gpus>& ranks = {});
   ~cuda_backend() override;
 
  private:
@@ -425,13 +418,18 @@ class cuda_backend final : public backend {
   /// do_send / do_receive with between_ranks = mpi: through pinned host memory (staging_).
   void mpi_with_rank(int device, dtype t, const view& v, int peer_device, int rank, int tag,
                      bool sending);
-  /// Enqueues `call` (NCCL transfers with other ranks) watched as `what`; with a timeline
-  /// attached, each of `ends` (device, this rank's end) becomes a slice timed on the GPU around
-  /// the call's work on its device's transfer stream (gpu_spans.hpp: what `trace merge` joins
-  /// into a flow per piece).
+  /// do_send / do_receive between GPUs that ipc_ links: by the copy engines, watched.
+  void ipc_with_rank(int device, dtype t, const view& v, int peer_device, int rank, int tag,
+                     bool sending);
+  /// Whether a transfer of this process's device `local` with `peer_device` goes through ipc_.
+  [[nodiscard]] bool by_ipc(int local, int peer_device) const noexcept {
+    return ipc_ && ipc_->linked(global_device(local), peer_device);
+  }
+  /// Enqueues `call` (transfers with other ranks); with a timeline attached, each of `ends`
+  /// (device, this rank's end) becomes a slice timed on the GPU around the call's work on its
+  /// device's transfer stream (gpu_spans.hpp: what `trace merge` joins into a flow per piece).
   template <typename Call>
-  void traced_nccl_call(const std::string& what,
-                        const std::vector<std::pair<int, detail::transfer_ends>>& ends,
+  void traced_rank_call(const std::vector<std::pair<int, detail::transfer_ends>>& ends,
                         Call&& call);
   /// The NCCL rank of this process's device `local` in comms_: its global number when the
   /// communicators span the ranks, else its local index (ncclCommInitAll within the process).
@@ -503,6 +501,11 @@ class cuda_backend final : public backend {
   /// The communicators of a group of several ranks (ncclCommInitRank over every rank's GPUs,
   /// the unique id broadcast from rank 0), or the one adopted from the application.
   void join_rank_comms();
+  /// With between_ranks = automatic over a group made by MPI: links the pairs of GPUs CUDA IPC
+  /// can join (ipc_), and, when pairs are left, joins the communicators for them (refusing, as
+  /// with NCCL, two ranks on one GPU among those). Collective.
+  void join_ranks_automatically(const backend_options& options,
+                                const std::vector<detail::rank_gpus>& ranks);
   /// NCCL connects two GPUs at their first transfer, in the host call, waiting for the peer: a
   /// peer silent then would hold that call, and the mutex of NCCL calls, where no abort is safe
   /// (nccl_watchdog.hpp). Every rank makes its backend together, so each GPU here exchanges a
@@ -533,6 +536,9 @@ class cuda_backend final : public backend {
   // (else both null).
   std::unique_ptr<staging_copies> staging_copies_;
   std::unique_ptr<detail::mpi_staging> staging_;
+  // With several ranks and between_ranks = automatic: the pairs of GPUs moved by copy engines
+  // through CUDA IPC (or null).
+  std::unique_ptr<detail::ipc_links> ipc_;
   /// Throws the watchdog's failure, if any: before NCCL is called on communicators it aborted,
   /// and after synchronizing (work with a failed rank may have ended without its data).
   void check_ranks() const {
@@ -545,7 +551,8 @@ class cuda_backend final : public backend {
   }
 };
 
-cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options& options)
+cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options& options,
+                           const std::vector<detail::rank_gpus>& ranks)
     : default_transport_(options.transfers) {
   try {
     const auto n = static_cast<std::size_t>(devices);
@@ -629,9 +636,17 @@ cuda_backend::cuda_backend(int devices, int first_ordinal, const backend_options
     } else if (group()->size() > 1) {
       // Collective: every rank makes its communicators now, not at its first transfer (which
       // other ranks reach at other times, or never).
-      join_rank_comms();
-      watchdog_ =
-          std::make_unique<detail::nccl_watchdog>(comms_, !comms_adopted_, group(), nccl_mutex_);
+      if (options.between_ranks == rank_transport::automatic && group()->uses_mpi()) {
+        join_ranks_automatically(options, ranks);
+      } else {
+        join_rank_comms();
+      }
+      watchdog_ = std::make_unique<detail::nccl_watchdog>(comms_, !comms_adopted_, group(),
+                                                          nccl_mutex_, [this]() noexcept {
+                                                            if (ipc_) {
+                                                              ipc_->open_gates();
+                                                            }
+                                                          });
     }
   } catch (...) {
     release_all();
@@ -662,6 +677,7 @@ void cuda_backend::release_all() noexcept {
   staging_copies_.reset();
   const bool aborted = watchdog_ && watchdog_->aborted();
   watchdog_.reset();
+  ipc_.reset();  // after the watchdog, which may open its gates
   if (comms_adopted_ || aborted) {
     comms_.clear();
   }
@@ -956,6 +972,43 @@ void cuda_backend::copy_nccl(int queue_device, cudaStream_t s, std::size_t es, c
   order_after(s, recv_stream, x.dst_device);
 }
 
+void cuda_backend::join_ranks_automatically(const backend_options& options,
+                                            const std::vector<detail::rank_gpus>& ranks) {
+  std::vector<std::string> uuids;
+  std::vector<int> rank_of;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    for (const std::string& u : ranks[r].uuids) {
+      uuids.push_back(u);
+      rank_of.push_back(static_cast<int>(r));
+    }
+  }
+  if (static_cast<int>(uuids.size()) != device_count()) {
+    throw logic_error("darray cuda backend: the ranks named " + std::to_string(uuids.size()) +
+                      " GPUs for a group of " + std::to_string(device_count()));
+  }
+  std::vector<int> ordinals;
+  for (const auto& d : devices_) {
+    ordinals.push_back(d->ordinal);
+  }
+  // Only cudaMalloc's memory can be exported by cudaIpcGetMemHandle.
+  const bool exportable = options.resource.empty() || options.resource == "cuda";
+  ipc_ = std::make_unique<detail::ipc_links>(group(), std::move(ordinals), global_device(0), uuids,
+                                             rank_of, exportable);
+  if (!ipc_->needs_nccl()) {
+    return;
+  }
+  // The communicators span every rank's GPUs, which NCCL refuses on a GPU of two ranks.
+  std::vector<detail::rank_gpus> by_nccl = ranks;
+  for (detail::rank_gpus& g : by_nccl) {
+    g.between = rank_transport::nccl;
+  }
+  if (const std::string error = detail::rank_gpus_error(by_nccl); !error.empty()) {
+    throw invalid_argument(error + "; CUDA IPC could not join every pair of GPUs of different " +
+                           "ranks here (it needs the cuda resource, and GPUs each rank sees)");
+  }
+  join_rank_comms();
+}
+
 void cuda_backend::join_rank_comms() {
   if (void* adopted = group()->nccl_communicator(); adopted != nullptr) {
     // process_group::adopt_nccl: one GPU per rank, the communicator's rank is the group's.
@@ -1037,6 +1090,23 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
     exchange_one_by_one(t, between);
     return;
   }
+  if (ipc_ && !between.empty()) {
+    // Pairs CUDA IPC links one by one (the copy engines), before the group for the others: every
+    // rank issues both in the same order.
+    std::vector<rank_transfer> by_nccl;
+    std::vector<rank_transfer> linked;
+    for (const rank_transfer& x : between) {
+      (by_ipc(x.device, x.peer_device) ? linked : by_nccl).push_back(x);
+    }
+    if (!linked.empty()) {
+      exchange_one_by_one(t, linked);
+      if (list.empty() && by_nccl.empty()) {
+        return;
+      }
+      do_copy_group(t, list, by_nccl, how);
+      return;
+    }
+  }
   const bool nccl = how == transport::nccl ||
                     (how == transport::automatic && default_transport_ != transport::peer);
   const bool contiguous = std::all_of(list.begin(), list.end(), [](const transfer& x) {
@@ -1068,8 +1138,10 @@ void cuda_backend::do_copy_group(dtype t, const std::vector<transfer>& list,
           x.device, detail::rank_transfer_ends(x.sending, global_device(x.device), x.peer_device,
                                                static_cast<std::size_t>(x.data.size()) * es));
     }
-    traced_nccl_call("a transfer group with other ranks", ends,
-                     [&] { nccl_group(es, within, between); });
+    traced_rank_call(ends, [&] {
+      watched_nccl_call(*watchdog_, "a transfer group with other ranks",
+                        [&] { nccl_group(es, within, between); });
+    });
     std::vector<int> watched;
     for (const rank_transfer& x : between) {
       if (std::find(watched.begin(), watched.end(), x.device) == watched.end()) {
@@ -1088,6 +1160,8 @@ void cuda_backend::do_send(int device, dtype t, const view& src, int peer_device
                            int tag) {
   if (staging_) {
     mpi_with_rank(device, t, src, peer_device, rank, tag, true);
+  } else if (by_ipc(device, peer_device)) {
+    ipc_with_rank(device, t, src, peer_device, rank, tag, true);
   } else {
     nccl_with_rank(device, t, src, peer_device, rank, true);
   }
@@ -1097,6 +1171,8 @@ void cuda_backend::do_receive(int device, dtype t, const view& dst, int peer_dev
                               int tag) {
   if (staging_) {
     mpi_with_rank(device, t, dst, peer_device, rank, tag, false);
+  } else if (by_ipc(device, peer_device)) {
+    ipc_with_rank(device, t, dst, peer_device, rank, tag, false);
   } else {
     nccl_with_rank(device, t, dst, peer_device, rank, false);
   }
@@ -1135,9 +1211,31 @@ void cuda_backend::mpi_with_rank(int device, dtype t, const view& v, int peer_de
   }
 }
 
+void cuda_backend::ipc_with_rank(int device, dtype t, const view& v, int peer_device, int rank,
+                                 int tag, bool sending) {
+  const cudaStream_t s = stream(device, queue_kind::transfer);
+  const profiler::scope scope{rank_transfer_site(sending), stream_view{s}};
+  const device_guard guard(dev(device).ordinal);
+  check_ranks();
+  const std::size_t es = size_of(t);
+  const auto bytes = static_cast<std::size_t>(v.size()) * es;
+  const int me = global_device(device);
+  traced_rank_call({{device, detail::rank_transfer_ends(sending, me, peer_device, bytes)}}, [&] {
+    if (sending) {
+      ipc_->send(device, s, element_ptr<const void>(v, es), bytes, peer_device, rank, tag);
+    } else {
+      ipc_->receive(device, s, element_ptr<void>(v, es), bytes, peer_device, rank, tag);
+    }
+  });
+  watchdog_->watch(dev(device).ordinal, s,
+                   rank_transfer_text(sending, bytes, peer_device, rank) + " through CUDA IPC");
+  if (!sending) {
+    count_ipc(bytes);
+  }
+}
+
 template <typename Call>
-void cuda_backend::traced_nccl_call(const std::string& what,
-                                    const std::vector<std::pair<int, detail::transfer_ends>>& ends,
+void cuda_backend::traced_rank_call(const std::vector<std::pair<int, detail::transfer_ends>>& ends,
                                     Call&& call) {
   profiler::timeline* tl = attached_timeline();
   // One span per device (its transfer stream's), shared by its transfers of the call.
@@ -1160,7 +1258,7 @@ void cuda_backend::traced_nccl_call(const std::string& what,
     for (const int device : devices) {
       begun.push_back(nccl_spans_.begin(dev(device).ordinal, stream(device, queue_kind::transfer)));
     }
-    watched_nccl_call(*watchdog_, what, std::forward<Call>(call));
+    std::forward<Call>(call)();
   } catch (...) {
     discard_from(0);
     throw;
@@ -1194,19 +1292,19 @@ void cuda_backend::nccl_with_rank(int device, dtype t, const view& v, int peer_d
   const auto bytes = static_cast<std::size_t>(v.size()) * es;
   const std::string what = rank_transfer_text(sending, bytes, peer_device, rank);
   const int me = global_device(device);
-  traced_nccl_call(
-      what, {{device, detail::rank_transfer_ends(sending, me, peer_device, bytes)}}, [&] {
-        // NCCL pairs a peer's sends and receives in the order they are issued: the
-        // plans' order.
-        const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
-        if (sending) {
-          POOLSCOPE_CUDA_CHECK(
-              ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
-        } else {
-          POOLSCOPE_CUDA_CHECK(
-              ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
-        }
-      });
+  traced_rank_call({{device, detail::rank_transfer_ends(sending, me, peer_device, bytes)}}, [&] {
+    watched_nccl_call(*watchdog_, what, [&] {
+      // NCCL pairs a peer's sends and receives in the order they are issued: the plans' order.
+      const ncclComm_t comm = comms_[static_cast<std::size_t>(device)];
+      if (sending) {
+        POOLSCOPE_CUDA_CHECK(
+            ncclSend(element_ptr<const void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+      } else {
+        POOLSCOPE_CUDA_CHECK(
+            ncclRecv(element_ptr<void>(v, es), bytes, ncclUint8, peer_device, comm, s));
+      }
+    });
+  });
   watchdog_->watch(dev(device).ordinal, s, what);
 }
 
@@ -1226,8 +1324,10 @@ bool cuda_backend::do_groups_automatically(const reshard_plan& plan) const {
   if (staging_ || group()->size() == 1) {
     return false;
   }
+  // Pieces between GPUs that CUDA IPC links move one by one, as within the process.
   return std::any_of(plan.pieces.begin(), plan.pieces.end(), [this](const piece& p) {
-    return !p.local && rank_of(p.src_device) != rank_of(p.dst_device);
+    return !p.local && rank_of(p.src_device) != rank_of(p.dst_device) &&
+           !(ipc_ && ipc_->linked(p.src_device, p.dst_device));
   });
 }
 
@@ -1278,7 +1378,7 @@ void cuda_backend::connect_ranks() {
       auto* base = static_cast<unsigned char*>(scratch[i]->data());
       const cudaStream_t s = stream(static_cast<int>(i), queue_kind::transfer);
       for (int peer = 0; peer < n; ++peer) {
-        if (!is_local(peer)) {
+        if (!is_local(peer) && !by_ipc(static_cast<int>(i), peer)) {
           POOLSCOPE_CUDA_CHECK(ncclSend(base + peer, 1, ncclUint8, peer, comms_[i], s));
           POOLSCOPE_CUDA_CHECK(ncclRecv(base + n + peer, 1, ncclUint8, peer, comms_[i], s));
         }
@@ -1552,25 +1652,18 @@ namespace {
 // there are too few for that, each rank is taken to see its own (CUDA_VISIBLE_DEVICES per rank,
 // srun --gpus-per-task) and takes the first n. Collective: the ranks then compare their choices of
 // `between` (and its staging chunks) and their GPUs' UUIDs, and all refuse alike what
-// rank_gpus_error finds (with NCCL, two ranks of a host on one GPU).
-int first_gpu_of_rank(process_group& g, int n, int available, const backend_options& o) {
+// rank_gpus_error finds (with NCCL, two ranks of a host on one GPU). `all`: every rank's lines.
+int first_gpu_of_rank(process_group& g, int n, int available, const backend_options& o,
+                      std::vector<detail::rank_gpus>& all) {
   const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
   detail::rank_gpus mine{detail::nccl_host(g.host_name(), std::getenv("NCCL_HOSTID")),
                          o.between_ranks,
                          {},
                          o.staging_chunk_bytes};
   for (int d = first; d < first + n; ++d) {
-    cudaDeviceProp prop{};
-    POOLSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, d));
-    std::string uuid;
-    char hex[3];
-    for (const char byte : prop.uuid.bytes) {
-      std::snprintf(hex, sizeof hex, "%02x", static_cast<unsigned char>(byte));
-      uuid += hex;
-    }
-    mine.uuids.push_back(std::move(uuid));
+    mine.uuids.push_back(detail::seam::uuid_of(d));
   }
-  std::vector<detail::rank_gpus> all;
+  all.clear();
   for (const std::string& line : g.all_gather(detail::encode(mine))) {
     all.push_back(detail::decode(line));
   }
@@ -1601,13 +1694,14 @@ std::shared_ptr<backend> make_cuda_backend(int devices, const backend_options& o
         " was adopted from an NCCL communicator (use between_ranks = nccl)");
   }
   int first = 0;
+  std::vector<detail::rank_gpus> ranks;
   if (options.group && options.group->nccl_communicator() != nullptr) {
     // An adopted NCCL communicator's GPU is the one current when it was made (the application's).
     POOLSCOPE_CUDA_CHECK(cudaGetDevice(&first));
   } else if (options.group && options.group->size() > 1) {
-    first = first_gpu_of_rank(*options.group, n, available, options);
+    first = first_gpu_of_rank(*options.group, n, available, options, ranks);
   }
-  return std::make_shared<cuda_backend>(n, first, options);
+  return std::make_shared<cuda_backend>(n, first, options, ranks);
 }
 
 }  // namespace poolscope::darray

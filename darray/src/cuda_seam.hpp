@@ -79,6 +79,36 @@ void log_failure(const char* what, F&& f) noexcept {
   return n;
 }
 
+/// The UUID of the GPU of CUDA ordinal `ordinal`, in hex (what tells GPUs apart across processes:
+/// a GPU has one UUID whatever number each process gives it).
+[[nodiscard]] inline std::string uuid_of(int ordinal) {
+  cudaDeviceProp prop{};
+  POOLSCOPE_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string uuid;
+  for (const char byte : prop.uuid.bytes) {
+    const auto b = static_cast<unsigned char>(byte);
+    uuid += digits[b >> 4];
+    uuid += digits[b & 15];
+  }
+  return uuid;
+}
+
+/// The driver API's `name` as `Fn` (the signature of the driver's `version`, CUDA's numbering:
+/// 12000 for 12.0), through the runtime's entry-point query: nothing links libcuda, so programs
+/// start without a driver. Throws cuda_error when this driver has no such function.
+template <typename Fn>
+[[nodiscard]] Fn driver_function(const char* name, int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  POOLSCOPE_CUDA_CHECK(
+      cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &found));
+  if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+    raise(CUDA_ERROR_NOT_FOUND, name, __FILE__, __LINE__);
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
 }  // namespace poolscope::darray::detail::seam
 
 // POOLSCOPE_CUDA_CHECK takes cudaError_t, cublasStatus_t and ncclResult_t here: the traits of the

@@ -24,11 +24,13 @@ std::string seconds_of(std::chrono::steady_clock::duration d) {
 }  // namespace
 
 nccl_watchdog::nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                             std::shared_ptr<process_group> group, std::mutex& nccl_calls)
+                             std::shared_ptr<process_group> group, std::mutex& nccl_calls,
+                             std::function<void()> on_failure)
     : comms_(std::move(comms)),
       abort_comms_(abort_comms),
       group_(std::move(group)),
       nccl_calls_(nccl_calls),
+      on_failure_(std::move(on_failure)),
       timeout_(group_->timeout()),
       thread_([this] { loop(); }) {}
 
@@ -133,6 +135,9 @@ void nccl_watchdog::fail(const std::string& why) noexcept {
   poolscope::log(log_level::error, "darray cuda backend: " + why +
                                        (abort_comms_ ? "; aborting its NCCL communicators" : ""));
   group_->fail(why);
+  if (on_failure_) {
+    on_failure_();
+  }
   if (!abort_comms_) {
     return;
   }

@@ -1,12 +1,12 @@
 // The NCCL watchdog of a CUDA backend over several ranks: NCCL work with another rank waits, on
-// the GPU or in the host call that connects to it, for as long as that rank does not come, so a
-// thread of its own watches it, as PyTorch's ProcessGroupNCCL does. It polls every communicator's
-// asynchronous error (ncclCommGetAsyncError), the process group's failures (another rank's
-// notice), each host call into NCCL with another rank, and each such operation enqueued (an event
-// after it); a failure, or a call or operation older than the group's timeout, aborts the
-// communicators (ncclCommAbort: NCCL work in flight ends), tells the other ranks, and is thrown by
-// the backend's next synchronizing call (check()). Internal to cuda_backend.cpp; through
-// cuda_seam.hpp like it.
+// the GPU or in the host call that connects to it, for as long as that rank does not come (and so
+// does a transfer through CUDA IPC, ipc_links.hpp), so a thread of its own watches it, as PyTorch's
+// ProcessGroupNCCL does. It polls every communicator's asynchronous error (ncclCommGetAsyncError),
+// the process group's failures (another rank's notice), each host call into NCCL with another rank,
+// and each such operation enqueued (an event after it); a failure, or a call or operation older
+// than the group's timeout, aborts the communicators (ncclCommAbort: NCCL work in flight ends),
+// tells the other ranks, and is thrown by the backend's next synchronizing call (check()). Internal
+// to cuda_backend.cpp; through cuda_seam.hpp like it.
 //
 // An abort never runs beside another call on the same communicator (NCCL frees what that call
 // uses): the watchdog aborts holding the backend's mutex of NCCL calls. Once a group's ranks are
@@ -26,6 +26,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -41,8 +42,11 @@ namespace poolscope::darray::detail {
 class nccl_watchdog {
  public:
   /// `nccl_calls`: the mutex every host call into NCCL on `comms` holds (the backend's).
+  /// `on_failure` (optional, noexcept) runs once on a failure, after the other ranks are told:
+  /// what else must stop waiting for a peer (the backend's IPC gates, ipc_links.hpp).
   nccl_watchdog(std::vector<ncclComm_t> comms, bool abort_comms,
-                std::shared_ptr<process_group> group, std::mutex& nccl_calls);
+                std::shared_ptr<process_group> group, std::mutex& nccl_calls,
+                std::function<void()> on_failure = {});
   nccl_watchdog(const nccl_watchdog&) = delete;
   nccl_watchdog& operator=(const nccl_watchdog&) = delete;
   /// Stops the thread and destroys the events still watched.
@@ -84,6 +88,7 @@ class nccl_watchdog {
   bool abort_comms_;
   std::shared_ptr<process_group> group_;
   std::mutex& nccl_calls_;
+  std::function<void()> on_failure_;
   std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;
   std::condition_variable stop_cv_;

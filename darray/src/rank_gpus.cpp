@@ -61,7 +61,7 @@ rank_gpus decode(const std::string& line) {
     g.staging_chunk_bytes = std::stoull(chunk);
   } else if (slash != std::string::npos) {
     throw invalid_argument("darray cuda backend: a rank's GPUs read '" + line +
-                           "' (expected nccl alone)");
+                           "' (expected auto or nccl alone)");
   }
   g.uuids.assign(words.begin() + 2, words.end());
   return g;
@@ -77,7 +77,9 @@ std::string rank_gpus_error(const std::vector<rank_gpus>& ranks) {
     }
   }
   if (ranks.empty() || ranks[0].between != rank_transport::nccl) {
-    return "";  // staged through host memory: ranks may share a GPU
+    // Staged through host memory, or (automatic) through CUDA IPC where ranks see each other's
+    // GPUs: ranks may share a GPU (the backend checks the pairs left to NCCL).
+    return "";
   }
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     for (std::size_t q = 0; q < r; ++q) {

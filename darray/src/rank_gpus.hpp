@@ -17,7 +17,7 @@ namespace poolscope::darray::detail {
 /// MPI the chunks its pieces move in (backend_options::staging_chunk_bytes).
 struct rank_gpus {
   std::string host;
-  rank_transport between = rank_transport::nccl;
+  rank_transport between = rank_transport::automatic;
   std::vector<std::string> uuids;
   std::size_t staging_chunk_bytes = 0;
 };
@@ -30,14 +30,15 @@ struct rank_gpus {
 /// ranks"), so they are not refused here either.
 [[nodiscard]] std::string nccl_host(const std::string& host_name, const char* nccl_hostid);
 
-/// One line of text for process_group::all_gather ("host mode uuid ...", the mode "nccl" or
-/// "mpi/<chunk bytes>"); host names have no spaces.
+/// One line of text for process_group::all_gather ("host mode uuid ...", the mode "auto", "nccl"
+/// or "mpi/<chunk bytes>"); host names have no spaces.
 [[nodiscard]] std::string encode(const rank_gpus& g);
 /// The rank_gpus of an encode()d line. Throws invalid_argument naming a line not made by encode.
 [[nodiscard]] rank_gpus decode(const std::string& line);
 
 /// What is wrong with every rank's GPUs (in rank order), "" when nothing is: ranks that chose
-/// different transports (or MPI in different chunks), or (NCCL) two ranks of one host on one GPU —
+/// different transports (or MPI in different chunks), or (NCCL; automatic leaves it to the
+/// backend, which knows the pairs CUDA IPC links) two ranks of one host on one GPU —
 /// the message then names between_ranks = mpi as the way to share it. Every rank computes the same
 /// text from the same lines, so all refuse alike.
 [[nodiscard]] std::string rank_gpus_error(const std::vector<rank_gpus>& ranks);

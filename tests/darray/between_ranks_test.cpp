@@ -19,19 +19,22 @@ namespace {
 using detail::rank_gpus;
 
 TEST(between_ranks, names_parse_and_print_back) {
+  EXPECT_EQ(parse_rank_transport("auto"), rank_transport::automatic);
   EXPECT_EQ(parse_rank_transport("nccl"), rank_transport::nccl);
   EXPECT_EQ(parse_rank_transport("mpi"), rank_transport::mpi);
+  EXPECT_EQ(to_string(rank_transport::automatic), "auto");
   EXPECT_EQ(to_string(rank_transport::nccl), "nccl");
   EXPECT_EQ(to_string(rank_transport::mpi), "mpi");
-  EXPECT_EQ(backend_options{}.between_ranks, rank_transport::nccl);
-  for (const char* bad : {"", "MPI", "gloo", "mpi "}) {
+  EXPECT_EQ(backend_options{}.between_ranks, rank_transport::automatic);
+  for (const char* bad : {"", "MPI", "gloo", "mpi ", "automatic", "ipc"}) {
     try {
       (void)parse_rank_transport(bad);
       ADD_FAILURE() << "'" << bad << "' was accepted";
     } catch (const invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find("'" + std::string(bad) + "'"), std::string::npos)
           << e.what();
-      EXPECT_NE(std::string(e.what()).find("expected nccl or mpi"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected auto, nccl or mpi"), std::string::npos)
+          << e.what();
     }
   }
 }
@@ -45,9 +48,12 @@ TEST(between_ranks, gpu_lines_round_trip) {
   EXPECT_EQ(back.uuids, (std::vector<std::string>{"00ff", "a1b2"}));
   EXPECT_EQ(back.staging_chunk_bytes, 4194304U);
   EXPECT_TRUE(detail::decode("h nccl").uuids.empty());
+  EXPECT_EQ(detail::decode(detail::encode({"h", rank_transport::automatic, {"aa"}})).between,
+            rank_transport::automatic);
   EXPECT_EQ(detail::decode("h mpi/0").staging_chunk_bytes, 0U);
-  for (const char* bad : {"lonely", "h tcp 00ff", "h mpi 00ff", "h mpi/ 00ff", "h mpi/4M 00ff",
-                          "h mpi/-1", "h nccl/4096 00ff", "h mpi/99999999999999999999"}) {
+  for (const char* bad :
+       {"lonely", "h tcp 00ff", "h mpi 00ff", "h mpi/ 00ff", "h mpi/4M 00ff", "h mpi/-1",
+        "h nccl/4096 00ff", "h auto/4096", "h mpi/99999999999999999999"}) {
     EXPECT_THROW((void)detail::decode(bad), invalid_argument) << bad;
   }
 }
@@ -74,6 +80,10 @@ TEST(between_ranks, gpus_of_their_own_or_mpi_pass) {
             "");
   EXPECT_EQ(detail::rank_gpus_error(
                 {{"h", rank_transport::mpi, {"aa"}}, {"h", rank_transport::mpi, {"aa"}}}),
+            "");
+  // automatic: CUDA IPC joins ranks on one GPU; the backend checks the pairs it leaves to NCCL.
+  EXPECT_EQ(detail::rank_gpus_error({{"h", rank_transport::automatic, {"aa"}},
+                                     {"h", rank_transport::automatic, {"aa"}}}),
             "");
   EXPECT_EQ(detail::rank_gpus_error({}), "");
 }
@@ -127,7 +137,8 @@ TEST(between_ranks, the_host_of_the_gpu_check_follows_nccl_hostid) {
 // Host devices always move data between ranks by MPI: the option changes nothing there (under
 // mpirun, the pieces still cross ranks and the values match).
 TEST(between_ranks, host_backends_ignore_it) {
-  for (const rank_transport t : {rank_transport::nccl, rank_transport::mpi}) {
+  for (const rank_transport t :
+       {rank_transport::automatic, rank_transport::nccl, rank_transport::mpi}) {
     backend_options o;
     o.group = test_support::test_group();
     o.between_ranks = t;

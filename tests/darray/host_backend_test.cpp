@@ -236,7 +236,7 @@ TEST(darray_backend, stats_fields_name_every_figure_once) {
   EXPECT_EQ(names.size(), backend_stats_fields.size());
   EXPECT_EQ(values.size(), backend_stats_fields.size());  // no member read twice
   EXPECT_EQ(s.copies_local, 1U);                          // in declaration order
-  EXPECT_EQ(s.bytes_between_ranks, backend_stats_fields.size());
+  EXPECT_EQ(s.bytes_ipc, backend_stats_fields.size());
 }
 
 TEST(darray_backend, waits_are_enqueued_only_when_they_order_something) {

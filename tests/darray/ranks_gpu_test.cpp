@@ -1,11 +1,12 @@
-// DistributedArrays over GPUs of several ranks (one GPU per rank, NCCL between them, or on a
-// machine of one GPU each rank a host of its own to NCCL by NCCL_HOSTID; or with
-// POOLSCOPE_TEST_BETWEEN_RANKS=mpi, MPI through pinned host memory, the ranks possibly sharing a
-// GPU): the seed example piece by piece and as one group, a partial sum completed across ranks,
-// and a rank that stops mid-reshard, which the others name once the timeout passes (NCCL's
-// watchdog, or the MPI receive's bound). Run under mpirun on a GPU machine
-// (scripts/gpu-check.sh); without a GPU every test skips with the reason, and alone (a group of
-// one) the first two run on one GPU with nothing to cross.
+// DistributedArrays over GPUs of several ranks (by default the copy engines through CUDA IPC
+// between the GPUs of one host, the ranks possibly sharing one; with
+// POOLSCOPE_TEST_BETWEEN_RANKS=nccl one GPU per rank, NCCL between them, or on a machine of one GPU
+// each rank a host of its own to NCCL by NCCL_HOSTID; with =mpi, MPI through pinned host memory):
+// the seed example piece by piece and as one group, a partial sum completed across ranks, and a
+// rank that stops mid-reshard, which the others name once the timeout passes (NCCL's watchdog, or
+// the MPI receive's bound). Run under mpirun on a GPU machine (scripts/gpu-check.sh); without a GPU
+// every test skips with the reason, and alone (a group of one) the first two run on one GPU with
+// nothing to cross.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -126,6 +127,52 @@ TEST_P(darray_ranks_gpu, pieces_between_ranks_move_whole_in_one_group) {
   be->synchronize();
 }
 
+// Between GPUs of ranks on one host (between_ranks = automatic), pieces move one by one by the
+// copy engines through CUDA IPC, as within a process: split as the plan says, never grouped, and
+// every byte this rank receives from another arrives that way. Several reshards in a row reuse the
+// pairs' sequence words and the mappings of the pools' segments.
+TEST_P(darray_ranks_gpu, pieces_between_ranks_of_one_host_move_by_copy_engines) {
+  std::string why_not;
+  const auto be = gpu_per_rank(GetParam(), why_not);
+  if (!be) {
+    GTEST_SKIP() << "no GPU: " << why_not;
+  }
+  if (be->group()->size() < 2 || test_support::test_between_ranks() != rank_transport::automatic) {
+    GTEST_SKIP() << "needs 2 ranks or more with between_ranks = automatic";
+  }
+  const auto hosts = be->group()->all_gather(be->group()->host_name());
+  if (std::set<std::string>(hosts.begin(), hosts.end()).size() != 1) {
+    GTEST_SKIP() << "the ranks run on several hosts: NCCL joins them";
+  }
+  const int devs = be->device_count();
+  const i64 n = (i64{1} << 20) * devs;
+  std::vector<i64> hc(static_cast<std::size_t>(n));
+  std::iota(hc.begin(), hc.end(), 23);
+  const auto blocks = index_map::blocks({n}, 0, devs);
+  std::vector<std::tuple<int, i64, i64>> rotated;
+  for (int d = 0; d < devs; ++d) {
+    rotated.emplace_back((d + 1) % devs, n * d / devs, n * (d + 1) / devs);
+  }
+  auto c = distributed_array<i64>::from_host(be, hc, {n}, index_map::split({n}, 0, rotated));
+  const backend_stats before = be->stats();
+  // A 8 MiB block per device, split at 1 MiB: eight pieces per pair, each its own IPC transfer.
+  for (int round = 0; round < 3; ++round) {
+    const auto moved = c.reshard(blocks, {.how = GetParam(), .split_bytes = i64{1} << 20});
+    test_support::expect_chunks_match(moved, hc);
+    const auto& plan = *moved.handle().last_reshard().plan;
+    EXPECT_EQ(be->groups_transfers(plan, GetParam()), GetParam() == transport::nccl);
+    c = moved.reshard(c.index_map(), {.how = GetParam(), .split_bytes = i64{1} << 20});
+    test_support::expect_chunks_match(c, hc);
+  }
+  be->synchronize();
+  const backend_stats after = be->stats();
+  // Each rank received its block twice per round from another rank, all of it through IPC.
+  const auto block_bytes = static_cast<std::uint64_t>(n / devs) * sizeof(i64);
+  EXPECT_EQ(after.bytes_ipc - before.bytes_ipc, 3 * 2 * block_bytes);
+  EXPECT_EQ(after.bytes_between_ranks - before.bytes_between_ranks, 3 * 2 * 2 * block_bytes);
+  EXPECT_EQ(after.bytes_nccl, before.bytes_nccl);
+}
+
 INSTANTIATE_TEST_SUITE_P(transports, darray_ranks_gpu,
                          ::testing::Values(transport::automatic, transport::nccl),
                          [](const auto& p) { return std::string(to_string(p.param)); });
@@ -163,13 +210,17 @@ TEST(darray_ranks_gpu_adopted, seed_example_and_a_sum_on_an_adopted_communicator
   if (world->size() < 2) {
     GTEST_SKIP() << "needs 2 ranks or more (runs under mpirun)";
   }
-  if (test_support::test_between_ranks() != rank_transport::nccl) {
+  if (test_support::test_between_ranks() == rank_transport::mpi) {
     GTEST_SKIP() << "an adopted communicator moves data by NCCL only";
   }
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
     (void)cudaGetLastError();
     GTEST_SKIP() << "no GPU";
+  }
+  if (world->local_size() > gpus && std::getenv("NCCL_HOSTID") == nullptr) {
+    GTEST_SKIP() << "ranks share a GPU, which NCCL refuses (unless each is a host of its own to "
+                    "it: NCCL_HOSTID)";
   }
   // The application's choice of GPU: its local rank's where each rank of the host can have one.
   const int gpu = world->local_size() <= gpus ? world->local_rank() : 0;
@@ -283,6 +334,25 @@ TEST(darray_ranks_gpu_faults, a_silent_rank_is_named_and_nccl_aborted) {
   EXPECT_TRUE(failed.find("has not completed in") != std::string::npos ||
               failed.find("another rank failed, or left") != std::string::npos)
       << failed;
+}
+
+// Through CUDA IPC (the two ranks on one host, possibly sharing the GPU): rank 0's receive waits
+// on its GPU for a copy rank 1 never makes, and its send for rank 1's message of where the piece
+// goes; either is named once the bound has passed (and the GPU's wait let go, or the launch would
+// not end).
+TEST(darray_ranks_gpu_faults, a_silent_rank_is_named_through_cuda_ipc) {
+  std::string why_not;
+  const auto all = silent_rank_launch("auto", why_not);
+  if (!all) {
+    GTEST_SKIP() << why_not;
+  }
+  const std::size_t at = all->find("rank 0 failed: ");
+  ASSERT_NE(at, std::string::npos) << *all;
+  const std::string failed = all->substr(at, all->find('\n', at) - at);
+  EXPECT_TRUE(failed.find("through CUDA IPC has not completed in") != std::string::npos ||
+              failed.find("for rank 1 while receiving") != std::string::npos)
+      << failed;
+  EXPECT_NE(failed.find("CUDA IPC"), std::string::npos) << failed;
 }
 
 // Between ranks by MPI (the two ranks may share the GPU): rank 0's receive gives up after the

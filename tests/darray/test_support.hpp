@@ -29,10 +29,10 @@ inline std::shared_ptr<process_group> test_group() {
 }
 
 /// How the GPU tests written for several ranks move data between them:
-/// POOLSCOPE_TEST_BETWEEN_RANKS (nccl or mpi; mpi lets ranks share a GPU), else nccl.
+/// POOLSCOPE_TEST_BETWEEN_RANKS (auto, nccl or mpi), else auto (backend_options' default).
 inline rank_transport test_between_ranks() {
   const char* env = std::getenv("POOLSCOPE_TEST_BETWEEN_RANKS");
-  return env != nullptr && *env != '\0' ? parse_rank_transport(env) : rank_transport::nccl;
+  return env != nullptr && *env != '\0' ? parse_rank_transport(env) : rank_transport::automatic;
 }
 
 /// Seed of the randomized tests: POOLSCOPE_TEST_SEED if set, else `fallback`.

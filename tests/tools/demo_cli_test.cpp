@@ -135,7 +135,7 @@ TEST(cli_darray_demo, one_device_moves_nothing_and_says_eta_is_not_applicable) {
   EXPECT_NE(r.out.find("; eta n/a;"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("; moved 0 B\n"), std::string::npos) << r.out;
   const json demo = json::parse(read_file(report)).at("run").at("demo");
-  EXPECT_EQ(demo.at("between_ranks"), "nccl");  // the default, recorded
+  EXPECT_EQ(demo.at("between_ranks"), "auto");  // the default, recorded
   EXPECT_EQ(demo.at("staging_chunk_bytes"), 16 << 20);
   EXPECT_EQ(demo.at("bytes_moved"), 0);
   EXPECT_TRUE(demo.at("eta").is_null()) << demo.dump();

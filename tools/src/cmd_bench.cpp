@@ -114,9 +114,10 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   darray_cmd
       ->add_option("--between-ranks", d->options.between_ranks,
-                   "how GPU data moves between ranks: nccl (a GPU of its own per rank) or mpi "
-                   "(staged through pinned host memory; ranks may share a GPU)")
-      ->check(CLI::IsMember({"nccl", "mpi"}))
+                   "how GPU data moves between ranks: auto (copy engines through CUDA IPC between "
+                   "GPUs of one host, NCCL between hosts), nccl (a GPU of its own per rank) or "
+                   "mpi (staged through pinned host memory; ranks may share a GPU)")
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))
       ->capture_default_str();
   darray_cmd
       ->add_option(

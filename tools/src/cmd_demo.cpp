@@ -81,9 +81,10 @@ void register_demo(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "peer", "nccl"}))
       ->capture_default_str();
   sub->add_option("--between-ranks", o->between_ranks,
-                  "how GPU data moves between ranks: nccl (a GPU of its own per rank) or mpi "
+                  "how GPU data moves between ranks: auto (copy engines through CUDA IPC between "
+                  "GPUs of one host, NCCL between hosts), nccl (a GPU of its own per rank) or mpi "
                   "(staged through pinned host memory; ranks may share a GPU)")
-      ->check(CLI::IsMember({"nccl", "mpi"}))
+      ->check(CLI::IsMember({"auto", "nccl", "mpi"}))
       ->capture_default_str();
   sub->add_option(
          "--staging-chunk", o->staging_chunk,

@@ -47,8 +47,8 @@ struct darray_demo_options {
   /// host_vmm map memory as the pools need it, docs/vmm.md).
   std::string resource;
   std::string transport = "auto";  ///< auto, peer, nccl
-  /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
-  std::string between_ranks = "nccl";
+  /// darray::backend_options::between_ranks: auto, nccl or mpi (GPUs of several ranks).
+  std::string between_ranks = "auto";
   /// darray::backend_options::staging_chunk_bytes as a byte count ("16M"; "0": pieces whole).
   std::string staging_chunk = "16M";
   std::string trace_path = "trace.json";

@@ -54,8 +54,8 @@ struct darray_bench_options {
   std::int64_t matmul_n = 0;       ///< D5 matrix side (0: 8192 on GPUs, 256 on host devices)
   int repeat = 5;                  ///< timed runs per figure, after one warm-up
   std::string transport = "auto";  ///< auto, peer or nccl: how reshards move data
-  /// darray::backend_options::between_ranks: nccl or mpi (GPUs of several ranks).
-  std::string between_ranks = "nccl";
+  /// darray::backend_options::between_ranks: auto, nccl or mpi (GPUs of several ranks).
+  std::string between_ranks = "auto";
   /// darray::backend_options::staging_chunk_bytes as a byte count ("16M"; "0": pieces whole).
   std::string staging_chunk = "16M";
   std::string allocator = "bfc";  ///< darray's pool strategy per device

@@ -236,11 +236,15 @@ enum class transport : std::uint8_t {
 /// How a CUDA backend over several ranks moves GPU data between them (backend_options::
 /// between_ranks; docs/multiprocess.md). Host devices always use MPI.
 enum class rank_transport : std::uint8_t {
+  /// Copy engines through CUDA IPC between GPUs that see each other (ranks of one host; two ranks
+  /// may share a GPU), NCCL between the others: what automatic picks is the same on every rank.
+  automatic,
   nccl,  ///< ncclSend / ncclRecv on the transfer stream: a GPU of its own per rank
   mpi,   ///< staged through pinned host memory: device -> host, MPI, host -> device (any GPUs)
 };
+/// "auto", "nccl" or "mpi".
 [[nodiscard]] std::string_view to_string(rank_transport t) noexcept;
-/// "nccl" or "mpi". Throws invalid_argument naming any other text.
+/// "auto", "nccl" or "mpi". Throws invalid_argument naming any other text.
 [[nodiscard]] rank_transport parse_rank_transport(std::string_view text);
 /// "nccl", "mpi in chunks of 4.00 MiB" or "mpi in whole pieces" (backend_options::between_ranks and
 /// staging_chunk_bytes, for messages and summaries).
@@ -275,7 +279,7 @@ struct backend_options {
   /// CUDA over several ranks: NCCL between ranks (each rank needs a GPU of its own), or MPI
   /// staged through pinned host memory (ranks may share a GPU; NCCL need not be usable). Every
   /// rank must choose the same. Ignored by host backends and by a group of one.
-  rank_transport between_ranks = rank_transport::nccl;
+  rank_transport between_ranks = rank_transport::automatic;
   /// CUDA over several ranks with between_ranks = mpi: pieces move in chunks of this many bytes,
   /// each copied to the host, sent and copied to the device on its own, so that the three steps
   /// of a large piece overlap (docs/multiprocess.md). Smaller chunks pipeline more finely but
@@ -315,11 +319,14 @@ struct backend_stats {
   /// Transfers to or from devices of other ranks this process made (each side counts its own).
   std::uint64_t copies_between_ranks = 0;
   std::uint64_t bytes_between_ranks = 0;
+  /// Of bytes_between_ranks, received here by copy engines through CUDA IPC
+  /// (rank_transport::automatic between GPUs that see each other).
+  std::uint64_t bytes_ipc = 0;
 };
 
 /// Every figure of backend_stats with its name, in declaration order: what reports write (the
 /// demo's report, each `bench darray` workload's counts), so the names are kept in one place.
-inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 15>
+inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_stats::*>, 16>
     backend_stats_fields{{{"copies_local", &backend_stats::copies_local},
                           {"copies_peer", &backend_stats::copies_peer},
                           {"bytes_local", &backend_stats::bytes_local},
@@ -334,7 +341,8 @@ inline constexpr std::array<std::pair<std::string_view, std::uint64_t backend_st
                           {"kernel_graph_updates", &backend_stats::kernel_graph_updates},
                           {"parts_visited", &backend_stats::parts_visited},
                           {"copies_between_ranks", &backend_stats::copies_between_ranks},
-                          {"bytes_between_ranks", &backend_stats::bytes_between_ranks}}};
+                          {"bytes_between_ranks", &backend_stats::bytes_between_ranks},
+                          {"bytes_ipc", &backend_stats::bytes_ipc}}};
 
 /// The interface the executor drives. See the file comment. Public methods check their arguments
 /// and call the private virtual do_* of the implementation.
@@ -447,10 +455,13 @@ class backend : public std::enable_shared_from_this<backend> {
   void send(int device, dtype t, const view& src, int peer_device);
   /// Receives into `dst` (contiguous, on this process's `device`) what `peer_device` of another
   /// rank sends, on the transfer queue of `device`: an event recorded there afterwards marks the
-  /// data arrived. A failure or a peer silent for the group's timeout fails the queue's task
-  /// (communication_error, reported as a failed task is). On GPUs with between_ranks = mpi a
-  /// worker receives the bytes into host memory while the queue waits at a gate before their
-  /// copy; this returns at once, and a failure throws from the next synchronize() or transfer.
+  /// data arrived. `dst` must hold nothing that pending work still reads or writes (a buffer made
+  /// for it): between GPUs that CUDA IPC links the peer's copy engine writes it as soon as the
+  /// data is ready there, without waiting for this queue to reach the receive. A failure or a peer
+  /// silent for the group's timeout fails the queue's task (communication_error, reported as a
+  /// failed task is). On GPUs with between_ranks = mpi a worker receives the bytes into host memory
+  /// while the queue waits at a gate before their copy; this returns at once, and a failure throws
+  /// from the next synchronize() or transfer.
   void receive(int device, dtype t, const view& dst, int peer_device);
   /// Copies host memory (a view whose base is a host pointer) into `dst` on `device` and blocks
   /// until done (the host memory may be reused on return).
@@ -551,6 +562,8 @@ class backend : public std::enable_shared_from_this<backend> {
   [[nodiscard]] int global_device(int local) const noexcept { return first_local_ + local; }
   /// For implementations: counts a transfer to or from another rank in stats().
   void count_between_ranks(std::uint64_t bytes) noexcept;
+  /// For implementations: counts bytes received from another rank through CUDA IPC.
+  void count_ipc(std::uint64_t bytes) noexcept;
   /// For implementations: the attached timeline (may be null).
   [[nodiscard]] profiler::timeline* attached_timeline() const noexcept;
   /// For implementations, from the constructor: starts the issuing threads of issue_each as
@@ -710,6 +723,7 @@ class backend : public std::enable_shared_from_this<backend> {
     std::atomic<std::uint64_t> parts_visited{0};
     std::atomic<std::uint64_t> copies_between_ranks{0};
     std::atomic<std::uint64_t> bytes_between_ranks{0};
+    std::atomic<std::uint64_t> bytes_ipc{0};
   };
   bool yield_to_copies_ = false;
   std::uint64_t id_;
