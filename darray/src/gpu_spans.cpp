@@ -1,4 +1,4 @@
-// gpu_spans (gpu_spans.hpp): NCCL transfers' slices timed on the GPU.
+// gpu_spans (gpu_spans.hpp): the slices of transfers with other ranks timed on the GPU.
 #include "gpu_spans.hpp"
 
 #include <string>
@@ -130,7 +130,7 @@ void gpu_spans::flush(profiler::timeline* current) {
       try {
         const std::uint64_t b = host_time(x.clock->event, x.clock->host_ns, x.begin);
         const std::uint64_t e = host_time(x.clock->event, x.clock->host_ns, x.end);
-        const std::string name = "NCCL with other ranks, device " + std::to_string(x.device);
+        const std::string name = "transfers with other ranks, device " + std::to_string(x.device);
         for (const transfer_ends& t : x.ends) {
           add_transfer_slice(*current, t, x.device, rank_piece_category, b, e < b ? b : e,
                              track(x.device), name);

@@ -1,10 +1,11 @@
-// gpu_spans: the slices of a CUDA backend's NCCL transfers with other ranks, timed on the GPU. The
-// host call that enqueues an ncclSend or ncclRecv returns at once, and a rank often enqueues a
-// receive before its peer has enqueued the send, so host-side slices of those calls could end
-// before the piece left its sender and `trace merge` could not join them. Here each such transfer
-// is bracketed by two timing events on its stream; once the GPU has passed the second, its span
-// (when the NCCL work ran, waiting for the peer included) becomes the slice, on the host clock, on
-// a track of the device's own (the transfers of a group share their stream's span).
+// gpu_spans: the slices of a CUDA backend's transfers with other ranks (NCCL's, and the copies
+// through CUDA IPC), timed on the GPU. The host call that enqueues an ncclSend or ncclRecv (or an
+// IPC receive) returns at once, and a rank often enqueues a receive before its peer has enqueued
+// the send, so host-side slices of those calls could end before the piece left its sender and
+// `trace merge` could not join them. Here each such transfer is bracketed by two timing events on
+// its stream; once the GPU has passed the second, its span (when the transfer ran, waiting for the
+// peer included) becomes the slice, on the host clock, on a track of the device's own (the
+// transfers of a group share their stream's span).
 //
 // The clock: per GPU an anchor event recorded on an idle stream of its own, its host time the
 // midpoint of the record and the moment it was seen complete (a few µs either way; the narrowest of
@@ -48,7 +49,7 @@ class gpu_spans {
   /// on the device's track (track()).
   void end(int ordinal, cudaStream_t s, cudaEvent_t begin, std::vector<transfer_ends> ends,
            int device, profiler::timeline* tl);
-  /// The track (a host thread id no thread has) of darray device `device`'s NCCL transfers with
+  /// The track (a host thread id no thread has) of darray device `device`'s transfers with
   /// other ranks: its spans follow the stream, one after another or equal (a group's), so they
   /// nest there, where they would cross the issuing thread's own slices.
   [[nodiscard]] static constexpr std::uint64_t track(int device) noexcept {

@@ -755,7 +755,12 @@ void write_allocators(std::ostream& t, const darray_demo_options& o,
   }
   if (bs.copies_between_ranks != 0) {
     t << "; transfers with other ranks " << bs.copies_between_ranks << " ("
-      << size_text(static_cast<std::int64_t>(bs.bytes_between_ranks)) << ")";
+      << size_text(static_cast<std::int64_t>(bs.bytes_between_ranks));
+    if (bs.bytes_ipc != 0) {
+      t << ", " << size_text(static_cast<std::int64_t>(bs.bytes_ipc))
+        << " received through CUDA IPC";
+    }
+    t << ")";
   }
   t << "\n";
 }
