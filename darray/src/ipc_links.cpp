@@ -165,8 +165,6 @@ ipc_links::ipc_links(std::shared_ptr<process_group> group, std::vector<int> ordi
       gpu& d = *gpus_.back();
       const device_guard guard(ordinal);
       POOLSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&d.gate_stream, cudaStreamNonBlocking));
-      POOLSCOPE_CUDA_CHECK(cudaStreamCreateWithFlags(&d.signal_stream, cudaStreamNonBlocking));
-      POOLSCOPE_CUDA_CHECK(cudaEventCreateWithFlags(&d.copied, cudaEventDisableTiming));
       POOLSCOPE_CUDA_CHECK(cudaMalloc(&d.words, n_ * sizeof(std::uint32_t)));
       POOLSCOPE_CUDA_CHECK(cudaMemset(d.words, 0, n_ * sizeof(std::uint32_t)));
       cudaIpcMemHandle_t h{};
@@ -228,16 +226,10 @@ void ipc_links::release() noexcept {
   for (auto& g : gpus_) {
     log_failure("release IPC words", [&g] {
       const device_guard guard(g->ordinal);
-      for (cudaStream_t* st : {&g->gate_stream, &g->signal_stream}) {
-        if (*st != nullptr) {
-          POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(*st));
-          POOLSCOPE_CUDA_CHECK(cudaStreamDestroy(*st));
-          *st = nullptr;
-        }
-      }
-      if (g->copied != nullptr) {
-        POOLSCOPE_CUDA_CHECK(cudaEventDestroy(g->copied));
-        g->copied = nullptr;
+      if (g->gate_stream != nullptr) {
+        POOLSCOPE_CUDA_CHECK(cudaStreamSynchronize(g->gate_stream));
+        POOLSCOPE_CUDA_CHECK(cudaStreamDestroy(g->gate_stream));
+        g->gate_stream = nullptr;
       }
       if (g->words != nullptr) {
         POOLSCOPE_CUDA_CHECK(cudaFree(g->words));
@@ -302,14 +294,8 @@ void ipc_links::send(int local, cudaStream_t s, const void* src, std::size_t byt
   }
   auto* dst = static_cast<std::byte*>(mapped(local, piece.handle)) + piece.offset;
   POOLSCOPE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s));
-  // The word that lets the receiver's stream go on is written from a stream of its own once the
-  // copy is done, so the next copy on `s` starts at once rather than after the write.
-  // (One event serves every send: a stream's wait takes the event's record at the time of the
-  // call, and each record here is waited for at once.)
-  POOLSCOPE_CUDA_CHECK(cudaEventRecord(g.copied, s));
-  POOLSCOPE_CUDA_CHECK(cudaStreamWaitEvent(g.signal_stream, g.copied, 0));
-  POOLSCOPE_CUDA_CHECK(write_value()(
-      g.signal_stream, address(peer_word(peer, static_cast<std::size_t>(me))), piece.sequence, 0));
+  POOLSCOPE_CUDA_CHECK(
+      write_value()(s, address(peer_word(peer, static_cast<std::size_t>(me))), piece.sequence, 0));
   g.sent[static_cast<std::size_t>(peer)] = piece.sequence;
 }
 

@@ -19,9 +19,11 @@
 //   word "done by a" reaches k (cuStreamWaitValue32).
 // - r, send: takes that message (bounded by the group's timeout), maps the allocation (once:
 //   mappings are kept by handle), copies the bytes on a's transfer stream (cudaMemcpyAsync into
-//   the mapping), and once the copy is done writes k into b's "done by a" word (mapped here too)
-//   from a stream of its own (cuStreamWriteValue32, after an event), so that the next copy on the
-//   transfer stream does not wait for the write.
+//   the mapping), then writes k into b's "done by a" word (mapped here too) on the same stream
+//   (cuStreamWriteValue32). A stream of its own for the write (after an event) would let the
+//   next copy start a few µs sooner, but a kernel enqueued on a's compute stream during the copy
+//   then starts only as the copy ends, and the receiver sees the word up to 250 µs late
+//   (docs/perf.md, "A GPU per rank, copy engines through CUDA IPC").
 // So the copy starts once the data is ready at a; b's stream passes its receive (and the events
 // recorded after it, which the work reading the piece waits for) once the bytes are there, and a's
 // stream passes its send (which frees the source) once they have left. Unlike an NCCL receive, the
@@ -44,7 +46,7 @@
 // and makes again has a new handle. Ownership: owns the word arrays, the mappings, and a stream per
 // GPU to open its gates on. Thread safety: send() and receive() may be called from several threads;
 // the transfers of one pair of GPUs pair up in the order they are called, as with NCCL. Cost: per
-// piece a stream memory operation a side, an event, one small MPI message, and on the sender an
+// piece a stream memory operation a side, one small MPI message, and on the sender an
 // IPC mapping the first time it sees an allocation (the pool's segments: few).
 #pragma once
 
@@ -115,13 +117,11 @@ class ipc_links {
   void open_gates() noexcept;
 
  private:
-  // One GPU of this rank: its words (one per GPU of the group: "done by" it), the stream that
-  // writes its senders' words into their receivers, and the one that opens its gates.
+  // One GPU of this rank: its words (one per GPU of the group: "done by" it) and the stream that
+  // opens its gates.
   struct gpu {
     int ordinal = 0;
     std::uint32_t* words = nullptr;
-    cudaStream_t signal_stream = nullptr;
-    cudaEvent_t copied = nullptr;  // a send's copy done, for signal_stream
     cudaStream_t gate_stream = nullptr;
     std::vector<std::uint32_t> sent;      // per peer: pieces sent to it
     std::vector<std::uint32_t> received;  // per peer: pieces received from it
