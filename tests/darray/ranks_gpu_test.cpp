@@ -52,6 +52,17 @@ std::shared_ptr<backend> gpu_per_rank(transport how, std::string& why_not) {
 
 class darray_ranks_gpu : public ::testing::TestWithParam<transport> {};
 
+// The blocks of n elements over `devs` devices, each block on the next device: resharded to
+// plain blocks, every block moves to the device before it (a piece of 8 MiB per device with
+// n = 2^20 devs, between ranks when each has one GPU).
+index_map rotated_blocks(i64 n, int devs) {
+  std::vector<std::tuple<int, i64, i64>> rotated;
+  for (int d = 0; d < devs; ++d) {
+    rotated.emplace_back((d + 1) % devs, n * d / devs, n * (d + 1) / devs);
+  }
+  return index_map::split({n}, 0, rotated);
+}
+
 TEST_P(darray_ranks_gpu, seed_example_and_a_partial_sum_cross_ranks) {
   std::string why_not;
   const auto be = gpu_per_rank(GetParam(), why_not);
@@ -104,13 +115,8 @@ TEST_P(darray_ranks_gpu, pieces_between_ranks_move_whole_in_one_group) {
   std::vector<i64> hc(static_cast<std::size_t>(n));
   std::iota(hc.begin(), hc.end(), 11);
   const auto blocks = index_map::blocks({n}, 0, devs);
-  // Every device's block moves to the next device: a piece of 8 MiB between ranks, which a
-  // split at 1 MiB would cut in eight.
-  std::vector<std::tuple<int, i64, i64>> rotated;
-  for (int d = 0; d < devs; ++d) {
-    rotated.emplace_back((d + 1) % devs, n * d / devs, n * (d + 1) / devs);
-  }
-  const auto c = distributed_array<i64>::from_host(be, hc, {n}, index_map::split({n}, 0, rotated));
+  // A piece of 8 MiB between ranks per device, which a split at 1 MiB would cut in eight.
+  const auto c = distributed_array<i64>::from_host(be, hc, {n}, rotated_blocks(n, devs));
   const auto moved = c.reshard(blocks, {.how = GetParam(), .split_bytes = i64{1} << 20});
   test_support::expect_chunks_match(moved, hc);
   const auto& plan = *moved.handle().last_reshard().plan;
@@ -149,11 +155,7 @@ TEST_P(darray_ranks_gpu, pieces_between_ranks_of_one_host_move_by_copy_engines) 
   std::vector<i64> hc(static_cast<std::size_t>(n));
   std::iota(hc.begin(), hc.end(), 23);
   const auto blocks = index_map::blocks({n}, 0, devs);
-  std::vector<std::tuple<int, i64, i64>> rotated;
-  for (int d = 0; d < devs; ++d) {
-    rotated.emplace_back((d + 1) % devs, n * d / devs, n * (d + 1) / devs);
-  }
-  auto c = distributed_array<i64>::from_host(be, hc, {n}, index_map::split({n}, 0, rotated));
+  auto c = distributed_array<i64>::from_host(be, hc, {n}, rotated_blocks(n, devs));
   const backend_stats before = be->stats();
   // A 8 MiB block per device, split at 1 MiB: eight pieces per pair, each its own IPC transfer.
   for (int round = 0; round < 3; ++round) {
