@@ -136,12 +136,14 @@ ipc_links::ipc_links(std::shared_ptr<process_group> group, std::vector<int> ordi
     for (int o = 0; o < count; ++o) {
       visible.push_back(seam::uuid_of(o));
     }
-    // This rank's rows of the table; the other ranks' left at 1 for the minimum.
+    // This rank's rows of the table; the other ranks' left at 1 for the minimum. A rank of
+    // several GPUs links none (see the file comment).
+    const bool one_gpu = ordinals.size() == 1;
     std::vector<std::int64_t> can(n_ * n_, 1);
     for (std::size_t i = 0; i < ordinals.size(); ++i) {
       const std::size_t a = static_cast<std::size_t>(first_) + i;
       for (std::size_t b = 0; b < n_; ++b) {
-        can[a * n_ + b] = exportable && reaches(ordinals[i], uuids[b], visible) ? 1 : 0;
+        can[a * n_ + b] = exportable && one_gpu && reaches(ordinals[i], uuids[b], visible) ? 1 : 0;
       }
     }
     pairs_ = ipc_pairs(group_->all_reduce(can, process_group::reduction::min), rank_of);

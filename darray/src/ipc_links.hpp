@@ -8,9 +8,12 @@
 // Which pairs: GPU a (of rank r) and GPU b (of rank q != r) are linked when each rank can do its
 // part: r's pool memory can be exported (the cudaMalloc resource: cudaIpcGetMemHandle) and r sees
 // b (a GPU of r's process with b's UUID) with a path to it (the same GPU, or peer access), and the
-// same of q for a. Every rank fills its own GPUs' rows of that table and the group reduces it, so
-// every rank holds the same pairs (ipc_pairs): the sender and the receiver of a piece always agree
-// on how it moves. Pairs not linked stay with NCCL.
+// same of q for a, and each rank has one GPU (the usual launch: a rank per GPU). A mapping is
+// opened once per process, under the GPU that first needs it, and reached from another GPU of the
+// process only by peer access to the mapped memory's GPU, which nothing here arranges: ranks of
+// several GPUs stay with NCCL. Every rank fills its own GPUs' rows of that table and the group
+// reduces it, so every rank holds the same pairs (ipc_pairs): the sender and the receiver of a
+// piece always agree on how it moves. Pairs not linked stay with NCCL.
 //
 // A piece from a (rank r) to b (rank q), the k-th between that ordered pair, is copied by a's
 // copy engine into b's memory (a push, as the process's own copies between its GPUs):
