@@ -50,6 +50,22 @@ std::shared_ptr<backend> gpu_per_rank(transport how, std::string& why_not) {
   return nullptr;
 }
 
+// gpu_per_rank() where the group has 2 ranks or more moving GPU data by `between`, or null with
+// the reason in `why_not`.
+std::shared_ptr<backend> ranks_moving_by(transport how, rank_transport between,
+                                         std::string& why_not) {
+  auto be = gpu_per_rank(how, why_not);
+  if (!be) {
+    why_not = "no GPU: " + why_not;
+    return nullptr;
+  }
+  if (be->group()->size() < 2 || test_support::test_between_ranks() != between) {
+    why_not = "needs 2 ranks or more with between_ranks = " + std::string(to_string(between));
+    return nullptr;
+  }
+  return be;
+}
+
 class darray_ranks_gpu : public ::testing::TestWithParam<transport> {};
 
 // The blocks of n elements over `devs` devices, each block on the next device: resharded to
@@ -103,12 +119,9 @@ TEST_P(darray_ranks_gpu, seed_example_and_a_partial_sum_cross_ranks) {
 // per peer, run one after another at a fraction of the link (docs/perf.md, "Across processes").
 TEST_P(darray_ranks_gpu, pieces_between_ranks_move_whole_in_one_group) {
   std::string why_not;
-  const auto be = gpu_per_rank(GetParam(), why_not);
+  const auto be = ranks_moving_by(GetParam(), rank_transport::nccl, why_not);
   if (!be) {
-    GTEST_SKIP() << "no GPU: " << why_not;
-  }
-  if (be->group()->size() < 2 || test_support::test_between_ranks() != rank_transport::nccl) {
-    GTEST_SKIP() << "needs 2 ranks or more with NCCL between them";
+    GTEST_SKIP() << why_not;
   }
   const int devs = be->device_count();
   const i64 n = (i64{1} << 20) * devs;
@@ -139,12 +152,9 @@ TEST_P(darray_ranks_gpu, pieces_between_ranks_move_whole_in_one_group) {
 // pairs' sequence words and the mappings of the pools' segments.
 TEST_P(darray_ranks_gpu, pieces_between_ranks_of_one_host_move_by_copy_engines) {
   std::string why_not;
-  const auto be = gpu_per_rank(GetParam(), why_not);
+  const auto be = ranks_moving_by(GetParam(), rank_transport::automatic, why_not);
   if (!be) {
-    GTEST_SKIP() << "no GPU: " << why_not;
-  }
-  if (be->group()->size() < 2 || test_support::test_between_ranks() != rank_transport::automatic) {
-    GTEST_SKIP() << "needs 2 ranks or more with between_ranks = automatic";
+    GTEST_SKIP() << why_not;
   }
   const auto hosts = be->group()->all_gather(be->group()->host_name());
   if (std::set<std::string>(hosts.begin(), hosts.end()).size() != 1) {
