@@ -1004,7 +1004,8 @@ void cuda_backend::join_ranks_automatically(const backend_options& options,
   }
   if (const std::string error = detail::rank_gpus_error(by_nccl); !error.empty()) {
     throw invalid_argument(error + "; CUDA IPC could not join every pair of GPUs of different " +
-                           "ranks here (it needs the cuda resource, and GPUs each rank sees)");
+                           "ranks here (it needs the cuda resource, one GPU per rank, and each "
+                           "rank seeing the other's GPU)");
   }
   join_rank_comms();
 }
@@ -1647,15 +1648,20 @@ void cuda_backend::do_gemm_accumulate(int device, queue_kind q, dtype t, const v
 }  // namespace
 
 namespace {
-// The first GPU (CUDA ordinal) of this rank's `n`, with `available` visible here. Where every rank
-// of a host sees all its GPUs, they take them in turn (local rank k: k n .. k n + n - 1); where
-// there are too few for that, each rank is taken to see its own (CUDA_VISIBLE_DEVICES per rank,
-// srun --gpus-per-task) and takes the first n. Collective: the ranks then compare their choices of
-// `between` (and its staging chunks) and their GPUs' UUIDs, and all refuse alike what
-// rank_gpus_error finds (with NCCL, two ranks of a host on one GPU). `all`: every rank's lines.
+// The first GPU (CUDA ordinal) of this rank's `n`, with `available` visible here. The ranks of a
+// host take them in turn (local rank k: k n .. k n + n - 1) and wrap round when there are more
+// ranks than that (k n mod available: four ranks of cuda:1 on two GPUs share each in pairs); a
+// rank whose turn would run past the last GPU takes the first n. Where each rank sees only its
+// own (CUDA_VISIBLE_DEVICES per rank, srun --gpus-per-task), that is the first n. Collective: the
+// ranks then compare their choices of `between` (and its staging chunks) and their GPUs' UUIDs,
+// and all refuse alike what rank_gpus_error finds (with NCCL, two ranks of a host on one GPU).
+// `all`: every rank's lines.
 int first_gpu_of_rank(process_group& g, int n, int available, const backend_options& o,
                       std::vector<detail::rank_gpus>& all) {
-  const int first = g.local_size() * n <= available ? g.local_rank() * n : 0;
+  int first = static_cast<int>((static_cast<long long>(g.local_rank()) * n) % available);
+  if (first + n > available) {
+    first = 0;
+  }
   detail::rank_gpus mine{detail::nccl_host(g.host_name(), std::getenv("NCCL_HOSTID")),
                          o.between_ranks,
                          {},
