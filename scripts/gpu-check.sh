@@ -196,6 +196,29 @@ PY
     # processes (docs/perf.md, "A GPU per rank, NCCL between them").
     step "bench D1, one process, $ngpu GPUs, NCCL" "$out/ranks.log" "$cli" bench darray \
       --devices "cuda:$ngpu" --only D1 --transport nccl --json "$out/bench_d1_one_process_nccl.json"
+    # Twice as many ranks as GPUs, every rank seeing them all: the ranks wrap round the GPUs
+    # (0, 1, 0, 1, ...) and CUDA IPC links every pair, those sharing a GPU included.
+    twice=(mpirun -np $((2 * ngpu)) --oversubscribe)
+    step "darray tests, $((2 * ngpu)) ranks on $ngpu GPUs" "$out/ranks_twice.log" "${twice[@]}" \
+      "$build/bin/poolscope_darray_tests" \
+      --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+    step "demo, $((2 * ngpu)) ranks on $ngpu GPUs" "$out/ranks_twice.log" "${twice[@]}" "$cli" \
+      demo --devices cuda:1 --repeat 3 --trace "$out/ranks_twice_trace.json.gz"
+    step "piece flows in the merged trace ($((2 * ngpu)) ranks)" "$out/ranks_twice.log" sh -c \
+      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
+      "$cli" "$out/ranks_twice_trace.json.gz"
+    # A PyTorch program's own NCCL communicator, adopted (examples/torch_adopt.cpp): torchrun starts
+    # a rank per GPU, no MPI; built against an install of this build and the machine's libtorch.
+    if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+      ex="$build/examples-torch"
+      step "torch_adopt: build against libtorch" "$out/torch_adopt.log" bash -c "
+        cmake --install '$build' --prefix '$build/prefix' &&
+        cmake -S '$root/examples' -B '$ex' -G Ninja -DCMAKE_BUILD_TYPE=Release \
+          -DCMAKE_PREFIX_PATH=\"$build/prefix;\$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')\" &&
+        cmake --build '$ex' --target torch_adopt"
+      step "torch_adopt: $ngpu ranks by torchrun" "$out/torch_adopt.log" \
+        python3 -m torch.distributed.run --no-python --nproc-per-node "$ngpu" "$ex/torch_adopt"
+    fi
   fi
   # Two ranks sharing GPU 0, MPI through pinned host memory between them (--between-ranks mpi:
   # docs/multiprocess.md): the path of several ranks on a machine of one GPU.
