@@ -19,7 +19,10 @@ namespace poolscope::darray::detail::mpi {
 
 std::pair<int, std::string> launcher_world_size() {
   // Open MPI's mpirun, MPICH/Intel's Hydra (PMI), SLURM's srun, torchrun / PyTorch launchers.
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "WORLD_SIZE"}) {
+  // SLURM's job step, not its allocation: SLURM_NTASKS is set in salloc's shell and sbatch's
+  // script too, where one process runs alone until srun starts the ranks.
+  for (const char* name :
+       {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS", "WORLD_SIZE"}) {
     if (const char* v = std::getenv(name); v != nullptr && *v != '\0') {
       char* end = nullptr;
       const long n = std::strtol(v, &end, 10);

@@ -36,8 +36,8 @@ namespace poolscope::darray::detail::mpi {
 [[nodiscard]] bool available() noexcept;
 
 /// What a launcher that started this process says of it (mpirun, srun, torchrun): the world size
-/// from OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS or WORLD_SIZE (0: no launcher), and the
-/// variable it came from. Reads the environment only (no MPI call).
+/// from OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS or WORLD_SIZE (0: no launcher), and
+/// the variable it came from. Reads the environment only (no MPI call).
 [[nodiscard]] std::pair<int, std::string> launcher_world_size();
 
 /// MPI_Abort on MPI_COMM_WORLD when MPI is running (initialized, not finalized): ends every rank

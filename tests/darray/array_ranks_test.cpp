@@ -457,6 +457,39 @@ testing::process_result launch_fault(const std::string& scenario, const std::str
       std::chrono::seconds(120));
 }
 
+// Which launcher started this process, from its environment alone: a SLURM allocation (salloc,
+// sbatch's script: SLURM_NTASKS) is no launch of ranks; a job step (srun: SLURM_STEP_NUM_TASKS)
+// is. Malformed sizes count as none. Not under a launcher (it changes the environment).
+TEST(darray_launcher, world_size_from_the_launchers_environment) {
+  if (process_group::launched() != 0) {
+    GTEST_SKIP() << "changes the launcher's environment: not run under a launcher";
+  }
+  const auto set = [](const char* name, const char* value) {
+    ASSERT_EQ(setenv(name, value, 1), 0);
+  };
+  const auto clear = [] {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS",
+                             "SLURM_NTASKS", "WORLD_SIZE"}) {
+      ASSERT_EQ(unsetenv(name), 0);
+    }
+  };
+  clear();
+  set("SLURM_NTASKS", "3");  // inside salloc or an sbatch script, before srun
+  EXPECT_EQ(process_group::launched(), 0);
+  set("SLURM_STEP_NUM_TASKS", "3");  // a step that srun started
+  EXPECT_EQ(process_group::launched(), 3);
+  set("OMPI_COMM_WORLD_SIZE", "2");  // mpirun inside an allocation: its own ranks
+  EXPECT_EQ(process_group::launched(), 2);
+  clear();
+  set("WORLD_SIZE", "4");  // torchrun
+  EXPECT_EQ(process_group::launched(), 4);
+  set("WORLD_SIZE", "4x");
+  EXPECT_EQ(process_group::launched(), 0);
+  set("PMI_SIZE", "0");
+  EXPECT_EQ(process_group::launched(), 0);
+  clear();
+}
+
 class darray_ranks_faults : public ::testing::Test {
  protected:
   void SetUp() override {

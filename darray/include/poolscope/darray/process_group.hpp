@@ -77,7 +77,7 @@ class process_group {
       void* nccl_comm, int rank, int size, const process_group_options& options = {});
 
   /// Whether a launcher started this process: the world size its environment gives
-  /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_NTASKS or WORLD_SIZE), 0 when none did.
+  /// (OMPI_COMM_WORLD_SIZE, PMI_SIZE, SLURM_STEP_NUM_TASKS or WORLD_SIZE), 0 when none did.
   [[nodiscard]] static int launched() noexcept;
 
   process_group(const process_group&) = delete;
