@@ -12,6 +12,9 @@ import xml.etree.ElementTree as ET
 
 # GoogleTest prints "file.cpp:12: Skipped" then the reason on the lines up to "[  SKIPPED ]".
 _SKIP = re.compile(r":\d+: Skipped\n(.*?)\n*\[  SKIPPED \]", re.S)
+# A test skipped by its exit code or output (SKIP_RETURN_CODE, SKIP_REGULAR_EXPRESSION) prints
+# "SKIP: reason" (tests/support/srun_launch.sh).
+_SKIP_LINE = re.compile(r"^SKIP: (.+)$", re.M)
 # Reasons differing only in numbers (sizes, counts, device ids) are one reason.
 _NUMBER = re.compile(r"\d+(\.\d+)?")
 
@@ -22,6 +25,9 @@ def skip_reason(case):
     if m and m.group(1).strip():
         reason = " ".join(m.group(1).split())
         return _NUMBER.sub("N", reason)
+    m = _SKIP_LINE.search(out)
+    if m:
+        return m.group(1).strip()
     skipped = case.find("skipped")
     message = skipped.get("message", "") if skipped is not None else ""
     if message and message != "SKIP_REGULAR_EXPRESSION_MATCHED":
