@@ -236,7 +236,12 @@ std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
       out += ", " + std::to_string(pieces->reversed_transfers) +
              " of them in pairs whose receive ends before its send began";
     }
-    out += ")\n";
+    out += ")";
+    if (pieces->flows_within_clock_error != 0) {
+      out += "; " + std::to_string(pieces->flows_within_clock_error) +
+             " flow(s) reversed by less than their GPU clocks' error, drawn at once";
+    }
+    out += "\n";
   }
   return out;
 }
@@ -371,7 +376,8 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
   if (pieces) {
     j["piece_flows"] = {{"flows", pieces->flows},
                         {"unmatched_transfers", pieces->unmatched_transfers},
-                        {"reversed_transfers", pieces->reversed_transfers}};
+                        {"reversed_transfers", pieces->reversed_transfers},
+                        {"flows_within_clock_error", pieces->flows_within_clock_error}};
   }
   j["top_api_calls"] = nlohmann::json::array();
   for (const op_summary& a : api_calls) {
@@ -569,6 +575,7 @@ class summarizer {
     p.flows = count("flows");
     p.unmatched_transfers = count("unmatched_transfers");
     p.reversed_transfers = count("reversed_transfers");
+    p.flows_within_clock_error = count("flows_within_clock_error");
     s_.pieces = p;
   }
 

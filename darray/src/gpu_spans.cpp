@@ -83,6 +83,8 @@ std::shared_ptr<const gpu_spans::anchor> gpu_spans::clock_locked(int ordinal) {
     POOLSCOPE_CUDA_CHECK(q);
     const std::uint64_t window = hooks::now_ns() - before;
     a->host_ns = before + window / 2;
+    // The event's elapsed times are float milliseconds: about 0.5 us of resolution on top.
+    a->error_ns = (window + 1) / 2 + 500;
     if (window < best_window) {
       best_window = window;
       best = std::move(a);
@@ -133,7 +135,7 @@ void gpu_spans::flush(profiler::timeline* current) {
         const std::string name = "transfers with other ranks, device " + std::to_string(x.device);
         for (const transfer_ends& t : x.ends) {
           add_transfer_slice(*current, t, x.device, rank_piece_category, b, e < b ? b : e,
-                             track(x.device), name);
+                             track(x.device), name, x.clock->error_ns);
         }
       } catch (const cuda_error&) {
         // The events of a failed transfer carry no times: no slice for it.

@@ -62,7 +62,8 @@ class gpu_spans {
   void flush(profiler::timeline* current);
 
  private:
-  // A GPU's clock anchor: its event's host time. Destroys the event.
+  // A GPU's clock anchor: its event's host time, within +-error_ns (half the window of host time
+  // the event completed in). Destroys the event.
   struct anchor {
     anchor() = default;
     anchor(const anchor&) = delete;
@@ -70,6 +71,7 @@ class gpu_spans {
     ~anchor();
     cudaEvent_t event = nullptr;
     std::uint64_t host_ns = 0;
+    std::uint64_t error_ns = 0;
   };
   struct span {
     std::shared_ptr<const anchor> clock;

@@ -17,7 +17,8 @@ std::string transfer_label(const transfer_ends& t) {
 
 void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int device,
                         std::string_view category, std::uint64_t begin_ns, std::uint64_t end_ns,
-                        std::uint64_t thread, std::string_view track_name) noexcept {
+                        std::uint64_t thread, std::string_view track_name,
+                        std::uint64_t clock_error_ns) noexcept {
   std::string label;
   try {
     label = transfer_label(t);
@@ -31,7 +32,8 @@ void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int devi
                      .end_ns = end_ns,
                      .device = device,
                      .src_device = t.src_device,
-                     .dst_device = t.dst_device});
+                     .dst_device = t.dst_device,
+                     .clock_error_ns = clock_error_ns});
 }
 
 }  // namespace poolscope::darray::detail

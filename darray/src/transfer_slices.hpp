@@ -55,10 +55,12 @@ struct transfer_ends {
 
 /// Adds to `tl` the slice of transfer `t` from `begin_ns` to `end_ns` (hooks::now_ns), made on
 /// (or for) `device` in `category`, on the track of host thread `thread` (0: the calling
-/// thread's), a track of the caller's named `track_name` where `thread` is no thread. Never
-/// throws: without memory for the label the slice goes by `t.name`.
+/// thread's), a track of the caller's named `track_name` where `thread` is no thread;
+/// `clock_error_ns`: how far the times may be off the host clock (a GPU's span; host_slice).
+/// Never throws: without memory for the label the slice goes by `t.name`.
 void add_transfer_slice(profiler::timeline& tl, const transfer_ends& t, int device,
                         std::string_view category, std::uint64_t begin_ns, std::uint64_t end_ns,
-                        std::uint64_t thread = 0, std::string_view track_name = {}) noexcept;
+                        std::uint64_t thread = 0, std::string_view track_name = {},
+                        std::uint64_t clock_error_ns = 0) noexcept;
 
 }  // namespace poolscope::darray::detail

@@ -1036,10 +1036,16 @@ void timeline::add_host_slice(const host_slice& s) noexcept {
       ev.tid = static_cast<std::int64_t>(tid);
       ev.ts_ns = s.begin_ns;
       ev.dur_ns = end - s.begin_ns;
-      const trace_arg args[] = {
-          {"device", s.device}, {"src_device", s.src_device}, {"dst_device", s.dst_device}};
+      trace_arg args[] = {{"device", s.device},
+                          {"src_device", s.src_device},
+                          {"dst_device", s.dst_device},
+                          {"clock_error_ns", s.clock_error_ns}};
       if (s.device >= 0) {
-        ev.args = std::span<const trace_arg>(args, peer ? 3 : 1);
+        std::size_t n = peer ? 3 : 1;
+        if (s.clock_error_ns != 0) {
+          args[n++] = args[3];
+        }
+        ev.args = std::span<const trace_arg>(args, n);
       }
       m.put(ev);
     });

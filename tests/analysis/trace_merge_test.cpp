@@ -113,12 +113,15 @@ std::string sync_text(const std::vector<clock_sync_round>& rounds) {
 // Two ranks on two hosts, rank 1's clock 7 ms ahead: rank 0 sends a piece 0->1 (true time
 // 1.000100 s to 1.000150 s), rank 1 receives it (1.000120 s to 1.000200 s: `receive_ts` 70 µs
 // and `receive_dur` 80 µs after its origin); `extra_send` adds a second send 0->1 that no rank
-// receives.
+// receives; `clock_error_ns` (when not 0) is both slices' args.clock_error_ns, as GPU spans carry.
 struct two_ranks {
   temp_file r0{".json"}, r1{".json"}, out{".json"};
   static constexpr std::int64_t offset = 7'000'000;
   explicit two_ranks(const std::string& receive_ts = "70.000",
-                     const std::string& receive_dur = "80.000", bool extra_send = false) {
+                     const std::string& receive_dur = "80.000", bool extra_send = false,
+                     int clock_error_ns = 0) {
+    const std::string error =
+        clock_error_ns == 0 ? "" : ",\"clock_error_ns\":" + std::to_string(clock_error_ns);
     const std::vector<clock_sync_round> ref{{999'000'000, 999'000'500}, {999'000'530, 999'000'900}};
     std::vector<clock_sync_round> mine;
     for (const auto& x :
@@ -135,7 +138,8 @@ struct two_ranks {
 {"ph":"M","name":"thread_name","pid":1,"tid":11,"args":{"name":"main"}},
 {"ph":"M","name":"process_name","pid":100,"tid":0,"args":{"name":"GPU 0: H"}},
 {"ph":"M","name":"thread_name","pid":100,"tid":7,"args":{"name":"stream 7"}},
-{"ph":"X","name":"darray.send 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":10,"ts":100.000,"dur":50.000,"args":{"device":0,"src_device":0,"dst_device":1}},)j" +
+{"ph":"X","name":"darray.send 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":10,"ts":100.000,"dur":50.000,"args":{"device":0,"src_device":0,"dst_device":1)j" +
+                       error + "}}," +
                        std::string(extra_send ? R"j(
 {"ph":"X","name":"darray.send 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":10,"ts":160.000,"dur":5.000,"args":{"device":0,"src_device":0,"dst_device":1}},)j"
                                               : "") +
@@ -155,7 +159,7 @@ struct two_ranks {
 {"ph":"M","name":"thread_name","pid":1,"tid":20,"args":{"name":"transfer"}},
 {"ph":"X","name":"darray.receive 0->1 1 MiB","cat":"darray.transfer","pid":1,"tid":20,"ts":)" +
                        receive_ts + R"(,"dur":)" + receive_dur +
-                       R"(,"args":{"device":1,"src_device":0,"dst_device":1}},
+                       R"(,"args":{"device":1,"src_device":0,"dst_device":1)" + error + R"(}},
 {"ph":"s","name":"launch","cat":"launch","pid":1,"tid":20,"ts":80.000,"id":5},
 {"ph":"f","name":"launch","cat":"launch","pid":1,"tid":20,"ts":90.000,"id":5,"bp":"e"})",
                    sync_text(mine)));
@@ -275,6 +279,52 @@ TEST(trace_merge, sends_and_receives_left_unjoined_say_why) {
                                "2 of them in pairs whose receive ends before its send began)"),
               std::string::npos)
         << s.to_text();
+  }
+}
+
+// GPU spans come through a clock anchor known to some microseconds (args.clock_error_ns): a
+// receive that ends before its send began by less than the two errors is joined, its flow drawn
+// at the send's begin; by more, it is reversed as without errors.
+TEST(trace_merge, a_reversal_within_the_clocks_errors_is_joined) {
+  // The receive ends 20 us (true) before the send began.
+  {
+    two_ranks t("10.000", "20.000", false, 12'000);  // 24 us of error in all: joined
+    const auto r = merge_traces({t.r0.path(), t.r1.path()}, t.out.path());
+    EXPECT_EQ(r.flows, 1U);
+    EXPECT_EQ(r.flows_within_clock_error, 1U);
+    EXPECT_EQ(r.unmatched_transfers, 0U);
+    EXPECT_EQ(r.reversed_transfers, 0U);
+    EXPECT_NE(r.to_text().find("1 piece flows between ranks (1 of them with the receive ending "
+                               "before its send began, by less than the error of their GPU "
+                               "clocks: drawn at once)"),
+              std::string::npos)
+        << r.to_text();
+    double start = -1;
+    double finish = -1;
+    const json doc = events_of(t.out.path());
+    for (const auto& e : doc["traceEvents"]) {
+      if (e.value("cat", "") == "darray.piece" && e["ph"] == "s") {
+        start = e["ts"].get<double>();
+      } else if (e.value("cat", "") == "darray.piece" && e["ph"] == "f") {
+        finish = e["ts"].get<double>();
+      }
+    }
+    EXPECT_GE(start, 0);
+    EXPECT_EQ(finish, start);  // drawn at once, never backwards
+    const auto s = poolscope::analysis::summarize_trace(t.out.path());
+    ASSERT_TRUE(s.pieces.has_value());
+    EXPECT_EQ(s.pieces->flows_within_clock_error, 1U);
+    EXPECT_NE(s.to_text().find("piece flows between ranks: 1 (0 sends or receives left unjoined); "
+                               "1 flow(s) reversed by less than their GPU clocks' error"),
+              std::string::npos)
+        << s.to_text();
+  }
+  {
+    two_ranks t("10.000", "20.000", false, 9'000);  // 18 us in all: still reversed
+    const auto r = merge_traces({t.r0.path(), t.r1.path()}, t.out.path());
+    EXPECT_EQ(r.flows, 0U);
+    EXPECT_EQ(r.flows_within_clock_error, 0U);
+    EXPECT_EQ(r.reversed_transfers, 2U);
   }
 }
 

@@ -303,6 +303,35 @@ TEST(trace_timeline, a_track_of_the_callers_own_takes_its_name) {
   EXPECT_NE(names[me].find("(tid " + std::to_string(me) + ")"), std::string::npos) << names[me];
 }
 
+// A slice's args: its device; both ends of a copy between devices; and clock_error_ns where its
+// times may be off the host clock (a GPU span), on a device's slice and never otherwise.
+TEST(trace_timeline, host_slices_carry_their_devices_and_clock_error) {
+  temp_file f(".json");
+  timeline tl(host_only(f.path()));
+  tl.start();
+  const auto t = poolscope::hooks::now_ns();
+  tl.add_host_slice({.name = "plain", .begin_ns = t, .end_ns = t + 10, .clock_error_ns = 7});
+  tl.add_host_slice({.name = "on 2", .begin_ns = t, .end_ns = t + 10, .device = 2});
+  tl.add_host_slice({.name = "copy",
+                     .category = "darray.piece",
+                     .begin_ns = t,
+                     .end_ns = t + 10,
+                     .device = 1,
+                     .src_device = 1,
+                     .dst_device = 4,
+                     .clock_error_ns = 2'500});
+  tl.stop();
+  expect_valid_trace(f.path());
+  std::map<std::string, json> by_name;
+  for (const json& e : events_of(read_events(f.path()), "X")) {
+    by_name[e["name"].get<std::string>()] = e;
+  }
+  EXPECT_FALSE(by_name["plain"].contains("args"));
+  EXPECT_EQ(by_name["on 2"]["args"], (json{{"device", 2}}));
+  EXPECT_EQ(by_name["copy"]["args"],
+            (json{{"device", 1}, {"src_device", 1}, {"dst_device", 4}, {"clock_error_ns", 2500}}));
+}
+
 TEST(trace_timeline, gzip_trace_passes_the_checker) {
   if (!poolscope::profiler::trace_gzip_supported()) {
     GTEST_SKIP() << "built without zlib";

@@ -108,6 +108,10 @@ struct host_slice {
   /// copies are.
   int src_device = -1;
   int dst_device = -1;
+  /// How far begin_ns and end_ns may be off this clock (0: read from it). A GPU's span carries
+  /// its clock anchor's error: written as arg clock_error_ns when nonzero, so that `poolscope
+  /// trace merge` joins a send to its receive when their order is within the two errors.
+  std::uint64_t clock_error_ns = 0;
 };
 
 /// Settings of a timeline.
