@@ -491,7 +491,7 @@ struct flow_counts {
   std::uint64_t flows = 0;
   std::uint64_t unmatched = 0;  // sends and receives left without a flow
   std::uint64_t reversed = 0;   // of those, paired but the receive ends before the send began
-  std::uint64_t within_clock_error = 0;  // flows whose ends' order their clocks' errors blur
+  std::uint64_t within_clock_error = 0;  // pairs whose order their clocks' errors blur
 };
 
 // The flows from each send to its receive.
@@ -524,16 +524,17 @@ flow_counts write_flows(profiler::trace_writer& w, const std::vector<rank_input>
       const rank_input& a = input_of(ins, from[k].rank);
       const rank_input& b = input_of(ins, to[k].rank);
       const std::int64_t start = a.aligned(from[k].begin_ns);
-      std::int64_t end = b.aligned(to[k].end_ns);
+      const std::int64_t end = b.aligned(to[k].end_ns);
       if (end < start) {
         if (start - end > from[k].clock_error_ns + to[k].clock_error_ns) {
           c.unmatched += 2;
           c.reversed += 2;
-          continue;
+        } else {
+          // Within the errors of the ends' clocks (GPU spans): the pair is joined, but no arrow
+          // can go back in time, and each end must lie inside its slice.
+          ++c.within_clock_error;
         }
-        // Within the errors of the ends' clocks (GPU spans): joined, the flow drawn at once.
-        ++c.within_clock_error;
-        end = start;
+        continue;
       }
       const std::uint64_t id = first_id + c.flows;
       s.clear();
@@ -620,10 +621,10 @@ std::string merge_result::to_text() const {
   std::string out = "merged " + std::to_string(ranks.size()) + " rank trace(s) of " +
                     std::to_string(world_size) + " into " + output + ": " + std::to_string(events) +
                     " events, " + std::to_string(flows) + " piece flows between ranks";
-  if (flows_within_clock_error != 0) {
-    out += " (" + std::to_string(flows_within_clock_error) +
-           " of them with the receive ending before its send began, by less than the error of "
-           "their GPU clocks: drawn at once)";
+  if (pairs_within_clock_error != 0) {
+    out += " and " + std::to_string(pairs_within_clock_error) +
+           " pairs joined without one (the receive ends before its send began, by less than the "
+           "error of their GPU clocks)";
   }
   if (unmatched_transfers != reversed_transfers) {
     out += " (" + std::to_string(unmatched_transfers - reversed_transfers) +
@@ -673,7 +674,7 @@ nlohmann::json merge_result::to_json() const {
   j["flows"] = flows;
   j["unmatched_transfers"] = unmatched_transfers;
   j["reversed_transfers"] = reversed_transfers;
-  j["flows_within_clock_error"] = flows_within_clock_error;
+  j["pairs_within_clock_error"] = pairs_within_clock_error;
   j["clocks_measured"] = clocks_measured;
   j["max_skew_ns"] = max_skew_ns;
   j["max_uncertainty_ns"] = max_uncertainty_ns;
@@ -756,7 +757,7 @@ merge_result merge_traces(const std::vector<std::string>& inputs, const std::str
   r.flows = fc.flows;
   r.unmatched_transfers = fc.unmatched;
   r.reversed_transfers = fc.reversed;
-  r.flows_within_clock_error = fc.within_clock_error;
+  r.pairs_within_clock_error = fc.within_clock_error;
   r.events = w.events();
   nlohmann::json other;
   other["generator"] = "poolscope trace merge";

@@ -237,9 +237,9 @@ std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
              " of them in pairs whose receive ends before its send began";
     }
     out += ")";
-    if (pieces->flows_within_clock_error != 0) {
-      out += "; " + std::to_string(pieces->flows_within_clock_error) +
-             " flow(s) reversed by less than their GPU clocks' error, drawn at once";
+    if (pieces->pairs_within_clock_error != 0) {
+      out += "; " + std::to_string(pieces->pairs_within_clock_error) +
+             " pair(s) joined without a flow, reversed by less than their GPU clocks' error";
     }
     out += "\n";
   }
@@ -377,7 +377,7 @@ nlohmann::json trace_summary::to_json(std::size_t top) const {
     j["piece_flows"] = {{"flows", pieces->flows},
                         {"unmatched_transfers", pieces->unmatched_transfers},
                         {"reversed_transfers", pieces->reversed_transfers},
-                        {"flows_within_clock_error", pieces->flows_within_clock_error}};
+                        {"pairs_within_clock_error", pieces->pairs_within_clock_error}};
   }
   j["top_api_calls"] = nlohmann::json::array();
   for (const op_summary& a : api_calls) {
@@ -575,7 +575,7 @@ class summarizer {
     p.flows = count("flows");
     p.unmatched_transfers = count("unmatched_transfers");
     p.reversed_transfers = count("reversed_transfers");
-    p.flows_within_clock_error = count("flows_within_clock_error");
+    p.pairs_within_clock_error = count("pairs_within_clock_error");
     s_.pieces = p;
   }
 

@@ -103,11 +103,12 @@ struct merge_result {
   /// before the send began: clocks off by more than the transfer's length (or slices that are not
   /// the transfer's time), where the rest have no other end in any input.
   std::uint64_t reversed_transfers = 0;
-  /// Of flows, those whose aligned receive ends before the send began by no more than the two
-  /// slices' clock errors (args.clock_error_ns: a GPU span's times come through a clock anchor
-  /// known to within some microseconds): their order cannot be told, so they are joined, the
-  /// flow drawn from the send's begin to that same time.
-  std::uint64_t flows_within_clock_error = 0;
+  /// Sends and receives paired in order whose aligned receive ends before the send began by no
+  /// more than the two slices' clock errors (args.clock_error_ns: a GPU span's times come
+  /// through a clock anchor known to within some microseconds): their order cannot be told, so
+  /// they count as joined (not in unmatched_transfers), but have no flow (an arrow cannot go
+  /// back in time, and each end must lie inside its slice).
+  std::uint64_t pairs_within_clock_error = 0;
   /// The largest |offset| of any rank at any sync, and the largest uncertainty of an offset the
   /// merge applied (0 where every rank shares rank 0's host: nothing was shifted).
   std::int64_t max_skew_ns = 0;
