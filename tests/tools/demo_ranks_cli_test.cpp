@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -165,6 +166,46 @@ TEST(cli_bench_darray_ranks, two_ranks_write_their_traces_and_one_merged_trace) 
   EXPECT_EQ(m.at("flows").get<std::size_t>(), sends) << m.dump();
   EXPECT_EQ(m.at("unmatched_transfers").get<std::size_t>(), 0U) << m.dump();
   EXPECT_NE(r.out.find("trace of every rank: " + merged), std::string::npos) << r.out;
+  std::filesystem::remove_all(dir);
+}
+
+// Ranks whose traces rank 0 cannot read where they wrote them (nodes with disks of their own;
+// here each rank in a working directory of its own, the same relative path naming another file on
+// each): each sends rank 0 its trace, which rank 0 writes at that path in its own directory, in
+// place of a stale file of that name, and merges.
+TEST(cli_bench_darray_ranks, traces_rank_0_cannot_see_are_sent_to_it) {
+  const std::filesystem::path dir = temp_path("poolscope-bench-own-dirs") + ".d";
+  for (int rank = 0; rank < 2; ++rank) {
+    std::filesystem::create_directories(dir / ("r" + std::to_string(rank)));
+  }
+  {
+    std::ofstream stale(dir / "r0" / "t.rank1.json");
+    stale << "not the trace of this launch";
+  }
+  const auto r =
+      launch(2, {"sh", "-c", "cd \"$0/r$OMPI_COMM_WORLD_RANK\" && exec \"$@\"", dir.string(),
+                 POOLSCOPE_CLI_PATH, "bench", "darray", "--devices", "host:1", "--n", "20000",
+                 "--repeat", "1", "--only", "D1", "--trace", "t.json", "--force"});
+  ASSERT_FALSE(r.timed_out) << r.out << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string mine = read_file((dir / "r1" / "t.rank1.json").string());
+  const std::string copy = read_file((dir / "r0" / "t.rank1.json").string());
+  EXPECT_GT(mine.size(), 100U);
+  EXPECT_EQ(copy, mine);  // the stale file replaced by rank 1's bytes
+  EXPECT_FALSE(std::filesystem::exists(dir / "r1" / "t.json"));  // rank 0 alone merges
+  const std::string merged = (dir / "r0" / "t.json").string();
+  const auto check = poolscope::analysis::check_trace(merged);
+  EXPECT_TRUE(check.ok()) << check.to_text();
+  std::set<std::string> processes;
+  const auto info = poolscope::analysis::read_trace(merged, [&](std::uint64_t, const json& e) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") {
+      processes.insert(e.at("args").at("name").get<std::string>());
+    }
+  });
+  EXPECT_EQ(processes.size(), 2U);
+  const json& m = info.other.at("otherData").at("merged");
+  EXPECT_GT(m.at("flows").get<std::size_t>(), 0U) << m.dump();
+  EXPECT_EQ(m.at("unmatched_transfers").get<std::size_t>(), 0U) << m.dump();
   std::filesystem::remove_all(dir);
 }
 

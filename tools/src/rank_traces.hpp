@@ -6,8 +6,14 @@
 //   const merged_trace m = merge_rank_traces(*group, "t.json", "t.rank1.json");  // every rank
 //   if (!m.problem.empty()) ...;   // the same verdict on every rank
 //
+// Rank 0 reads a rank's trace at that rank's path when it sees the same bytes there (one host, or
+// a shared file system); otherwise (nodes with disks of their own, ranks in other working
+// directories, a stale file of that name) the rank sends it the bytes by MPI, and rank 0 writes
+// them at that path on its side (beside the merged trace where that folder is missing there).
+//
 // Thread safety: a collective of the group (called by one thread, in the same order on every
-// rank). Cost: rank 0 reads every rank's trace twice and writes the merged one; the others wait.
+// rank). Cost: every rank reads its own trace once (a checksum); rank 0 reads every rank's trace
+// three times and writes the merged one; the others wait.
 #pragma once
 
 #include <string>
