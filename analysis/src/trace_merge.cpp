@@ -171,6 +171,17 @@ struct rank_input {
     }
     return a.offset_ns + static_cast<std::int64_t>(q);
   }
+  // How far an aligned time may be off the reference clock: the widest uncertainty of the
+  // offsets applied (0 on the reference's host, whose clock is not shifted).
+  [[nodiscard]] std::int64_t alignment_error() const {
+    std::int64_t e = 0;
+    for (const clock_offset& o : syncs) {
+      if (!o.same_host) {
+        e = std::max(e, o.uncertainty_ns);
+      }
+    }
+    return e;
+  }
   [[nodiscard]] std::int64_t aligned(std::int64_t local_ns) const {
     return local_ns - offset_at(local_ns);
   }
@@ -491,7 +502,7 @@ struct flow_counts {
   std::uint64_t flows = 0;
   std::uint64_t unmatched = 0;  // sends and receives left without a flow
   std::uint64_t reversed = 0;   // of those, paired but the receive ends before the send began
-  std::uint64_t within_clock_error = 0;  // pairs whose order their clocks' errors blur
+  std::uint64_t within_clock_error = 0;  // pairs whose order their times' errors blur
 };
 
 // The flows from each send to its receive.
@@ -526,12 +537,15 @@ flow_counts write_flows(profiler::trace_writer& w, const std::vector<rank_input>
       const std::int64_t start = a.aligned(from[k].begin_ns);
       const std::int64_t end = b.aligned(to[k].end_ns);
       if (end < start) {
-        if (start - end > from[k].clock_error_ns + to[k].clock_error_ns) {
+        const std::int64_t error = from[k].clock_error_ns + to[k].clock_error_ns +
+                                   a.alignment_error() + b.alignment_error();
+        if (start - end > error) {
           c.unmatched += 2;
           c.reversed += 2;
         } else {
-          // Within the errors of the ends' clocks (GPU spans): the pair is joined, but no arrow
-          // can go back in time, and each end must lie inside its slice.
+          // Within the errors of the ends' times (GPU spans' anchors, the alignment of other
+          // hosts' clocks): the pair is joined, but no arrow can go back in time, and each end
+          // must lie inside its slice.
           ++c.within_clock_error;
         }
         continue;
@@ -624,7 +638,7 @@ std::string merge_result::to_text() const {
   if (pairs_within_clock_error != 0) {
     out += " and " + std::to_string(pairs_within_clock_error) +
            " pairs joined without one (the receive ends before its send began, by less than the "
-           "error of their GPU clocks)";
+           "error of their times: GPU clock anchors, clocks aligned between hosts)";
   }
   if (unmatched_transfers != reversed_transfers) {
     out += " (" + std::to_string(unmatched_transfers - reversed_transfers) +

@@ -239,7 +239,7 @@ std::string ranks_text(const std::vector<trace_summary::rank_overlap>& ranks,
     out += ")";
     if (pieces->pairs_within_clock_error != 0) {
       out += "; " + std::to_string(pieces->pairs_within_clock_error) +
-             " pair(s) joined without a flow, reversed by less than their GPU clocks' error";
+             " pair(s) joined without a flow, reversed by less than the error of their times";
     }
     out += "\n";
   }

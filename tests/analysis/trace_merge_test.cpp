@@ -113,19 +113,25 @@ std::string sync_text(const std::vector<clock_sync_round>& rounds) {
 // Two ranks on two hosts, rank 1's clock 7 ms ahead: rank 0 sends a piece 0->1 (true time
 // 1.000100 s to 1.000150 s), rank 1 receives it (1.000120 s to 1.000200 s: `receive_ts` 70 µs
 // and `receive_dur` 80 µs after its origin); `extra_send` adds a second send 0->1 that no rank
-// receives; `clock_error_ns` (when not 0) is both slices' args.clock_error_ns, as GPU spans carry.
+// receives; `clock_error_ns` (when not 0) is both slices' args.clock_error_ns, as GPU spans carry;
+// `wide_syncs`: barriers whose exits scatter over 60 us, an alignment known only that well.
 struct two_ranks {
   temp_file r0{".json"}, r1{".json"}, out{".json"};
   static constexpr std::int64_t offset = 7'000'000;
   explicit two_ranks(const std::string& receive_ts = "70.000",
                      const std::string& receive_dur = "80.000", bool extra_send = false,
-                     int clock_error_ns = 0) {
+                     int clock_error_ns = 0, bool wide_syncs = false) {
     const std::string error =
         clock_error_ns == 0 ? "" : ",\"clock_error_ns\":" + std::to_string(clock_error_ns);
-    const std::vector<clock_sync_round> ref{{999'000'000, 999'000'500}, {999'000'530, 999'000'900}};
+    const std::vector<clock_sync_round> ref =
+        wide_syncs
+            ? std::vector<clock_sync_round>{{999'000'000, 999'060'000}, {999'060'030, 999'120'000}}
+            : std::vector<clock_sync_round>{{999'000'000, 999'000'500}, {999'000'530, 999'000'900}};
     std::vector<clock_sync_round> mine;
-    for (const auto& x :
-         std::vector<clock_sync_round>{{999'000'100, 999'000'600}, {999'000'630, 999'000'950}}) {
+    for (const auto& x : wide_syncs ? std::vector<clock_sync_round>{{999'000'100, 999'060'100},
+                                                                    {999'060'130, 999'120'100}}
+                                    : std::vector<clock_sync_round>{{999'000'100, 999'000'600},
+                                                                    {999'000'630, 999'000'950}}) {
       mine.push_back({x.before_ns + offset, x.after_ns + offset});
     }
     // Rank 0: origin 1 s; a send on its transfer thread, a kernel on GPU 0's stream 7, a counter
@@ -296,7 +302,7 @@ TEST(trace_merge, a_reversal_within_the_clocks_errors_is_joined) {
     EXPECT_EQ(r.reversed_transfers, 0U);
     EXPECT_NE(r.to_text().find("0 piece flows between ranks and 1 pairs joined without one (the "
                                "receive ends before its send began, by less than the error of "
-                               "their GPU clocks)"),
+                               "their times: GPU clock anchors, clocks aligned between hosts)"),
               std::string::npos)
         << r.to_text();
     const json doc = events_of(t.out.path());
@@ -307,8 +313,8 @@ TEST(trace_merge, a_reversal_within_the_clocks_errors_is_joined) {
     ASSERT_TRUE(s.pieces.has_value());
     EXPECT_EQ(s.pieces->pairs_within_clock_error, 1U);
     EXPECT_NE(s.to_text().find("piece flows between ranks: 0 (0 sends or receives left unjoined); "
-                               "1 pair(s) joined without a flow, reversed by less than their GPU "
-                               "clocks' error"),
+                               "1 pair(s) joined without a flow, reversed by less than the "
+                               "error of their times"),
               std::string::npos)
         << s.to_text();
   }
@@ -318,6 +324,14 @@ TEST(trace_merge, a_reversal_within_the_clocks_errors_is_joined) {
     EXPECT_EQ(r.flows, 0U);
     EXPECT_EQ(r.pairs_within_clock_error, 0U);
     EXPECT_EQ(r.reversed_transfers, 2U);
+  }
+  {
+    // No GPU spans, but rank 1's host aligned to within tens of us: joined likewise.
+    two_ranks t("10.000", "20.000", false, 0, true);
+    const auto r = merge_traces({t.r0.path(), t.r1.path()}, t.out.path());
+    EXPECT_GE(r.max_uncertainty_ns, 20'000);
+    EXPECT_EQ(r.pairs_within_clock_error, 1U);
+    EXPECT_EQ(r.unmatched_transfers, 0U);
   }
 }
 

@@ -104,10 +104,11 @@ struct merge_result {
   /// the transfer's time), where the rest have no other end in any input.
   std::uint64_t reversed_transfers = 0;
   /// Sends and receives paired in order whose aligned receive ends before the send began by no
-  /// more than the two slices' clock errors (args.clock_error_ns: a GPU span's times come
-  /// through a clock anchor known to within some microseconds): their order cannot be told, so
-  /// they count as joined (not in unmatched_transfers), but have no flow (an arrow cannot go
-  /// back in time, and each end must lie inside its slice).
+  /// more than the errors of their times: the two slices' clock errors (args.clock_error_ns: a
+  /// GPU span's times come through a clock anchor known to within some microseconds) and the
+  /// uncertainty of each rank's alignment to the reference clock (ranks of other hosts). Their
+  /// order cannot be told, so they count as joined (not in unmatched_transfers), but have no
+  /// flow (an arrow cannot go back in time, and each end must lie inside its slice).
   std::uint64_t pairs_within_clock_error = 0;
   /// The largest |offset| of any rank at any sync, and the largest uncertainty of an offset the
   /// merge applied (0 where every rank shares rank 0's host: nothing was shifted).

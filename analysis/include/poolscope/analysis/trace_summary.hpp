@@ -89,8 +89,8 @@ struct trace_summary {
   /// A merged trace's flows from each reshard piece's send to its receive on another rank, and
   /// the sends and receives left without one (otherData.merged: flows, unmatched_transfers,
   /// reversed_transfers: of those, paired but the receive ends before its send began;
-  /// pairs_within_clock_error: pairs so reversed by less than their GPU clocks' errors, joined
-  /// without a flow).
+  /// pairs_within_clock_error: pairs so reversed by less than the errors of their times, GPU
+  /// clock anchors and alignment between hosts, joined without a flow).
   struct piece_flows {
     std::uint64_t flows = 0;
     std::uint64_t unmatched_transfers = 0;
