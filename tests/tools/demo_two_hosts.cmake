@@ -1,0 +1,54 @@
+# ctest tools.hosts.demo_two_hosts: `poolscope demo --devices host:1 --trace t.json` on 4 ranks
+# over two hosts (tests/support/two_hosts.sh: ranks 0-1 on nodeA, 2-3 on nodeB, TCP between them,
+# nodeB's working directory a disk of its own) passes every check; rank 0 ends with every rank's
+# trace (nodeB's sent to it) and a merged trace that `poolscope trace check` accepts, whose
+# summary names both hosts, aligns their clocks and joins every piece between ranks.
+#   cmake -DCLI=... -DLAUNCHER=.../two_hosts.sh -DWORK_DIR=... -P demo_two_hosts.cmake
+file(REMOVE_RECURSE "${WORK_DIR}")
+file(MAKE_DIRECTORY "${WORK_DIR}")
+execute_process(
+  COMMAND "${LAUNCHER}" -np 4 "${CLI}" demo --devices host:1 --trace t.json
+  WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
+  TIMEOUT 600)
+if(rc EQUAL 77 AND out MATCHES "^SKIP: ")
+  message("${out}")  # no namespaces here: ctest's SKIP_REGULAR_EXPRESSION
+  return()
+endif()
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "the demo on two hosts exited with ${rc}:\n${out}\n${err}")
+endif()
+if(NOT out MATCHES "all 44 checks passed \\(11 on each of 4 ranks\\)")
+  message(FATAL_ERROR "the demo did not pass every check of every rank:\n${out}")
+endif()
+foreach(r 0 1 2 3)
+  if(NOT EXISTS "${WORK_DIR}/t.rank${r}.json")
+    message(FATAL_ERROR "rank 0's host has no t.rank${r}.json:\n${out}")
+  endif()
+endforeach()
+execute_process(COMMAND "${CLI}" trace check "${WORK_DIR}/t.json"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "poolscope trace check t.json exited with ${rc}:\n${out}\n${err}")
+endif()
+execute_process(COMMAND "${CLI}" trace summary "${WORK_DIR}/t.json"
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "poolscope trace summary t.json exited with ${rc}:\n${out}\n${err}")
+endif()
+foreach(r 0 1)
+  if(NOT out MATCHES "rank ${r}: nodeA \\(pid")
+    message(FATAL_ERROR "the summary does not put rank ${r} on nodeA:\n${out}")
+  endif()
+endforeach()
+foreach(r 2 3)
+  if(NOT out MATCHES "rank ${r}: nodeB \\(pid")
+    message(FATAL_ERROR "the summary does not put rank ${r} on nodeB:\n${out}")
+  endif()
+endforeach()
+if(NOT out MATCHES "estimated skew between hosts")
+  message(FATAL_ERROR "the summary aligned no clocks between the hosts:\n${out}")
+endif()
+if(NOT out MATCHES "piece flows between ranks: [1-9][0-9]* \\(0 sends or receives left unjoined")
+  message(FATAL_ERROR "the merged trace left pieces between ranks unjoined:\n${out}")
+endif()
+file(REMOVE_RECURSE "${WORK_DIR}")
