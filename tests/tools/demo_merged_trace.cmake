@@ -4,6 +4,7 @@
 # whose summary has a process per rank; `poolscope trace merge` joins the ranks' traces alike by
 # hand, and `poolscope report` shows the ranks' reports side by side and summed.
 #   cmake -DCLI=... -DMPIEXEC=... -DWORK_DIR=... -P demo_merged_trace.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/cli_run.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 execute_process(
@@ -25,16 +26,8 @@ foreach(r 0 1 2)
     message(FATAL_ERROR "rank ${r} wrote no t.rank${r}.json")
   endif()
 endforeach()
-execute_process(COMMAND "${CLI}" trace check "${WORK_DIR}/t.json"
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "poolscope trace check t.json exited with ${rc}:\n${out}\n${err}")
-endif()
-execute_process(COMMAND "${CLI}" trace summary "${WORK_DIR}/t.json"
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "poolscope trace summary t.json exited with ${rc}:\n${out}\n${err}")
-endif()
+cli_run(out "poolscope trace check t.json" trace check t.json)
+cli_run(out "poolscope trace summary t.json" trace summary t.json)
 foreach(r 0 1 2)
   if(NOT out MATCHES "\n  rank ${r}: 1 device\\(s\\), compute [^\n]*overlap ratio")
     message(FATAL_ERROR "the summary of t.json has no line for rank ${r}:\n${out}")

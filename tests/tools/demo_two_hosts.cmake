@@ -4,6 +4,7 @@
 # trace (nodeB's sent to it) and a merged trace that `poolscope trace check` accepts, whose
 # summary names both hosts, aligns their clocks and joins every piece between ranks.
 #   cmake -DCLI=... -DLAUNCHER=.../two_hosts.sh -DWORK_DIR=... -P demo_two_hosts.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/cli_run.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 execute_process(
@@ -25,16 +26,8 @@ foreach(r 0 1 2 3)
     message(FATAL_ERROR "rank 0's host has no t.rank${r}.json:\n${out}")
   endif()
 endforeach()
-execute_process(COMMAND "${CLI}" trace check "${WORK_DIR}/t.json"
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "poolscope trace check t.json exited with ${rc}:\n${out}\n${err}")
-endif()
-execute_process(COMMAND "${CLI}" trace summary "${WORK_DIR}/t.json"
-  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "poolscope trace summary t.json exited with ${rc}:\n${out}\n${err}")
-endif()
+cli_run(out "poolscope trace check t.json" trace check t.json)
+cli_run(out "poolscope trace summary t.json" trace summary t.json)
 foreach(r 0 1)
   if(NOT out MATCHES "rank ${r}: nodeA \\(pid")
     message(FATAL_ERROR "the summary does not put rank ${r} on nodeA:\n${out}")
