@@ -1,14 +1,15 @@
-# ctest tools.hosts.demo_two_hosts: `poolscope demo --devices host:1 --trace t.json` on 4 ranks
-# over two hosts (tests/support/two_hosts.sh: ranks 0-1 on nodeA, 2-3 on nodeB, TCP between them,
-# nodeB's working directory a disk of its own) passes every check; rank 0 ends with every rank's
-# trace (nodeB's sent to it) and a merged trace that `poolscope trace check` accepts, whose
-# summary names both hosts, aligns their clocks and joins every piece between ranks.
+# ctest tools.hosts.demo_two_hosts: `poolscope demo --devices host:1 --trace t.json --report
+# r.json` on 4 ranks over two hosts (tests/support/two_hosts.sh: ranks 0-1 on nodeA, 2-3 on nodeB,
+# TCP between them, nodeB's working directory a disk of its own) passes every check; rank 0 ends
+# with every rank's trace and report (nodeB's sent to it), `poolscope report` shows the four, and
+# the merged trace passes `poolscope trace check`, its summary naming both hosts, aligning their
+# clocks and joining every piece between ranks.
 #   cmake -DCLI=... -DLAUNCHER=.../two_hosts.sh -DWORK_DIR=... -P demo_two_hosts.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/cli_run.cmake)
 file(REMOVE_RECURSE "${WORK_DIR}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 execute_process(
-  COMMAND "${LAUNCHER}" -np 4 "${CLI}" demo --devices host:1 --trace t.json
+  COMMAND "${LAUNCHER}" -np 4 "${CLI}" demo --devices host:1 --trace t.json --report r.json
   WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
   TIMEOUT 600)
 if(rc EQUAL 77 AND out MATCHES "^SKIP: ")
@@ -22,10 +23,17 @@ if(NOT out MATCHES "all 44 checks passed \\(11 on each of 4 ranks\\)")
   message(FATAL_ERROR "the demo did not pass every check of every rank:\n${out}")
 endif()
 foreach(r 0 1 2 3)
-  if(NOT EXISTS "${WORK_DIR}/t.rank${r}.json")
-    message(FATAL_ERROR "rank 0's host has no t.rank${r}.json:\n${out}")
-  endif()
+  foreach(f t r)
+    if(NOT EXISTS "${WORK_DIR}/${f}.rank${r}.json")
+      message(FATAL_ERROR "rank 0's host has no ${f}.rank${r}.json:\n${out}")
+    endif()
+  endforeach()
 endforeach()
+cli_run(out "poolscope report of the 4 ranks" report r.rank0.json r.rank1.json r.rank2.json
+  r.rank3.json)
+if(NOT out MATCHES "function profiles summed over 4 ranks" OR NOT out MATCHES "rank 3 calls, cpu")
+  message(FATAL_ERROR "poolscope report did not show the 4 ranks side by side and summed:\n${out}")
+endif()
 cli_run(out "poolscope trace check t.json" trace check t.json)
 cli_run(out "poolscope trace summary t.json" trace summary t.json)
 foreach(r 0 1)

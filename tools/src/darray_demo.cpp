@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -39,6 +40,7 @@
 #include "poolscope/profiler/report.hpp"
 #include "poolscope/profiler/scope.hpp"
 #include "poolscope/profiler/timeline.hpp"
+#include "rank_files.hpp"
 #include "rank_traces.hpp"
 
 namespace poolscope::tools {
@@ -803,10 +805,11 @@ void write_profiles(std::ostream& t, const std::string& scope_table,
   }
 }
 
-// The outputs and the summary line.
+// The outputs (where rank 0 has each rank's: `merged.rank_paths`, `reports`) and the summary
+// line.
 void write_footer(std::ostream& t, const demo_setup& s, const darray_demo_result& res,
                   const std::vector<rank_part>& parts, const merged_trace& merged,
-                  bool device_activity) {
+                  const rank_files& reports, bool device_activity) {
   if (parts.size() == 1) {
     t << "\n  trace: " << parts[0].trace_path << " (" << parts[0].trace_events
       << " events; open in Perfetto)"
@@ -816,8 +819,13 @@ void write_footer(std::ostream& t, const demo_setup& s, const darray_demo_result
       << "; open in Perfetto, or poolscope trace summary " << merged.path << ")";
     t << "\n  traces, one per rank:";
     for (std::size_t r = 0; r < parts.size(); ++r) {
-      t << "\n    rank " << r << ": " << parts[r].trace_path << " (" << parts[r].trace_events
-        << " events), report " << parts[r].report_path;
+      t << "\n    rank " << r << ": "
+        << (r < merged.rank_paths.size() ? merged.rank_paths[r] : parts[r].trace_path) << " ("
+        << parts[r].trace_events << " events), report "
+        << (r < reports.paths.size() ? reports.paths[r] : parts[r].report_path);
+    }
+    if (!reports.problem.empty()) {
+      t << "\n  reports: " << reports.problem;
     }
     t << "\n";
   }
@@ -916,12 +924,17 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
                                   check.ok() ? "" : check.to_text()});
 
   merged_trace merged;
+  rank_files reports;
   if (s.group->size() > 1) {
     // One of every rank's checks: a merge that fails fails every rank.
     merged = merge_rank_traces(*s.group, o.trace_path, s.trace_path);
     res.checks.push_back(demo_check{"merged trace of " + std::to_string(s.group->size()) +
                                         " ranks passes `poolscope trace check`",
                                     merged.problem.empty(), 0, merged.problem});
+    // Every rank's report beside rank 0's (`poolscope report r.rank*.json` there).
+    const std::filesystem::path beside = std::filesystem::path(s.report_path).parent_path();
+    reports = gather_rank_files(*s.group, s.report_path, beside.empty() ? "." : beside.string(),
+                                "report");
   }
   mine.overlap = res.overlap;
   mine.overlap_median = res.overlap_median;
@@ -945,7 +958,7 @@ darray_demo_result run_darray_demo(const darray_demo_options& o, std::ostream* p
   write_checks(t, s, res);
   write_allocators(t, o, parts, bs);
   write_profiles(t, scopes.report().to_table(), line_profile);
-  write_footer(t, s, res, parts, merged, device_activity);
+  write_footer(t, s, res, parts, merged, reports, device_activity);
   res.text = t.str();
   return res;
 }

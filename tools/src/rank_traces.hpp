@@ -6,17 +6,16 @@
 //   const merged_trace m = merge_rank_traces(*group, "t.json", "t.rank1.json");  // every rank
 //   if (!m.problem.empty()) ...;   // the same verdict on every rank
 //
-// Rank 0 reads a rank's trace at that rank's path when it sees the same bytes there (one host, or
-// a shared file system); otherwise (nodes with disks of their own, ranks in other working
-// directories, a stale file of that name) the rank sends it the bytes by MPI, and rank 0 writes
-// them at that path on its side (beside the merged trace where that folder is missing there).
+// Rank 0 reads each rank's trace where it has it (rank_files.hpp: a rank whose file it cannot
+// see at that rank's path sends it the bytes).
 //
 // Thread safety: a collective of the group (called by one thread, in the same order on every
-// rank). Cost: every rank reads its own trace once (a checksum); rank 0 reads every rank's trace
-// three times and writes the merged one; the others wait.
+// rank). Cost: rank_files', then rank 0 reads every rank's trace twice more and writes the
+// merged one; the others wait.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "poolscope/darray/process_group.hpp"
 
@@ -27,6 +26,8 @@ struct merged_trace {
   std::string path;     ///< the merged trace (merged_output_path of the path asked for)
   std::string summary;  ///< rank 0's: events, flows and clock skew ("" on the other ranks)
   std::string problem;  ///< every rank's: "" when the merged trace is valid, else why not
+  /// Where rank 0 has each rank's trace (rank 0's; the others': the paths the ranks wrote).
+  std::vector<std::string> rank_paths;
 };
 
 /// Joins every rank's trace (`mine` on each rank; `requested`, the path the command line named,
