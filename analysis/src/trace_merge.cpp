@@ -247,10 +247,10 @@ void survey(rank_input& in, std::map<std::pair<int, int>, std::vector<transfer_s
     if (!src || !dst || !ts || !dur || *dur < 0) {
       return;
     }
-    const auto error = integer_of(*args, "clock_error_ns");
-    const transfer_slice t{0,          *pid,
-                           *tid,       *ts,
-                           *ts + *dur, error && *error > 0 ? static_cast<std::int64_t>(*error) : 0};
+    transfer_slice t{0, *pid, *tid, *ts, *ts + *dur};
+    if (const auto error = integer_of(*args, "clock_error_ns"); error && *error > 0) {
+      t.clock_error_ns = *error;
+    }
     (send ? my_sends : my_receives)
         .emplace_back(std::pair<int, int>{static_cast<int>(*src), static_cast<int>(*dst)}, t);
   });
