@@ -41,7 +41,8 @@ int env_int(const char* name) {
   return std::stoi(v);
 }
 
-// PyTorch's all-reduce of `rank + 1` on every rank: size (size + 1) / 2 when its communicator works.
+// PyTorch's all-reduce of `rank + 1` on every rank: size (size + 1) / 2 when its communicator
+// works.
 void check_torch_all_reduce(c10d::ProcessGroupNCCL& pg, int rank, int size, const char* when) {
   std::vector<at::Tensor> t{at::full({1}, rank + 1, at::device(at::kCUDA).dtype(at::kLong))};
   pg.allreduce(t)->wait();

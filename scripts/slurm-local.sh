@@ -52,7 +52,10 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   export DEBIAN_FRONTEND=noninteractive
   if ! apt-get install -y -q slurm-wlm >/dev/null 2>&1; then
     apt-get update -q >/dev/null 2>&1
-    apt-get install -y -q slurm-wlm >/dev/null 2>&1 || { echo "slurm-local: apt-get failed" >&2; exit 1; }
+    if ! apt-get install -y -q slurm-wlm >/dev/null 2>&1; then
+      echo "slurm-local: apt-get failed" >&2
+      exit 1
+    fi
   fi
 fi
 if [ "$(id -u)" != 0 ]; then
@@ -102,7 +105,10 @@ slurmctld -f "$SLURM_CONF" || fail "slurmctld did not start"
 slurmd -f "$SLURM_CONF" || fail "slurmd did not start"
 for _ in $(seq 100); do
   case "$(sinfo -h -o %T 2>/dev/null)" in
-    idle*|mixed*|allocated*) echo "slurm-local: node $node up ($cpus CPUs); SLURM_CONF=$SLURM_CONF"; exit 0 ;;
+    idle* | mixed* | allocated*)
+      echo "slurm-local: node $node up ($cpus CPUs); SLURM_CONF=$SLURM_CONF"
+      exit 0
+      ;;
   esac
   sleep 0.2
 done

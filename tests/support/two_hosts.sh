@@ -56,7 +56,8 @@ cat >"$tmp/rsh" <<EOF
 host=\$1
 shift
 [ "\$host" = nodeB ] || { echo "two_hosts.sh: no host \$host" >&2; exit 1; }
-exec ip netns exec "$b" unshare --uts --mount sh -c "hostname nodeB && mount -t tmpfs none '$work' && cd '$work' && \$*"
+exec ip netns exec "$b" unshare --uts --mount \\
+  sh -c "hostname nodeB && mount -t tmpfs none '$work' && cd '$work' && \$*"
 EOF
 chmod +x "$tmp/rsh"
 
