@@ -93,6 +93,11 @@ print_failures() {
 # report come back under $OUT), its CUPTI overhead (the demo's times without CUPTI beside them)
 # and the D1-D5 benchmark.
 cli="$build/bin/poolscope"
+# Whether a merged trace joins every piece between ranks (its summary's line is logged either way).
+flows_joined() {  # trace
+  "$cli" trace summary "$1" | grep "piece flows between ranks" | tee /dev/stderr |
+    grep -E "piece flows between ranks: [1-9][0-9]* \(0 " >/dev/null
+}
 # The GPU tests of a suite, by name (compute-sanitizer runs only these: host tests add nothing).
 gpu_tests='*cuda*:*Cuda*:*gpu*:*Gpu*'
 if [ "$only" != pools ]; then
@@ -183,9 +188,8 @@ PY
     step "bench D1 across $ngpu ranks" "$out/ranks.log" "${ranks[@]}" "$cli" bench darray \
       --devices cuda:1 --only D1 --json "$out/bench_d1_ranks.json" \
       --trace "$out/bench_d1_ranks_trace.json.gz"
-    step "piece flows in the merged bench trace (CUDA IPC)" "$out/ranks.log" sh -c \
-      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
-      "$cli" "$out/bench_d1_ranks_trace.json.gz"
+    step "piece flows in the merged bench trace (CUDA IPC)" "$out/ranks.log" flows_joined \
+      "$out/bench_d1_ranks_trace.json.gz"
     step "darray tests across $ngpu ranks (NCCL)" "$out/ranks_nccl.log" \
       env POOLSCOPE_TEST_BETWEEN_RANKS=nccl "${ranks[@]}" -x POOLSCOPE_TEST_BETWEEN_RANKS \
       "$build/bin/poolscope_darray_tests" \
@@ -204,9 +208,8 @@ PY
       --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
     step "demo, $((2 * ngpu)) ranks on $ngpu GPUs" "$out/ranks_twice.log" "${twice[@]}" "$cli" \
       demo --devices cuda:1 --repeat 3 --trace "$out/ranks_twice_trace.json.gz"
-    step "piece flows in the merged trace ($((2 * ngpu)) ranks)" "$out/ranks_twice.log" sh -c \
-      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
-      "$cli" "$out/ranks_twice_trace.json.gz"
+    step "piece flows in the merged trace ($((2 * ngpu)) ranks)" "$out/ranks_twice.log" flows_joined \
+      "$out/ranks_twice_trace.json.gz"
     # A PyTorch program's own NCCL communicator, adopted (examples/torch_adopt.cpp): torchrun starts
     # a rank per GPU, no MPI; built against an install of this build and the machine's libtorch.
     if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
@@ -233,9 +236,8 @@ PY
       --devices cuda:1 --between-ranks mpi --repeat 5 --trace "$out/ranks_mpi_trace.json.gz" \
       --report "$out/ranks_mpi_report.json"
     # The merged trace has a flow from each piece's send to its receive (none left unjoined).
-    step "piece flows in the merged trace (MPI)" "$out/ranks_mpi.log" sh -c \
-      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
-      "$cli" "$out/ranks_mpi_trace.json.gz"
+    step "piece flows in the merged trace (MPI)" "$out/ranks_mpi.log" flows_joined \
+      "$out/ranks_mpi_trace.json.gz"
     step "bench D1, 2 ranks on one GPU (MPI)" "$out/ranks_mpi.log" "${shared[@]}" "$cli" \
       bench darray --devices cuda:1 --between-ranks mpi --only D1 \
       --json "$out/bench_d1_ranks_mpi.json" --trace "$out/bench_d1_ranks_mpi_trace.json.gz"
@@ -243,9 +245,8 @@ PY
     step "bench D1, 2 ranks on one GPU (MPI), pieces whole" "$out/ranks_mpi.log" "${shared[@]}" \
       "$cli" bench darray --devices cuda:1 --between-ranks mpi --staging-chunk 0 --only D1 \
       --json "$out/bench_d1_ranks_mpi_whole.json"
-    step "piece flows in the merged bench trace (MPI)" "$out/ranks_mpi.log" sh -c \
-      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
-      "$cli" "$out/bench_d1_ranks_mpi_trace.json.gz"
+    step "piece flows in the merged bench trace (MPI)" "$out/ranks_mpi.log" flows_joined \
+      "$out/bench_d1_ranks_mpi_trace.json.gz"
     # Two ranks sharing GPU 0 through CUDA IPC (the default between ranks of one host).
     ipc_one=(env CUDA_VISIBLE_DEVICES=0 mpirun -np 2 --oversubscribe -x CUDA_VISIBLE_DEVICES)
     step "darray tests, 2 ranks on one GPU (CUDA IPC)" "$out/ranks_ipc_one.log" "${ipc_one[@]}" \
@@ -266,9 +267,8 @@ PY
     step "demo, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
       "${nccl_one[@]}" "$cli" demo --devices cuda:1 --between-ranks nccl --repeat 3 \
       --trace "$out/ranks_nccl_one_trace.json.gz"
-    step "piece flows in the merged trace (NCCL as two hosts)" "$out/ranks_nccl_one.log" sh -c \
-      '"$1" trace summary "$2" | grep -E "piece flows between ranks: [1-9][0-9]* \(0 "' - \
-      "$cli" "$out/ranks_nccl_one_trace.json.gz"
+    step "piece flows in the merged trace (NCCL as two hosts)" "$out/ranks_nccl_one.log" flows_joined \
+      "$out/ranks_nccl_one_trace.json.gz"
     step "bench D1, 2 ranks on one GPU (NCCL as two hosts)" "$out/ranks_nccl_one.log" \
       "${nccl_one[@]}" "$cli" bench darray --devices cuda:1 --between-ranks nccl --only D1 \
       --json "$out/bench_d1_ranks_nccl_one.json"
