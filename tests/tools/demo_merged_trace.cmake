@@ -5,22 +5,7 @@
 # hand, and `poolscope report` shows the ranks' reports side by side and summed.
 #   cmake -DCLI=... -DMPIEXEC=... -DWORK_DIR=... -P demo_merged_trace.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/cli_run.cmake)
-file(REMOVE_RECURSE "${WORK_DIR}")
-file(MAKE_DIRECTORY "${WORK_DIR}")
-execute_process(
-  COMMAND "${MPIEXEC}" -np 3 "${CLI}" demo --devices host:1 --trace t.json --report r.json
-  WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-  TIMEOUT 600)
-if(rc EQUAL 77 AND out MATCHES "^SKIP: ")
-  message("${out}")  # no cluster for srun_launch.sh: ctest's SKIP_REGULAR_EXPRESSION
-  return()
-endif()
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the demo under the launcher exited with ${rc}:\n${out}\n${err}")
-endif()
-if(NOT out MATCHES "all 33 checks passed \\(11 on each of 3 ranks\\)")
-  message(FATAL_ERROR "the demo did not pass every check of every rank:\n${out}")
-endif()
+launch_demo("${MPIEXEC}" 3)
 foreach(r 0 1 2)
   if(NOT EXISTS "${WORK_DIR}/t.rank${r}.json")
     message(FATAL_ERROR "rank ${r} wrote no t.rank${r}.json")

@@ -4,24 +4,9 @@
 # with every rank's trace and report (nodeB's sent to it), `poolscope report` shows the four, and
 # the merged trace passes `poolscope trace check`, its summary naming both hosts, aligning their
 # clocks and joining every piece between ranks.
-#   cmake -DCLI=... -DLAUNCHER=.../two_hosts.sh -DWORK_DIR=... -P demo_two_hosts.cmake
+#   cmake -DCLI=... -DMPIEXEC=.../two_hosts.sh -DWORK_DIR=... -P demo_two_hosts.cmake
 include(${CMAKE_CURRENT_LIST_DIR}/cli_run.cmake)
-file(REMOVE_RECURSE "${WORK_DIR}")
-file(MAKE_DIRECTORY "${WORK_DIR}")
-execute_process(
-  COMMAND "${LAUNCHER}" -np 4 "${CLI}" demo --devices host:1 --trace t.json --report r.json
-  WORKING_DIRECTORY "${WORK_DIR}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err
-  TIMEOUT 600)
-if(rc EQUAL 77 AND out MATCHES "^SKIP: ")
-  message("${out}")  # no namespaces here: ctest's SKIP_REGULAR_EXPRESSION
-  return()
-endif()
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the demo on two hosts exited with ${rc}:\n${out}\n${err}")
-endif()
-if(NOT out MATCHES "all 44 checks passed \\(11 on each of 4 ranks\\)")
-  message(FATAL_ERROR "the demo did not pass every check of every rank:\n${out}")
-endif()
+launch_demo("${MPIEXEC}" 4)
 foreach(r 0 1 2 3)
   foreach(f t r)
     if(NOT EXISTS "${WORK_DIR}/${f}.rank${r}.json")
