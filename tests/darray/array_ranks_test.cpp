@@ -334,6 +334,13 @@ TEST(darray_ranks_concurrency, threads_transfer_and_note_failures_at_once) {
   EXPECT_THROW(one->barrier(), communication_error) << "nothing waits after a failure";
 }
 
+// backend::send() and receive() from two threads at once on each rank's device, along a chain
+// of ranks (MPI between host devices): every piece arrives whole and in order. Alone, nothing
+// crosses and the test checks nothing.
+TEST(darray_ranks_concurrency, threads_send_and_receive_along_a_chain) {
+  test_support::expect_chain_transfers(ranks_backend(1), 60);
+}
+
 // --- faults: each scenario is a launch of its own (the group stays failed once a rank fails) ---
 
 // Which fault scenario this launch plays (POOLSCOPE_TEST_FAULT), or skips: the scenarios run only

@@ -9,6 +9,8 @@
 #include <limits>
 #include <mutex>
 #include <set>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -173,6 +175,103 @@ inline void expect_chunks_match(const distributed_array<std::int64_t>& x,
         << "chunk " << k << " (device " << x.chunks()[k].device << ", box "
         << x.chunks()[k].region.to_string() << ")";
   }
+}
+
+/// Element i of the k-th piece rank r sends along expect_chain_transfers' chain.
+inline std::int64_t chain_value(int r, int k, std::int64_t i) {
+  return std::int64_t{r} * 1'000'000'000 + std::int64_t{k} * 100'000 + i;
+}
+
+/// backend::send() and receive() from two threads at once per rank: each rank's first device
+/// receives `pieces` pieces from the previous rank's first device on one thread while another
+/// thread sends as many to the next rank's, each piece of 1 to 65536 elements (so a middle rank's
+/// transfer queue holds both threads' calls, interleaved in whatever order they come). The chain
+/// is open: a receive waits only for ranks before it and a send only for ranks after, so no order
+/// of the two threads' calls can deadlock. A ring could: with NCCL's sends, which wait until the
+/// receiver's queue reaches the receive, or copies through CUDA IPC, whose receiver's queue waits
+/// for the sender's copy, every rank's queue could wait at a receive whose send stands behind a
+/// receive on its sender's queue. Every piece received is checked against chain_value(); a
+/// failure on a thread is reported, not lost.
+inline void expect_chain_transfers(const std::shared_ptr<backend>& be, int pieces) {
+  const auto& g = *be->group();
+  const int r = g.rank();
+  const int dev = be->first_local_device();
+  const auto elements = [](int k) { return 1 + (std::int64_t{k} * 7919) % 65536; };
+  std::vector<std::shared_ptr<buffer>> sent;
+  std::vector<std::shared_ptr<buffer>> received;
+  std::mutex failures_lock;
+  std::vector<std::string> failures;
+  const auto guarded = [&](const char* what, auto&& body) {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      const std::lock_guard lock(failures_lock);
+      failures.push_back(std::string(what) + ": " + e.what());
+    }
+  };
+  std::thread sender;
+  std::thread receiver;
+  if (r + 1 < g.size()) {
+    sender = std::thread([&] {
+      guarded("send", [&] {
+        const int to = be->first_device_of(r + 1);
+        for (int k = 0; k < pieces; ++k) {
+          const std::int64_t n = elements(k);
+          std::vector<std::int64_t> h(static_cast<std::size_t>(n));
+          for (std::int64_t i = 0; i < n; ++i) {
+            h[static_cast<std::size_t>(i)] = chain_value(r, k, i);
+          }
+          auto b = be->allocate(dev, static_cast<std::size_t>(n) * sizeof(std::int64_t));
+          const view v = view::dense(b->data(), {n});
+          be->upload(dev, dtype::i64, v, view::dense(h.data(), {n}));
+          be->send(dev, dtype::i64, v, to);
+          sent.push_back(std::move(b));  // kept until the queue has sent it (synchronize)
+        }
+      });
+    });
+  }
+  if (r > 0) {
+    receiver = std::thread([&] {
+      guarded("receive", [&] {
+        const int from = be->first_device_of(r - 1);
+        for (int k = 0; k < pieces; ++k) {
+          const std::int64_t n = elements(k);
+          auto b = be->allocate(dev, static_cast<std::size_t>(n) * sizeof(std::int64_t));
+          be->receive(dev, dtype::i64, view::dense(b->data(), {n}), from);
+          received.push_back(std::move(b));
+        }
+      });
+    });
+  }
+  if (sender.joinable()) {
+    sender.join();
+  }
+  if (receiver.joinable()) {
+    receiver.join();
+  }
+  guarded("synchronize", [&] { be->synchronize(); });
+  for (const std::string& f : failures) {
+    ADD_FAILURE() << "rank " << r << ", " << f;
+  }
+  if (!failures.empty()) {
+    return;
+  }
+  ASSERT_EQ(received.size(), static_cast<std::size_t>(r > 0 ? pieces : 0));
+  std::size_t wrong = 0;
+  for (int k = 0; k < static_cast<int>(received.size()); ++k) {
+    const std::int64_t n = elements(k);
+    std::vector<std::int64_t> got(static_cast<std::size_t>(n));
+    be->download(dev, dtype::i64, view::dense(got.data(), {n}),
+                 view::dense(received[static_cast<std::size_t>(k)]->data(), {n}));
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (got[static_cast<std::size_t>(i)] != chain_value(r - 1, k, i) && ++wrong <= 5) {
+        ADD_FAILURE() << "rank " << r << ", piece " << k << " from rank " << r - 1 << ", element "
+                      << i << ": " << got[static_cast<std::size_t>(i)] << ", not "
+                      << chain_value(r - 1, k, i);
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0U) << "elements wrong on rank " << r;
 }
 
 }  // namespace poolscope::darray::test_support
