@@ -763,7 +763,7 @@ void cuda_backend::do_synchronize() {
       wait_for_stream(d->events, s);
     }
   }
-  nccl_spans_.flush(attached_timeline());  // every traced NCCL transfer has run
+  nccl_spans_.flush(attached_timeline(), true);  // every traced NCCL transfer has run
   check_ranks();
 }
 
@@ -1242,7 +1242,7 @@ void cuda_backend::traced_rank_call(const std::vector<std::pair<int, detail::tra
   // One span per device (its transfer stream's), shared by its transfers of the call.
   std::vector<int> devices;
   if (tl != nullptr) {
-    nccl_spans_.flush(tl);  // those run by now: a program that never synchronizes holds few
+    nccl_spans_.flush(tl, false);  // those run by now: a program that never synchronizes holds few
     for (const auto& [device, t] : ends) {
       if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
         devices.push_back(device);
