@@ -114,6 +114,9 @@ if [ "$only" != pools ]; then
       compute-sanitizer --tool "$tool" --report-api-errors no ${skip[@]+"${skip[@]}"} \
       --error-exitcode 99 "$build/bin/poolscope_darray_tests" --gtest_filter="$gpu_tests"
   done
+  # How far each GPU's clock drifts from the host's: why darray's GPU spans place their times
+  # between anchors (docs/perf.md, "GPU clocks against the host's").
+  step "GPU clocks against the host's" "$out/clock_drift.log" "$build/bin/gpu_clock_drift"
   # The demos compared below run after a warm-up demo and keep the best of 10 rounds each, and
   # CUPTI on and off run twice in turn (on, off, on, off): a fresh host can run its first demo
   # processes much slower than the same command later, sometimes more than one, which would read
