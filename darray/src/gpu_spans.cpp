@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -120,7 +121,17 @@ std::shared_ptr<const gpu_spans::anchor> gpu_spans::clock_locked(int ordinal,
       best = std::move(a);
     }
   }
-  best->at.gpu_ns = c.last ? c.last->at.gpu_ns + gpu_ns(c.last->event, best->event) : 0;
+  if (c.last) {
+    // The gap is float milliseconds: after a long idle stretch (minutes) their rounding, a few
+    // µs, counts in this anchor's error.
+    float ms = 0;
+    POOLSCOPE_CUDA_CHECK(cudaEventElapsedTime(&ms, c.last->event, best->event));
+    const double rounding =
+        (static_cast<double>(std::nextafter(ms, std::numeric_limits<float>::infinity())) - ms) *
+        0.5e6;
+    best->at.gpu_ns = c.last->at.gpu_ns + static_cast<double>(ms) * 1e6;
+    best->at.host.error_ns += rounding;
+  }
   c.chain.push_back(best->at);
   while (c.chain.size() > 2 &&
          best->at.host.ns - c.chain.front().host.ns > static_cast<double>(chain_keep_ns)) {
