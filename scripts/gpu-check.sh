@@ -225,6 +225,19 @@ PY
       step "torch_adopt: $ngpu ranks by torchrun" "$out/torch_adopt.log" \
         python3 -m torch.distributed.run --no-python --nproc-per-node "$ngpu" "$ex/torch_adopt"
     fi
+    # Each rank a host of its own name, a GPU each (tests/support/own_host.sh): the path between
+    # GPUs of different machines, NCCL's network transport over loopback.
+    if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null; then
+      own=(env NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 mpirun -np 2 --oversubscribe
+        -x NCCL_SOCKET_IFNAME -x NCCL_IB_DISABLE "$root/tests/support/own_host.sh")
+      step "darray tests, 2 ranks as two hosts" "$out/ranks_own_host.log" "${own[@]}" \
+        "$build/bin/poolscope_darray_tests" \
+        --gtest_filter='darray_ranks.*:transports/darray_ranks_gpu.*:backends/darray_random.*/cuda1'
+      step "demo, 2 ranks as two hosts" "$out/ranks_own_host.log" "${own[@]}" "$cli" demo \
+        --devices cuda:1 --repeat 3 --trace "$out/ranks_own_host_trace.json.gz"
+      step "piece flows in the merged trace (two hosts)" "$out/ranks_own_host.log" flows_joined \
+        "$out/ranks_own_host_trace.json.gz"
+    fi
   fi
   # Two ranks sharing GPU 0, MPI through pinned host memory between them (--between-ranks mpi:
   # docs/multiprocess.md): the path of several ranks on a machine of one GPU.
