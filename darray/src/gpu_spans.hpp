@@ -21,8 +21,9 @@
 //
 // Ownership: owns its events and anchor streams. Thread safety: every member may be called from
 // several threads. Cost: only while a timeline is attached, two events per transfer and a query
-// each time flush() looks at it, and an anchor (about 10 µs of the calling thread) per GPU at most
-// every anchor_interval_ns while spans complete.
+// each time flush() looks at it, and an anchor (about 10 µs of the calling thread) per GPU with
+// spans to place at most every anchor_interval_ns, or every min_anchor_gap_ns where flushes
+// settle (at each synchronize).
 #pragma once
 
 #include <cstdint>
