@@ -98,15 +98,12 @@ TEST(gpu_spans, a_chain_places_every_time_between_its_anchors) {
     h += gap * rate;
   }
   const auto truth = [&](double x) {  // linear between the anchors' true times
-    const clock_point* lo = &chain.front();
     std::size_t i = 0;
-    while (i + 1 < chain.size() && chain[i + 1].gpu_ns <= x) {
+    while (i + 2 < chain.size() && chain[i + 1].gpu_ns <= x) {
       ++i;
     }
-    lo = &chain[i];
-    const double next_g = i + 1 < chain.size() ? chain[i + 1].gpu_ns : lo->gpu_ns + 1;
-    const double next_h = i + 1 < chain.size() ? truth_at[i + 1] : truth_at[i] + 1;
-    return truth_at[i] + (x - lo->gpu_ns) * (next_h - truth_at[i]) / (next_g - lo->gpu_ns);
+    const double rate = (truth_at[i + 1] - truth_at[i]) / (chain[i + 1].gpu_ns - chain[i].gpu_ns);
+    return truth_at[i] + (x - chain[i].gpu_ns) * rate;
   };
   double previous = -1;
   for (double x = 0; x < chain.back().gpu_ns; x += 997'003) {

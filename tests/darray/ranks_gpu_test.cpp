@@ -189,8 +189,6 @@ INSTANTIATE_TEST_SUITE_P(transports, darray_ranks_gpu,
                          ::testing::Values(transport::automatic, transport::nccl),
                          [](const auto& p) { return std::string(to_string(p.param)); });
 
-// Rank 1 stops before a reshard rank 0 makes (rank 0's receive waits on its GPU): rank 0's
-// watchdog aborts the communicators once POOLSCOPE_RANK_TIMEOUT passes and names what waited.
 // backend::send() and receive() from two threads at once on each rank's GPU, along a chain of
 // ranks (by CUDA IPC, NCCL or MPI as POOLSCOPE_TEST_BETWEEN_RANKS says; with 3 ranks or more a
 // middle rank sends and receives at once): every piece arrives whole and in order.
@@ -206,6 +204,8 @@ TEST(darray_ranks, gpu_threads_send_and_receive_along_a_chain) {
   test_support::expect_chain_transfers(be, 200);
 }
 
+// Rank 1 stops before a reshard rank 0 makes (rank 0's receive waits on its GPU): rank 0's
+// watchdog aborts the communicators once POOLSCOPE_RANK_TIMEOUT passes and names what waited.
 TEST(darray_ranks_gpu_fault, rank_stops_mid_reshard) {
   if (std::getenv("POOLSCOPE_TEST_FAULT") == nullptr) {
     GTEST_SKIP() << "a fault scenario: darray_ranks_gpu_faults runs it under mpirun";
